@@ -1,0 +1,77 @@
+"""Advantage estimators (critic-free) and multi-turn returns.
+
+The paper's default is the group baseline without std normalisation (Dr.GRPO; app:sanity_test_details):
+``Â = R(y) − mean_{group} R``. Multi-turn Gem episodes give one sample per turn with a discounted return
+``G_t = Σ_k γ^k r_{t+k}``, optionally normalised over the batch (ReBN, as in Gem's oat examples).
+Everything here is NumPy in, NumPy out (float32), so that any engine can call it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ESTIMATORS = ("drgrpo", "grpo", "rloo")
+
+
+def group_advantages(rewards, group_ids, estimator: str = "drgrpo", *, eps: float = 1e-6) -> np.ndarray:
+    """Per-sample advantages against the other samples of the same group (same prompt / puzzle seed).
+
+    - ``drgrpo``: ``R − mean_g R`` (Liu et al., 2025; the paper's default).
+    - ``grpo``: ``(R − mean_g R) / (std_g R + eps)`` (Shao et al., 2024), population std.
+    - ``rloo``: ``R − mean of the other n − 1 samples`` = ``n/(n−1) (R − mean_g R)``; 0 for a group of one.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of: {', '.join(ESTIMATORS)}")
+    rewards = np.asarray(rewards, dtype=np.float64)
+    _, group_index, counts = np.unique(np.asarray(group_ids), return_inverse=True, return_counts=True)
+    group_index = group_index.reshape(-1)
+    sums = np.bincount(group_index, weights=rewards)
+    means = sums / counts
+    centered = rewards - means[group_index]
+    if estimator == "drgrpo":
+        return centered.astype(np.float32)
+    if estimator == "grpo":
+        variances = np.bincount(group_index, weights=centered**2) / counts
+        return (centered / (np.sqrt(variances)[group_index] + eps)).astype(np.float32)
+    n = counts[group_index].astype(np.float64)
+    return np.where(n > 1, centered * n / np.maximum(n - 1, 1), 0.0).astype(np.float32)
+
+
+def discounted_returns(rewards, episode_ids, turn_indices, gamma: float) -> np.ndarray:
+    """``G_t = r_t + γ G_{t+1}`` within each episode, for per-turn samples in any order."""
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    rewards = np.asarray(rewards, dtype=np.float64)
+    episode_ids, turn_indices = np.asarray(episode_ids), np.asarray(turn_indices)
+    order = np.lexsort((-turn_indices, episode_ids))  # each episode from its last turn back to its first
+    returns = np.zeros_like(rewards)
+    running, current_episode = 0.0, None
+    for i in order:
+        if episode_ids[i] != current_episode:
+            running, current_episode = 0.0, episode_ids[i]
+        running = rewards[i] + gamma * running
+        returns[i] = running
+    return returns.astype(np.float32)
+
+
+def batch_normalize(values, *, eps: float = 1e-6) -> np.ndarray:
+    """ReBN: ``(x − mean) / (std + eps)`` over the whole batch (return batch normalisation)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return values.astype(np.float32)
+    return ((values - values.mean()) / (values.std() + eps)).astype(np.float32)
+
+
+ADVANTAGE_MODES = (*ESTIMATORS, "rebn")
+
+
+def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str = "drgrpo", gamma: float = 1.0):
+    """Advantages of per-turn samples: discounted returns, then a group baseline (``drgrpo``/``grpo``/``rloo``
+    over every turn of the group) or ReBN (``rebn``). Single-turn tasks reduce to the group estimators on R(y).
+    """
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"unknown advantage mode {mode!r}; choose one of: {', '.join(ADVANTAGE_MODES)}")
+    returns = discounted_returns(rewards, episode_ids, turn_indices, gamma)
+    if mode == "rebn":
+        return batch_normalize(returns)
+    return group_advantages(returns, group_ids, mode)
