@@ -1,0 +1,78 @@
+"""The project's Gem environments.
+
+Importing ``envs`` registers with Gem (``gem.register``):
+
+- ``example:Countdown-v0``: a small multi-turn game, the template for new envs (``envs/example_countdown.py``);
+- ``game:Sudoku-v0-easy-compact`` and ``game:Sudoku-v0-easy-compact-wrong``: Gem's Sudoku-easy with a ~25-token
+  observation (``envs/sudoku_compact.py``);
+- ``local-math:<name>`` for every math set under the folder named by ``DPPO_MATH_DATA``, when that variable is set
+  (``envs/math_local.py``; register other sets with :func:`register_math_dataset` / :func:`register_math_folder`).
+
+The paper's Gem tasks (:data:`PAPER_TASKS`) are Gem's own ids and need no registration. Oracle policies and
+demonstrations are in ``envs/oracles.py``. To add an environment see ``envs/README.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gem
+from gem.core import Env
+from gem.envs.registration import ENV_REGISTRY
+
+from envs import example_countdown, sudoku_compact  # noqa: F401  (importing registers their ids)
+from envs.example_countdown import CountdownEnv
+from envs.math_local import (
+    LOCAL_MATH_PREFIX,
+    load_math_dataset,
+    register_math_dataset,
+    register_math_folder,
+    register_math_folder_from_environment,
+)
+from envs.oracles import ORACLES, demonstrations, oracle_action, register_oracle
+from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
+
+PAPER_TASKS = ("game:Sudoku-v0-easy", "rg:arc_1d", "rg:acre")
+"""The paper's Gem tasks (multi-turn Sudoku-easy and two single-turn reasoning-gym tasks)."""
+
+PROJECT_ENV_IDS = (
+    example_countdown.ENV_ID,
+    sudoku_compact.COMPACT_ENV_ID,
+    sudoku_compact.COMPACT_WRONG_ENV_ID,
+)
+"""Ids this package registers on import (besides the ``local-math:*`` ids)."""
+
+LOCAL_MATH_IDS = tuple(register_math_folder_from_environment())
+"""The ``local-math:*`` ids registered on import from the ``DPPO_MATH_DATA`` folder (empty when it is unset)."""
+
+
+def make_env(env_id: str, **kwargs: Any) -> Env:
+    """``gem.make(env_id, **kwargs)`` with the project's ids registered.
+
+    ``local-math:<path>`` with an unregistered id and an existing file or folder ``<path>`` registers that set on
+    the fly, so a data set can be named on a command line without a registration step.
+    """
+    prefix = f"{LOCAL_MATH_PREFIX}:"
+    if env_id not in ENV_REGISTRY and env_id.startswith(prefix) and os.path.exists(env_id[len(prefix):]):
+        register_math_dataset(env_id, env_id[len(prefix):])
+    return gem.make(env_id, **kwargs)
+
+
+__all__ = [
+    "CompactSudokuObservation",
+    "CountdownEnv",
+    "LOCAL_MATH_IDS",
+    "ORACLES",
+    "PAPER_TASKS",
+    "PROJECT_ENV_IDS",
+    "compact_sudoku_observation",
+    "demonstrations",
+    "load_math_dataset",
+    "make_env",
+    "oracle_action",
+    "parse_compact_sudoku",
+    "register_math_dataset",
+    "register_math_folder",
+    "register_oracle",
+]

@@ -1,0 +1,177 @@
+"""Oracle policies: perfect players that read the answer from the env's state.
+
+They supply demonstrations for a supervised warm start and a ceiling for tests. An oracle is a function
+``oracle(env, rng) -> action_text``: ``env`` may be wrapped (state is read through ``env.unwrapped``), ``rng`` is a
+``random.Random`` or a ``numpy.random.Generator`` used for any choice the oracle makes (e.g. which Sudoku cell).
+
+- Sudoku (any Gem Sudoku id, compact ids included): a random empty cell and its solution digit,
+  ``\\boxed{row col num}`` (1-based), from ``env.unwrapped.board`` / ``.full_grid``; every move is correct.
+- ``rg:arc_1d`` and ``rg:acre``: ``\\boxed{<env.unwrapped.data["answer"]>}`` (reward 1.0).
+- local math (``local-math:*``, or any Gem MathEnv): the row's reference answer in ``\\boxed{}``.
+- ``example:Countdown-v0``: the first move of a solution found by search.
+
+:func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer
+can format them with any prompt template.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import gem
+from gem.core import Env
+from gem.envs.game_env.sudoku import SudokuEnv
+from gem.envs.math_env import MathEnv
+
+from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
+from envs.example_countdown import CountdownEnv, countdown_oracle_action
+from envs.math_local import LOCAL_MATH_PREFIX, math_oracle_action
+from envs.sudoku_compact import COMPACT_ENV_ID, COMPACT_WRONG_ENV_ID
+
+Oracle = Callable[[Env, Any], str]
+Turn = Tuple[str, str]
+ObservationFn = Callable[[str, Dict[str, Any]], str]
+MAX_EPISODE_TURNS = 1000
+
+
+def choose_index(rng: Any, size: int) -> int:
+    """A uniform index in ``range(size)`` from a ``random.Random`` or a ``numpy.random.Generator``."""
+    if hasattr(rng, "integers"):
+        return int(rng.integers(size))
+    return rng.randrange(size)
+
+
+def sudoku_oracle_action(env: Env, rng: Any) -> str:
+    """A random empty cell and its correct digit, as ``\\boxed{row col num}`` (1-based)."""
+    game = env.unwrapped
+    empty = [(r, c) for r, row in enumerate(game.board) for c, cell in enumerate(row) if cell == 0]
+    if not empty:
+        raise ValueError("the Sudoku board has no empty cell left")
+    row, col = empty[choose_index(rng, len(empty))]
+    return f"\\boxed{{{row + 1} {col + 1} {game.full_grid[row][col]}}}"
+
+
+def reasoning_gym_oracle_action(env: Env, rng: Any = None) -> str:
+    """The reasoning-gym entry's reference answer in ``\\boxed{}`` (checked for ``rg:arc_1d`` and ``rg:acre``)."""
+    return f"\\boxed{{{env.unwrapped.data['answer']}}}"
+
+
+ORACLES: Dict[str, Oracle] = {
+    "game:Sudoku-v0-easy": sudoku_oracle_action,
+    "game:Sudoku-v0-hard": sudoku_oracle_action,
+    "game:Sudoku-v0-random": sudoku_oracle_action,
+    COMPACT_ENV_ID: sudoku_oracle_action,
+    COMPACT_WRONG_ENV_ID: sudoku_oracle_action,
+    "rg:arc_1d": reasoning_gym_oracle_action,
+    "rg:acre": reasoning_gym_oracle_action,
+    COUNTDOWN_ENV_ID: countdown_oracle_action,
+    f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
+}
+"""Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
+
+ORACLES_BY_ENV_CLASS: Tuple[Tuple[type, Oracle], ...] = (
+    (SudokuEnv, sudoku_oracle_action),
+    (MathEnv, math_oracle_action),
+    (CountdownEnv, countdown_oracle_action),
+)
+"""Fallback for envs whose id has no oracle (or that were built without ``gem.make``)."""
+
+
+def register_oracle(env_id: str, oracle: Oracle) -> None:
+    """Make ``oracle`` the oracle of ``env_id`` (or of every ``<prefix>:...`` id when given ``<prefix>:*``)."""
+    ORACLES[env_id] = oracle
+
+
+def oracle_for_id(env_id: Optional[str]) -> Optional[Oracle]:
+    """The oracle registered for ``env_id`` exactly, else for its ``<prefix>:*``, else None."""
+    if not env_id:
+        return None
+    if env_id in ORACLES:
+        return ORACLES[env_id]
+    prefix = env_id.split(":", 1)[0]
+    return ORACLES.get(f"{prefix}:*")
+
+
+def find_oracle(env: Env) -> Oracle:
+    """The oracle for a (possibly wrapped) env: by its id, the unwrapped env's id, then the env's class."""
+    for env_id in (getattr(env, "env_id", None), getattr(env.unwrapped, "env_id", None)):
+        oracle = oracle_for_id(env_id)
+        if oracle is not None:
+            return oracle
+    for env_class, oracle in ORACLES_BY_ENV_CLASS:
+        if isinstance(env.unwrapped, env_class):
+            return oracle
+    raise KeyError(f"no oracle for env {getattr(env, 'env_id', type(env.unwrapped).__name__)}")
+
+
+def oracle_action(env: Env, rng: Any = None) -> str:
+    """The oracle's action text for the env's current state (``rng`` defaults to ``random.Random(0)``)."""
+    return find_oracle(env)(env, random.Random(0) if rng is None else rng)
+
+
+def observation_with_suffix(observation: str, info: Dict[str, Any]) -> str:
+    """The observation followed by ``info["suffix"]`` when present (Gem games put the current board there)."""
+    suffix = info.get("suffix")
+    if not suffix:
+        return observation
+    return observation.rstrip("\n") + "\n" + suffix
+
+
+def raw_observation(observation: str, info: Dict[str, Any]) -> str:
+    """The observation as the env returned it (use with wrappers that already render ``info``)."""
+    return observation
+
+
+def play_oracle_episode(
+    env: Env, seed: Optional[int], rng: Any, observation_fn: ObservationFn = observation_with_suffix
+) -> Tuple[List[Turn], float]:
+    """One episode of the oracle from ``env.reset(seed)``: its (observation, action) turns and its return."""
+    oracle = find_oracle(env)
+    observation, info = env.reset(seed=seed)
+    turns: List[Turn] = []
+    episode_return = 0.0
+    for _ in range(MAX_EPISODE_TURNS):
+        action = oracle(env, rng)
+        turns.append((observation_fn(observation, info), action))
+        observation, reward, terminated, truncated, info = env.step(action)
+        episode_return += float(reward)
+        if terminated or truncated:
+            return turns, episode_return
+    raise RuntimeError(f"oracle episode did not end within {MAX_EPISODE_TURNS} turns")
+
+
+def close_env(env: Env) -> None:
+    """Close ``env`` when it can be closed (Gem's MathEnv holds a process pool).
+
+    Gem's ``MathEnv.close`` fails when it was made with ``use_mp=False`` (no pool): nothing to close then.
+    """
+    if isinstance(env.unwrapped, MathEnv) and not hasattr(env.unwrapped, "mp_pool"):
+        return
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
+def demonstrations(
+    env_id: str,
+    n_episodes: int,
+    seed: int = 0,
+    observation_fn: ObservationFn = observation_with_suffix,
+    wrappers: Sequence[Callable[[Env], Env]] = (),
+    **make_kwargs: Any,
+) -> List[List[Turn]]:
+    """``n_episodes`` oracle episodes of ``env_id``, each a list of (observation_text, action_text) turns.
+
+    Episode ``i`` starts from ``reset(seed + i)``; the oracle's own choices come from ``random.Random(seed)``, so
+    the result is deterministic. ``wrappers`` are applied in order, as ``gem.make_vec`` does; the default
+    ``observation_fn`` appends ``info["suffix"]`` (pass :func:`raw_observation` when a wrapper already does).
+    """
+    env = gem.make(env_id, **make_kwargs)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    rng = random.Random(seed)
+    try:
+        return [play_oracle_episode(env, seed + i, rng, observation_fn)[0] for i in range(n_episodes)]
+    finally:
+        close_env(env)

@@ -1,0 +1,281 @@
+"""Tests of the envs package: registration, Gem behaviour the project relies on, local math, compact Sudoku."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+from pathlib import Path
+
+import gem
+import pytest
+from datasets import Dataset, DatasetDict
+from gem.envs.math_env import MathEnv
+from gem.envs.registration import ENV_REGISTRY
+from gem.utils.constants import TERMINAL_STATE
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envs
+from envs.example_countdown import CountdownEnv, apply_move, legal_moves, parse_move, solve
+from envs.math_local import (
+    find_math_datasets,
+    load_math_dataset,
+    register_math_dataset,
+    register_math_folder,
+    strip_chat_template,
+)
+from envs.oracles import oracle_action
+from envs.sudoku_compact import (
+    CompactSudokuObservation,
+    compact_sudoku_observation,
+    compact_sudoku_text,
+    parse_compact_sudoku,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO_ROOT.parent / "shared" / "data" / "math"))
+needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"math data folder missing: {MATH_DATA}")
+SHARED_SET_NAMES = {
+    "aime", "amc", "math", "minerva", "olympiad_bench", "gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k",
+}
+
+
+def empty_cells(env):
+    """(row, col) of every empty cell of a Gem Sudoku env, 0-based."""
+    board = env.unwrapped.board
+    return [(r, c) for r, row in enumerate(board) for c, cell in enumerate(row) if cell == 0]
+
+
+# --- registration and the paper's tasks -------------------------------------------------------------------------
+
+
+def test_project_ids_are_registered():
+    for env_id in envs.PROJECT_ENV_IDS + envs.PAPER_TASKS:
+        assert env_id in ENV_REGISTRY
+
+
+@pytest.mark.parametrize("env_id", envs.PAPER_TASKS)
+def test_paper_tasks_make_reset_and_step_offline(env_id):
+    env = envs.make_env(env_id)
+    observation, info = env.reset(seed=0)
+    assert isinstance(observation, str) and observation and isinstance(info, dict)
+    _, reward, terminated, truncated, _ = env.step(oracle_action(env, random.Random(0)))
+    assert reward > 0
+
+
+def test_hub_math_ids_are_left_to_gem():
+    spec = ENV_REGISTRY["math:GSM8K"]
+    assert spec.entry_point == "gem.envs.math_env:MathEnv" and spec.kwargs["dataset_name"] == "axon-rl/GSM-8k"
+
+
+# --- Gem's Sudoku rewards ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_action", ["I think 3", "\\boxed{1,2,3}", "", "\\boxed{12 3}"])
+def test_sudoku_unparseable_action_is_penalised_and_ends_episode(bad_action):
+    env = gem.make("game:Sudoku-v0-easy")
+    env.reset(seed=3)
+    _, reward, terminated, _, _ = env.step(bad_action)
+    assert reward == pytest.approx(-0.1) and terminated
+
+
+def test_sudoku_wrong_parseable_move_scores_zero_and_continues():
+    env = gem.make("game:Sudoku-v0-easy")
+    env.reset(seed=4)
+    row, col = empty_cells(env)[0]
+    wrong = next(n for n in range(1, 5) if n != env.unwrapped.full_grid[row][col])
+    board_before = copy.deepcopy(env.unwrapped.board)
+    _, reward, terminated, truncated, _ = env.step(f"\\boxed{{{row + 1} {col + 1} {wrong}}}")
+    assert reward == 0 and not terminated and not truncated
+    assert env.unwrapped.board == board_before
+
+
+def test_sudoku_easy_board_shape():
+    env = gem.make("game:Sudoku-v0-easy")
+    for seed in range(20):
+        env.reset(seed=seed)
+        assert len(env.unwrapped.board) == 4 and 1 <= len(empty_cells(env)) <= 10
+
+
+@pytest.mark.parametrize("env_id", ["rg:arc_1d", "rg:acre"])
+def test_reasoning_gym_unparseable_answer_scores_zero_and_ends(env_id):
+    env = gem.make(env_id)
+    observation, info = env.reset(seed=1)
+    assert info == {} and "answer" in env.unwrapped.data
+    next_observation, reward, terminated, truncated, _ = env.step("no box here")
+    assert reward == 0.0 and terminated and truncated and next_observation == TERMINAL_STATE
+
+
+# --- the example env ---------------------------------------------------------------------------------------------
+
+
+def test_countdown_makes_with_gem_make_and_is_reproducible():
+    env = gem.make("example:Countdown-v0")
+    assert isinstance(env, CountdownEnv) and env.env_id == "example:Countdown-v0"
+    first, _ = env.reset(seed=11)
+    again, _ = env.reset(seed=11)
+    assert first == again and f"Target: {env.target}" in first
+
+
+def test_countdown_make_vec_passes_seeds_and_steps():
+    vec = gem.make_vec(["example:Countdown-v0"] * 3, seed=5)
+    observations, _ = vec.reset()
+    twin = gem.make_vec(["example:Countdown-v0"] * 3, seed=5)
+    assert twin.reset()[0] == observations
+    actions = [oracle_action(env, random.Random(0)) for env in vec.envs]
+    _, rewards, terminated, _, _ = vec.step(actions)
+    assert len(rewards) == 3 and not any(r < 0 for r in rewards)
+
+
+def test_countdown_unparseable_action_is_penalised_and_ends():
+    env = gem.make("example:Countdown-v0")
+    env.reset(seed=0)
+    _, reward, terminated, _, _ = env.step("seven")
+    assert reward == pytest.approx(-0.1) and terminated
+
+
+def test_countdown_illegal_move_scores_zero_and_continues():
+    env = gem.make("example:Countdown-v0")
+    env.reset(seed=0)
+    numbers = list(env.numbers)
+    absent = max(numbers) + 100
+    observation, reward, terminated, _, _ = env.step(f"\\boxed{{{absent} + {numbers[0]}}}")
+    assert reward == 0 and not terminated and env.numbers == numbers and "not allowed" in observation
+
+
+def test_countdown_rules():
+    assert parse_move("try \\boxed{1 + 2} then \\boxed{ 6 / 3 }") == (6, "/", 3)
+    assert apply_move([2, 3], (3, "-", 3)) is None
+    assert apply_move([3, 6], (3, "/", 6)) is None
+    assert apply_move([3, 3, 5], (3, "*", 3)) == [5, 9]
+    assert all(apply_move([1, 2, 7], move) is not None for move in legal_moves([1, 2, 7]))
+    assert solve([1, 2, 7], 21) is not None and solve([1, 1], 50) is None
+
+
+# --- local math ----------------------------------------------------------------------------------------------------
+
+
+def test_missing_math_path_gives_clear_error(tmp_path):
+    missing = tmp_path / "no_such_set"
+    for call in (
+        lambda: load_math_dataset(missing),
+        lambda: register_math_dataset("local-math:missing-test", missing),
+        lambda: find_math_datasets(missing),
+    ):
+        with pytest.raises(FileNotFoundError, match="no_such_set"):
+            call()
+    assert "local-math:missing-test" not in ENV_REGISTRY
+
+
+def test_jsonl_math_set_scores_correct_and_wrong_answers(tmp_path):
+    path = tmp_path / "tiny.jsonl"
+    rows = [{"problem": "What is 6 times 7?", "answer": "42"}, {"problem": "Half of 1?", "answer": "\\frac{1}{2}"}]
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    env = envs.make_env(f"local-math:{path}", use_mp=False)
+    assert isinstance(env, MathEnv)
+    for idx in range(2):
+        env.reset(idx=idx)
+        assert env.step(oracle_action(env))[1] == 1.0
+        env.reset(idx=idx)
+        assert env.step("The answer is \\boxed{41}")[1] == 0
+
+
+def test_input_gt_answer_columns_and_chat_template_are_mapped():
+    prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant"
+    data = DatasetDict({"eval": Dataset.from_list([{"input": prompt, "gt_answer": "4", "output": "4"}])})
+    env_id = register_math_dataset("local-math:test-mapped", data, overwrite=True, use_mp=False)
+    env = gem.make(env_id)
+    observation, _ = env.reset(seed=0)
+    assert observation == "What is 2+2?" and strip_chat_template("plain") == "plain"
+    assert env.step("\\boxed{4}")[1] == 1.0
+
+
+def test_register_math_dataset_refuses_duplicates():
+    data = Dataset.from_list([{"problem": "1+1?", "answer": "2"}])
+    register_math_dataset("local-math:test-duplicate", data, overwrite=True)
+    with pytest.raises(ValueError, match="already registered"):
+        register_math_dataset("local-math:test-duplicate", data)
+
+
+def test_missing_columns_are_reported():
+    with pytest.raises(ValueError, match="question"):
+        register_math_dataset("local-math:test-bad", Dataset.from_list([{"question": "?", "answer": "1"}]))
+
+
+@needs_math_data
+def test_shared_math_sets_are_found_and_registered():
+    found = find_math_datasets(MATH_DATA)
+    assert SHARED_SET_NAMES <= set(found)
+    env_ids = register_math_folder(MATH_DATA, use_mp=False)
+    assert {f"local-math:{name}" for name in SHARED_SET_NAMES} <= set(env_ids)
+
+
+@needs_math_data
+@pytest.mark.parametrize("name", ["gsm_8k", "math", "minerva", "math_lvl3to5_8k"])
+def test_shared_math_env_scores_boxed_answers(name):
+    register_math_folder(MATH_DATA, use_mp=False)
+    env = gem.make(f"local-math:{name}")
+    for seed in range(3):
+        observation, _ = env.reset(seed=seed)
+        assert observation and "<|im_start|>" not in observation
+        assert env.step(oracle_action(env))[1] == 1.0
+        env.reset(seed=seed)
+        assert env.step("\\boxed{-987654.321}")[1] == 0
+
+
+# --- compact Sudoku ------------------------------------------------------------------------------------------------
+
+
+def test_compact_observation_is_deterministic_and_parses_back():
+    env = gem.make("game:Sudoku-v0-easy-compact")
+    for seed in range(10):
+        observation, info = env.reset(seed=seed)
+        assert observation == compact_sudoku_observation(env) == env.reset(seed=seed)[0]
+        assert parse_compact_sudoku(observation) == env.unwrapped.board
+        lines = observation.splitlines()
+        assert lines[0] == "Sudoku 4x4" and lines[-1] == "Move:" and len(lines) == 6
+        assert "suffix" not in info
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), min_size=9, max_size=9), min_size=9, max_size=9))
+def test_compact_text_round_trips_any_board(board):
+    assert parse_compact_sudoku(compact_sudoku_text(board, last_wrong_move=(1, 2, 3))) == board
+
+
+def test_compact_env_has_sudoku_easy_rewards_and_dynamics():
+    for seed in range(5):
+        base, compact = gem.make("game:Sudoku-v0-easy"), gem.make("game:Sudoku-v0-easy-compact")
+        base.reset(seed=seed)
+        compact.reset(seed=seed)
+        rng = random.Random(seed)
+        row, col = empty_cells(base)[0]
+        actions = ["\\boxed{1 1 1}", f"\\boxed{{{row + 1} {col + 1} {base.unwrapped.full_grid[row][col]}}}"]
+        actions += [oracle_action(base, rng) for _ in range(2)] + ["no move"]
+        for action in actions:
+            expected = base.step(action)
+            observed = compact.step(action)
+            assert observed[1:4] == expected[1:4]
+            assert compact.unwrapped.board == base.unwrapped.board
+
+
+def test_compact_env_can_show_last_wrong_move():
+    env = gem.make("game:Sudoku-v0-easy-compact-wrong")
+    env.reset(seed=2)
+    row, col = empty_cells(env)[0]
+    correct = env.unwrapped.full_grid[row][col]
+    wrong = next(n for n in range(1, 5) if n != correct)
+    observation = env.step(f"\\boxed{{{row + 1} {col + 1} {wrong}}}")[0]
+    assert f"Wrong: {row + 1} {col + 1} {wrong}" in observation
+    assert parse_compact_sudoku(observation) == env.unwrapped.board
+    observation = env.step(f"\\boxed{{{row + 1} {col + 1} {correct}}}")[0]
+    assert "Wrong:" not in observation
+
+
+def test_compact_wrapper_wraps_any_sudoku_env():
+    env = CompactSudokuObservation(gem.make("game:Sudoku-v0-hard"))
+    observation, _ = env.reset(seed=0)
+    assert observation.splitlines()[0] == "Sudoku 9x9"
+    assert parse_compact_sudoku(observation) == env.unwrapped.board

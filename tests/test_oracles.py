@@ -1,0 +1,134 @@
+"""Tests of the oracle policies and of the demonstrations they produce."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import gem
+import numpy as np
+import pytest
+from gem.wrappers.observation_wrapper import ObservationWrapper
+
+import envs
+from envs.math_local import register_math_folder
+from envs.oracles import (
+    ORACLES,
+    find_oracle,
+    observation_with_suffix,
+    oracle_action,
+    play_oracle_episode,
+    raw_observation,
+    register_oracle,
+    sudoku_oracle_action,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO_ROOT.parent / "shared" / "data" / "math"))
+needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"math data folder missing: {MATH_DATA}")
+SEEDS = range(40)
+
+
+def concat_wrapper(env):
+    """Gem's "concat" observation wrapper (wrapper_factory itself imports optional tool dependencies)."""
+    return ObservationWrapper(env, include_action=False, include_chat_template=False)
+
+
+@pytest.mark.parametrize("env_id", ["game:Sudoku-v0-easy", "game:Sudoku-v0-easy-compact"])
+def test_sudoku_oracle_solves_every_episode(env_id):
+    env = gem.make(env_id)
+    for seed in SEEDS:
+        turns, episode_return = play_oracle_episode(env, seed, random.Random(seed))
+        assert episode_return == pytest.approx(1.0)
+        assert len(turns) == sum(action.startswith("\\boxed{") for _, action in turns) <= 10
+
+
+def test_sudoku_oracle_move_is_correct_and_one_based():
+    env = gem.make("game:Sudoku-v0-easy")
+    env.reset(seed=7)
+    action = sudoku_oracle_action(env, random.Random(0))
+    row, col, num = (int(part) for part in action[len("\\boxed{"):-1].split())
+    assert env.unwrapped.board[row - 1][col - 1] == 0 and env.unwrapped.full_grid[row - 1][col - 1] == num
+
+
+@pytest.mark.parametrize("env_id", ["rg:arc_1d", "rg:acre"])
+def test_reasoning_gym_oracle_scores_one(env_id):
+    env = gem.make(env_id)
+    for seed in SEEDS:
+        turns, episode_return = play_oracle_episode(env, seed, random.Random(seed))
+        assert episode_return == 1.0 and len(turns) == 1
+        assert turns[0][1] == "\\boxed{" + env.unwrapped.data["answer"] + "}"
+
+
+def test_reasoning_gym_oracle_scores_one_without_seeds():
+    env = gem.make("rg:arc_1d")
+    for _ in range(20):
+        env.reset()
+        assert env.step(oracle_action(env))[1] == 1.0
+
+
+def test_countdown_oracle_wins_every_episode():
+    env = gem.make("example:Countdown-v0")
+    for seed in SEEDS:
+        turns, episode_return = play_oracle_episode(env, seed, random.Random(seed))
+        assert episode_return == 1.0 and len(turns) <= 3
+
+
+def test_oracle_works_through_wrappers_and_numpy_rngs():
+    vec = gem.make_vec(["game:Sudoku-v0-easy"] * 2, wrappers=[concat_wrapper], seed=3)
+    vec.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        actions = [oracle_action(env, rng) for env in vec.envs]
+        _, rewards, _, _, _ = vec.step(actions)
+        assert all(r > 0 for r in rewards)
+
+
+def test_demonstrations_are_deterministic_observation_action_pairs():
+    episodes = envs.demonstrations("game:Sudoku-v0-easy", n_episodes=5, seed=1)
+    assert episodes == envs.demonstrations("game:Sudoku-v0-easy", n_episodes=5, seed=1)
+    assert len(episodes) == 5
+    for episode in episodes:
+        for observation, action in episode:
+            assert isinstance(observation, str) and "R1" in observation and action.startswith("\\boxed{")
+
+
+def test_demonstration_actions_replay_to_a_win():
+    for env_id in ("game:Sudoku-v0-easy-compact", "example:Countdown-v0", "rg:acre"):
+        episodes = envs.demonstrations(env_id, n_episodes=3, seed=10)
+        env = gem.make(env_id)
+        for i, episode in enumerate(episodes):
+            observation, info = env.reset(seed=10 + i)
+            assert observation_with_suffix(observation, info) == episode[0][0]
+            assert sum(env.step(action)[1] for _, action in episode) == pytest.approx(1.0)
+
+
+def test_demonstrations_with_gem_wrappers():
+    episodes = envs.demonstrations(
+        "game:Sudoku-v0-easy", 2, seed=0, wrappers=[concat_wrapper], observation_fn=raw_observation
+    )
+    first_observation, _ = episodes[0][0]
+    assert first_observation.startswith("You are playing") and "Enter your move." in first_observation
+
+
+def test_oracle_lookup():
+    assert {"game:Sudoku-v0-easy", "rg:arc_1d", "rg:acre", "example:Countdown-v0"} <= set(ORACLES)
+    with pytest.raises(KeyError, match="no oracle"):
+        find_oracle(gem.make("game:TowerofHanoi-v0-easy"))
+    register_oracle("test:*", sudoku_oracle_action)
+    env = gem.make("game:Sudoku-v0-easy")
+    env.env_id = "test:AnySudoku"
+    assert find_oracle(env) is sudoku_oracle_action
+    del ORACLES["test:*"]
+
+
+@needs_math_data
+def test_local_math_oracle_and_demonstrations():
+    register_math_folder(MATH_DATA, use_mp=False)
+    for name in ("aime", "gsm_8k", "math_lvl3to5_8k"):
+        env = gem.make(f"local-math:{name}")
+        for seed in range(5):
+            assert play_oracle_episode(env, seed, None)[1] == 1.0
+    episodes = envs.demonstrations("local-math:asdiv_2k", n_episodes=3, seed=0)
+    assert all(len(episode) == 1 and episode[0][1].startswith("\\boxed{") for episode in episodes)
