@@ -1,0 +1,193 @@
+"""A :class:`~dppo_oat.rollout.generation.Generator` on Hugging Face ``generate``.
+
+Hugging Face hands back the *processed* scores (after temperature and top-p), the very logits it samples from, so
+``log_softmax`` of them is μ exactly: this generator supports any temperature and top-p honestly (with top-p < 1,
+tokens outside the nucleus have μ = 0, log-prob ``-inf``). Log-probs and the top-K set are computed for the whole
+batch in one vectorized pass after ``generate`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from dppo_oat.rollout.generation import TOPK_PAD_ID, Completion, SamplingSettings
+
+NEUTRAL_PROCESSING = dict(
+    top_k=0,
+    typical_p=1.0,
+    repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+    epsilon_cutoff=0.0,
+    eta_cutoff=0.0,
+    min_length=0,
+)
+"""Generation fields pinned so that a checkpoint's own defaults (e.g. top_k=50) never reshape the distribution."""
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of shape ``[B, L]``, prompts right-aligned behind ``pad_id``."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+        attention_mask[row, width - len(prompt) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def generate_kwargs(settings: SamplingSettings, eos_ids: Sequence[int], pad_id: int) -> dict:
+    """Keyword arguments of ``model.generate`` for one sampling call that returns the processed scores."""
+    return dict(
+        NEUTRAL_PROCESSING,
+        do_sample=True,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_new_tokens=settings.max_new_tokens,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+        return_dict_in_generate=True,
+        output_scores=True,
+        use_cache=True,
+    )
+
+
+def completion_lengths(new_ids: torch.Tensor, eos_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``new_ids [B, T]``: length up to and including the first EOS (else T), and whether EOS came."""
+    is_eos = torch.isin(new_ids, eos_ids)
+    stopped = is_eos.any(dim=1)
+    first_eos = is_eos.int().argmax(dim=1)
+    lengths = torch.where(stopped, first_eos + 1, torch.full_like(first_eos, new_ids.shape[1]))
+    return lengths, stopped
+
+
+def sampled_logprobs(logprobs: torch.Tensor, new_ids: torch.Tensor) -> torch.Tensor:
+    """``log μ(a_t)`` for every position: ``logprobs [B, T, V]`` gathered at ``new_ids [B, T]``."""
+    return logprobs.gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def topk_with_action(
+    logprobs: torch.Tensor, new_ids: torch.Tensor, action_logprobs: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's ``TopK(μ, K) ∪ {a_t}`` as ``[B, T, K+1]`` ids and log-probs (a_t last only if outside TopK)."""
+    top_logprobs, top_ids = logprobs.topk(k, dim=-1)
+    inside = (top_ids == new_ids.unsqueeze(-1)).any(dim=-1)
+    extra_ids = torch.where(inside, torch.full_like(new_ids, TOPK_PAD_ID), new_ids)
+    extra_logprobs = torch.where(inside, torch.full_like(action_logprobs, float("-inf")), action_logprobs)
+    ids = torch.cat([top_ids, extra_ids.unsqueeze(-1)], dim=-1)
+    return ids, torch.cat([top_logprobs, extra_logprobs.unsqueeze(-1)], dim=-1)
+
+
+def processed_logprobs(scores: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``log_softmax`` in fp32 of the per-step processed scores (``T`` tensors ``[B, V]``) as ``[B, T, V]``."""
+    return torch.log_softmax(torch.stack(scores, dim=1).float(), dim=-1)
+
+
+def build_completions(
+    tokenizer, new_ids: np.ndarray, logprobs: np.ndarray, lengths: np.ndarray, stopped: np.ndarray,
+    topk: tuple[np.ndarray, np.ndarray] | None,
+) -> list[Completion]:
+    """Cut every row at its length and wrap it as a :class:`Completion`.
+
+    As in vLLM, the text leaves out the stop token and special tokens; ``token_ids`` keep the stop token.
+    """
+    token_lists = [new_ids[row, :n].tolist() for row, n in enumerate(lengths)]
+    text_tokens = [tokens[:-1] if stopped[row] else tokens for row, tokens in enumerate(token_lists)]
+    texts = tokenizer.batch_decode(text_tokens, skip_special_tokens=True)
+    completions = []
+    for row, (tokens, text) in enumerate(zip(token_lists, texts)):
+        n = len(tokens)
+        completions.append(
+            Completion(
+                token_ids=tokens,
+                logprobs=logprobs[row, :n].tolist(),
+                text=text,
+                finish_reason="stop" if stopped[row] else "length",
+                topk_ids=None if topk is None else topk[0][row, :n],
+                topk_logprobs=None if topk is None else topk[1][row, :n],
+            )
+        )
+    return completions
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Run the body with torch's RNG seeded by ``seed`` (no-op for None), leaving the global RNG state untouched."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def tied_keys(model: torch.nn.Module) -> set[str]:
+    """State-dict keys that may be absent because they alias another parameter (tied embeddings)."""
+    config = getattr(model, "config", None)
+    tied = getattr(config, "tie_word_embeddings", False) if config is not None else False
+    return {"lm_head.weight"} if tied else set()
+
+
+class HFGenerator:
+    """Samples with ``model.generate`` in batches of ``batch_size`` prompts, left-padded, with the KV cache.
+
+    μ is the processed (temperature / top-p) distribution, so any :class:`SamplingSettings` is honest. ``max_topk``
+    is the vocabulary size. The EOS token, when sampled, is part of ``token_ids`` with its log-prob.
+    """
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.max_topk = int(model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model (and so every input tensor) lives."""
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
+        """One completion per prompt, in order; seeded by ``settings.seed`` when set."""
+        if settings.top_k_logprobs > self.max_topk:
+            raise ValueError(f"top_k_logprobs={settings.top_k_logprobs} exceeds the vocabulary ({self.max_topk})")
+        completions: list[Completion] = []
+        with seeded(settings.seed, self.device), torch.inference_mode():
+            for start in range(0, len(prompts), self.batch_size):
+                completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings))
+        return completions
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
+        """Sample one batch and turn HF's output into completions in one vectorized pass."""
+        input_ids, attention_mask = left_pad(prompts, self.pad_token_id, self.device)
+        kwargs = generate_kwargs(settings, self.eos_token_ids, self.pad_token_id)
+        output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        new_ids = output.sequences[:, input_ids.shape[1] :]
+        logprobs = processed_logprobs(output.scores)
+        action_logprobs = sampled_logprobs(logprobs, new_ids)
+        eos = torch.as_tensor(self.eos_token_ids, device=new_ids.device)
+        lengths, stopped = completion_lengths(new_ids, eos)
+        topk = None
+        if settings.top_k_logprobs > 0:
+            ids, lps = topk_with_action(logprobs, new_ids, action_logprobs, settings.top_k_logprobs)
+            topk = (ids.cpu().numpy(), lps.cpu().numpy())
+        return build_completions(
+            self.tokenizer, new_ids.cpu().numpy(), action_logprobs.cpu().numpy(),
+            lengths.cpu().numpy(), stopped.cpu().numpy(), topk,
+        )
+
+    def update_weights(self, state_dict: dict) -> None:
+        """Copy new weights into the model in place; only tied aliases (e.g. ``lm_head.weight``) may be missing."""
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        really_missing = set(missing) - tied_keys(self.model)
+        if really_missing or unexpected:
+            raise KeyError(f"state_dict mismatch: missing {sorted(really_missing)}, unexpected {sorted(unexpected)}")

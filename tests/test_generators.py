@@ -1,0 +1,146 @@
+"""HFGenerator: μ log-probs are those of the sampled distribution; top-K set; EOS; seeds; batching."""
+
+import numpy as np
+import pytest
+import torch
+
+from dppo_oat.models import build_tiny_policy, toy_corpus
+from dppo_oat.models.scoring import max_logprob_error, teacher_forced_logprobs
+from dppo_oat.rollout.generation import TOPK_PAD_ID, Generator, SamplingSettings
+from dppo_oat.rollout.hf_generator import HFGenerator
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_tiny_policy(toy_corpus(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(policy):
+    _, tokenizer = policy
+    texts = toy_corpus(7, seed=11)
+    return [tokenizer.encode(text)[: 6 + 3 * i] for i, text in enumerate(texts)]  # lengths differ: padding
+
+
+def test_is_a_generator(policy):
+    generator = HFGenerator(*policy)
+    assert isinstance(generator, Generator)
+    assert generator.max_topk == len(policy[1])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_teacher_forcing(policy, prompts, temperature):
+    model, tokenizer = policy
+    settings = SamplingSettings(max_new_tokens=12, temperature=temperature, seed=1)
+    completions = HFGenerator(model, tokenizer, batch_size=4).generate(prompts, settings)
+    assert max_logprob_error(model, prompts, completions, temperature=temperature) <= TOLERANCE
+
+
+def test_logprobs_with_top_p_are_the_nucleus_distribution(policy, prompts):
+    model, tokenizer = policy
+    settings = SamplingSettings(max_new_tokens=12, temperature=0.8, top_p=0.5, seed=2)
+    completions = HFGenerator(model, tokenizer).generate(prompts, settings)
+    assert max_logprob_error(model, prompts, completions, temperature=0.8, top_p=0.5) <= TOLERANCE
+    assert all(np.isfinite(c.logprobs).all() for c in completions)
+
+
+def test_topk_set_is_topk_of_mu_plus_action(policy, prompts):
+    model, tokenizer = policy
+    k = 5
+    settings = SamplingSettings(max_new_tokens=12, temperature=1.3, top_k_logprobs=k, seed=3)
+    outside = 0
+    for prompt, completion in zip(prompts, HFGenerator(model, tokenizer).generate(prompts, settings)):
+        reference = teacher_forced_logprobs(model, prompt, completion.token_ids, temperature=1.3)
+        assert completion.topk_ids.shape == completion.topk_logprobs.shape == (len(completion.token_ids), k + 1)
+        for t, action in enumerate(completion.token_ids):
+            ids, lps = completion.topk_ids[t], completion.topk_logprobs[t]
+            best = torch.topk(reference[t], k).indices.tolist()
+            assert set(ids[:k].tolist()) == set(best)
+            np.testing.assert_allclose(lps[:k], reference[t, ids[:k]].numpy(), atol=TOLERANCE)
+            if action in best:
+                assert ids[k] == TOPK_PAD_ID and lps[k] == -np.inf
+            else:
+                outside += 1
+                assert ids[k] == action and abs(lps[k] - completion.logprobs[t]) < 1e-6
+    assert outside > 0  # the a_t-outside-top-K branch was exercised
+
+
+def make_eos_likely(model, eos_id: int, prompts) -> None:
+    """Point the (tied) EOS embedding along the mean final hidden state so that EOS gets a large logit."""
+    with torch.no_grad():
+        hidden = [model.model(torch.tensor([p])).last_hidden_state[0] for p in prompts]
+        direction = torch.cat(hidden).mean(0)
+        model.model.embed_tokens.weight[eos_id] = 3.0 * direction / direction.norm() ** 2
+
+
+def test_stops_at_eos_and_keeps_it(prompts):
+    model, tokenizer = build_tiny_policy(toy_corpus(), seed=0)
+    make_eos_likely(model, tokenizer.eos_token_id, prompts)
+    settings = SamplingSettings(max_new_tokens=16, seed=4)
+    completions = HFGenerator(model, tokenizer).generate(prompts * 4, settings)
+    reasons = {c.finish_reason for c in completions}
+    assert reasons == {"stop", "length"}
+    for completion in completions:
+        eos_positions = [t for t, token in enumerate(completion.token_ids) if token == tokenizer.eos_token_id]
+        if completion.finish_reason == "stop":
+            assert eos_positions == [len(completion.token_ids) - 1]
+            assert np.isfinite(completion.logprobs[-1])
+            assert tokenizer.eos_token not in completion.text
+        else:
+            assert eos_positions == [] and len(completion.token_ids) == settings.max_new_tokens
+    assert max_logprob_error(model, prompts * 4, completions) <= TOLERANCE
+
+
+def test_extra_stop_ids_and_text_without_stop_token(policy, prompts):
+    model, tokenizer = policy
+    stops = list(range(3, len(tokenizer), 3))
+    completions = HFGenerator(model, tokenizer, eos_token_ids=stops).generate(prompts, SamplingSettings(10, seed=5))
+    for completion in completions:
+        if completion.finish_reason == "stop":
+            assert completion.token_ids[-1] in stops
+            assert not set(completion.token_ids[:-1]) & set(stops)
+            assert completion.text == tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True)
+    assert any(c.finish_reason == "stop" for c in completions)
+
+
+def test_seeded_sampling_is_deterministic_and_leaves_global_rng(policy, prompts):
+    generator = HFGenerator(*policy)
+    before = torch.get_rng_state()
+    first = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=7))
+    assert torch.equal(before, torch.get_rng_state())
+    second = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=7))
+    other = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=8))
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+    assert [c.logprobs for c in first] == [c.logprobs for c in second]
+    assert [c.token_ids for c in first] != [c.token_ids for c in other]
+
+
+def test_batched_equals_unbatched(policy, prompts):
+    model, tokenizer = policy
+    settings = SamplingSettings(max_new_tokens=10, temperature=1e-3, seed=9)  # ~argmax: same tokens either way
+    batched = HFGenerator(model, tokenizer, batch_size=len(prompts)).generate(prompts, settings)
+    single = HFGenerator(model, tokenizer, batch_size=1).generate(prompts, settings)
+    assert [c.token_ids for c in batched] == [c.token_ids for c in single]
+    for a, b in zip(batched, single):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOLERANCE)
+    sampled = HFGenerator(model, tokenizer, batch_size=len(prompts)).generate(prompts, SamplingSettings(10, seed=9))
+    assert max_logprob_error(model, prompts, sampled) <= TOLERANCE  # left-padded batch == unpadded forward
+
+
+def test_update_weights_changes_the_policy(prompts):
+    model, tokenizer = build_tiny_policy(toy_corpus(), seed=0)
+    other, _ = build_tiny_policy(toy_corpus(), seed=1)
+    generator = HFGenerator(model, tokenizer)
+    generator.update_weights({k: v for k, v in other.state_dict().items() if k != "lm_head.weight"})
+    completions = generator.generate(prompts, SamplingSettings(max_new_tokens=8, seed=0))
+    assert max_logprob_error(other, prompts, completions) <= TOLERANCE
+    with pytest.raises(KeyError):
+        generator.update_weights({"model.norm.weight": other.model.norm.weight})
+
+
+def test_refuses_k_beyond_vocabulary(policy, prompts):
+    generator = HFGenerator(*policy)
+    with pytest.raises(ValueError):
+        generator.generate(prompts, SamplingSettings(max_new_tokens=2, top_k_logprobs=generator.max_topk + 1))
