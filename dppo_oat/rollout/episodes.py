@@ -1,0 +1,292 @@
+"""Gem episodes → per-turn samples with the behavior policy's log-probs.
+
+A batch of ``num_groups × group_size`` environment slots is stepped in lock-step through a ``gem.make_vec``
+vector env: every turn, the observations of the running episodes are rendered into prompts, one generator call
+samples all actions, and each action's tokens become a :class:`TurnSample` with μ's log-probs (and top-K set).
+The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
+one-turn episodes. A prompt longer than the context or an env exception ends that episode with Gem's format-error
+penalty and is counted; an unparseable action is the env's own business (Gem games penalise and end the episode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import gem
+import numpy as np
+from gem.core import EnvWrapper
+from gem.utils.constants import LanguageGameReward
+from gem.vector.vector_env import AutoresetMode
+
+from dppo_oat.advantages import discounted_returns
+from dppo_oat.rollout.generation import Completion, Generator, SamplingSettings
+from dppo_oat.rollout.templates import template_renderer
+
+END_REASONS = ("terminated", "truncated", "max_turns", "prompt_too_long", "env_error")
+
+
+@dataclass
+class TurnSample:
+    """One turn of one episode: the learner's unit of data."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logprobs: list[float]
+    reward: float
+    done: bool
+    truncated: bool
+    turn: int
+    env_id: str
+    episode_id: int
+    group_id: str
+    finish_reason: str
+    response_text: str = ""
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
+    discounted_return: float = 0.0
+
+
+@dataclass
+class EpisodeRecord:
+    """What happened in one episode (for success rates and failure counts)."""
+
+    episode_id: int
+    env_id: str
+    group_id: str
+    seed: int
+    turns: int = 0
+    total_reward: float = 0.0
+    end_reason: str = ""
+    success: bool = False
+
+
+@dataclass
+class Rollout:
+    samples: list[TurnSample]
+    episodes: list[EpisodeRecord]
+
+    def stats(self) -> dict[str, float]:
+        """Episode and token statistics of this rollout (plain floats, for the metrics log)."""
+        returns = np.array([e.total_reward for e in self.episodes], dtype=np.float64)
+        lengths = np.array([len(s.response_ids) for s in self.samples], dtype=np.float64)
+        stats = {
+            "episodes": float(len(self.episodes)),
+            "turn_samples": float(len(self.samples)),
+            "episode_return": _mean(returns),
+            "success": _mean([float(e.success) for e in self.episodes]),
+            "turns_per_episode": _mean([e.turns for e in self.episodes]),
+            "response_length": _mean(lengths),
+            "response_truncated": _mean([float(s.finish_reason == "length") for s in self.samples]),
+            "generated_tokens": float(lengths.sum()),
+        }
+        for reason in END_REASONS:
+            stats[f"end/{reason}"] = float(sum(e.end_reason == reason for e in self.episodes))
+        return stats
+
+
+def _mean(values) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.mean()) if values.size else 0.0
+
+
+def observation_text(observation: str, info: dict[str, Any]) -> str:
+    """The observation followed by ``info["suffix"]`` when present (Gem games put the current board there)."""
+    suffix = info.get("suffix")
+    if not suffix:
+        return observation
+    return observation.rstrip("\n") + "\n" + suffix
+
+
+class GuardedEnv(EnvWrapper):
+    """Turns an exception inside ``step`` into the end of that episode with ``penalty`` (``info['env_error']``)."""
+
+    def __init__(self, env, penalty: float = LanguageGameReward.format_error_reward):
+        super().__init__(env)
+        self.penalty = penalty
+
+    def step(self, action):
+        try:
+            return self.env.step(action)
+        except Exception as error:  # noqa: BLE001 - any env failure ends only this episode
+            return "", self.penalty, True, False, {"env_error": f"{type(error).__name__}: {error}"}
+
+    def reset(self, seed=None):
+        return self.env.reset(seed=seed)
+
+
+@dataclass
+class _Slot:
+    """A running episode in one vector-env slot."""
+
+    record: EpisodeRecord
+    prompt: str = ""
+    samples: list[TurnSample] = field(default_factory=list)
+    running: bool = True
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are played. ``max_turns`` caps turns on top of the env's own limit (None: the env's)."""
+
+    template: str = "qwen3_game"
+    max_prompt_tokens: int = 2048
+    max_turns: int | None = None
+    gamma: float = 1.0
+    success_threshold: float = 0.999
+    penalty: float = LanguageGameReward.format_error_reward
+    env_seed: int = 42
+    """Constructor seed of every slot (reasoning-gym builds its puzzle set from it; puzzles come from reset seeds)."""
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+
+
+class EpisodeCollector:
+    """Plays ``num_groups × group_size`` episodes per call on a persistent ``gem.make_vec`` vector env.
+
+    ``env_ids`` are assigned to groups round-robin, so a mixture of tasks (e.g. Sudoku and math) shares a batch.
+    """
+
+    def __init__(
+        self,
+        env_ids: Sequence[str],
+        num_groups: int,
+        group_size: int,
+        tokenizer,
+        settings: RolloutSettings = RolloutSettings(),
+        *,
+        observation_fn: Callable[[str, dict], str] = observation_text,
+        wrappers: Sequence[Callable] = (),
+    ):
+        if num_groups < 1 or group_size < 1:
+            raise ValueError(f"num_groups and group_size must be >= 1, got {num_groups}, {group_size}")
+        self.settings, self.tokenizer, self.group_size = settings, tokenizer, group_size
+        self.observation_fn = observation_fn
+        self.render = template_renderer(settings.template, tokenizer)
+        self.slot_env_ids = [env_ids[g % len(env_ids)] for g in range(num_groups) for _ in range(group_size)]
+        guard = lambda env: GuardedEnv(env, settings.penalty)  # noqa: E731
+        with contextlib.redirect_stdout(io.StringIO()):  # make_vec prints a banner
+            self.vec_env = gem.make_vec(
+                self.slot_env_ids,
+                vec_kwargs=[{"seed": settings.env_seed} for _ in self.slot_env_ids],
+                wrappers=[*wrappers, guard],
+            )
+        # finished episodes are never stepped again (collect() resets every slot), and NEXT_STEP keeps the final
+        # step's info (e.g. ``env_error``) instead of replacing it with a fresh reset's
+        self.vec_env.autoreset_mode = AutoresetMode.NEXT_STEP
+        self._next_episode_id = 0
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slot_env_ids)
+
+    def collect(self, generator: Generator, sampling: SamplingSettings, group_seeds: Sequence[int]) -> Rollout:
+        """Play one episode in every slot, group ``g`` starting from ``group_seeds[g]``."""
+        if len(group_seeds) * self.group_size != self.num_slots:
+            raise ValueError(f"need {self.num_slots // self.group_size} group seeds, got {len(group_seeds)}")
+        slot_seeds = [int(seed) for seed in group_seeds for _ in range(self.group_size)]
+        observations, infos = self.vec_env.reset(seed=slot_seeds)
+        slots = [self._new_slot(i, seed) for i, seed in enumerate(slot_seeds)]
+        for i, slot in enumerate(slots):
+            slot.prompt = self.render(self.observation_fn(observations[i], infos[i]))
+        turn = 0
+        while any(slot.running for slot in slots):
+            if self.settings.max_turns is not None and turn >= self.settings.max_turns:
+                self._stop_at_turn_limit(slots)
+                break
+            self._play_turn(generator, sampling, slots, turn)
+            turn += 1
+        return self._finish(slots)
+
+    def _new_slot(self, index: int, seed: int) -> _Slot:
+        env_id = self.slot_env_ids[index]
+        record = EpisodeRecord(self._next_episode_id, env_id, group_id=f"{env_id}#{seed}", seed=seed)
+        self._next_episode_id += 1
+        return _Slot(record=record)
+
+    def _play_turn(self, generator, sampling, slots: list[_Slot], turn: int) -> None:
+        """One generator call for every running episode, then one vector-env step."""
+        running = [i for i, slot in enumerate(slots) if slot.running]
+        prompt_ids = {i: self._tokenize(slots[i].prompt) for i in running}
+        for i in running:
+            if len(prompt_ids[i]) > self.settings.max_prompt_tokens:
+                self._end(slots[i], "prompt_too_long", penalty=self.settings.penalty)
+        playable = [i for i in running if slots[i].running]
+        if not playable:
+            return
+        completions = generator.generate([prompt_ids[i] for i in playable], sampling)
+        actions = {i: completion.text for i, completion in zip(playable, completions)}
+        observations, rewards, terminated, truncated, infos = self.vec_env.step(actions)
+        for k, (i, completion) in enumerate(zip(playable, completions)):
+            step = (observations[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
+            self._record_turn(slots[i], prompt_ids[i], completion, step, turn)
+
+    def _record_turn(self, slot: _Slot, prompt_ids, completion: Completion, step, turn: int) -> None:
+        observation, reward, terminated, truncated, info = step
+        record = slot.record
+        slot.samples.append(
+            TurnSample(
+                prompt_ids=list(prompt_ids), response_ids=list(completion.token_ids),
+                behavior_logprobs=list(completion.logprobs), reward=reward, done=terminated, truncated=truncated,
+                turn=turn, env_id=record.env_id, episode_id=record.episode_id, group_id=record.group_id,
+                finish_reason=completion.finish_reason, response_text=completion.text,
+                topk_ids=completion.topk_ids, topk_logprobs=completion.topk_logprobs,
+            )
+        )
+        record.turns += 1
+        record.total_reward += reward
+        if "env_error" in info:
+            self._end(slot, "env_error")
+        elif terminated or truncated:  # Gem games report both at their turn limit: that is a truncation
+            self._end(slot, "truncated" if truncated else "terminated")
+        else:
+            slot.prompt = self.render(self.observation_fn(observation, info))
+
+    def _end(self, slot: _Slot, reason: str, penalty: float = 0.0) -> None:
+        """End the episode; a penalty with no turn to carry it becomes the reward of its last turn, if any."""
+        slot.running = False
+        slot.record.end_reason = reason
+        if penalty:
+            slot.record.total_reward += penalty
+            if slot.samples:
+                slot.samples[-1].reward += penalty
+        if slot.samples:
+            slot.samples[-1].done = slot.samples[-1].done or reason in ("terminated", "env_error")
+            slot.samples[-1].truncated = slot.samples[-1].truncated or reason in ("max_turns", "prompt_too_long")
+
+    def _stop_at_turn_limit(self, slots: list[_Slot]) -> None:
+        for slot in slots:
+            if slot.running:
+                self._end(slot, "max_turns")
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _finish(self, slots: list[_Slot]) -> Rollout:
+        samples = [sample for slot in slots for sample in slot.samples]
+        if samples:
+            returns = discounted_returns(
+                [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],
+                self.settings.gamma,
+            )
+            for sample, value in zip(samples, returns):
+                sample.discounted_return = float(value)
+        episodes = [slot.record for slot in slots]
+        for record in episodes:
+            record.success = record.total_reward >= self.settings.success_threshold
+        return Rollout(samples=samples, episodes=episodes)
+
+    def close(self) -> None:
+        for env in getattr(self.vec_env, "envs", []):
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - Gem's MathEnv.close can raise; closing is best effort
+                pass

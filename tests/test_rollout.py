@@ -1,0 +1,180 @@
+"""Gem rollouts: real envs, a real tiny model and tokenizer, per-turn samples with μ log-probs."""
+
+import math
+import random
+
+import gem
+import numpy as np
+import pytest
+import torch
+
+import envs
+from dppo_oat.models.tiny import build_tiny_policy
+from dppo_oat.models.scoring import teacher_forced_logprobs
+from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings
+from dppo_oat.rollout.generation import Completion, SamplingSettings
+from dppo_oat.rollout.hf_generator import HFGenerator
+from envs.oracles import oracle_action
+from envs.sudoku_compact import COMPACT_ENV_ID, compact_sudoku_observation
+
+PAPER_TASKS = ("game:Sudoku-v0-easy", "rg:arc_1d", "rg:acre")
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    texts = [compact_sudoku_observation(_reset(COMPACT_ENV_ID, s)) + " \\boxed{1 2 3}" for s in range(200)]
+    texts += ["Question: what is 2+3? Please put your final answer within \\boxed{}."] * 20
+    return build_tiny_policy(texts, seed=0, vocab_size=400)
+
+
+def _reset(env_id, seed):
+    env = gem.make(env_id)
+    env.reset(seed=seed)
+    return env.unwrapped
+
+
+class ScriptedGenerator:
+    """A stand-in *policy* (the envs are real): each prompt's action comes from ``act(prompt_text)``; its
+    log-probs are fixed numbers, so the test can check where they end up."""
+
+    max_topk = 4
+
+    def __init__(self, tokenizer, act):
+        self.tokenizer, self.act, self.calls = tokenizer, act, 0
+
+    def generate(self, prompts, settings):
+        self.calls += 1
+        out = []
+        for ids in prompts:
+            text = self.act(self.tokenizer.decode(ids))
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            logprobs = [-0.5 - 0.01 * t for t in range(len(tokens))]
+            out.append(Completion(token_ids=tokens, logprobs=logprobs, text=text, finish_reason="stop"))
+        return out
+
+    def update_weights(self, state_dict):
+        pass
+
+
+def oracle_for(collector):
+    """Oracle action for a compact Sudoku prompt: find a slot whose board renders to that prompt."""
+    def act(prompt):
+        for env in collector.vec_env.envs:
+            if hasattr(env.unwrapped, "board") and compact_sudoku_observation(env.unwrapped) == prompt:
+                return oracle_action(env, random.Random(0))
+        raise AssertionError(f"no env shows {prompt!r}")
+    return act
+
+
+def sudoku_collector(tokenizer, groups=2, group_size=3, **settings):
+    return EpisodeCollector(
+        [COMPACT_ENV_ID], groups, group_size, tokenizer, RolloutSettings(template="plain", **settings)
+    )
+
+
+def test_oracle_episodes_give_groups_returns_and_success(tiny_policy):
+    _, tokenizer = tiny_policy
+    collector = sudoku_collector(tokenizer, gamma=0.9)
+    rollout = collector.collect(ScriptedGenerator(tokenizer, oracle_for(collector)), SamplingSettings(8), [11, 12])
+    assert all(e.success and e.end_reason == "terminated" for e in rollout.episodes)
+    assert [e.group_id for e in rollout.episodes] == [f"{COMPACT_ENV_ID}#11"] * 3 + [f"{COMPACT_ENV_ID}#12"] * 3
+    for episode in rollout.episodes:
+        turns = sorted((s for s in rollout.samples if s.episode_id == episode.episode_id), key=lambda s: s.turn)
+        assert len(turns) == episode.turns >= 8  # 8-10 empty cells, one per turn
+        assert sum(s.reward for s in turns) == pytest.approx(1.0)
+        assert turns[-1].done and not any(s.done for s in turns[:-1])
+        expected = 0.0
+        for sample in reversed(turns):  # G_t = r_t + γ G_{t+1}
+            expected = sample.reward + 0.9 * expected
+            assert sample.discounted_return == pytest.approx(expected, rel=1e-5)
+        assert all(len(s.response_ids) == len(s.behavior_logprobs) > 0 for s in turns)
+    assert rollout.stats()["success"] == 1.0
+
+
+def test_unparseable_action_ends_with_the_env_penalty(tiny_policy):
+    _, tokenizer = tiny_policy
+    collector = sudoku_collector(tokenizer, groups=1, group_size=2)
+    rollout = collector.collect(ScriptedGenerator(tokenizer, lambda _: "no idea"), SamplingSettings(8), [5])
+    assert [s.reward for s in rollout.samples] == [-0.1, -0.1]
+    assert all(s.done and s.turn == 0 for s in rollout.samples)
+    assert all(not e.success and e.end_reason == "terminated" for e in rollout.episodes)
+
+
+def test_wrong_but_parseable_moves_continue_until_truncation(tiny_policy):
+    _, tokenizer = tiny_policy
+    collector = sudoku_collector(tokenizer, groups=1, group_size=1)
+    board = _reset(COMPACT_ENV_ID, 5).board
+    filled = next((r, c) for r in range(4) for c in range(4) if board[r][c] != 0)
+    move = f"\\boxed{{{filled[0] + 1} {filled[1] + 1} {board[filled[0]][filled[1]]}}}"  # a filled cell: invalid
+    rollout = collector.collect(ScriptedGenerator(tokenizer, lambda _: move), SamplingSettings(8), [5])
+    (episode,) = rollout.episodes
+    assert episode.end_reason == "truncated" and episode.turns > 1 and episode.total_reward == 0
+    assert rollout.samples[-1].truncated and not any(s.done for s in rollout.samples[:-1])
+
+
+def test_turn_cap_and_prompt_too_long_are_counted(tiny_policy):
+    _, tokenizer = tiny_policy
+    capped = sudoku_collector(tokenizer, groups=1, group_size=2, max_turns=2)
+    rollout = capped.collect(ScriptedGenerator(tokenizer, oracle_for(capped)), SamplingSettings(8), [3])
+    assert [e.end_reason for e in rollout.episodes] == ["max_turns"] * 2
+    assert all(e.turns == 2 for e in rollout.episodes) and rollout.samples[-1].truncated
+    short = sudoku_collector(tokenizer, groups=1, group_size=2, max_prompt_tokens=3)
+    generator = ScriptedGenerator(tokenizer, lambda _: "x")
+    rollout = short.collect(generator, SamplingSettings(8), [3])
+    assert rollout.samples == [] and generator.calls == 0
+    assert [e.total_reward for e in rollout.episodes] == [-0.1, -0.1]
+    assert rollout.stats()["end/prompt_too_long"] == 2.0
+
+
+class ExplodingEnv(gem.Env):
+    def __init__(self, **kwargs):
+        super().__init__()
+
+    def reset(self, seed=None):
+        super().reset(seed)
+        return "press the button", {}
+
+    def step(self, action):
+        raise RuntimeError("the env broke")
+
+
+def test_env_exception_ends_only_that_episode(tiny_policy):
+    _, tokenizer = tiny_policy
+    gem.register("test:Exploding-v0", entry_point=ExplodingEnv)
+    collector = EpisodeCollector(
+        ["test:Exploding-v0", COMPACT_ENV_ID], 2, 1, tokenizer, RolloutSettings(template="plain", max_turns=3)
+    )
+    sudoku = oracle_for(collector)
+    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+    rollout = collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
+    broken, fine = rollout.episodes
+    assert broken.end_reason == "env_error" and broken.total_reward == -0.1 and broken.turns == 1
+    assert fine.end_reason == "max_turns" and fine.turns == 3
+    assert rollout.stats()["end/env_error"] == 1.0
+
+
+@pytest.mark.parametrize("env_id", [*PAPER_TASKS, "local-math"])
+def test_tiny_model_rollouts_align_on_every_task(tiny_policy, env_id, tmp_path):
+    model, tokenizer = tiny_policy
+    if env_id == "local-math":
+        path = tmp_path / "tiny_math.jsonl"
+        path.write_text('{"problem": "What is 2+3?", "answer": "5"}\n{"problem": "What is 1+1?", "answer": "2"}\n')
+        env_id = envs.register_math_dataset("local-math:test-tiny", str(path), overwrite=True)
+    collector = EpisodeCollector(
+        [env_id], 2, 2, tokenizer, RolloutSettings(template="qwen3_game", max_prompt_tokens=4096, max_turns=2)
+    )
+    sampling = SamplingSettings(max_new_tokens=6, top_k_logprobs=3, seed=0)
+    rollout = collector.collect(HFGenerator(model, tokenizer, batch_size=8), sampling, [0, 1])
+    assert len(rollout.episodes) == 4 and rollout.samples
+    for sample in rollout.samples:
+        t = len(sample.response_ids)
+        assert len(sample.behavior_logprobs) == t and 1 <= t <= 6
+        assert sample.topk_ids.shape == (t, 4) and sample.topk_logprobs.shape == (t, 4)
+        assert all(math.isfinite(x) and x <= 0 for x in sample.behavior_logprobs)
+        assert sample.prompt_ids and sample.env_id == env_id
+    # μ of the first sample equals a teacher-forced forward of the same model
+    sample = rollout.samples[0]
+    reference = teacher_forced_logprobs(model, sample.prompt_ids, sample.response_ids)
+    expected = reference.gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
+    np.testing.assert_allclose(sample.behavior_logprobs, expected.numpy(), atol=1e-4)
+    collector.close()
