@@ -1,0 +1,138 @@
+"""The local engine's starting policy: a cached tiny policy warm-started on oracle demonstrations, or any HF model.
+
+The tiny policy (REFERENCE §5) is a byte-level BPE tokenizer trained on the env's own text and a small Qwen3,
+trained by supervised learning on oracle moves until it solves *some but not all* held-out puzzles — the paper's
+sanity-test regime (sec:stability), where a stable RL method should climb. It is built once and cached on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from dppo_oat.batching import build_update_batch
+from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
+from dppo_oat.rollout.episodes import TurnSample
+from dppo_oat.rollout.templates import render_prompt
+from dppo_oat.update import causal_lm_forward
+
+DEMO_SEED = 2_000_000
+"""Demonstration puzzles come from seeds ≥ this; RL trains below 1e6 and evaluates in [1e6, 2e6)."""
+CACHE_FORMAT = 1
+
+
+@dataclass
+class WarmStartReport:
+    steps: int
+    seconds: float
+    success: float
+    checks: list
+
+
+def policy_cache_key(env_id: str, template: str, warm_start, seed: int) -> str:
+    """A stable name for one warm-started policy: everything that changes it, hashed."""
+    payload = json.dumps({"env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT,
+                          **asdict(warm_start)}, sort_keys=True)
+    return f"tiny-{env_id.replace(':', '_')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+
+
+def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
+    """Oracle (observation, action) turns as learner samples: prompt = rendered observation, response = action+EOS."""
+    samples = []
+    for episode_id, episode in enumerate(demos):
+        for turn, (observation, action) in enumerate(episode):
+            prompt = tokenizer(render_prompt(template, observation, tokenizer), add_special_tokens=False)["input_ids"]
+            response = tokenizer(action, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            samples.append(TurnSample(prompt, response, [0.0] * len(response), 0.0, False, False, turn, "demo",
+                                      episode_id, str(episode_id), "stop"))
+    return samples
+
+
+def supervised_step(model, optimizer, samples, pad_token_id: int) -> float:
+    """One step of maximum likelihood on the response tokens of ``samples``."""
+    batch = build_update_batch(samples, [0.0] * len(samples), pad_token_id)
+    logp = causal_lm_forward(model, with_entropy=False)(batch, False).logp
+    loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return float(loss.item())
+
+
+def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object], float], seed: int,
+               console=None) -> WarmStartReport:
+    """Supervised training until the first check with held-out success ≥ ``settings.target_success``."""
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
+    start, checks, success, step = time.perf_counter(), [], 0.0, 0
+    with Progress(transient=True) as progress:
+        task = progress.add_task("warm start (supervised, oracle moves)", total=settings.max_steps)
+        for step in range(1, settings.max_steps + 1):
+            index = rng.choice(len(samples), size=min(settings.batch_size, len(samples)), replace=False)
+            model.train()
+            loss = supervised_step(model, optimizer, [samples[i] for i in index], tokenizer.pad_token_id)
+            progress.update(task, advance=1, description=f"warm start: loss {loss:.3f}, success {success:.2f}")
+            if step % settings.check_every == 0:
+                success = evaluate(model)
+                checks.append({"step": step, "loss": loss, "success": success})
+                if console is not None:
+                    console.print(f"  warm start step {step}: loss {loss:.3f}, held-out success {success:.2f}")
+                if success >= settings.target_success:
+                    break
+    return WarmStartReport(step, time.perf_counter() - start, success, checks)
+
+
+def load_or_build_tiny_policy(config, evaluate_fn, console) -> tuple:
+    """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use."""
+    from envs.oracles import demonstrations
+
+    env_id, template = config.env_ids[0], config.prompt_template
+    key = policy_cache_key(env_id, template, config.warm_start, config.seed)
+    path = config.resolved_cache_dir() / "policies" / key
+    if (path / "warm_start.json").exists():
+        console.print(f"tiny policy: cached at {path}")
+        return load_policy(path)
+    console.print(f"tiny policy: building {key} (tokenizer, model, supervised warm start on oracle moves) ...")
+    demos = demonstrations(env_id, config.warm_start.demo_episodes, seed=DEMO_SEED + config.seed)
+    texts = [render_prompt(template, obs) + " " + action for episode in demos for obs, action in episode]
+    ws = config.warm_start
+    model, tokenizer = build_tiny_policy(texts, seed=config.seed, vocab_size=ws.vocab_size,
+                                         hidden_size=ws.hidden_size, num_hidden_layers=ws.num_layers)
+    samples = demonstration_samples(demos, tokenizer, template)
+    report = warm_start(model, tokenizer, samples, ws, lambda m: evaluate_fn(m, tokenizer), config.seed, console)
+    console.print(f"tiny policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
+                  f"held-out success {report.success:.2f}")
+    _save_atomically(model.eval(), tokenizer, report, path)
+    return model, tokenizer
+
+
+def _save_atomically(model, tokenizer, report: WarmStartReport, path: Path) -> None:
+    """Write the policy into a temporary sibling directory and rename it: a kill never leaves half a cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    save_policy(model, tokenizer, tmp)
+    (tmp / "warm_start.json").write_text(json.dumps(asdict(report), indent=2))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def load_pretrained(name_or_path: str):
+    """Any Hugging Face causal LM and its tokenizer, in fp32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+    return model, tokenizer

@@ -1,0 +1,249 @@
+"""The local engine's RL loop, cleanrl-style: validate → build → (rollout → advantages → update → log)*.
+
+Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with the generator (μ), compute per-turn
+advantages, run the core's :func:`~dppo_oat.update.update_policy` with a plain torch optimizer, sync the generator,
+log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
+``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dppo_oat.advantages import turn_advantages
+from dppo_oat.batching import build_update_batch
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
+from dppo_oat.engines.local.validation import validate_config
+from dppo_oat.rollout.episodes import EpisodeCollector, Rollout, RolloutSettings
+from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.runlog import CHECKPOINT_NAME, RunLog, atomic_torch_save, read_jsonl
+from dppo_oat.update import UpdateSettings, causal_lm_forward, update_policy
+
+EVAL_SEED = 1_000_000
+"""Held-out evaluation puzzles use seeds [1e6, 1e6 + eval_episodes); training seeds are drawn below 1e6."""
+EVAL_SAMPLING_SEED = 12345
+
+
+def step_seed(seed: int, step: int, stream: int) -> int:
+    """A deterministic 31-bit seed for (run seed, step, purpose)."""
+    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0] >> 1)
+
+
+def train_group_seeds(seed: int, step: int, num_groups: int) -> list[int]:
+    """Puzzle seeds of one rollout batch (one per GRPO group), below the held-out range."""
+    rng = np.random.default_rng(step_seed(seed, step, 0))
+    return rng.integers(0, EVAL_SEED, size=num_groups).tolist()
+
+
+def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
+    """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob)."""
+    rng = np.random.default_rng(seed)
+    for sample in rollout.samples:
+        noise = rng.normal(0.0, sigma, size=len(sample.behavior_logprobs))
+        sample.behavior_logprobs = np.minimum(np.asarray(sample.behavior_logprobs) + noise, 0.0).tolist()
+
+
+def mean_of(history: list[dict]) -> dict[str, float]:
+    """Optimizer-step metrics of one rollout batch → one number each (max for maxima, sum for token counts)."""
+    keys = history[0].keys()
+    out = {}
+    for key in keys:
+        values = np.array([h[key] for h in history], dtype=np.float64)
+        out[key] = float(values.max() if key.endswith("max") else values.sum() if key == "tokens" else values.mean())
+    return out
+
+
+class LocalTrainer:
+    """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
+
+    def __init__(self, config: TrainConfig, console: Console | None = None):
+        self.config, self.console = config, console or Console()
+        self.tr, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        self.model, self.tokenizer = self._load_policy()
+        self.model.to(config.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.generator = self._make_generator()
+        rollout_settings = self._rollout_settings()
+        self.collector = EpisodeCollector(config.env_ids, config.groups_per_step, config.group_size,
+                                          self.tokenizer, rollout_settings)
+        self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
+                                               rollout_settings)
+        self.update_settings = UpdateSettings(
+            num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
+            micro_batch_size=config.micro_batch_size, aggregation=config.aggregation,
+            norm_constant=float(config.max_new_tokens),
+        )
+        self.step = 0
+        self.log = RunLog(config.run_path(), self._logged_config(), resume_step=self.resume_step,
+                          wandb=config.wandb, tensorboard=config.tensorboard)
+        if self.resume_step is not None:
+            self._load_checkpoint()
+
+    # ------------------------------------------------------------------ building
+    def _rollout_settings(self) -> RolloutSettings:
+        c = self.config
+        return RolloutSettings(template=c.prompt_template, max_prompt_tokens=c.max_prompt_tokens,
+                               max_turns=c.max_turns, gamma=c.gamma)
+
+    def _sampling(self, seed: int) -> SamplingSettings:
+        c = self.config
+        k = self.tr.k if self.tr.uses_topk else 0
+        return SamplingSettings(c.max_new_tokens, c.temperature, c.top_p, top_k_logprobs=k, seed=seed)
+
+    def _load_policy(self):
+        if self.config.pretrain is not None:
+            return load_pretrained(self.config.pretrain)
+        return load_or_build_tiny_policy(self.config, self._success_of, self.console)
+
+    def _make_generator(self):
+        c = self.config
+        if c.generator == "vllm":
+            from dppo_oat.engines.local.vllm_sync import make_vllm_generator
+
+            return make_vllm_generator(self.model, self.tokenizer, c)
+        rollout_model = self.model
+        if c.rollout_dtype != "float32":  # a separate low-precision copy: training-inference mismatch
+            rollout_model = copy.deepcopy(self.model).to(getattr(torch, c.rollout_dtype))
+        return HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
+
+    def _logged_config(self) -> dict:
+        return {**asdict(self.config), "run_name": self.config.resolved_run_name(),
+                "trust_region": asdict(self.tr), "engine": "local"}
+
+    # ------------------------------------------------------------------ evaluation
+    def _success_of(self, model, tokenizer) -> float:
+        """Held-out success of ``model`` (used by the warm start before the trainer's own parts exist)."""
+        settings = RolloutSettings(template=self.config.prompt_template, max_prompt_tokens=self.config.max_prompt_tokens,
+                                   max_turns=self.config.max_turns)
+        episodes = self.config.warm_start.check_episodes
+        collector = EpisodeCollector(self.config.env_ids[:1], episodes, 1, tokenizer, settings)
+        generator = HFGenerator(model.eval(), tokenizer, batch_size=64)
+        seeds = [EVAL_SEED + 500_000 + i for i in range(episodes)]  # a validation range, disjoint from eval
+        rollout = collector.collect(generator, self._sampling(EVAL_SAMPLING_SEED), seeds)
+        collector.close()
+        return rollout.stats()["success"]
+
+    def evaluate(self) -> dict[str, float]:
+        """Success and return on the held-out seeds, sampling at the training temperature."""
+        seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
+        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED), seeds)
+        stats = rollout.stats()
+        return {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
+                "eval/episodes": stats["episodes"]}
+
+    # ------------------------------------------------------------------ one RL step
+    def rl_step(self) -> dict[str, float]:
+        """Rollout → advantages → update → generator sync, for step ``self.step + 1``."""
+        c, step = self.config, self.step + 1
+        started = time.perf_counter()
+        seeds = train_group_seeds(c.seed, step, c.groups_per_step)
+        rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
+        rollout_seconds = time.perf_counter() - started
+        if c.logprob_noise > 0:
+            perturb_logprobs(rollout, c.logprob_noise, step_seed(c.seed, step, 2))
+        stats = rollout.stats()
+        if not rollout.samples:
+            raise RuntimeError(f"step {step}: no episode produced a turn (prompts longer than --max-prompt-tokens?)")
+        samples = rollout.samples
+        advantages = turn_advantages([s.reward for s in samples], [s.episode_id for s in samples],
+                                     [s.turn for s in samples], [s.group_id for s in samples],
+                                     mode=c.adv_mode, gamma=c.gamma)
+        batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id, with_topk=self.tr.uses_topk)
+        update_started = time.perf_counter()
+        self.model.train()
+        history = update_policy(batch.to(c.device), self.tr, causal_lm_forward(self.model), self._backward,
+                                self._optimizer_step, self.update_settings,
+                                generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)))
+        self.model.eval()
+        if self.generator.model is not self.model:
+            self.generator.update_weights(self.model.state_dict())
+        update_seconds = time.perf_counter() - update_started
+        self.step = step
+        return self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _optimizer_step(self) -> dict[str, float]:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(grad_norm)}
+
+    def _step_metrics(self, stats, history, batch, rollout_seconds, update_seconds) -> dict[str, float]:
+        trained_tokens = float(batch.attention_mask.sum()) * self.config.num_epochs
+        metrics = {"step": self.step, "reward": stats["episode_return"], "success": stats["success"]}
+        metrics.update({f"rollout/{k}": v for k, v in stats.items()})
+        metrics["response_length"] = stats["response_length"]
+        metrics.update(mean_of(history))
+        metrics.update({
+            "optimizer_steps": float(len(history)),
+            "time/rollout": rollout_seconds,
+            "time/update": update_seconds,
+            "tokens_per_s/rollout": stats["generated_tokens"] / max(rollout_seconds, 1e-9),
+            "tokens_per_s/update": trained_tokens / max(update_seconds, 1e-9),
+        })
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_path(self) -> Path:
+        return self.config.run_path() / CHECKPOINT_NAME
+
+    def save_checkpoint(self) -> None:
+        atomic_torch_save({"step": self.step, "model": self.model.state_dict(),
+                           "optimizer": self.optimizer.state_dict()}, self._checkpoint_path())
+
+    def _load_checkpoint(self) -> None:
+        state = torch.load(self._checkpoint_path(), map_location=self.config.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        if self.generator.model is not self.model:
+            self.generator.update_weights(self.model.state_dict())
+        self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, float]:
+        """Train until ``config.steps``; returns the held-out success before and after RL."""
+        c = self.config
+        if self.step == 0:
+            before = self.evaluate()
+            self.log.log_eval(before)
+            self.console.print(f"held-out success before RL: {before['eval/success']:.3f}")
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console) as progress:
+            task = progress.add_task("RL steps", total=c.steps, completed=self.step)
+            while self.step < c.steps:
+                metrics = self.rl_step()
+                self.log.log_metrics(metrics)  # metrics first, then the checkpoint: a resume rewrites this step
+                self.save_checkpoint()
+                if self.step % c.eval_every == 0 or self.step == c.steps:
+                    self.log.log_eval(self.evaluate())
+                progress.update(task, completed=self.step, description=(
+                    f"RL steps: success {metrics['success']:.2f}, |π−μ| {metrics['mismatch/abs_diff_mean']:.4f}, "
+                    f"masked {metrics['mask/fraction']:.3f}"))
+        return self._summary()
+
+    def _summary(self) -> dict[str, float]:
+        evals = read_jsonl(self.config.run_path() / "eval.jsonl")
+        before = evals[0]["eval/success"] if evals else float("nan")
+        after = evals[-1]["eval/success"] if evals else float("nan")
+        self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "
+                           f"({self.config.eval_episodes} episodes; run in {self.config.run_path()})")
+        self.log.close()
+        self.collector.close()
+        self.eval_collector.close()
+        return {"success_before": before, "success_after": after, "steps": self.step}

