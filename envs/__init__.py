@@ -47,16 +47,29 @@ LOCAL_MATH_IDS = tuple(register_math_folder_from_environment())
 """The ``local-math:*`` ids registered on import from the ``DPPO_MATH_DATA`` folder (empty when it is unset)."""
 
 
-def make_env(env_id: str, **kwargs: Any) -> Env:
-    """``gem.make(env_id, **kwargs)`` with the project's ids registered.
+EXAMPLE_ENV_IDS = (
+    "game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0, "
+    "local-math:<name or path>"
+)
 
-    ``local-math:<path>`` with an unregistered id and an existing file or folder ``<path>`` registers that set on
-    the fly, so a data set can be named on a command line without a registration step.
-    """
+
+def ensure_registered(env_id: str) -> str:
+    """Check that Gem knows ``env_id``; ``local-math:<path>`` of an existing file or folder is registered on the fly,
+    so a data set can be named on a command line. Raises one clear ``ValueError`` otherwise."""
+    if env_id in ENV_REGISTRY:
+        return env_id
     prefix = f"{LOCAL_MATH_PREFIX}:"
-    if env_id not in ENV_REGISTRY and env_id.startswith(prefix) and os.path.exists(env_id[len(prefix):]):
-        register_math_dataset(env_id, env_id[len(prefix):])
-    return gem.make(env_id, **kwargs)
+    if env_id.startswith(prefix):
+        path = env_id[len(prefix):]
+        if not os.path.exists(path):
+            raise ValueError(f"math data {path!r} (from env id {env_id}) does not exist")
+        return register_math_dataset(env_id, path)
+    raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENV_IDS}")
+
+
+def make_env(env_id: str, **kwargs: Any) -> Env:
+    """``gem.make(env_id, **kwargs)`` after :func:`ensure_registered`."""
+    return gem.make(ensure_registered(env_id), **kwargs)
 
 
 __all__ = [
@@ -68,6 +81,7 @@ __all__ = [
     "PROJECT_ENV_IDS",
     "compact_sudoku_observation",
     "demonstrations",
+    "ensure_registered",
     "load_math_dataset",
     "make_env",
     "oracle_action",

@@ -155,6 +155,25 @@ class VLLMGenerator:
         )
         self.tokenizer = self.llm.get_tokenizer()
 
+    @classmethod
+    def from_llm(
+        cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = 20, processed_logprobs: bool = False
+    ) -> "VLLMGenerator":
+        """A generator on a ``vllm.LLM`` built elsewhere (e.g. by oat's actor, which also syncs its weights).
+
+        ``processed_logprobs`` must say how that engine reports log-probs: False (raw, vLLM 0.8.4's only mode) makes
+        :meth:`generate` refuse settings under which μ would not be the sampled distribution.
+        """
+        import vllm
+
+        generator = cls.__new__(cls)
+        generator._vllm, generator.llm = vllm, llm
+        generator.tokenizer = llm.get_tokenizer()
+        generator.stop_token_ids = list(eos_token_ids)
+        generator.max_topk = max_logprobs
+        generator.processed_logprobs = processed_logprobs
+        return generator
+
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
         """One completion per prompt, in order (the model's EOS always stops; ``eos_token_ids`` add stops)."""
         check_logprob_semantics(settings, processed_logprobs=self.processed_logprobs, engine="vLLM")

@@ -15,10 +15,6 @@ from dppo_oat.trust_region import PRESETS, TrustRegion
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact"
-EXAMPLE_ENVS = (
-    "game:Sudoku-v0-easy-compact (default), game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0, "
-    "local-math:<name or path>"
-)
 
 
 @dataclass

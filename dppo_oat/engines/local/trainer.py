@@ -27,7 +27,7 @@ from dppo_oat.rollout.episodes import EpisodeCollector, Rollout, RolloutSettings
 from dppo_oat.rollout.generation import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import CHECKPOINT_NAME, RunLog, atomic_torch_save, read_jsonl
-from dppo_oat.update import UpdateSettings, causal_lm_forward, update_policy
+from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
 
 EVAL_SEED = 1_000_000
 """Held-out evaluation puzzles use seeds [1e6, 1e6 + eval_episodes); training seeds are drawn below 1e6."""
@@ -51,16 +51,6 @@ def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
     for sample in rollout.samples:
         noise = rng.normal(0.0, sigma, size=len(sample.behavior_logprobs))
         sample.behavior_logprobs = np.minimum(np.asarray(sample.behavior_logprobs) + noise, 0.0).tolist()
-
-
-def mean_of(history: list[dict]) -> dict[str, float]:
-    """Optimizer-step metrics of one rollout batch → one number each (max for maxima, sum for token counts)."""
-    keys = history[0].keys()
-    out = {}
-    for key in keys:
-        values = np.array([h[key] for h in history], dtype=np.float64)
-        out[key] = float(values.max() if key.endswith("max") else values.sum() if key == "tokens" else values.mean())
-    return out
 
 
 class LocalTrainer:
@@ -188,7 +178,7 @@ class LocalTrainer:
         metrics = {"step": self.step, "reward": stats["episode_return"], "success": stats["success"]}
         metrics.update({f"rollout/{k}": v for k, v in stats.items()})
         metrics["response_length"] = stats["response_length"]
-        metrics.update(mean_of(history))
+        metrics.update(summarize_steps(history))
         metrics.update({
             "optimizer_steps": float(len(history)),
             "time/rollout": rollout_seconds,

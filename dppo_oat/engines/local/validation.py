@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
-from dppo_oat.engines.local.config import EXAMPLE_ENVS, TrainConfig
+from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.rollout.episodes import RolloutSettings
 from dppo_oat.rollout.generation import SamplingSettings, check_logprob_semantics
 from dppo_oat.rollout.templates import TEMPLATES
@@ -49,23 +48,12 @@ def _check_numbers(c: TrainConfig) -> None:
 
 def _check_envs(env_ids) -> None:
     """Every id is registered with Gem (after ``import envs``), or is ``local-math:<existing path>``."""
-    import envs  # noqa: F401  (registers the project's ids)
-    from envs.math_local import LOCAL_MATH_PREFIX, register_math_dataset
-    from gem.envs.registration import ENV_REGISTRY
+    from envs import ensure_registered
 
     if not env_ids:
         raise ValueError("give at least one --env-ids")
     for env_id in env_ids:
-        if env_id in ENV_REGISTRY:
-            continue
-        prefix = f"{LOCAL_MATH_PREFIX}:"
-        if env_id.startswith(prefix):
-            path = env_id[len(prefix):]
-            if not os.path.exists(path):
-                raise ValueError(f"math data {path!r} (from --env-ids {env_id}) does not exist")
-            register_math_dataset(env_id, path)
-            continue
-        raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENVS}")
+        ensure_registered(env_id)
 
 
 def _check_pretrain(c: TrainConfig) -> None:

