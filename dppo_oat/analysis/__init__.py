@@ -1,0 +1,43 @@
+"""Learning curves like the paper's, from any run directory the trainers write::
+
+    from dppo_oat.analysis import load_runs, plot_runs
+
+    df = load_runs("runs/*")        # long table: run, label, method, algo, env, seed, path, step, metric, value
+    fig = plot_runs(df, ["reward", "mismatch", "mask_fraction"])   # σ = 2 smoothing, raw curves shaded behind
+    fig.savefig("curves.png")
+
+``python -m dppo_oat.plot`` (``dppo-plot``) is the same from the command line; ``notebooks/`` walks through the
+paper's stability, efficiency and clipped-token analyses on your own runs.
+"""
+
+from dppo_oat.analysis.curves import BANDS, aggregate_seeds, smooth
+from dppo_oat.analysis.figures import plot_blocked_tokens, plot_runs
+from dppo_oat.analysis.panels import DEFAULT_PANELS, PANELS, Panel, Series, available_panels
+from dppo_oat.analysis.runs import (
+    PRESET_NAMES,
+    RUN_COLUMNS,
+    Run,
+    is_run_dir,
+    label_runs,
+    load_run,
+    load_runs,
+    resolve_run_dirs,
+    run_patterns,
+    summarize_runs,
+)
+from dppo_oat.analysis.tokens import (
+    TOKEN_PANELS,
+    load_tokens,
+    masked_by_bucket,
+    shadow_summary,
+    token_step_metrics,
+    top_clipped_side_by_side,
+    top_clipped_tokens,
+)
+
+__all__ = [
+    "BANDS", "DEFAULT_PANELS", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "Panel", "Run", "Series",
+    "aggregate_seeds", "available_panels", "is_run_dir", "label_runs", "load_run", "load_runs", "load_tokens",
+    "masked_by_bucket", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs", "run_patterns", "shadow_summary",
+    "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side", "top_clipped_tokens",
+]

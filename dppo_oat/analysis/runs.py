@@ -1,0 +1,324 @@
+"""Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
+
+A run directory, as the trainers (local and oat engine) write it::
+
+    <run>/config.json     run_name, engine, algo (a trust-region preset), trust_region {...}, env_ids, seed, ...
+    <run>/metrics.jsonl   one JSON object per RL step ("step", "reward", "mask/fraction", "shadow/ppo/...", ...)
+    <run>/eval.jsonl      one JSON object per evaluation ("step", "eval/success", "eval/return", ...)
+    <run>/tokens.jsonl    optional per-token samples (see :mod:`dppo_oat.analysis.tokens`)
+
+The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
+``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Union
+
+import numpy as np
+import pandas as pd
+
+from dppo_oat.trust_region import PRESETS, TrustRegion
+
+CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE = "config.json", "metrics.jsonl", "eval.jsonl", "tokens.jsonl"
+RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
+"""Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
+settings; ``method``: the variant, plus the environment when the table spans several (the seeds of one method are
+the curves :func:`~dppo_oat.analysis.curves.aggregate_seeds` pools); ``label``: one name per run; ``path``: its
+directory."""
+
+PRESET_NAMES = {
+    "ppo": "PPO",
+    "grpo_clip_higher": "GRPO-ClipHigher",
+    "cispo": "CISPO (PG-TIS)",
+    "pg_is": "PG-IS",
+    "minirl": "MiniRL",
+    "minirl_tis": "MiniRL-TIS",
+    "dppo_binary_tv": "DPPO-Binary-TV",
+    "dppo_binary_kl": "DPPO-Binary-KL",
+    "dppo_topk_tv": "DPPO-TopK-TV",
+    "dppo_topk_kl": "DPPO-TopK-KL",
+    "dppo_binary_tv_recompute": "DPPO-TV (recompute)",
+    "dppo_binary_kl_recompute": "DPPO-KL (recompute)",
+    "mask_negative": "Mask-negative",
+    "relax_low": "Relax-low",
+    "relax_high": "Relax-high",
+    "relax_both": "Relax-both",
+}
+"""The paper's name of each trust-region preset (legend entries)."""
+
+TRUST_REGION_SYMBOLS = {
+    "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
+    "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K",
+}
+"""The trust-region fields a label mentions when a run overrides its preset's default, and how."""
+_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha")
+
+PathLike = Union[str, Path]
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One run directory: its config and its per-step and per-evaluation tables (sorted by ``step``)."""
+
+    path: Path
+    config: dict
+    metrics: pd.DataFrame
+    eval: pd.DataFrame
+
+    @property
+    def name(self) -> str:
+        """The run's name: ``run_name`` of its config, else the directory name."""
+        return str(self.config.get("run_name") or self.path.name)
+
+    @property
+    def algo(self) -> str:
+        """The trust-region preset it trained with (``custom`` when the config does not say)."""
+        return str(self.config.get("algo") or "custom")
+
+    @property
+    def env(self) -> str:
+        """Its environment id(s), joined with ``+``."""
+        return "+".join(str(env_id) for env_id in self.config.get("env_ids") or []) or "unknown"
+
+    @property
+    def seed(self) -> int | None:
+        """Its seed (None when the config does not say)."""
+        seed = self.config.get("seed")
+        return None if seed is None else int(seed)
+
+    @property
+    def trust_region(self) -> dict:
+        """Its trust-region fields, numbers as floats (``is_cap`` ``"inf"`` or null → ``math.inf``)."""
+        return normalize_trust_region(self.config.get("trust_region") or {})
+
+
+def is_run_dir(path: PathLike) -> bool:
+    """True for a directory holding a run's ``config.json`` or ``metrics.jsonl``."""
+    path = Path(path)
+    return path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file())
+
+
+def not_a_run_dir_message(path: PathLike) -> str:
+    """Why ``path`` cannot be read as a run (for error messages)."""
+    path = Path(path)
+    if not path.exists():
+        return f"{path}: no such file or directory"
+    if not path.is_dir():
+        return f"{path}: not a directory (a run directory holds {CONFIG_FILE} and {METRICS_FILE})"
+    if any(is_run_dir(child) for child in path.iterdir()):
+        return f"{path}: not a run directory but a folder of runs (pass '{path / '*'}' for all of them)"
+    return f"{path}: not a run directory (no {CONFIG_FILE} or {METRICS_FILE} in it)"
+
+
+def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path]:
+    """The run directories named by paths and glob patterns, in the order given, without duplicates.
+
+    A pattern keeps only the matches that are run directories; a plain path must be one. A pattern with no
+    matching run directory and a plain path that is not a run directory raise ``ValueError``.
+    """
+    items = [paths_or_globs] if isinstance(paths_or_globs, (str, Path)) else list(paths_or_globs)
+    found: list[Path] = []
+    for item in map(str, items):
+        if glob.has_magic(item):
+            matches = [Path(p) for p in sorted(glob.glob(item)) if is_run_dir(p)]
+            if not matches:
+                raise ValueError(f"{item}: no run directory matches this pattern")
+        elif is_run_dir(item):
+            matches = [Path(item)]
+        else:
+            raise ValueError(not_a_run_dir_message(item))
+        found.extend(m for m in matches if m not in found)
+    if not found:
+        raise ValueError("no run directories given")
+    return found
+
+
+def read_jsonl(path: PathLike) -> pd.DataFrame:
+    """A JSONL file as a table; blank and malformed lines (a run still writing its last line) are skipped."""
+    path = Path(path)
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    table = pd.DataFrame(rows)
+    table["step"] = pd.to_numeric(table["step"], errors="coerce") if "step" in table else pd.Series(dtype=float)
+    table = table.dropna(subset=["step"]).astype({"step": "int64"})
+    return table.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def normalize_trust_region(trust_region: dict) -> dict:
+    """A copy with the numeric fields as floats: ``"inf"``/``"Infinity"`` → ``math.inf``, ``is_cap`` null → ∞."""
+    out = dict(trust_region)
+    for key in set(_FLOAT_FIELDS).intersection(out):
+        if out[key] is None:
+            out[key] = math.inf if key == "is_cap" else None
+            continue
+        try:
+            out[key] = float(out[key])
+        except (TypeError, ValueError):
+            pass  # not a number: kept as written
+    return out
+
+
+def load_run(path: PathLike) -> Run:
+    """Read one run directory (a missing ``eval.jsonl`` or ``metrics.jsonl`` gives an empty table)."""
+    path = Path(path)
+    if not is_run_dir(path):
+        raise ValueError(not_a_run_dir_message(path))
+    config_path = path / CONFIG_FILE
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if "trust_region" in config:
+        config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
+    return Run(path=path, config=config, metrics=read_jsonl(path / METRICS_FILE), eval=read_jsonl(path / EVAL_FILE))
+
+
+def preset_name(algo: str) -> str:
+    """The paper's name of preset ``algo`` (the preset id itself for a custom one)."""
+    return PRESET_NAMES.get(algo, algo)
+
+
+def relevant_fields(rule: str, relax: str = "none") -> tuple[str, ...]:
+    """The trust-region fields that change what ``rule`` does (the others are ignored by it)."""
+    fields = ["rule", "anchor", "is_cap"]
+    if rule == "ratio":
+        fields += ["eps_low", "eps_high", "relax"] + (["alpha"] if relax != "none" else [])
+    elif rule != "none":
+        fields += ["delta"] + (["k"] if rule.startswith("topk") else [])
+    return tuple(fields)
+
+
+def trust_region_overrides(algo: str, trust_region: dict) -> dict:
+    """The trust-region fields of a run that its rule uses and that differ from its preset's defaults.
+
+    Empty for a preset this package does not know (a custom ``algo``).
+    """
+    if algo not in PRESETS:
+        return {}
+    defaults = normalize_trust_region(vars(TrustRegion.preset(algo)))
+    actual = {**defaults, **{k: v for k, v in trust_region.items() if v is not None}}
+    return {
+        key: actual[key]
+        for key in TRUST_REGION_SYMBOLS
+        if key in relevant_fields(actual["rule"], actual["relax"]) and actual[key] != defaults[key]
+    }
+
+
+def variant_name(algo: str, trust_region: dict) -> str:
+    """Legend name of a preset with its non-default settings, e.g. ``DPPO-Binary-TV (δ=0.2)``."""
+    overrides = trust_region_overrides(algo, trust_region)
+    settings = ", ".join(f"{TRUST_REGION_SYMBOLS[key]}={_format_value(value)}" for key, value in overrides.items())
+    return f"{preset_name(algo)} ({settings})" if settings else preset_name(algo)
+
+
+def _format_value(value) -> str:
+    """A setting as a label shows it: ``0.2``, ``∞``, ``both``."""
+    if isinstance(value, float):
+        return "∞" if math.isinf(value) else f"{value:g}"
+    return str(value)
+
+
+def run_table(run: Run, name: str | None = None) -> pd.DataFrame:
+    """One run's metrics and evaluations as long rows: the run columns, ``step``, ``metric``, ``value``.
+
+    Only finite numbers are kept. ``name`` replaces the run's name.
+    """
+    frames = [_long_numeric(table) for table in (run.metrics, run.eval) if len(table)]
+    long = pd.concat(frames, ignore_index=True) if frames else _long_numeric(pd.DataFrame({"step": []}))
+    long["run"] = name or run.name
+    long["variant"] = variant_name(run.algo, run.trust_region)
+    long["algo"], long["env"], long["path"] = run.algo, run.env, str(run.path)
+    long["seed"] = pd.Series([run.seed] * len(long), index=long.index, dtype="Int64")
+    return long
+
+
+def _long_numeric(table: pd.DataFrame) -> pd.DataFrame:
+    """``step`` + every numeric column of ``table``, melted to (step, metric, value) rows; non-finite values
+    (NaN, ±inf, as numbers or as the strings the trainers write) are left out, a curve cannot show them."""
+    columns = [c for c in table.columns if c != "step"]
+    numeric = pd.DataFrame({c: _finite_numbers(table[c]) for c in columns}, index=table.index)
+    numeric = numeric.loc[:, numeric.notna().any()] if len(numeric.columns) else numeric
+    numeric.insert(0, "step", table["step"].astype("int64"))
+    long = numeric.melt(id_vars="step", var_name="metric", value_name="value").dropna(subset=["value"])
+    return long.astype({"metric": "object", "value": "float64"})
+
+
+def _finite_numbers(column: pd.Series) -> pd.Series:
+    """``column`` as floats, NaN where a value is not a finite number (bools count as 0/1)."""
+    values = pd.to_numeric(column.map(lambda v: float(v) if isinstance(v, bool) else v), errors="coerce")
+    return values.astype("float64").where(lambda v: np.isfinite(v))
+
+
+def label_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its ``method`` and ``label`` columns (re)computed from the runs it holds.
+
+    ``method`` is the variant, with `` · <env>`` when ``df`` spans several environments; ``label`` adds
+    `` · seed <s>`` when a method has several seeds, and the run name where that still leaves two runs alike.
+    Call it again after selecting a subset of runs, so that the names say only what tells the runs apart.
+    """
+    runs = df.drop_duplicates("run")[["run", "variant", "env", "seed"]].copy()
+    several_envs = runs["env"].nunique() > 1
+    runs["method"] = runs["variant"] + (" · " + runs["env"] if several_envs else "")
+    seeded = runs.groupby("method")["seed"].transform("nunique") > 1
+    runs["label"] = runs["method"].where(~seeded, runs["method"] + " · seed " + runs["seed"].astype(str))
+    alike = runs["label"].duplicated(keep=False)
+    runs["label"] = runs["label"].where(~alike, runs["label"] + " · " + runs["run"])
+    names = runs.set_index("run")[["method", "label"]]
+    out = df.drop(columns=["method", "label"], errors="ignore")
+    out = out.assign(method=out["run"].map(names["method"]), label=out["run"].map(names["label"]))
+    return out[[*RUN_COLUMNS, *[c for c in out.columns if c not in RUN_COLUMNS]]]
+
+
+def unique_run_names(runs: list[Run]) -> list[str]:
+    """The runs' names, with the directory (then its path) appended where two runs share a ``run_name``."""
+    names: list[str] = []
+    for run in runs:
+        name = run.name
+        if name in names:
+            name = f"{run.name} ({run.path.name})"
+        if name in names:
+            name = str(run.path)
+        names.append(name)
+    return names
+
+
+def load_runs(paths_or_globs: PathLike | Iterable[PathLike]) -> pd.DataFrame:
+    """Many runs as one long table (see the module docstring), in the order the paths and globs name them.
+
+    Runs without any logged step yet have no rows.
+    """
+    runs = [load_run(path) for path in resolve_run_dirs(paths_or_globs)]
+    tables = [run_table(run, name) for run, name in zip(runs, unique_run_names(runs))]
+    return label_runs(pd.concat(tables, ignore_index=True))
+
+
+def run_patterns(spec: str) -> list[str]:
+    """Run paths and glob patterns from one whitespace-separated string (as in the ``DPPO_RUNS`` variable of the
+    notebooks); a directory that holds run directories stands for all of them (``runs`` → ``runs/*``)."""
+    patterns = []
+    for item in spec.split():
+        path = Path(item)
+        is_parent = not glob.has_magic(item) and path.is_dir() and not is_run_dir(path)
+        patterns.append(str(path / "*") if is_parent else item)
+    return patterns
+
+
+def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success"), tail: float = 0.1) -> pd.DataFrame:
+    """One row per run: its run columns, its last step, and the final value of each metric (the mean over the last
+    ``tail`` share of its logged points, at least one; NaN where the run does not log it)."""
+    runs = df.drop_duplicates("run").set_index("run")[["label", "method", "algo", "env", "seed"]].copy()
+    runs["steps"] = df.groupby("run")["step"].max()
+    for metric in metrics:
+        rows = df[df["metric"] == metric].sort_values("step", kind="stable")
+        runs[metric] = rows.groupby("run")["value"].apply(lambda v: v.tail(max(1, round(tail * len(v)))).mean())
+    return runs.reset_index()

@@ -1,0 +1,155 @@
+"""The clipped-token analysis (app:clipped_tokens, sec:training_efficiency): which tokens ratio clipping blocks.
+
+Two sources, the second optional:
+
+- the *shadow-mask* metrics every run logs: what ``ppo`` and ``grpo_clip_higher`` would have clipped on the run's
+  own batches, by μ bucket (:func:`shadow_summary`);
+- a run's ``tokens.jsonl``, per-token samples with fields ``step``, ``token`` (decoded), ``mu``, ``pi``,
+  ``advantage``, ``entropy``, ``ppo_masked`` and ``dppo_masked`` (:func:`load_tokens`): which tokens were blocked
+  by μ bucket and entropy, and the most frequently clipped ones in positive and negative samples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dppo_oat.analysis.panels import MU_BUCKET_LABELS, Panel, Series
+from dppo_oat.analysis.runs import RUN_COLUMNS, TOKENS_FILE, PathLike, read_jsonl
+from dppo_oat.trust_region import MU_BUCKETS
+
+TOKEN_FIELDS = ("step", "token", "mu", "pi", "advantage", "entropy", "ppo_masked", "dppo_masked")
+MASKS = {"ppo_masked": "ratio clip (PPO)", "dppo_masked": "DPPO"}
+"""The per-token mask columns of ``tokens.jsonl`` and their display names."""
+SHADOW_PRESETS = {"ppo": "PPO", "grpo_clip_higher": "GRPO-ClipHigher"}
+
+
+def read_tokens(run_dir: PathLike) -> pd.DataFrame | None:
+    """A run's ``tokens.jsonl`` (masks as bools, numbers as floats), or None when the run has none."""
+    path = Path(run_dir) / TOKENS_FILE
+    if not path.is_file():
+        return None
+    tokens = read_jsonl(path)
+    for column in ("mu", "pi", "advantage", "entropy"):
+        tokens[column] = pd.to_numeric(tokens.get(column, pd.Series(np.nan, index=tokens.index)), errors="coerce")
+    for column in MASKS:  # true, 1 or "true" is blocked; false, 0, null or a missing field is not
+        tokens[column] = tokens.get(column, pd.Series(False, index=tokens.index)).isin([True, "true", "True"])
+    token = tokens["token"].astype(object) if "token" in tokens else pd.Series("", index=tokens.index)
+    tokens["token"] = token.where(token.notna(), "").astype(str)
+    return tokens[list(TOKEN_FIELDS)]
+
+
+def load_tokens(df: pd.DataFrame) -> pd.DataFrame:
+    """The ``tokens.jsonl`` of every run of the long table ``df`` that has one, with the run columns.
+
+    Empty (with the columns) when no run has one; ``mu_bucket`` and ``sample`` (positive/negative/zero advantage)
+    are added.
+    """
+    runs = df.drop_duplicates("run")[list(RUN_COLUMNS)]
+    tables = []
+    for run in runs.itertuples(index=False):
+        tokens = read_tokens(run.path)
+        if tokens is not None and len(tokens):
+            tables.append(tokens.assign(**{column: getattr(run, column) for column in RUN_COLUMNS}))
+    if not tables:
+        tables = [_empty_tokens().assign(**{column: pd.Series(dtype=object) for column in RUN_COLUMNS})]
+    tokens = pd.concat(tables, ignore_index=True)
+    return tokens.assign(mu_bucket=mu_bucket(tokens["mu"]), sample=sample_sign(tokens["advantage"]))
+
+
+def _empty_tokens() -> pd.DataFrame:
+    """A token table without rows, with the column types of :func:`read_tokens`."""
+    types = {"step": "int64", "token": object, "mu": float, "pi": float, "advantage": float, "entropy": float,
+             "ppo_masked": bool, "dppo_masked": bool}
+    return pd.DataFrame({column: pd.Series(dtype=dtype) for column, dtype in types.items()})
+
+
+def mu_bucket(mu: pd.Series) -> pd.Series:
+    """The μ bucket of each token (the buckets of the shadow-mask metrics), as an ordered categorical."""
+    edges = [low for low, _, _ in MU_BUCKETS] + [np.inf]
+    labels = [MU_BUCKET_LABELS[name] for _, _, name in MU_BUCKETS]
+    return pd.cut(mu, bins=edges, labels=labels, right=False)
+
+
+def sample_sign(advantage: pd.Series) -> pd.Series:
+    """``positive``, ``negative`` or ``zero``: the sign of each token's advantage."""
+    return pd.Series(np.select([advantage > 0, advantage < 0], ["positive", "negative"], "zero"), index=advantage.index)
+
+
+def masked_by_bucket(tokens: pd.DataFrame, by: str = "method") -> pd.DataFrame:
+    """Per group and μ bucket: tokens with A ≠ 0, and the % of them blocked by ratio clipping and by DPPO."""
+    active = tokens[tokens["sample"] != "zero"]
+    groups = pd.Categorical(active[by], categories=list(dict.fromkeys(active[by])))
+    grouped = active.groupby([groups, "mu_bucket"], observed=True)
+    table = grouped.agg(tokens=("mu", "size"), ppo_masked=("ppo_masked", "mean"), dppo_masked=("dppo_masked", "mean"))
+    table[list(MASKS)] = (100 * table[list(MASKS)]).round(2)
+    table = table.rename(columns={k: f"{v} %" for k, v in MASKS.items()}).reset_index()
+    return table.rename(columns={table.columns[0]: by}).astype({by: "object", "mu_bucket": "object"})
+
+
+def top_clipped_tokens(tokens: pd.DataFrame, sample: str, mask: str = "ppo_masked", n: int = 50) -> pd.DataFrame:
+    """The ``n`` tokens most often blocked by ``mask`` in ``sample`` (``positive`` or ``negative``) samples.
+
+    Columns: ``token`` (its ``repr``, so that spaces and newlines show, as in the paper's lists), ``count``
+    (how often it was blocked) and ``blocked %`` (of that token's occurrences in such samples).
+    """
+    rows = tokens[tokens["sample"] == sample]
+    counts = rows.groupby("token", sort=False)[mask].agg(["sum", "size"])
+    counts = counts[counts["sum"] > 0].sort_values(["sum", "size"], ascending=[False, True], kind="stable").head(n)
+    return pd.DataFrame({
+        "token": [repr(token) for token in counts.index],
+        "count": counts["sum"].astype(int).to_numpy(),
+        "blocked %": (100 * counts["sum"] / counts["size"]).round(1).to_numpy(),
+    })
+
+
+def top_clipped_side_by_side(tokens: pd.DataFrame, mask: str = "ppo_masked", n: int = 50) -> pd.DataFrame:
+    """:func:`top_clipped_tokens` of positive and of negative samples side by side (blank where one list is
+    shorter), under the column groups ``positive samples`` and ``negative samples``."""
+    tables = {sample: top_clipped_tokens(tokens, sample, mask, n).astype(object) for sample in ("positive", "negative")}
+    rows = range(max(len(table) for table in tables.values()))
+    return pd.concat({f"{s} samples": table.reindex(rows, fill_value="") for s, table in tables.items()}, axis=1)
+
+
+def token_step_metrics(tokens: pd.DataFrame) -> pd.DataFrame:
+    """Per run and step, the mean μ and entropy of the tokens each mask blocked (and the entropy of all tokens):
+    the paper's "rollout probability / entropy of clipped tokens" curves (fig:low_prob_sweep), as long rows."""
+    rows = []
+    for mask in MASKS:
+        blocked = tokens.loc[tokens[mask].astype(bool)]
+        for field in ("mu", "entropy"):
+            rows.append(_step_means(blocked, field, f"tokens/{mask}/{field}"))
+    rows.append(_step_means(tokens, "entropy", "tokens/all/entropy"))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _step_means(tokens: pd.DataFrame, field: str, metric: str) -> pd.DataFrame:
+    """Long rows of ``metric``: the mean of ``field`` over each run's tokens at each step, with the run columns."""
+    means = tokens.groupby(["run", "step"], sort=False)[field].mean().rename("value").reset_index()
+    runs = tokens.drop_duplicates("run")[[c for c in RUN_COLUMNS if c != "run"] + ["run"]]
+    return means.merge(runs, on="run").assign(metric=metric)
+
+
+TOKEN_PANELS = (
+    Panel("μ of blocked tokens", tuple(Series(f"tokens/{m}/mu", name) for m, name in MASKS.items()),
+          "mean μ(a_t)", description="mean rollout probability of the tokens each mask blocked"),
+    Panel("Entropy of blocked tokens",
+          (*(Series(f"tokens/{m}/entropy", name) for m, name in MASKS.items()), Series("tokens/all/entropy", "all")),
+          "nats", description="mean entropy at the tokens each mask blocked, and over all tokens"),
+)
+"""Panels for :func:`token_step_metrics` rows (pass them to ``plot_runs(..., metrics=TOKEN_PANELS)``)."""
+
+
+def shadow_summary(df: pd.DataFrame, by: str = "method") -> pd.DataFrame:
+    """Mean over steps (then over a group's runs) of the shadow-mask fractions by μ bucket, and of the run's own
+    mask fraction, in %: one row per group, one column per (clip rule, μ bucket), plus ``own mask``."""
+    columns = {f"shadow/{p}/mask_fraction_{b}": f"{name} · {MU_BUCKET_LABELS[b]}"
+               for p, name in SHADOW_PRESETS.items() for _, _, b in MU_BUCKETS}
+    columns["mask/fraction"] = "own mask"
+    rows = df[df["metric"].isin(columns)]
+    per_run = rows.groupby([by, "run", "metric"], sort=False)["value"].mean()
+    table = 100 * per_run.groupby(level=[by, "metric"], sort=False).mean().unstack("metric")
+    present = [metric for metric in columns if metric in table.columns]
+    return table[present].rename(columns=columns).rename_axis(columns=None)

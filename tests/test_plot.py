@@ -1,0 +1,112 @@
+"""``plot_runs`` and the ``dppo-plot`` command line, on small run directories written by ``test_analysis``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+from dppo_oat.analysis import DEFAULT_PANELS, PANELS, TOKEN_PANELS, load_runs, load_tokens, plot_runs
+from dppo_oat.analysis.tokens import token_step_metrics
+from dppo_oat.plot import main
+from test_analysis import write_run, write_synthetic_runs
+
+
+def visible_titles(fig: Figure) -> list[str]:
+    """The titles of the figure's drawn panels, in order."""
+    return [ax.get_title() for ax in fig.axes if ax.get_visible()]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Three presets × two seeds on one env, 20 steps each."""
+    write_synthetic_runs(tmp_path / "runs", steps=20)
+    return tmp_path / "runs"
+
+
+def test_plot_runs_draws_one_panel_per_metric_and_one_legend(runs):
+    df = load_runs(str(runs / "*"))
+    fig = plot_runs(df)
+    assert visible_titles(fig) == [PANELS[name].title for name in DEFAULT_PANELS]
+    assert len(fig.legends) == 1
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["CISPO (PG-TIS)", "DPPO-Binary-TV", "GRPO-ClipHigher"]
+    reward_ax = fig.axes[0]
+    # per method: the raw mean (faint) and its smoothing; a seed band behind
+    assert len(reward_ax.lines) == 2 * 3 and len(reward_ax.collections) == 3
+    assert min(line.get_alpha() or 1 for line in reward_ax.lines) < 0.5
+
+
+def test_plot_runs_one_curve_per_run_and_raw_only(runs):
+    df = load_runs(str(runs / "*"))
+    fig = plot_runs(df, ["reward", "mask_fraction"], sigma=0, by="label", title="Sudoku")
+    assert fig.legends[0].get_title().get_text() == "Sudoku"
+    assert len(fig.axes[0].lines) == 6 and not fig.axes[0].collections
+    assert len(fig.axes[1].lines) == 12 and fig.axes[1].get_legend() is not None  # A > 0 / A < 0 key
+    assert len(fig.legends[0].get_texts()) == 6
+
+
+def test_missing_metrics_skip_their_panel_with_a_note(tmp_path):
+    write_run(tmp_path, "a", steps=6, drop=("bad_update/fraction",))
+    df = load_runs([tmp_path / "a"])
+    fig = plot_runs(df, ["reward", "bad_update", "grad_norm"])
+    assert visible_titles(fig) == ["Training reward", "Gradient norm"]
+    notes = [text.get_text() for text in fig.texts]
+    assert any(note.startswith("Not plotted: bad_update") for note in notes)
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot_runs(df, ["bad_update"])
+
+
+def test_plot_runs_into_given_axes(runs):
+    df = load_runs(str(runs / "*"))
+    fig = Figure(layout="constrained")
+    axes = fig.subplots(1, 2)
+    assert plot_runs(df, ["reward", "entropy"], axes=list(axes)) is fig
+    with pytest.raises(ValueError, match="axes given"):
+        plot_runs(df, ["reward", "entropy"], axes=[axes[0]])
+
+
+def test_token_panels(runs):
+    df = load_runs(str(runs / "*"))
+    fig = plot_runs(token_step_metrics(load_tokens(df)), TOKEN_PANELS)
+    assert visible_titles(fig) == [panel.title for panel in TOKEN_PANELS]
+
+
+def test_cli_renders_a_png(runs, tmp_path, capsys):
+    out = tmp_path / "figs" / "curves.png"
+    main([str(runs / "*"), "-o", str(out), "--metrics", "reward", "success", "mismatch", "--sigma", "1"])
+    assert out.stat().st_size > 10_000
+    image = matplotlib.image.imread(out)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 600
+    with Image.open(out) as png:
+        assert png.format == "PNG"
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_cli_notes_skipped_panels(tmp_path, capsys):
+    run = write_run(tmp_path, "a", steps=6, drop=("is/truncated_fraction",))
+    main([str(run), "-o", str(tmp_path / "f.png"), "--metrics", "reward", "is_truncated"])
+    assert "skipped panel is_truncated" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_path_that_is_not_a_run_before_plotting(runs, tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    out = tmp_path / "f.png"
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(runs / "cispo-s0"), str(tmp_path / "notes"), "-o", str(out)])
+    assert exit_info.value.code == 1
+    assert "not a run directory" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_subprocess_writes_nothing_to_stderr(runs, tmp_path):
+    out = tmp_path / "f.png"
+    ok = subprocess.run([sys.executable, "-m", "dppo_oat.plot", str(runs / "*"), "-o", str(out)],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stderr == "" and out.exists()
+    bad = subprocess.run([sys.executable, "-m", "dppo_oat.plot", str(tmp_path / "missing"), "-o", str(out)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 1 and "dppo-plot: error:" in bad.stderr and "no such file" in bad.stderr
