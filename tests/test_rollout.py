@@ -11,7 +11,7 @@ import torch
 import envs
 from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.models.scoring import teacher_forced_logprobs
-from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings
+from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings, turn_sampling
 from dppo_oat.rollout.generation import Completion, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 from envs.oracles import oracle_action
@@ -178,3 +178,16 @@ def test_tiny_model_rollouts_align_on_every_task(tiny_policy, env_id, tmp_path):
     expected = reference.gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
     np.testing.assert_allclose(sample.behavior_logprobs, expected.numpy(), atol=1e-4)
     collector.close()
+
+
+def test_a_seeded_rollout_draws_new_moves_after_a_wrong_one(tiny_policy):
+    """Same board + same seed on every turn would replay the same wrong move forever: turns get their own seeds."""
+    model, tokenizer = tiny_policy
+    base = SamplingSettings(8, seed=3)
+    seeds = [turn_sampling(base, turn).seed for turn in range(15)]
+    assert len(set(seeds)) == 15 and seeds[0] == 3
+    assert turn_sampling(SamplingSettings(8), 4).seed is None
+    prompt = [tokenizer(compact_sudoku_observation(_reset(COMPACT_ENV_ID, 7)))["input_ids"]] * 16
+    generator = HFGenerator(model, tokenizer)
+    first, second = (generator.generate(prompt, turn_sampling(base, t)) for t in (0, 1))
+    assert [c.token_ids for c in first] != [c.token_ids for c in second]

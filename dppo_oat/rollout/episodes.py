@@ -11,6 +11,7 @@ penalty and is counted; an unparseable action is the env's own business (Gem gam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -98,6 +99,14 @@ def observation_text(observation: str, info: dict[str, Any]) -> str:
     if not suffix:
         return observation
     return observation.rstrip("\n") + "\n" + suffix
+
+
+def turn_sampling(sampling: SamplingSettings, turn: int) -> SamplingSettings:
+    """The settings of turn ``turn``: a seeded rollout gets a different seed every turn. With one seed for every
+    call, an episode whose board did not change (a wrong move) would draw the very same move again, forever."""
+    if sampling.seed is None or turn == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + 7919 * turn) % 2**31)
 
 
 class GuardedEnv(EnvWrapper):
@@ -222,7 +231,7 @@ class EpisodeCollector:
         playable = [i for i in running if slots[i].running]
         if not playable:
             return
-        completions = generator.generate([prompt_ids[i] for i in playable], sampling)
+        completions = generator.generate([prompt_ids[i] for i in playable], turn_sampling(sampling, turn))
         actions = {i: completion.text for i, completion in zip(playable, completions)}
         observations, rewards, terminated, truncated, infos = self.vec_env.step(actions)
         for k, (i, completion) in enumerate(zip(playable, completions)):
