@@ -65,13 +65,20 @@ def batch_normalize(values, *, eps: float = 1e-6) -> np.ndarray:
 ADVANTAGE_MODES = (*ESTIMATORS, "rebn")
 
 
-def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str = "drgrpo", gamma: float = 1.0):
-    """Advantages of per-turn samples: discounted returns, then a group baseline (``drgrpo``/``grpo``/``rloo``
-    over every turn of the group) or ReBN (``rebn``). Single-turn tasks reduce to the group estimators on R(y).
+def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str = "drgrpo", gamma: float = 1.0,
+                    per_turn_baseline: bool = False):
+    """Advantages of per-turn samples: discounted returns, then a group baseline (``drgrpo``/``grpo``/``rloo``)
+    or ReBN (``rebn``). Single-turn tasks reduce to the group estimators on R(y).
+
+    The group baseline compares a turn's return with every turn of its group, or — ``per_turn_baseline`` — only
+    with the same turn of the group's other episodes (same puzzle, same number of moves played): early turns then
+    stop looking better merely because more reward lies ahead of them.
     """
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"unknown advantage mode {mode!r}; choose one of: {', '.join(ADVANTAGE_MODES)}")
     returns = discounted_returns(rewards, episode_ids, turn_indices, gamma)
     if mode == "rebn":
         return batch_normalize(returns)
+    if per_turn_baseline:
+        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices)]
     return group_advantages(returns, group_ids, mode)

@@ -204,8 +204,8 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -> dict[str, float]:
-    """Micro-batch metrics → minibatch metrics: ``tokens`` add up, ``*_max`` take the max, the rest are averaged
-    with the micro-batches' shares of the minibatch; ``loss`` adds up the weighted losses."""
+    """Micro-batch metrics → minibatch metrics: ``tokens`` add up, maxima take the max, the rest (``loss``
+    included) are averaged with the micro-batches' shares of the minibatch's aggregation denominator."""
     combined: dict[str, float] = {}
     total_share = sum(share for _, share in collected) or 1.0
     for key in collected[0][0]:

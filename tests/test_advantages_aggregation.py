@@ -72,3 +72,12 @@ def test_aggregation_errors():
         aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate_loss(LOSS, MASK, "sum")
+
+
+def test_per_turn_baseline_compares_the_same_turn_of_the_group():
+    # two episodes of one group, two turns each; γ = 1: returns (0.5, 0.25) for episode 0, (0.25, 0.0) for 1
+    rewards, episodes, turns, groups = [0.25, 0.25, 0.25, 0.0], [0, 0, 1, 1], [0, 1, 0, 1], ["g"] * 4
+    per_turn = turn_advantages(rewards, episodes, turns, groups, gamma=1.0, per_turn_baseline=True)
+    np.testing.assert_allclose(per_turn, [0.125, 0.125, -0.125, -0.125])
+    pooled = turn_advantages(rewards, episodes, turns, groups, gamma=1.0)
+    np.testing.assert_allclose(pooled, [0.25, 0.0, 0.0, -0.25])

@@ -86,3 +86,29 @@ def test_clipped_tokens_notebook_from_shadow_metrics_alone(tmp_path, monkeypatch
     assert_clean(notebook)
     assert "No run here has a tokens.jsonl" in printed(notebook)
     assert images(notebook) == 1
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """Real short runs of the local engine (tiny warm-started policy, real Sudoku): DPPO-Binary-TV vs
+    GRPO-ClipHigher vs CISPO, three RL steps each."""
+    from test_train import SHORT
+
+    from dppo_oat.train import main
+
+    root = tmp_path_factory.mktemp("real-runs")
+    cache = tmp_path_factory.mktemp("real-runs-cache")
+    for algo in ("dppo_binary_tv", "grpo_clip_higher", "cispo"):
+        main(["--algo", algo, "--steps", "3", "--run-dir", str(root / "runs"), "--cache-dir", str(cache), *SHORT])
+    return root / "runs"
+
+
+@pytest.mark.slow
+def test_notebooks_on_real_local_engine_runs(real_runs, monkeypatch, tmp_path):
+    """Both notebooks on runs the local engine just wrote (no tokens.jsonl: the shadow-mask analysis only)."""
+    curves = execute("learning_curves.ipynb", real_runs, monkeypatch, tmp_path)
+    assert_clean(curves)
+    assert "3 runs" in printed(curves) and images(curves) >= 3
+    tokens = execute("clipped_tokens.ipynb", real_runs, monkeypatch, tmp_path)
+    assert_clean(tokens)
+    assert "No run here has a tokens.jsonl" in printed(tokens) and images(tokens) == 1

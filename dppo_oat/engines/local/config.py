@@ -79,6 +79,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     adv_mode: Literal[ADVANTAGE_MODES] = "rebn"  # type: ignore[valid-type]
     gamma: float = 0.9
+    turn_baseline: bool = False
+    """Group baseline per turn index (compare turn t with turn t of the group's other episodes)."""
     aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
     temperature: float = 1.0
     top_p: float = 1.0

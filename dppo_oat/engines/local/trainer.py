@@ -150,7 +150,8 @@ class LocalTrainer:
         samples = rollout.samples
         advantages = turn_advantages([s.reward for s in samples], [s.episode_id for s in samples],
                                      [s.turn for s in samples], [s.group_id for s in samples],
-                                     mode=c.adv_mode, gamma=c.gamma)
+                                     mode=c.adv_mode, gamma=c.gamma,
+                                     per_turn_baseline=c.turn_baseline)
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id, with_topk=self.tr.uses_topk)
         update_started = time.perf_counter()
         self.model.train()

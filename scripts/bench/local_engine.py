@@ -1,0 +1,131 @@
+"""Local-engine benchmark; prints one JSON object.
+
+- ``seconds_per_rl_step``: median wall time of one RL step (rollout + update) of the default configuration.
+- ``rollout_vs_raw_generate``: rollout tokens/s (whole multi-turn Gem rollout, env steps included) ÷ tokens/s of a
+  raw ``model.generate`` (no scores) on the rollout's own first-turn prompts. Target ≥ 0.9.
+- ``update_vs_raw_fwd_bwd``: update tokens/s (the core's update loop: policy_loss, metrics, aggregation, AdamW)
+  ÷ tokens/s of a raw forward + log-softmax gather + backward + AdamW step on the same minibatches. Target ≥ 0.9.
+- ``default_run_seconds`` (with ``--default-run``): wall time of ``python -m dppo_oat.train`` with no arguments
+  in a fresh run directory (the tiny policy is built unless it is already cached in ``--cache-dir``).
+
+Usage: ``python scripts/bench/local_engine.py [--steps 5] [--cache-dir DIR] [--default-run]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from rich.console import Console
+
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.trainer import LocalTrainer, train_group_seeds
+from dppo_oat.rollout.hf_generator import left_pad
+from dppo_oat.update import minibatch_indices
+
+
+def raw_generate_tokens_per_s(trainer: LocalTrainer, repeats: int = 3) -> float:
+    """Plain ``model.generate`` on the first-turn prompts of a rollout batch (same model, same lengths)."""
+    c = trainer.config
+    seeds = train_group_seeds(c.seed, 10_000, c.groups_per_step)
+    observations, infos = trainer.collector.vec_env.reset(seed=[s for s in seeds for _ in range(c.group_size)])
+    prompts = [trainer.collector._tokenize(trainer.collector.render(trainer.collector.observation_fn(o, i)))
+               for o, i in zip(observations, infos)]
+    model, tok = trainer.generator.model, trainer.tokenizer
+    input_ids, attention_mask = left_pad(prompts, tok.pad_token_id, model.device)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True, top_k=0,
+                                 max_new_tokens=c.max_new_tokens, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)
+        new = out[:, input_ids.shape[1]:]
+        produced = int(((new != tok.pad_token_id) | (new == tok.eos_token_id)).sum())
+        rates.append(produced / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
+    """Forward + gather + backward + AdamW on the same minibatches, without the core's loss and metrics."""
+    model, optimizer = trainer.model, trainer.optimizer
+    model.train()
+    start = time.perf_counter()
+    tokens = 0
+    for index in minibatch_indices(len(batch), trainer.config.minibatch_size, torch.Generator().manual_seed(0)):
+        mb = batch.select(index)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+        logp = logits.float().log_softmax(-1).gather(-1, mb.input_ids[:, 1:, None])[..., 0]
+        (-(logp * mb.response_mask * mb.advantages).sum() / trainer.config.max_new_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer.config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += int(mb.attention_mask.sum())
+    return tokens / (time.perf_counter() - start)
+
+
+def measure_steps(trainer: LocalTrainer, steps: int) -> dict:
+    """Run ``steps`` RL steps; keep the last rollout's batch for the raw-update comparison."""
+    from dppo_oat.advantages import turn_advantages
+    from dppo_oat.batching import build_update_batch
+
+    rows = [trainer.rl_step() for _ in range(steps)]
+    seeds = train_group_seeds(trainer.config.seed, 20_000, trainer.config.groups_per_step)
+    rollout = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds)
+    s = rollout.samples
+    adv = turn_advantages([x.reward for x in s], [x.episode_id for x in s], [x.turn for x in s],
+                          [x.group_id for x in s], mode=trainer.config.adv_mode, gamma=trainer.config.gamma)
+    batch = build_update_batch(s, adv, trainer.tokenizer.pad_token_id)
+    return {"rows": rows, "batch": batch}
+
+
+def default_run_seconds(cache_dir: str | None) -> float:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [sys.executable, "-m", "dppo_oat.train", "--run-dir", run_dir]
+        if cache_dir:
+            cmd += ["--cache-dir", cache_dir]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--default-run", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = TrainConfig(run_dir=run_dir, cache_dir=args.cache_dir, steps=args.steps)
+        trainer = LocalTrainer(config, Console(stderr=True))
+        measured = measure_steps(trainer, args.steps)
+        rows = measured["rows"]
+        rollout_rate = statistics.median(r["tokens_per_s/rollout"] for r in rows)
+        update_rate = statistics.median(r["tokens_per_s/update"] for r in rows)
+        raw_generate = raw_generate_tokens_per_s(trainer)
+        raw_update = raw_update_tokens_per_s(trainer, measured["batch"])
+        report = {
+            "seconds_per_rl_step": statistics.median(r["time/rollout"] + r["time/update"] for r in rows),
+            "rollout_tokens_per_s": rollout_rate,
+            "raw_generate_tokens_per_s": raw_generate,
+            "rollout_vs_raw_generate": rollout_rate / raw_generate,
+            "update_tokens_per_s": update_rate,
+            "raw_fwd_bwd_tokens_per_s": raw_update,
+            "update_vs_raw_fwd_bwd": update_rate / raw_update,
+            "threads": torch.get_num_threads(),
+            "targets": {"rollout_vs_raw_generate": ">= 0.9", "update_vs_raw_fwd_bwd": ">= 0.9",
+                        "default_run_seconds": "<= 600"},
+        }
+    if args.default_run:
+        report["default_run_seconds"] = default_run_seconds(args.cache_dir)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
