@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from dppo_oat.logprobs import DEFAULT_CHUNK_SIZE, _row_chunks
+from dppo_oat.logprobs import _row_chunks
 
 OTHER_BUCKET_FLOOR = 1e-12
 """Lower clamp of the 'other' bucket mass of the top-K approximation (it is 1 − Σ p and may round below 0)."""
@@ -84,9 +84,14 @@ def topk_kl(behavior_logp: torch.Tensor, logp: torch.Tensor, valid: torch.Tensor
     return kl.clamp_(min=0.0)
 
 
+EXACT_CHUNK_ELEMENTS = 1 << 24
+"""Default chunk of the exact divergences: rows × vocabulary ≤ 16M elements (64 MB per fp32 temporary)."""
+
+
 def _exact_divergence(behavior_logits, logits, chunk_size, per_chunk):
     if behavior_logits.shape != logits.shape:
         raise ValueError(f"logit shapes differ: {tuple(behavior_logits.shape)} vs {tuple(logits.shape)}")
+    chunk_size = chunk_size or max(1, EXACT_CHUNK_ELEMENTS // logits.shape[-1])
     mu_rows = behavior_logits.reshape(-1, logits.shape[-1])
     pi_rows = logits.reshape(-1, logits.shape[-1])
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -99,16 +104,17 @@ def _exact_divergence(behavior_logits, logits, chunk_size, per_chunk):
 
 
 def exact_tv(
-    behavior_logits: torch.Tensor, logits: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    behavior_logits: torch.Tensor, logits: torch.Tensor, *, chunk_size: int | None = None
 ) -> torch.Tensor:
-    """True ``D_TV(μ(·|s_t) ‖ π(·|s_t)) = ½ Σ_a |μ(a) − π(a)|`` over the full vocabulary, chunked over tokens."""
+    """True ``D_TV(μ(·|s_t) ‖ π(·|s_t)) = ½ Σ_a |μ(a) − π(a)|`` over the full vocabulary, chunked over tokens
+    (``chunk_size`` rows at a time; default: :data:`EXACT_CHUNK_ELEMENTS` / vocabulary)."""
     return _exact_divergence(
         behavior_logits, logits, chunk_size, lambda mu, pi: 0.5 * (mu.exp() - pi.exp()).abs().sum(-1)
     )
 
 
 def exact_kl(
-    behavior_logits: torch.Tensor, logits: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    behavior_logits: torch.Tensor, logits: torch.Tensor, *, chunk_size: int | None = None
 ) -> torch.Tensor:
     """True ``D_KL(μ(·|s_t) ‖ π(·|s_t))`` over the full vocabulary, chunked over tokens."""
     return _exact_divergence(behavior_logits, logits, chunk_size, _kl_of_logprobs)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dppo_oat.models import build_tiny_policy, toy_corpus
-from dppo_oat.models.scoring import max_logprob_error, teacher_forced_logprobs
-from dppo_oat.rollout.generation import TOPK_PAD_ID, Generator, SamplingSettings
+from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_forced_logprobs
+from dppo_oat.rollout.generation import Generator, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 
 TOLERANCE = 1e-4
@@ -53,17 +53,7 @@ def test_topk_set_is_topk_of_mu_plus_action(policy, prompts):
     outside = 0
     for prompt, completion in zip(prompts, HFGenerator(model, tokenizer).generate(prompts, settings)):
         reference = teacher_forced_logprobs(model, prompt, completion.token_ids, temperature=1.3)
-        assert completion.topk_ids.shape == completion.topk_logprobs.shape == (len(completion.token_ids), k + 1)
-        for t, action in enumerate(completion.token_ids):
-            ids, lps = completion.topk_ids[t], completion.topk_logprobs[t]
-            best = torch.topk(reference[t], k).indices.tolist()
-            assert set(ids[:k].tolist()) == set(best)
-            np.testing.assert_allclose(lps[:k], reference[t, ids[:k]].numpy(), atol=TOLERANCE)
-            if action in best:
-                assert ids[k] == TOPK_PAD_ID and lps[k] == -np.inf
-            else:
-                outside += 1
-                assert ids[k] == action and abs(lps[k] - completion.logprobs[t]) < 1e-6
+        outside += check_topk_set(reference, completion, k, atol=TOLERANCE)
     assert outside > 0  # the a_t-outside-top-K branch was exercised
 
 

@@ -8,7 +8,8 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
 from dppo_oat.models import build_tiny_policy, max_logprob_error, save_policy, teacher_forced_logprobs, toy_corpus
-from dppo_oat.rollout.generation import TOPK_PAD_ID, Generator, SamplingSettings
+from dppo_oat.models.scoring import check_topk_set
+from dppo_oat.rollout.generation import Generator, SamplingSettings
 from dppo_oat.rollout.vllm_generator import VLLMGenerator
 
 TOLERANCE = 1e-4
@@ -68,17 +69,7 @@ def test_topk_set_is_topk_of_mu_plus_action(generator, policy, prompts):
     outside = 0
     for prompt, completion in zip(prompts, generator.generate(prompts, settings)):
         reference = teacher_forced_logprobs(policy[0], prompt, completion.token_ids)
-        assert completion.topk_ids.shape == completion.topk_logprobs.shape == (len(completion.token_ids), k + 1)
-        for t, action in enumerate(completion.token_ids):
-            ids, lps = completion.topk_ids[t], completion.topk_logprobs[t]
-            best = torch.topk(reference[t], k).indices.tolist()
-            assert set(ids[:k].tolist()) == set(best)
-            np.testing.assert_allclose(lps[:k], reference[t, ids[:k]].numpy(), atol=TOLERANCE)
-            if action in best:
-                assert ids[k] == TOPK_PAD_ID and lps[k] == -np.inf
-            else:
-                outside += 1
-                assert ids[k] == action and lps[k] == pytest.approx(completion.logprobs[t])
+        outside += check_topk_set(reference, completion, k, atol=TOLERANCE)
     assert outside > 0
 
 

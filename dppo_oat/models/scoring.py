@@ -6,6 +6,8 @@ from typing import Sequence
 
 import torch
 
+from dppo_oat.rollout.generation import TOPK_PAD_ID
+
 
 def nucleus_log_softmax(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """``log_softmax`` restricted to the nucleus: the smallest most-likely set with mass >= ``top_p`` (rest -inf)."""
@@ -36,3 +38,29 @@ def max_logprob_error(model, prompts, completions, *, temperature: float = 1.0, 
         expected = reference.gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
         worst = max(worst, (expected - torch.tensor(completion.logprobs)).abs().max().item())
     return worst
+
+
+def check_topk_set(reference: torch.Tensor, completion, k: int, *, atol: float = 1e-4) -> int:
+    """Check a completion's top-K arrays against ``reference`` (``[T, V]`` teacher-forced log-probs of the sampling
+    distribution): the first K slots are μ's K most likely tokens with their log-probs, the last slot holds a_t
+    exactly when a_t is outside them (else padding). Raises ``ValueError`` on the first violation; returns how many
+    positions had a_t outside the top K."""
+    expected = (len(completion.token_ids), k + 1)
+    if completion.topk_ids.shape != expected or completion.topk_logprobs.shape != expected:
+        raise ValueError(f"top-K arrays have shape {completion.topk_ids.shape}, expected {expected}")
+    outside = 0
+    for t, action in enumerate(completion.token_ids):
+        ids, logprobs = completion.topk_ids[t], completion.topk_logprobs[t]
+        best = torch.topk(reference[t], k).indices.tolist()
+        if set(ids[:k].tolist()) != set(best):
+            raise ValueError(f"position {t}: top-{k} ids {sorted(ids[:k].tolist())} != {sorted(best)}")
+        if (reference[t, ids[:k]] - torch.as_tensor(logprobs[:k])).abs().max() > atol:
+            raise ValueError(f"position {t}: top-K log-probs differ from the reference by more than {atol}")
+        if action in best:
+            if ids[k] != TOPK_PAD_ID or logprobs[k] != float("-inf"):
+                raise ValueError(f"position {t}: a_t is in the top K but the extra slot is used")
+        else:
+            outside += 1
+            if ids[k] != action or abs(logprobs[k] - completion.logprobs[t]) > 1e-6:
+                raise ValueError(f"position {t}: a_t={action} outside the top K is not in the extra slot")
+    return outside

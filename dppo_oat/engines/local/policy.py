@@ -28,7 +28,8 @@ from dppo_oat.update import causal_lm_forward
 
 DEMO_SEED = 2_000_000
 """Demonstration puzzles come from seeds ≥ this; RL trains below 1e6 and evaluates in [1e6, 2e6)."""
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+"""Bumped whenever the warm start changes, so that a stale cached policy is never reused."""
 
 
 @dataclass
