@@ -66,7 +66,7 @@ class TrainConfig:
     template: Optional[str] = None
     """Prompt template (qwen3_game, qwen3_general, plain, chat); None: plain for the tiny policy, else qwen3_game."""
     generator: Literal["hf", "vllm"] = "hf"
-    steps: int = 60
+    steps: int = 150
     groups_per_step: int = 16
     group_size: int = 4
     """Episodes per group (same seed): the GRPO group."""
@@ -74,11 +74,14 @@ class TrainConfig:
     """Turn samples per optimizer step (a rollout batch gives several steps: the trust region matters)."""
     micro_batch_size: Optional[int] = None
     num_epochs: int = 1
-    lr: float = 2e-4
+    lr: float = 6e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    adv_mode: Literal[ADVANTAGE_MODES] = "rebn"  # type: ignore[valid-type]
-    gamma: float = 0.9
+    adv_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
+    """Dr.GRPO (the paper's default): return minus the group mean; rebn: batch-normalised returns (Gem's)."""
+    gamma: float = 0.0
+    """Discount of per-turn returns. 0: each turn is credited with its own reward, which Sudoku gives per correct
+    cell; with γ > 0 a pooled group baseline also favours early turns (see --turn-baseline)."""
     turn_baseline: bool = False
     """Group baseline per turn index (compare turn t with turn t of the group's other episodes)."""
     aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
@@ -88,8 +91,8 @@ class TrainConfig:
     max_prompt_tokens: int = 256
     max_turns: Optional[int] = None
     seed: int = 0
-    eval_every: int = 20
-    eval_episodes: int = 96
+    eval_every: int = 50
+    eval_episodes: int = 200
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """Injected training-inference mismatch: sample from a bfloat16 copy of the policy, learn in float32."""
     logprob_noise: float = 0.0
