@@ -74,7 +74,7 @@ class TrainConfig:
     """Turn samples per optimizer step (a rollout batch gives several steps: the trust region matters)."""
     micro_batch_size: Optional[int] = None
     num_epochs: int = 1
-    lr: float = 6e-4
+    lr: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     adv_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
