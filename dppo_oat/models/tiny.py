@@ -132,8 +132,11 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def save_policy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> Path:
     """Write model (safetensors), generation config and tokenizer into ``directory``; returns it."""
+    from transformers.utils import logging as hf_logging
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()  # a one-shard progress bar would only clutter the trainer's output
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
