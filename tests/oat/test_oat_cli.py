@@ -1,6 +1,6 @@
 """``python -m dppo_oat.train --engine oat``: oat's arguments, validation, and the program handed to oat's builder.
 
-The commands of ``docs/oat_engine.md`` are parsed and validated as written, so the GPU-node instructions cannot drift
+The commands of the README's "On a GPU node" section are parsed and validated as written, so the GPU-node instructions cannot drift
 from the code. oat's ``get_program`` runs for real; launchpad is the recorder in ``launchpad_stub`` (see conftest).
 """
 
@@ -31,7 +31,7 @@ from dppo_oat.engines.oat.args import (  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
 from dppo_oat.trust_region import PRESETS  # noqa: E402
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "oat_engine.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 PREFIX = "python -m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
