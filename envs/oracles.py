@@ -24,6 +24,7 @@ from gem.core import Env
 from gem.envs.game_env.sudoku import SudokuEnv
 from gem.envs.math_env import MathEnv
 
+from dppo_oat.rollout.episodes import observation_text as observation_with_suffix
 from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
 from envs.example_countdown import CountdownEnv, countdown_oracle_action
 from envs.math_local import LOCAL_MATH_PREFIX, math_oracle_action
@@ -108,14 +109,6 @@ def find_oracle(env: Env) -> Oracle:
 def oracle_action(env: Env, rng: Any = None) -> str:
     """The oracle's action text for the env's current state (``rng`` defaults to ``random.Random(0)``)."""
     return find_oracle(env)(env, random.Random(0) if rng is None else rng)
-
-
-def observation_with_suffix(observation: str, info: Dict[str, Any]) -> str:
-    """The observation followed by ``info["suffix"]`` when present (Gem games put the current board there)."""
-    suffix = info.get("suffix")
-    if not suffix:
-        return observation
-    return observation.rstrip("\n") + "\n" + suffix
 
 
 def raw_observation(observation: str, info: Dict[str, Any]) -> str:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
-from pathlib import Path
 
 import gem
 import pytest
@@ -34,9 +32,7 @@ from envs.sudoku_compact import (
     parse_compact_sudoku,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO_ROOT.parent / "shared" / "data" / "math"))
-needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"math data folder missing: {MATH_DATA}")
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402
 SHARED_SET_NAMES = {
     "aime", "amc", "math", "minerva", "olympiad_bench", "gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k",
 }

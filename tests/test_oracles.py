@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import gem
 import numpy as np
@@ -24,9 +22,7 @@ from envs.oracles import (
     sudoku_oracle_action,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO_ROOT.parent / "shared" / "data" / "math"))
-needs_math_data = pytest.mark.skipif(not MATH_DATA.is_dir(), reason=f"math data folder missing: {MATH_DATA}")
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402
 SEEDS = range(40)
 
 
