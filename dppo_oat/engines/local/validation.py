@@ -10,11 +10,11 @@ from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.rollout.episodes import RolloutSettings
 from dppo_oat.rollout.generation import SamplingSettings, check_logprob_semantics
 from dppo_oat.rollout.templates import TEMPLATES
+from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import CHECKPOINT_NAME, check_writable
 from dppo_oat.trust_region import TrustRegion
 from dppo_oat.update import UpdateSettings
 
-VLLM_DEFAULT_MAX_LOGPROBS = 20
 
 
 def validate_config(config: TrainConfig) -> tuple[TrustRegion, int | None]:

@@ -26,9 +26,13 @@ from dppo_oat.advantages import turn_advantages
 from dppo_oat.engines.oat import args as oat_args
 from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
-from dppo_oat.rollout.vllm_generator import CPU_ENGINE_KWARGS, CPU_ENVIRONMENT, VLLMGenerator, running_on_cpu
-
-VLLM_DEFAULT_MAX_LOGPROBS = 20
+from dppo_oat.rollout.vllm_generator import (
+    CPU_ENGINE_KWARGS,
+    CPU_ENVIRONMENT,
+    VLLM_DEFAULT_MAX_LOGPROBS,
+    VLLMGenerator,
+    running_on_cpu,
+)
 
 
 def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
