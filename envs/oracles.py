@@ -53,6 +53,15 @@ def sudoku_oracle_action(env: Env, rng: Any) -> str:
     return f"\\boxed{{{row + 1} {col + 1} {game.full_grid[row][col]}}}"
 
 
+def sudoku_mistake_action(env: Env, rng: Any) -> str:
+    """A learner's typical mistake: a random empty cell with a digit other than its solution (board unchanged)."""
+    game = env.unwrapped
+    empty = [(r, c) for r, row in enumerate(game.board) for c, cell in enumerate(row) if cell == 0]
+    row, col = empty[choose_index(rng, len(empty))]
+    wrong = [digit for digit in range(1, len(game.board) + 1) if digit != game.full_grid[row][col]]
+    return f"\\boxed{{{row + 1} {col + 1} {wrong[choose_index(rng, len(wrong))]}}}"
+
+
 def reasoning_gym_oracle_action(env: Env, rng: Any = None) -> str:
     """The reasoning-gym entry's reference answer in ``\\boxed{}`` (checked for ``rg:arc_1d`` and ``rg:acre``)."""
     return f"\\boxed{{{env.unwrapped.data['answer']}}}"
@@ -70,6 +79,10 @@ ORACLES: Dict[str, Oracle] = {
     f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
 }
 """Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
+
+MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action}
+"""Mistake makers, for envs whose observation shows a failed move: demonstrations with ``mistake_rate > 0`` then
+also show the oracle recovering from one (the mistake itself is played, never recorded as a turn)."""
 
 ORACLES_BY_ENV_CLASS: Tuple[Tuple[type, Oracle], ...] = (
     (SudokuEnv, sudoku_oracle_action),
@@ -117,14 +130,24 @@ def raw_observation(observation: str, info: Dict[str, Any]) -> str:
 
 
 def play_oracle_episode(
-    env: Env, seed: Optional[int], rng: Any, observation_fn: ObservationFn = observation_with_suffix
+    env: Env, seed: Optional[int], rng: Any, observation_fn: ObservationFn = observation_with_suffix,
+    mistake: Optional[Oracle] = None, mistake_rate: float = 0.0,
 ) -> Tuple[List[Turn], float]:
-    """One episode of the oracle from ``env.reset(seed)``: its (observation, action) turns and its return."""
+    """One episode of the oracle from ``env.reset(seed)``: its (observation, action) turns and its return.
+
+    With a ``mistake`` maker, each oracle turn is preceded with probability ``mistake_rate`` by a mistake that is
+    played in the env but not recorded: the next recorded observation is what the policy sees after a failed move.
+    """
     oracle = find_oracle(env)
     observation, info = env.reset(seed=seed)
     turns: List[Turn] = []
     episode_return = 0.0
     for _ in range(MAX_EPISODE_TURNS):
+        if mistake is not None and rng.random() < mistake_rate:
+            observation, reward, terminated, truncated, info = env.step(mistake(env, rng))
+            episode_return += float(reward)
+            if terminated or truncated:
+                return turns, episode_return
         action = oracle(env, rng)
         turns.append((observation_fn(observation, info), action))
         observation, reward, terminated, truncated, info = env.step(action)
@@ -152,6 +175,7 @@ def demonstrations(
     seed: int = 0,
     observation_fn: ObservationFn = observation_with_suffix,
     wrappers: Sequence[Callable[[Env], Env]] = (),
+    mistake_rate: float = 0.0,
     **make_kwargs: Any,
 ) -> List[List[Turn]]:
     """``n_episodes`` oracle episodes of ``env_id``, each a list of (observation_text, action_text) turns.
@@ -159,12 +183,16 @@ def demonstrations(
     Episode ``i`` starts from ``reset(seed + i)``; the oracle's own choices come from ``random.Random(seed)``, so
     the result is deterministic. ``wrappers`` are applied in order, as ``gem.make_vec`` does; the default
     ``observation_fn`` appends ``info["suffix"]`` (pass :func:`raw_observation` when a wrapper already does).
+    ``mistake_rate``: for envs with a mistake maker (:data:`MISTAKES`), the share of turns preceded by an unrecorded
+    mistake (see :func:`play_oracle_episode`); ignored for other envs, where a mistake would not change the view.
     """
     env = gem.make(env_id, **make_kwargs)
     for wrapper in wrappers:
         env = wrapper(env)
     rng = random.Random(seed)
+    mistake = MISTAKES.get(env_id) if mistake_rate > 0 else None
     try:
-        return [play_oracle_episode(env, seed + i, rng, observation_fn)[0] for i in range(n_episodes)]
+        return [play_oracle_episode(env, seed + i, rng, observation_fn, mistake, mistake_rate)[0]
+                for i in range(n_episodes)]
     finally:
         close_env(env)

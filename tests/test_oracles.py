@@ -100,6 +100,34 @@ def test_demonstration_actions_replay_to_a_win():
             assert sum(env.step(action)[1] for _, action in episode) == pytest.approx(1.0)
 
 
+def test_demonstrations_with_mistakes_show_recovery_and_record_only_oracle_moves():
+    """compact-wrong Sudoku: some recorded observations show an (unrecorded) wrong move; every recorded move is
+    the cell's solution, so it never repeats the wrong move shown."""
+    from envs.sudoku_compact import COMPACT_WRONG_ENV_ID, parse_compact_sudoku, parse_sudoku_move
+
+    episodes = envs.demonstrations(COMPACT_WRONG_ENV_ID, n_episodes=20, seed=3, mistake_rate=0.4)
+    env = gem.make(COMPACT_WRONG_ENV_ID)
+    shown = 0
+    for i, episode in enumerate(episodes):
+        env.reset(seed=3 + i)
+        solution = env.unwrapped.full_grid
+        for observation, action in episode:
+            row, col, digit = parse_sudoku_move(action)
+            assert parse_compact_sudoku(observation)[row - 1][col - 1] == 0 and solution[row - 1][col - 1] == digit
+            wrong = [line for line in observation.splitlines() if line.startswith("Wrong:")]
+            if wrong:
+                shown += 1
+                r, c, d = (int(x) for x in wrong[0].split()[1:])
+                assert solution[r - 1][c - 1] != d and (r, c, d) != (row, col, digit)
+    turns = sum(len(episode) for episode in episodes)
+    assert 0.2 * turns < shown < 0.6 * turns
+    plain = envs.demonstrations(COMPACT_WRONG_ENV_ID, n_episodes=5, seed=3)
+    assert not any("Wrong:" in observation for episode in plain for observation, _ in episode)
+    # envs whose view a mistake would not change get no mistakes: the same demonstrations as without
+    assert envs.demonstrations("game:Sudoku-v0-easy-compact", 3, seed=3, mistake_rate=0.4) == \
+        envs.demonstrations("game:Sudoku-v0-easy-compact", 3, seed=3)
+
+
 def test_demonstrations_with_gem_wrappers():
     episodes = envs.demonstrations(
         "game:Sudoku-v0-easy", 2, seed=0, wrappers=[concat_wrapper], observation_fn=raw_observation

@@ -14,7 +14,7 @@ from dppo_oat.rollout.templates import TEMPLATES
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
-DEFAULT_ENV = "game:Sudoku-v0-easy-compact"
+DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
 
 @dataclass
@@ -23,6 +23,9 @@ class WarmStartConfig:
 
     demo_episodes: int = 6000
     """Oracle episodes of the training env used as demonstrations."""
+    mistake_rate: float = 0.25
+    """Share of demonstration turns that follow an unrecorded wrong move, for envs that show the last one (the default
+    Sudoku): the policy learns what to do after a failed move instead of repeating it."""
     lr: float = 1e-3
     batch_size: int = 64
     target_success: float = 0.25
@@ -34,6 +37,9 @@ class WarmStartConfig:
     vocab_size: int = 512
     hidden_size: int = 128
     num_layers: int = 2
+    seed: Optional[int] = None
+    """Seed of the tokenizer, model and demonstrations; None: the run's --seed. Fix it to start several RL seeds
+    from one warm-started policy (as the paper's seeds share one initial model)."""
 
 
 @dataclass
@@ -42,8 +48,9 @@ class TrainConfig:
 
     Trust-region presets: ppo, grpo_clip_higher, cispo, pg_is, minirl, minirl_tis, dppo_binary_tv, dppo_binary_kl,
     dppo_topk_tv, dppo_topk_kl, dppo_binary_tv_recompute, dppo_binary_kl_recompute, mask_negative, relax_low,
-    relax_high, relax_both. Env ids: game:Sudoku-v0-easy-compact (default), game:Sudoku-v0-easy, rg:arc_1d, rg:acre,
-    example:Countdown-v0, local-math:<name or path>, or any registered Gem id.
+    relax_high, relax_both. Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
+    game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0,
+    local-math:<name or path>, or any registered Gem id.
     """
 
     engine: Literal["local", "oat"] = "local"
@@ -72,6 +79,9 @@ class TrainConfig:
     """Episodes per group (same seed): the GRPO group."""
     minibatch_size: int = 256
     """Turn samples per optimizer step (a rollout batch gives several steps: the trust region matters)."""
+    minibatches_per_rollout: Optional[int] = None
+    """Split every rollout batch into this many minibatches, whatever its size (the paper's sanity test: 4 gradient
+    steps per rollout); overrides --minibatch-size."""
     micro_batch_size: Optional[int] = None
     num_epochs: int = 1
     lr: float = 3e-4
@@ -90,9 +100,15 @@ class TrainConfig:
     max_new_tokens: int = 12
     max_prompt_tokens: int = 256
     max_turns: Optional[int] = None
+    train_pool: Optional[int] = None
+    """Draw training puzzles from a fixed pool of this many seeds (the paper's sanity test trains on a fixed problem
+    set the initial policy can solve sometimes, and watches training success); None: fresh puzzles every step."""
     seed: int = 0
     eval_every: int = 50
     eval_episodes: int = 200
+    probe_every: int = 0
+    """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
+    (probe/* metrics; HF generator only). 0: never."""
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """Injected training-inference mismatch: sample from a bfloat16 copy of the policy, learn in float32."""
     logprob_noise: float = 0.0
@@ -127,6 +143,10 @@ class TrainConfig:
 
     def run_path(self) -> Path:
         return Path(self.run_dir) / self.resolved_run_name()
+
+    @property
+    def warm_start_seed(self) -> int:
+        return self.seed if self.warm_start.seed is None else self.warm_start.seed
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or os.environ.get("DPPO_CACHE") or Path.home() / ".cache" / "dppo_oat")

@@ -22,12 +22,13 @@ from rich.progress import Progress
 
 from dppo_oat.batching import build_update_batch
 from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
-from dppo_oat.rollout.episodes import TurnSample
+from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
+from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings, TurnSample
+from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
 from dppo_oat.update import causal_lm_forward
 
-DEMO_SEED = 2_000_000
-"""Demonstration puzzles come from seeds ≥ this; RL trains below 1e6 and evaluates in [1e6, 2e6)."""
 CACHE_FORMAT = 2
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""
 
@@ -42,8 +43,9 @@ class WarmStartReport:
 
 def policy_cache_key(env_id: str, template: str, warm_start, seed: int) -> str:
     """A stable name for one warm-started policy: everything that changes it, hashed."""
-    payload = json.dumps({"env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT,
-                          **asdict(warm_start)}, sort_keys=True)
+    settings = {name: value for name, value in asdict(warm_start).items() if name != "seed"}  # resolved: ``seed``
+    payload = json.dumps({**settings, "env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT},
+                         sort_keys=True)
     return f"tiny-{env_id.replace(':', '_')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
 
 
@@ -93,24 +95,36 @@ def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object],
     return WarmStartReport(step, time.perf_counter() - start, success, checks)
 
 
-def load_or_build_tiny_policy(config, evaluate_fn, console) -> tuple:
+def validation_success(config, model, tokenizer) -> float:
+    """Success of ``model`` on the warm start's validation puzzles of ``config.env_ids[0]`` (sampling as in RL)."""
+    settings = RolloutSettings(template=config.prompt_template, max_prompt_tokens=config.max_prompt_tokens,
+                               max_turns=config.max_turns)
+    episodes = config.warm_start.check_episodes
+    collector = EpisodeCollector(config.env_ids[:1], episodes, 1, tokenizer, settings)
+    generator = HFGenerator(model.eval(), tokenizer, batch_size=64)
+    sampling = SamplingSettings(config.max_new_tokens, config.temperature, config.top_p, seed=EVAL_SAMPLING_SEED)
+    rollout = collector.collect(generator, sampling, [VALIDATION_SEED + i for i in range(episodes)])
+    collector.close()
+    return rollout.stats()["success"]
+
+
+def load_or_build_tiny_policy(config, console) -> tuple:
     """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use."""
     from envs.oracles import demonstrations
 
-    env_id, template = config.env_ids[0], config.prompt_template
-    key = policy_cache_key(env_id, template, config.warm_start, config.seed)
+    env_id, template, seed, ws = config.env_ids[0], config.prompt_template, config.warm_start_seed, config.warm_start
+    key = policy_cache_key(env_id, template, ws, seed)
     path = config.resolved_cache_dir() / "policies" / key
     if (path / "warm_start.json").exists():
         console.print(f"tiny policy: cached at {path}")
         return load_policy(path)
     console.print(f"tiny policy: building {key} (tokenizer, model, supervised warm start on oracle moves) ...")
-    demos = demonstrations(env_id, config.warm_start.demo_episodes, seed=DEMO_SEED + config.seed)
+    demos = demonstrations(env_id, ws.demo_episodes, seed=DEMO_SEED + seed, mistake_rate=ws.mistake_rate)
     texts = [render_prompt(template, obs) + " " + action for episode in demos for obs, action in episode]
-    ws = config.warm_start
-    model, tokenizer = build_tiny_policy(texts, seed=config.seed, vocab_size=ws.vocab_size,
+    model, tokenizer = build_tiny_policy(texts, seed=seed, vocab_size=ws.vocab_size,
                                          hidden_size=ws.hidden_size, num_hidden_layers=ws.num_layers)
     samples = demonstration_samples(demos, tokenizer, template)
-    report = warm_start(model, tokenizer, samples, ws, lambda m: evaluate_fn(m, tokenizer), config.seed, console)
+    report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer), seed, console)
     console.print(f"tiny policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
                   f"held-out success {report.success:.2f}")
     _save_atomically(model.eval(), tokenizer, report, path)
