@@ -61,6 +61,27 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir)
                 assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
+def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):
+    """--probe-every logs binary ≤ top-K ≤ exact divergences; --train-pool draws puzzles from [0, pool);
+    --warm-start.seed lets RL seeds share one cached policy."""
+    common = ["--steps", "2", "--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--probe-every", "1",
+              "--train-pool", "3", "--rollout-dtype", "bfloat16", "--warm-start.seed", "0", *SHORT]
+    main(["--run-name", "seed1", "--seed", "1", *common])
+    main(["--run-name", "seed2", "--seed", "2", *common])
+    from pathlib import Path
+
+    assert len(list((Path(cache_dir) / "policies").glob("tiny-*"))) == 1  # every test here warm-starts with seed 0
+    for name in ("seed1", "seed2"):
+        for row in read_jsonl(tmp_path / name / "metrics.jsonl"):
+            for d in ("tv", "kl"):
+                binary, topk, exact = (row[f"probe/{e}_{d}_mean"] for e in ("binary", "topk", "exact"))
+                assert 0 <= binary <= topk + 1e-6 and topk <= exact + 1e-6
+            assert exact > 0  # a bf16 rollout copy differs from the fp32 learner even before any update
+    from dppo_oat.engines.local.seeds import train_group_seeds
+
+    assert all(0 <= s < 3 for step in range(1, 50) for s in train_group_seeds(1, step, 4, pool=3))
+
+
 def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
     main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
     with pytest.raises(SystemExit):

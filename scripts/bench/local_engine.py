@@ -25,7 +25,8 @@ import torch
 from rich.console import Console
 
 from dppo_oat.engines.local.config import TrainConfig
-from dppo_oat.engines.local.trainer import LocalTrainer, train_group_seeds
+from dppo_oat.engines.local.seeds import train_group_seeds
+from dppo_oat.engines.local.trainer import LocalTrainer
 from dppo_oat.rollout.hf_generator import left_pad
 from dppo_oat.update import minibatch_indices
 

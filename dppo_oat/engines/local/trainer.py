@@ -9,8 +9,9 @@ log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and mi
 from __future__ import annotations
 
 import copy
+import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dppo_oat.advantages import turn_advantages
 from dppo_oat.batching import build_update_batch
+from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
+from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout, RolloutSettings
 from dppo_oat.rollout.generation import SamplingSettings
@@ -29,20 +32,8 @@ from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import CHECKPOINT_NAME, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
 
-EVAL_SEED = 1_000_000
-"""Held-out evaluation puzzles use seeds [1e6, 1e6 + eval_episodes); training seeds are drawn below 1e6."""
-EVAL_SAMPLING_SEED = 12345
-
-
-def step_seed(seed: int, step: int, stream: int) -> int:
-    """A deterministic 31-bit seed for (run seed, step, purpose)."""
-    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0] >> 1)
-
-
-def train_group_seeds(seed: int, step: int, num_groups: int) -> list[int]:
-    """Puzzle seeds of one rollout batch (one per GRPO group), below the held-out range."""
-    rng = np.random.default_rng(step_seed(seed, step, 0))
-    return rng.integers(0, EVAL_SEED, size=num_groups).tolist()
+DEFAULT_PROBE_K = 20
+"""K of the probe's top-K estimate when the run's rule has none (the paper's default K)."""
 
 
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
@@ -96,7 +87,7 @@ class LocalTrainer:
     def _load_policy(self):
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
-        return load_or_build_tiny_policy(self.config, self._success_of, self.console)
+        return load_or_build_tiny_policy(self.config, self.console)
 
     def _make_generator(self):
         c = self.config
@@ -114,18 +105,6 @@ class LocalTrainer:
                 "trust_region": asdict(self.tr), "engine": "local"}
 
     # ------------------------------------------------------------------ evaluation
-    def _success_of(self, model, tokenizer) -> float:
-        """Held-out success of ``model`` (used by the warm start before the trainer's own parts exist)."""
-        settings = RolloutSettings(template=self.config.prompt_template, max_prompt_tokens=self.config.max_prompt_tokens,
-                                   max_turns=self.config.max_turns)
-        episodes = self.config.warm_start.check_episodes
-        collector = EpisodeCollector(self.config.env_ids[:1], episodes, 1, tokenizer, settings)
-        generator = HFGenerator(model.eval(), tokenizer, batch_size=64)
-        seeds = [EVAL_SEED + 500_000 + i for i in range(episodes)]  # a validation range, disjoint from eval
-        rollout = collector.collect(generator, self._sampling(EVAL_SAMPLING_SEED), seeds)
-        collector.close()
-        return rollout.stats()["success"]
-
     def evaluate(self) -> dict[str, float]:
         """Success and return on the held-out seeds, sampling at the training temperature."""
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
@@ -139,7 +118,7 @@ class LocalTrainer:
         """Rollout → advantages → update → generator sync, for step ``self.step + 1``."""
         c, step = self.config, self.step + 1
         started = time.perf_counter()
-        seeds = train_group_seeds(c.seed, step, c.groups_per_step)
+        seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
         rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
         rollout_seconds = time.perf_counter() - started
         if c.logprob_noise > 0:
@@ -152,18 +131,37 @@ class LocalTrainer:
                                      [s.turn for s in samples], [s.group_id for s in samples],
                                      mode=c.adv_mode, gamma=c.gamma,
                                      per_turn_baseline=c.turn_baseline)
-        batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id, with_topk=self.tr.uses_topk)
+        batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
+                                   with_topk=self.tr.uses_topk).to(c.device)
+        probing = c.probe_every > 0 and step % c.probe_every == 0
+        behavior_logits = response_logits(self.generator.model, batch) if probing else None
         update_started = time.perf_counter()
         self.model.train()
-        history = update_policy(batch.to(c.device), self.tr, causal_lm_forward(self.model), self._backward,
-                                self._optimizer_step, self.update_settings,
+        history = update_policy(batch, self.tr, causal_lm_forward(self.model), self._backward,
+                                self._optimizer_step, self._update_settings_for(len(batch)),
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)))
         self.model.eval()
         if self.generator.model is not self.model:
             self.generator.update_weights(self.model.state_dict())
         update_seconds = time.perf_counter() - update_started
         self.step = step
-        return self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
+        metrics = self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
+        if probing:
+            metrics.update(self._probe(batch, behavior_logits))
+        return metrics
+
+    def _update_settings_for(self, rows: int) -> UpdateSettings:
+        """The update settings of a rollout batch of ``rows`` turn samples (--minibatches-per-rollout)."""
+        parts = self.config.minibatches_per_rollout
+        return self.update_settings if parts is None else replace(self.update_settings,
+                                                                  minibatch_size=max(1, math.ceil(rows / parts)))
+
+    def _probe(self, batch, behavior_logits) -> dict[str, float]:
+        """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
+        k = self.tr.k if self.tr.uses_topk else DEFAULT_PROBE_K
+        estimates = divergence_estimates(behavior_logits, response_logits(self.model, batch),
+                                         response_actions(batch), k)
+        return probe_metrics(estimates, self.tr.delta)  # rules without δ keep the default δ, 0.15
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -210,10 +208,7 @@ class LocalTrainer:
     def run(self) -> dict[str, float]:
         """Train until ``config.steps``; returns the held-out success before and after RL."""
         c = self.config
-        if self.step == 0:
-            before = self.evaluate()
-            self.log.log_eval(before)
-            self.console.print(f"held-out success before RL: {before['eval/success']:.3f}")
+        self._evaluate_if_missing()  # before RL; or the evaluation that a kill after the last checkpoint cut short
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console) as progress:
             task = progress.add_task("RL steps", total=c.steps, completed=self.step)
@@ -221,12 +216,23 @@ class LocalTrainer:
                 metrics = self.rl_step()
                 self.log.log_metrics(metrics)  # metrics first, then the checkpoint: a resume rewrites this step
                 self.save_checkpoint()
-                if self.step % c.eval_every == 0 or self.step == c.steps:
+                if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())
                 progress.update(task, completed=self.step, description=(
                     f"RL steps: success {metrics['success']:.2f}, |π−μ| {metrics['mismatch/abs_diff_mean']:.4f}, "
                     f"masked {metrics['mask/fraction']:.3f}"))
         return self._summary()
+
+    def _eval_due(self, step: int) -> bool:
+        return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
+
+    def _evaluate_if_missing(self) -> None:
+        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / "eval.jsonl")}
+        if self._eval_due(self.step) and self.step not in evaluated:
+            result = self.evaluate()
+            self.log.log_eval(result)
+            if self.step == 0:
+                self.console.print(f"held-out success before RL: {result['eval/success']:.3f}")
 
     def _summary(self) -> dict[str, float]:
         evals = read_jsonl(self.config.run_path() / "eval.jsonl")

@@ -40,6 +40,12 @@ def _check_numbers(c: TrainConfig) -> None:
     for name, value in positive.items():
         if not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if c.minibatches_per_rollout is not None and c.minibatches_per_rollout < 1:
+        raise ValueError(f"--minibatches-per-rollout must be >= 1, got {c.minibatches_per_rollout}")
+    if c.probe_every < 0:
+        raise ValueError(f"--probe-every must be >= 0 (0: never), got {c.probe_every}")
+    if c.train_pool is not None and c.train_pool < 1:
+        raise ValueError(f"--train-pool must be >= 1 puzzle seed, got {c.train_pool}")
     if c.logprob_noise < 0 or math.isnan(c.logprob_noise):
         raise ValueError(f"--logprob-noise must be >= 0, got {c.logprob_noise}")
     if c.group_size < 2 and c.adv_mode != "rebn":
@@ -90,6 +96,8 @@ def _check_generator(c: TrainConfig, tr: TrustRegion) -> None:
             raise ValueError(f"--k {k} exceeds what the vLLM generator returns ({VLLM_DEFAULT_MAX_LOGPROBS})")
     elif k > _vocab_size(c):
         raise ValueError(f"--k {k} exceeds the policy's vocabulary ({_vocab_size(c)})")
+    if c.probe_every and c.generator != "hf":
+        raise ValueError("--probe-every needs the rollout model's full logits: use --generator hf")
     if c.rollout_dtype != "float32" and c.generator != "hf":
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
 
