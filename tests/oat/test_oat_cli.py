@@ -1,11 +1,13 @@
 """``python -m dppo_oat.train --engine oat``: oat's arguments, validation, and the program handed to oat's builder.
 
-The commands of the README's "On a GPU node" section are parsed and validated as written, so the GPU-node instructions cannot drift
-from the code. oat's ``get_program`` runs for real; launchpad is the recorder in ``launchpad_stub`` (see conftest).
+The GPU-node scripts (``scripts/gpu``) are run with ``PYTHON=echo`` and the commands they would launch are parsed
+and validated as written, so the paper's settings cannot drift from the code. oat's ``get_program`` runs for real;
+launchpad is the recorder in ``launchpad_stub`` (see conftest).
 """
 
-import re
+import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from oat.utils.ipc import PlasmaShmServer  # noqa: E402
 
 from dppo_oat.engines.oat import launch  # noqa: E402
 from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
+from dppo_oat.engines.oat import args as oat_args  # noqa: E402
 from dppo_oat.engines.oat.args import (  # noqa: E402
     REPLACED_OAT_FLAGS,
     DPPOOatArgs,
@@ -31,40 +34,34 @@ from dppo_oat.engines.oat.args import (  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
 from dppo_oat.trust_region import PRESETS  # noqa: E402
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"
-PREFIX = "python -m dppo_oat.train --engine oat"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "gpu"
+MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO.parent / "shared" / "data" / "math"))
+"""Only its name is passed: the scripts' argument validation does not open the data."""
+PREFIX = "-m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
 )
 SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
          "--pi_buffer_maxlen_per_device", "8", "--train_batch_size", "8", "--num_samples", "4"]
+PAPER_RUNS = {"sudoku": ["gem.sh", "sudoku"], "arc1d": ["gem.sh", "arc1d"], "acre": ["gem.sh", "acre"],
+              "math": ["math.sh"]}
+SANITY_METHODS = ["pg_is", "cispo", "grpo_clip_higher", "minirl", "minirl_tis", "dppo_binary_tv", "dppo_binary_kl"]
 
 
-def doc_commands() -> dict[str, list[str]]:
-    """The arguments after ``PREFIX`` of every command in the doc, by ``--wb_run_name``."""
-    commands = {}
-    for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S):
-        text = block.replace("\\\n", " ")
-        for line in text.splitlines():
-            if line.strip().startswith(PREFIX):
-                argv = shlex.split(line.strip()[len(PREFIX):])
-                commands[argv[argv.index("--wb_run_name") + 1]] = argv
-    return commands
+def script_commands(*script_args: str) -> list[list[str]]:
+    """The ``dppo_oat.train`` arguments a GPU-node script runs, read by running it with ``PYTHON=echo``."""
+    env = {**os.environ, "PYTHON": "echo", "DPPO_MATH_DATA": str(MATH_DATA)}
+    out = subprocess.run(["bash", str(SCRIPTS / script_args[0]), *script_args[1:]], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return [shlex.split(line)[len(PREFIX.split()):] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
-def test_the_doc_has_every_paper_setting():
-    assert set(doc_commands()) == {
-        "sudoku-dppo-binary-tv", "arc1d-dppo-binary-tv", "acre-dppo-binary-tv", "math-dppo-binary-tv"
-    }
-
-
-@pytest.mark.parametrize("name", sorted(doc_commands()))
+@pytest.mark.parametrize("name", sorted(PAPER_RUNS))
 @pytest.mark.parametrize("baseline", [False, True])
-def test_doc_commands_are_valid(name, baseline, gpu_node):
-    argv = doc_commands()[name]
-    if baseline:  # the doc's PPO-ratio baseline: the same command with --trust_region ppo
-        i = argv.index("--trust_region")
-        argv = argv[:i] + ["--trust_region", "ppo"] + argv[i + 4:]
+def test_paper_scripts_are_valid(name, baseline, gpu_node):
+    """Each GPU-node script runs the paper's setting: DPPO-Binary-TV with δ = 0.2, or the PPO-ratio baseline."""
+    [argv] = script_commands(*PAPER_RUNS[name], *(["ppo"] if baseline else []))
     with gpu_node(8):
         args = validate_args(launch.parse_args(argv))
     assert isinstance(args, PPOArgs) and args.algo == RLAlgo.PPO
@@ -73,9 +70,33 @@ def test_doc_commands_are_valid(name, baseline, gpu_node):
     assert tr.anchor == "behavior"
     assert (tr.eps_low, tr.eps_high) == (0.2, 0.2) if baseline else tr.delta == 0.2
     assert (args.temperature, args.top_p, args.top_k, args.beta) == (1.0, 1.0, -1, 0.0)
+    assert args.wb_run_name == f"{name}-{'ppo' if baseline else 'dppo-binary-tv'}"
     settings = update_settings(args, grad_acc_step=args.train_batch_size // args.gpus)
     assert settings.aggregation == "seq-mean-token-sum-norm" and settings.norm_constant == args.generate_max_length
     assert args.rollout_batch_size_per_device % settings.minibatch_size == 0
+
+
+def test_script_flags_can_be_overridden(gpu_node):
+    [argv] = script_commands("gem.sh", "sudoku", "--gpus", "4", "--rollout_batch_size_per_device", "32",
+                             "--pi_buffer_maxlen_per_device", "32")
+    with gpu_node(4):
+        args = validate_args(launch.parse_args(argv))
+    assert (args.gpus, args.rollout_batch_size_per_device) == (4, 32)
+
+
+def test_sanity_test_script_runs_every_method_of_the_figure(gpu_node):
+    """64 prompts × 8 samples per rollout, 4 gradient steps per rollout, each method with the paper's defaults."""
+    commands = script_commands("sanity_test.sh")
+    assert len(commands) == len(SANITY_METHODS)
+    for method, argv in zip(SANITY_METHODS, commands):
+        with gpu_node(8):
+            args = validate_args(launch.parse_args(argv))
+        assert trust_region_from_args(args) == type(trust_region_from_args(args)).preset(method)
+        groups = oat_args.groups_per_step(args) * args.gpus
+        assert (groups, args.num_samples) == (64, 8)
+        assert args.rollout_batch_size // args.train_batch_size * args.num_ppo_epochs == 4
+        assert args.learning_rate == 1e-6 and args.generate_max_length == 8000
+    assert len(script_commands("sanity_test.sh", "pg_is", "dppo_binary_kl")) == 2
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -123,7 +144,7 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     flag = [f"--{name}", OTHER_VALUES[name]] if name in OTHER_VALUES else [f"--{name}"]
     with gpu_node(2), pytest.raises(ValueError, match=f"--{name}=.*not used by DPPO"):
         validate_args(launch.parse_args(SMALL + flag))
-    assert f"`--{name}`" in DOC.read_text(), "the doc lists every refused oat flag"
+    assert f"`--{name}`" in (REPO / "README.md").read_text(), "the README lists every refused oat flag"
 
 
 def test_oat_still_counts_gpus(gpu_node):
@@ -135,7 +156,7 @@ def test_oat_still_counts_gpus(gpu_node):
 def test_program_runs_dppo_learners_and_actors(gpu_node):
     """oat's builder gets DPPOLearner and DPPOGemActor: 8 collocated actors and learners for the Sudoku command."""
     with gpu_node(8):
-        args = validate_args(launch.parse_args(doc_commands()["sudoku-dppo-binary-tv"]))
+        args = validate_args(launch.parse_args(script_commands("gem.sh", "sudoku")[0]))
         program, resources = launch.build_program(args)
     by_class = {}
     for node in program.nodes:
