@@ -49,6 +49,17 @@ def test_plot_runs_one_curve_per_run_and_raw_only(runs):
     assert len(fig.legends[0].get_texts()) == 6
 
 
+def test_a_few_evaluations_are_drawn_raw(runs):
+    """20 steps evaluated every 5: four points, drawn as they are (smoothing would move the first and the last)."""
+    df = load_runs(str(runs / "*"))
+    fig = plot_runs(df.query("method == 'DPPO-Binary-TV'"), ["eval", "reward"], sigma=2.0)
+    eval_line, reward_lines = fig.axes[0].lines, fig.axes[1].lines
+    assert len(eval_line) == 1 and len(eval_line[0].get_xdata()) == 4
+    raw = df.query("method == 'DPPO-Binary-TV' and metric == 'eval/success'").groupby("step")["value"].mean()
+    assert list(eval_line[0].get_ydata()) == pytest.approx(list(100 * raw))
+    assert len(reward_lines) == 2  # 20 points: raw (faint) and smoothed
+
+
 def test_missing_metrics_skip_their_panel_with_a_note(tmp_path):
     write_run(tmp_path, "a", steps=6, drop=("bad_update/fraction",))
     df = load_runs([tmp_path / "a"])

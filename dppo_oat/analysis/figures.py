@@ -61,10 +61,16 @@ def new_axes(count: int, ncols: int | None = None, panel_size=PANEL_SIZE) -> tup
     return fig, axes[:count]
 
 
+MIN_POINTS_TO_SMOOTH = 10
+"""Curves with fewer logged points (e.g. a handful of evaluations) are drawn raw."""
+
+
 def draw_curve(ax: Axes, curve: pd.DataFrame, color, linestyle: str, sigma: float, scale: float) -> None:
     """One group's curve: the raw mean faintly, its smoothing on top, and the smoothed seed band if it has one."""
     x = curve["step"].to_numpy()
     y = curve["mean"].to_numpy() * scale
+    if len(x) < MIN_POINTS_TO_SMOOTH:
+        sigma = 0.0  # a few evaluations: smoothing would pull the first and last points towards the middle
     marker = "." if len(x) <= 25 else None
     if sigma > 0:
         ax.plot(x, y, color=color, alpha=RAW_ALPHA, linewidth=0.8, linestyle=linestyle, marker=marker)
