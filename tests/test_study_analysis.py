@@ -50,6 +50,7 @@ def test_outcomes_of_known_runs(study):
     outcomes = run_outcomes(df, threshold=0.6).set_index("run")
     dppo, pg_is = outcomes.loc["dppo_binary_tv-bf16-s0"], outcomes.loc["pg_is-bf16-s0"]
     assert not dppo["collapsed"] and pg_is["collapsed"]
+    assert not outcomes.loc["dppo_binary_tv-bf16-s1", "collapsed"]
     assert dppo["final"] == pytest.approx(np.linspace(0.3, 0.9, STEPS)[-4:].mean())
     assert 20 <= dppo["steps_to_threshold"] <= 22  # the smoothed line crosses 0.6 half way
     assert pg_is["eval_before"] == 0.3 and pg_is["eval_after"] == 0.0
@@ -77,8 +78,20 @@ def test_probe_table(study):
     table = probe_table(load_study(study))
     assert table.loc[("sudoku", "bf16"), "binary TV"] == pytest.approx(0.01)
     assert table.loc[("sudoku", "bf16"), "binary/exact TV"] == pytest.approx(1 / 3)
+    assert table.loc[("sudoku", "bf16"), "topk/exact TV"] == pytest.approx(2 / 3)  # from the means
 
 
 def test_an_empty_folder_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="cpu_study.py"):
         load_study(tmp_path)
+
+
+def test_noise_at_low_success_is_not_a_collapse(tmp_path):
+    """Halving a success of a few % is within one rollout's noise: a collapse also needs an absolute drop of 0.1."""
+    low = np.concatenate([np.linspace(0.05, 0.15, 20), np.linspace(0.15, 0.05, 20)])
+    high = np.concatenate([np.linspace(0.3, 0.6, 20), np.linspace(0.6, 0.1, 20)])
+    write_run(tmp_path / "countdown" / "cispo-bf16-s0", "cispo", 0, low, np.full(STEPS, 0.01))
+    write_run(tmp_path / "countdown" / "cispo-bf16-s1", "cispo", 1, high, np.full(STEPS, 0.01))
+    outcomes = run_outcomes(load_study(tmp_path), threshold=0.5).set_index("run")
+    assert outcomes.loc["cispo-bf16-s0", "final"] < 0.5 * outcomes.loc["cispo-bf16-s0", "peak"]
+    assert not outcomes.loc["cispo-bf16-s0", "collapsed"] and outcomes.loc["cispo-bf16-s1", "collapsed"]

@@ -73,7 +73,7 @@ class TrainConfig:
     template: Optional[str] = None
     """Prompt template (qwen3_game, qwen3_general, plain, chat); None: plain for the tiny policy, else qwen3_game."""
     generator: Literal["hf", "vllm"] = "hf"
-    steps: int = 150
+    steps: int = 100
     groups_per_step: int = 16
     group_size: int = 4
     """Episodes per group (same seed): the GRPO group."""
