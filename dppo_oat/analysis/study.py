@@ -138,9 +138,11 @@ def probe_table(df: pd.DataFrame) -> pd.DataFrame:
         for estimate in ("binary", "topk", "exact"):
             columns[f"probe/{estimate}_{divergence}_mean"] = f"{estimate} {divergence.upper()}"
         for estimate in ("binary", "topk"):  # a ratio of means: per-probe ratios blow up where π ≈ μ
-            ratio = f"probe/{estimate}_over_exact_{divergence}"
-            means[ratio] = means[f"probe/{estimate}_{divergence}_mean"] / means[f"probe/exact_{divergence}_mean"]
-            columns[ratio] = f"{estimate}/exact {divergence.upper()}"
+            ratio, bound, exact = (f"probe/{estimate}_over_exact_{divergence}", f"probe/{estimate}_{divergence}_mean",
+                                   f"probe/exact_{divergence}_mean")
+            if bound in means and exact in means:
+                means[ratio] = means[bound] / means[exact]
+                columns[ratio] = f"{estimate}/exact {divergence.upper()}"
     for estimate in ("binary", "topk", "exact"):
         columns[f"probe/{estimate}_tv_above_delta"] = f"{estimate} TV > δ (%)"
     table = means[[c for c in columns if c in means.columns]].rename(columns=columns)
