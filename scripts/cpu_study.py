@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -170,7 +171,10 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
     run_dir = run.run_dir(config)
     log_path = Path(config.out_dir) / "logs" / f"{run.task}-{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    resume = run_state(run_dir, config.steps) == "partial"
+    state = run_state(run_dir, config.steps)
+    if state == "new" and run_dir.exists():  # killed before its first checkpoint: nothing to resume from
+        shutil.rmtree(run_dir)
+    resume = state == "partial"
     command = [sys.executable, "-m", "dppo_oat.train", *train_args(run, config, resume)]
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}

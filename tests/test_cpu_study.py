@@ -69,3 +69,13 @@ def test_a_small_study_plays_skips_resumes_and_reports(tmp_path, monkeypatch):
     assert "2 runs with data" in printed(notebook) and images(notebook) == 1
     html = "".join(str(o.get("data", {}).get("text/html", "")) for o in outputs(notebook))
     assert "binary ≤ top-K ≤ exact divergence" in html and "PG-IS" in html
+
+    stale = out / "sudoku" / "pg_is-bf16-s1"  # killed during its first step: metrics but no checkpoint
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text('{"step": 1}\n')
+    only_stale = [*args]
+    only_stale[only_stale.index("--methods"):only_stale.index("--mismatch")] = ["--methods", "pg_is"]
+    only_stale[only_stale.index("--seeds") + 1] = "1"
+    cpu_study.main(only_stale)
+    assert [r["step"] for r in read_jsonl(stale / "metrics.jsonl")] == [1, 2]
+
