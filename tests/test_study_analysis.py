@@ -26,7 +26,7 @@ def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"
                      "bad_update/fraction": 0.01 if algo == "pg_is" else 0.0, "mask/fraction": 0.0,
                      "is/truncated_fraction": 0.0, "shadow/ppo/mask_fraction_mu_lt_0.1": 0.2,
                      "shadow/ppo/mask_fraction_mu_ge_0.5": 0.01, "probe/binary_tv_mean": 0.01,
-                     "probe/topk_tv_mean": 0.02, "probe/exact_tv_mean": 0.03, "probe/binary_over_exact_tv": 1 / 3})
+                     "probe/topk_tv_mean": 0.02, "probe/exact_tv_mean": 0.03})
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [{"step": 0, "eval/success": 0.3}, {"step": STEPS, "eval/success": success[-1]}]
     (directory / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))

@@ -22,7 +22,6 @@ import pandas as pd
 from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
 
-STUDY_COLUMNS = ("task", "mismatch")
 GROUP = ["task", "variant", "mismatch"]
 """One row of a study table: a method (the preset's paper name) under one mismatch condition on one task."""
 COLLAPSE_RATIO = 0.5
@@ -138,11 +137,11 @@ def probe_table(df: pd.DataFrame) -> pd.DataFrame:
         for estimate in ("binary", "topk", "exact"):
             columns[f"probe/{estimate}_{divergence}_mean"] = f"{estimate} {divergence.upper()}"
         for estimate in ("binary", "topk"):  # a ratio of means: per-probe ratios blow up where π ≈ μ
-            ratio, bound, exact = (f"probe/{estimate}_over_exact_{divergence}", f"probe/{estimate}_{divergence}_mean",
-                                   f"probe/exact_{divergence}_mean")
+            bound, exact = f"probe/{estimate}_{divergence}_mean", f"probe/exact_{divergence}_mean"
             if bound in means and exact in means:
+                ratio = f"{estimate}/exact {divergence.upper()}"
                 means[ratio] = means[bound] / means[exact]
-                columns[ratio] = f"{estimate}/exact {divergence.upper()}"
+                columns[ratio] = ratio
     for estimate in ("binary", "topk", "exact"):
         columns[f"probe/{estimate}_tv_above_delta"] = f"{estimate} TV > δ (%)"
     table = means[[c for c in columns if c in means.columns]].rename(columns=columns)

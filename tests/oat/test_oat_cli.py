@@ -33,11 +33,10 @@ from dppo_oat.engines.oat.args import (  # noqa: E402
 )
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
 from dppo_oat.trust_region import PRESETS  # noqa: E402
+from shared_data import MATH_DATA  # noqa: E402  (only its name reaches the scripts: validation opens no data)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"
-MATH_DATA = Path(os.environ.get("DPPO_MATH_DATA", REPO.parent / "shared" / "data" / "math"))
-"""Only its name is passed: the scripts' argument validation does not open the data."""
 PREFIX = "-m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"

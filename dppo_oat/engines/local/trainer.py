@@ -32,10 +32,6 @@ from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import CHECKPOINT_NAME, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
 
-DEFAULT_PROBE_K = 20
-"""K of the probe's top-K estimate when the run's rule has none (the paper's default K)."""
-
-
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
     """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob)."""
     rng = np.random.default_rng(seed)
@@ -158,10 +154,10 @@ class LocalTrainer:
 
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
-        k = self.tr.k if self.tr.uses_topk else DEFAULT_PROBE_K
+        # every TrustRegion has a K and a δ: rules that use neither keep the defaults (K = 20, δ = 0.15)
         estimates = divergence_estimates(behavior_logits, response_logits(self.model, batch),
-                                         response_actions(batch), k)
-        return probe_metrics(estimates, self.tr.delta)  # rules without δ keep the default δ, 0.15
+                                         response_actions(batch), self.tr.k)
+        return probe_metrics(estimates, self.tr.delta)
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
