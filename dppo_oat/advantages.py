@@ -8,7 +8,13 @@ Everything here is NumPy in, NumPy out (float32), so that any engine can call it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from dppo_oat.samples import TurnSample
+    from dppo_oat.spec import AdvantageSettings
 
 ESTIMATORS = ("drgrpo", "grpo", "rloo")
 
@@ -82,3 +88,12 @@ def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str 
     if per_turn_baseline:
         group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices)]
     return group_advantages(returns, group_ids, mode)
+
+
+def sample_advantages(samples: Sequence["TurnSample"], settings: "AdvantageSettings") -> np.ndarray:
+    """:func:`turn_advantages` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``, ``group_id``)."""
+    return turn_advantages(
+        [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],
+        [s.group_id for s in samples], mode=settings.mode, gamma=settings.gamma,
+        per_turn_baseline=settings.per_turn_baseline,
+    )

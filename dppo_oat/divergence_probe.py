@@ -14,8 +14,8 @@ import torch
 
 from dppo_oat.divergence import binary_kl, binary_tv, exact_kl, exact_tv, topk_kl, topk_tv
 from dppo_oat.logprobs import topk_of_logprobs
-from dppo_oat.rollout.generation import TOPK_PAD_ID
-from dppo_oat.update import UpdateBatch
+from dppo_oat.samples import TOPK_PAD_ID
+from dppo_oat.samples import UpdateBatch
 
 
 @torch.no_grad()

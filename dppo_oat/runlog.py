@@ -1,4 +1,10 @@
-"""Runs are data: ``runs/<name>/config.json``, ``metrics.jsonl``, ``eval.jsonl`` and atomic checkpoints.
+"""Runs are data: the run directory, in one place for both engines (writing and reading).
+
+    <run>/config.json     every setting of the run and the trust region it used
+    <run>/metrics.jsonl   one JSON object per RL step (``step`` and every metric)
+    <run>/eval.jsonl      one JSON object per evaluation (``step``, ``eval/success``, ``eval/return``, ...)
+    <run>/tokens.jsonl    optional per-token samples (see :mod:`dppo_oat.analysis.tokens`)
+    <run>/checkpoint.pt   the local engine's model and optimizer (atomic)
 
 Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when written, and checkpoints are written to a
 temporary file and renamed, so a crash or a kill loses at most the step in progress. Resuming drops log lines past
@@ -17,7 +23,11 @@ from typing import Any
 
 import torch
 
-CHECKPOINT_NAME = "checkpoint.pt"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.jsonl"
+TOKENS_FILE = "tokens.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def to_jsonable(value: Any) -> Any:
@@ -35,8 +45,22 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def check_writable(directory: Path) -> None:
-    """Fail now, with the path in the message, if ``directory`` cannot be created and written."""
+def check_can_write(directory: Path) -> None:
+    """Fail now, with the path in the message, if ``directory`` could not be created or written. Leaves nothing
+    behind: it writes (and removes) one temporary file in the nearest folder that exists."""
+    directory = Path(directory).absolute()
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"run directory {str(directory)!r} is not writable: {existing} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"run directory {str(directory)!r} is not writable: {error}") from error
+
+
+def make_writable_dir(directory: Path) -> None:
+    """Create ``directory`` and check that a file can be written in it (one clear error naming it otherwise)."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
@@ -76,15 +100,19 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All complete JSON lines of ``path`` (a torn last line from a kill is skipped)."""
-    if not path.exists():
+    """All complete JSON objects of ``path``, one per line (blank lines and a torn last line from a kill are
+    skipped); ``[]`` when the file does not exist."""
+    path = Path(path)
+    if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
@@ -94,9 +122,9 @@ class RunLog:
     def __init__(self, directory: Path, config: dict, *, resume_step: int | None = None,
                  wandb: bool = False, tensorboard: bool = False):
         self.directory = Path(directory)
-        check_writable(self.directory)
-        atomic_write_bytes(self.directory / "config.json", json.dumps(to_jsonable(config), indent=2).encode())
-        for name in ("metrics.jsonl", "eval.jsonl"):
+        make_writable_dir(self.directory)
+        atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
+        for name in (METRICS_FILE, EVAL_FILE):
             self._truncate(self.directory / name, resume_step)
         self._wandb = self._start_wandb(config) if wandb else None
         self._tensorboard = self._start_tensorboard() if tensorboard else None
@@ -131,11 +159,11 @@ class RunLog:
 
     def log_metrics(self, row: dict) -> None:
         """One line of ``metrics.jsonl`` (must contain ``step``)."""
-        self._append("metrics.jsonl", row)
+        self._append(METRICS_FILE, row)
 
     def log_eval(self, row: dict) -> None:
         """One line of ``eval.jsonl`` (must contain ``step``)."""
-        self._append("eval.jsonl", row)
+        self._append(EVAL_FILE, row)
 
     def close(self) -> None:
         if self._wandb is not None:

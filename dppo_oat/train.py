@@ -12,7 +12,7 @@ from typing import Sequence
 
 import tyro
 
-from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.config import TrainConfig, with_current_flags
 
 
 def engine_of(argv: Sequence[str]) -> str:
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         oat_main(without_engine_flag(argv))
         return
-    config = tyro.cli(TrainConfig, args=argv, description=f"{__doc__}\n{TrainConfig.__doc__}")
+    config = tyro.cli(TrainConfig, args=with_current_flags(argv), description=f"{__doc__}\n{TrainConfig.__doc__}")
     run_local(config)
 
 

@@ -153,7 +153,7 @@ PRESETS: dict[str, Preset] = {
     "relax_high": Preset({**_GRPO_CLIP, "relax": "high", "alpha": 0.1}, "Relax-high, fig:clip_direction, α = 0.1"),
     "relax_both": Preset({**_GRPO_CLIP, "relax": "both", "alpha": 0.1}, "Relax-both, fig:clip_direction, α = 0.1"),
 }
-"""The paper's methods with its stability-analysis defaults (sec:stability; REFERENCE §1)."""
+"""The paper's methods with its stability-analysis defaults (sec:stability, app:sanity_test_details)."""
 
 
 @dataclass
@@ -330,7 +330,7 @@ _PAPER_CLIP_RANGES = {"ppo": (0.2, 0.2), "grpo_clip_higher": (0.2, 0.28)}
 
 
 def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, tr) -> dict[str, float]:
-    """Batch statistics of the trust region (REFERENCE §1): mask fractions by sign of A (A ≠ 0 tokens only),
+    """Batch statistics of the trust region (sec:stability, sec:method_limitations): mask fractions by sign of A (A ≠ 0 tokens only),
     training-inference mismatch |π − μ|, bad updates, IS truncation, and the *shadow masks*: what ``ppo`` and
     ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket (sec:method_limitations).
 

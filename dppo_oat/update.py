@@ -12,55 +12,17 @@ Per rollout batch (as in PPO with several updates per rollout):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from dppo_oat.aggregation import AGGREGATIONS, aggregate_loss
+from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.logprobs import entropy_chunked, gather_logprobs_chunked
-from dppo_oat.rollout.generation import TOPK_PAD_ID
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
-
-
-@dataclass
-class UpdateBatch:
-    """Padded learner batch. ``input_ids [N, L]`` is prompt + response (right-padded); every per-token field is
-    ``[N, L−1]``, aligned with the *predicted* tokens ``input_ids[:, 1:]``."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    behavior_logp: torch.Tensor
-    advantages: torch.Tensor
-    recomputed_logp: torch.Tensor | None = None
-    topk_ids: torch.Tensor | None = None
-    topk_behavior_logp: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def select(self, index: torch.Tensor) -> "UpdateBatch":
-        """Rows ``index`` of every field, trimmed to the longest sequence among them."""
-        length = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 1
-        picked = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                picked[f.name] = None
-            elif f.name in ("input_ids", "attention_mask"):
-                picked[f.name] = value[index, :length]
-            else:
-                picked[f.name] = value[index, : max(length - 1, 1)]
-        return UpdateBatch(**picked)
-
-    def to(self, device) -> "UpdateBatch":
-        return replace(self, **{f.name: _to(getattr(self, f.name), device) for f in fields(self)})
-
-
-def _to(value, device):
-    return None if value is None else value.to(device)
 
 
 @dataclass
@@ -92,30 +54,6 @@ def causal_lm_forward(model, *, chunk_size: int = 1024, with_entropy: bool = Tru
         return PolicyOutputs(logp=logp, entropy=entropy, topk_logp=topk_logp)
 
     return forward
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """Knobs of the update loop."""
-
-    num_epochs: int = 1
-    minibatch_size: int = 64
-    micro_batch_size: int | None = None
-    aggregation: str = "seq-mean-token-sum-norm"
-    norm_constant: float | None = None
-    scale_micro_batches: bool = True
-    """Weigh each micro-batch loss by its share of the minibatch (False when the engine, like DeepSpeed, already
-    averages over gradient-accumulation steps)."""
-
-    def __post_init__(self) -> None:
-        if self.num_epochs < 1 or self.minibatch_size < 1:
-            raise ValueError(f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown loss aggregation {self.aggregation!r}; choose one of: {', '.join(AGGREGATIONS)}")
-        if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant and self.norm_constant > 0):
-            raise ValueError("seq-mean-token-sum-norm needs norm_constant > 0 (e.g. the max generation length)")
 
 
 BackwardFn = Callable[[torch.Tensor], None]
@@ -176,7 +114,7 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
         out = forward(micro, tr.uses_topk)
         topk = None
         if tr.uses_topk:
-            topk = TopK(micro.topk_ids, micro.topk_behavior_logp, out.topk_logp, micro.topk_ids != TOPK_PAD_ID)
+            topk = TopK(micro.topk_ids, micro.topk_behavior_logp, out.topk_logp, micro.topk_valid)
         result = policy_loss(
             out.logp, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
             recomputed_logp=micro.recomputed_logp, topk=topk,

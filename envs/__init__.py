@@ -26,6 +26,7 @@ from envs.example_countdown import CountdownEnv
 from envs.math_local import (
     LOCAL_MATH_PREFIX,
     load_math_dataset,
+    math_dataset_size,
     register_math_dataset,
     register_math_folder,
     register_math_folder_from_environment,
@@ -53,9 +54,9 @@ EXAMPLE_ENV_IDS = (
 )
 
 
-def ensure_registered(env_id: str) -> str:
-    """Check that Gem knows ``env_id``; ``local-math:<path>`` of an existing file or folder is registered on the fly,
-    so a data set can be named on a command line. Raises one clear ``ValueError`` otherwise."""
+def check_env_id(env_id: str) -> str:
+    """Raise one clear ``ValueError`` unless ``env_id`` is registered with Gem or names existing math data
+    (``local-math:<path>``); registers nothing (see :func:`ensure_registered`)."""
     if env_id in ENV_REGISTRY:
         return env_id
     prefix = f"{LOCAL_MATH_PREFIX}:"
@@ -63,8 +64,17 @@ def ensure_registered(env_id: str) -> str:
         path = env_id[len(prefix):]
         if not os.path.exists(path):
             raise ValueError(f"math data {path!r} (from env id {env_id}) does not exist")
-        return register_math_dataset(env_id, path)
+        return env_id
     raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENV_IDS}")
+
+
+def ensure_registered(env_id: str) -> str:
+    """Check that Gem knows ``env_id``; ``local-math:<path>`` of an existing file or folder is registered on the fly,
+    so a data set can be named on a command line. Raises one clear ``ValueError`` otherwise."""
+    check_env_id(env_id)
+    if env_id in ENV_REGISTRY:
+        return env_id
+    return register_math_dataset(env_id, env_id[len(LOCAL_MATH_PREFIX) + 1:])
 
 
 def make_env(env_id: str, **kwargs: Any) -> Env:
@@ -75,6 +85,7 @@ def make_env(env_id: str, **kwargs: Any) -> Env:
 __all__ = [
     "CompactSudokuObservation",
     "CountdownEnv",
+    "check_env_id",
     "LOCAL_MATH_IDS",
     "ORACLES",
     "PAPER_TASKS",
@@ -84,6 +95,7 @@ __all__ = [
     "ensure_registered",
     "load_math_dataset",
     "make_env",
+    "math_dataset_size",
     "oracle_action",
     "parse_compact_sudoku",
     "register_math_dataset",

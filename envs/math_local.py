@@ -15,18 +15,30 @@ Ids: :func:`register_math_dataset` registers one set under any id; :func:`regist
 a folder and registers ``local-math:<name>`` for each (a ``DatasetDict`` with several splits gives one id per split).
 ``import envs`` calls it on the folder named by the ``DPPO_MATH_DATA`` environment variable, when it is set. Hub ids
 are left as they are and still work where the hub is reachable.
+
+Two changes to Gem's MathEnv, in :class:`LocalMathEnv`:
+
+- a reset seed picks problem ``seed mod N`` (Gem draws one at random), so consecutive evaluation seeds cover a set
+  without repeats: seeds ``s … s + N − 1`` are every problem once;
+- answers are graded in one worker process shared by every env of the process (:class:`SharedGrader`), with Gem's
+  1-second timeout. Gem's default gives each env its own process pool, and an actor with hundreds of env slots would
+  fork hundreds of processes; Gem's other mode times out with ``signal.alarm``, which works only in the main thread
+  (a distributed actor serves its calls from other threads).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import threading
 import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from datasets import Dataset, DatasetDict, load_from_disk
 from gem.envs.math_env import MathEnv
 from gem.envs.registration import ENV_REGISTRY, register
+from gem.utils.constants import TERMINAL_STATE
 
 LOCAL_MATH_PREFIX = "local-math"
 DATA_ENV_VAR = "DPPO_MATH_DATA"
@@ -117,18 +129,85 @@ def load_math_dataset(path: Union[str, os.PathLike], split: Optional[str] = None
     return normalize_math_columns(dataset)
 
 
+GRADING_TIMEOUT_S = 1.0
+"""Gem's MathEnv gives a grading this long before it counts the answer wrong."""
+
+
+def _grader_ready() -> bool:
+    """Run once in a fresh grader process: import the grader before any timed grading."""
+    import gem.utils.math_grader  # noqa: F401
+
+    return True
+
+
+class SharedGrader:
+    """One grading process for the whole process, restarted after a timeout (the stuck grading is killed)."""
+
+    _lock = threading.Lock()
+    _pool = None
+
+    @classmethod
+    def check(cls, answer: str, reference: Any, timeout: float = GRADING_TIMEOUT_S) -> bool:
+        """``MathEnv.check_correct(answer, reference)``, False when it takes longer than ``timeout`` seconds."""
+        with cls._lock:
+            pool = cls._ready_pool()
+            pending = pool.apply_async(MathEnv.check_correct, (answer, reference))
+            try:
+                return bool(pending.get(timeout=timeout))
+            except multiprocessing.TimeoutError:
+                cls._pool = None
+                pool.terminate()
+                return False
+
+    @classmethod
+    def _ready_pool(cls):
+        if cls._pool is None:
+            pool = multiprocessing.get_context("spawn").Pool(1)
+            pool.apply(_grader_ready)  # the spawn's imports take longer than a grading may
+            cls._pool = pool
+        return cls._pool
+
+
+class LocalMathEnv(MathEnv):
+    """Gem's MathEnv with seed-indexed problems and one shared grading process (see the module's docstring)."""
+
+    def __init__(self, dataset: Dataset, **kwargs: Any):
+        kwargs["use_mp"] = False  # no pool per env: answers go to the SharedGrader
+        super().__init__(dataset=dataset, **kwargs)
+
+    def reset(self, seed: Optional[int] = None, idx: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
+        if idx is None and seed is not None:
+            idx = int(seed) % len(self.dataset)
+        return super().reset(seed=seed, idx=idx)
+
+    def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+        correct = SharedGrader.check(action, self.answer)
+        return TERMINAL_STATE, 1.0 if correct else 0.0, True, True, {"correct": correct}
+
+
 def make_local_math_env(
     data_path: Optional[str] = None, split: Optional[str] = None, dataset: Optional[Dataset] = None, **kwargs: Any
-) -> MathEnv:
-    """Gem's MathEnv over ``dataset`` or over the set at ``data_path`` (a gem entry point).
+) -> LocalMathEnv:
+    """:class:`LocalMathEnv` over ``dataset`` or over the set at ``data_path`` (a gem entry point).
 
-    Other keyword arguments go to MathEnv (``seed``, ``use_mp``, ``eval``: see gem.envs.math_env).
+    Other keyword arguments go to Gem's MathEnv (``seed``, ``eval``: see gem.envs.math_env).
     """
     if dataset is None:
         if data_path is None:
             raise ValueError("make_local_math_env needs data_path or dataset")
         dataset = load_math_dataset(data_path, split)
-    return MathEnv(dataset=dataset, **kwargs)
+    return LocalMathEnv(dataset=dataset, **kwargs)
+
+
+def math_dataset_size(env_id: str) -> Optional[int]:
+    """The number of problems of a registered local math env, or None for an env without a local data set."""
+    spec = ENV_REGISTRY.get(env_id)
+    kwargs = getattr(spec, "kwargs", None) or {}
+    if getattr(spec, "entry_point", None) is not make_local_math_env:
+        return None
+    if kwargs.get("dataset") is not None:
+        return len(kwargs["dataset"])
+    return len(load_math_dataset(kwargs["data_path"], kwargs.get("split")))
 
 
 def register_math_dataset(

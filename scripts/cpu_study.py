@@ -43,7 +43,7 @@ import tyro
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from dppo_oat.runlog import atomic_write_bytes, read_jsonl
+from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
 
 METHODS = ("pg_is", "cispo", "grpo_clip_higher", "minirl", "mask_negative", "dppo_binary_tv", "dppo_binary_kl",
            "dppo_topk_tv")
@@ -143,17 +143,17 @@ def shared_args(task: str, config: StudyConfig) -> list[str]:
 
 def train_args(run: StudyRun, config: StudyConfig, resume: bool) -> list[str]:
     """The ``python -m dppo_oat.train`` flags of ``run``."""
-    return [*shared_args(run.task, config), "--algo", run.method, *MISMATCH_ARGS[run.mismatch],
+    return [*shared_args(run.task, config), "--trust-region", run.method, *MISMATCH_ARGS[run.mismatch],
             "--seed", str(run.seed), "--threads", "1", "--run-dir", str(Path(config.out_dir) / run.task),
             "--run-name", run.name, *(["--resume"] if resume else [])]
 
 
 def run_state(run_dir: Path, steps: int) -> str:
     """``done`` (its last evaluation is at the last step), ``partial`` (a checkpoint to resume) or ``new``."""
-    evals = read_jsonl(run_dir / "eval.jsonl")
+    evals = read_jsonl(run_dir / EVAL_FILE)
     if evals and evals[-1].get("step") == steps:
         return "done"
-    return "partial" if (run_dir / "checkpoint.pt").exists() else "new"
+    return "partial" if (run_dir / CHECKPOINT_FILE).exists() else "new"
 
 
 def prepare_policies(config: StudyConfig, console: Console) -> None:

@@ -27,8 +27,8 @@ def test_the_default_grid_is_every_method_mismatch_and_seed_on_two_tasks(tmp_pat
     assert {r.method for r in runs} == set(cpu_study.METHODS) and {r.seed for r in runs} == {0, 1, 2}
     for run in runs[:: 7]:  # the flags parse and validate as the trainer's (no model is built)
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
-        tr, resume_step = validate_config(train_config)
-        assert tr.name == run.method and resume_step is None
+        spec, resume_step = validate_config(train_config)
+        assert spec.trust_region.name == run.method and resume_step is None
         assert train_config.minibatches_per_rollout == 4 and train_config.warm_start.seed == 0
         assert (train_config.rollout_dtype == "bfloat16") == (run.mismatch == "bf16")
 

@@ -275,3 +275,47 @@ def test_compact_wrapper_wraps_any_sudoku_env():
     observation, _ = env.reset(seed=0)
     assert observation.splitlines()[0] == "Sudoku 9x9"
     assert parse_compact_sudoku(observation) == env.unwrapped.board
+
+
+def test_local_math_grades_in_one_shared_process_from_any_thread(tmp_path):
+    """Gem's default gives every MathEnv a process pool (an actor with hundreds of slots forks hundreds), and its
+    other mode times out with signal.alarm, which fails outside the main thread, where a distributed actor runs."""
+    import threading
+
+    from envs.math_local import LocalMathEnv, SharedGrader
+
+    data = Dataset.from_list([{"problem": f"{a} + {a}?", "answer": str(2 * a)} for a in range(5)])
+    env_id = register_math_dataset("local-math:test-threads", data, overwrite=True)
+    made = [gem.make(env_id) for _ in range(20)]
+    assert all(isinstance(e.unwrapped, LocalMathEnv) and not hasattr(e.unwrapped, "mp_pool") for e in made)
+    rewards = []
+
+    def play():
+        for env in made[:3]:
+            a = int(env.reset(seed=2)[0].split()[0])
+            rewards.append(env.step(f"so \\boxed{{{2 * a}}}")[1])
+            rewards.append(env.step(f"so \\boxed{{{2 * a + 1}}}")[1])
+
+    worker = threading.Thread(target=play)
+    worker.start()
+    worker.join(120)
+    assert rewards == [1.0, 0.0] * 3
+    assert SharedGrader._pool is not None and len(SharedGrader._pool._pool) == 1
+
+
+def test_consecutive_seeds_cover_a_math_set_without_repeats():
+    """Evaluation seeds s … s + N − 1 are every problem once (Gem's MathEnv draws a problem at random per seed)."""
+    data = Dataset.from_list([{"problem": f"question {i}", "answer": str(i)} for i in range(30)])
+    env = gem.make(register_math_dataset("local-math:test-cover", data, overwrite=True, seed=7))
+    start = 1_000_000_000
+    questions = [env.reset(seed=seed)[0] for seed in range(start, start + 30)]
+    assert sorted(questions) == sorted(f"question {i}" for i in range(30))
+    assert envs.math_dataset_size("local-math:test-cover") == 30 and envs.math_dataset_size("rg:acre") is None
+
+
+def test_the_format_error_penalty_is_gems():
+    from gem.utils.constants import LanguageGameReward
+
+    from dppo_oat.spec import FORMAT_ERROR_PENALTY
+
+    assert FORMAT_ERROR_PENALTY == LanguageGameReward.format_error_reward

@@ -6,7 +6,8 @@ import torch
 
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_forced_logprobs
-from dppo_oat.rollout.generation import Generator, SamplingSettings
+from dppo_oat.rollout.generation import Generator
+from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 
 TOLERANCE = 1e-4
@@ -134,3 +135,21 @@ def test_refuses_k_beyond_vocabulary(policy, prompts):
     generator = HFGenerator(*policy)
     with pytest.raises(ValueError):
         generator.generate(prompts, SamplingSettings(max_new_tokens=2, top_k_logprobs=generator.max_topk + 1))
+
+
+def test_vllm_sampling_params_carry_top_k_and_raw_logprobs_refuse_it():
+    """Evaluation's --eval_top_k reaches vLLM; a raw-log-prob engine refuses top-k for training (μ would be wrong)."""
+    from types import SimpleNamespace
+
+    from dppo_oat.rollout.generation import check_logprob_semantics
+    from dppo_oat.rollout.vllm_generator import sampling_params
+
+    fake_vllm = SimpleNamespace(SamplingParams=lambda **kwargs: kwargs)
+    settings = SamplingSettings(16, temperature=0.6, top_p=0.95, top_k=20, seed=3)
+    params = sampling_params(fake_vllm, settings, 2, [7])
+    assert (params["top_k"], params["top_p"], params["temperature"], params["seed"]) == (20, 0.95, 0.6, 5)
+    check_logprob_semantics(SamplingSettings(16), processed_logprobs=False, engine="vLLM")
+    with pytest.raises(ValueError, match="top_k=-1"):
+        check_logprob_semantics(SamplingSettings(16, top_k=20), processed_logprobs=False, engine="vLLM")
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingSettings(16, top_k=0)

@@ -9,7 +9,8 @@ pytest.importorskip("vllm")
 
 from dppo_oat.models import build_tiny_policy, max_logprob_error, save_policy, teacher_forced_logprobs, toy_corpus
 from dppo_oat.models.scoring import check_topk_set
-from dppo_oat.rollout.generation import Generator, SamplingSettings
+from dppo_oat.rollout.generation import Generator
+from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.vllm_generator import VLLMGenerator
 
 TOLERANCE = 1e-4

@@ -99,7 +99,7 @@ def real_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("real-runs")
     cache = tmp_path_factory.mktemp("real-runs-cache")
     for algo in ("dppo_binary_tv", "grpo_clip_higher", "cispo"):
-        main(["--algo", algo, "--steps", "3", "--run-dir", str(root / "runs"), "--cache-dir", str(cache), *SHORT])
+        main(["--trust-region", algo, "--steps", "3", "--run-dir", str(root / "runs"), "--cache-dir", str(cache), *SHORT])
     return root / "runs"
 
 

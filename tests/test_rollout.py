@@ -11,8 +11,10 @@ import torch
 import envs
 from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.models.scoring import teacher_forced_logprobs
-from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings, turn_sampling
-from dppo_oat.rollout.generation import Completion, SamplingSettings
+from dppo_oat.advantages import discounted_returns
+from dppo_oat.rollout.episodes import INVALID_ACTION, EpisodeCollector, turn_sampling
+from dppo_oat.rollout.generation import Completion
+from dppo_oat.spec import RolloutSettings, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 from envs.oracles import oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, compact_sudoku_observation
@@ -74,7 +76,7 @@ def sudoku_collector(tokenizer, groups=2, group_size=3, **settings):
 
 def test_oracle_episodes_give_groups_returns_and_success(tiny_policy):
     _, tokenizer = tiny_policy
-    collector = sudoku_collector(tokenizer, gamma=0.9)
+    collector = sudoku_collector(tokenizer)
     rollout = collector.collect(ScriptedGenerator(tokenizer, oracle_for(collector)), SamplingSettings(8), [11, 12])
     assert all(e.success and e.end_reason == "terminated" for e in rollout.episodes)
     assert [e.group_id for e in rollout.episodes] == [f"{COMPACT_ENV_ID}#11"] * 3 + [f"{COMPACT_ENV_ID}#12"] * 3
@@ -83,10 +85,12 @@ def test_oracle_episodes_give_groups_returns_and_success(tiny_policy):
         assert len(turns) == episode.turns >= 8  # 8-10 empty cells, one per turn
         assert sum(s.reward for s in turns) == pytest.approx(1.0)
         assert turns[-1].done and not any(s.done for s in turns[:-1])
+        returns = discounted_returns([s.reward for s in turns], [s.episode_id for s in turns],
+                                     [s.turn for s in turns], 0.9)
         expected = 0.0
-        for sample in reversed(turns):  # G_t = r_t + γ G_{t+1}
+        for sample, value in zip(reversed(turns), reversed(returns)):  # G_t = r_t + γ G_{t+1}
             expected = sample.reward + 0.9 * expected
-            assert sample.discounted_return == pytest.approx(expected, rel=1e-5)
+            assert value == pytest.approx(expected, rel=1e-5)
         assert all(len(s.response_ids) == len(s.behavior_logprobs) > 0 for s in turns)
     assert rollout.stats()["success"] == 1.0
 
@@ -191,3 +195,75 @@ def test_a_seeded_rollout_draws_new_moves_after_a_wrong_one(tiny_policy):
     generator = HFGenerator(model, tokenizer)
     first, second = (generator.generate(prompt, turn_sampling(base, t)) for t in (0, 1))
     assert [c.token_ids for c in first] != [c.token_ids for c in second]
+
+
+class CutGenerator(ScriptedGenerator):
+    """Like ScriptedGenerator, but every response was cut at the length limit."""
+
+    def generate(self, prompts, settings):
+        return [Completion(c.token_ids, c.logprobs, c.text, "length") for c in super().generate(prompts, settings)]
+
+
+def test_a_cut_response_reaches_the_env_as_an_invalid_action(tiny_policy):
+    """A response cut at the length limit is no answer, even one that holds a complete move (Gem's convention)."""
+    _, tokenizer = tiny_policy
+    seen = []
+    collector = sudoku_collector(tokenizer, groups=1, group_size=1)
+    original_step = collector.vec_env.step
+    collector.vec_env.step = lambda actions: seen.append(dict(actions)) or original_step(actions)
+    solve = oracle_for(collector)
+    rollout = collector.collect(CutGenerator(tokenizer, solve), SamplingSettings(8), [5])
+    assert seen[0] == {0: INVALID_ACTION}
+    assert rollout.episodes[0].turns == 1 and rollout.samples[0].reward == pytest.approx(-0.1)
+
+
+def test_concat_wrapper_keeps_the_rules_in_every_prompt(tiny_policy):
+    """Gem's Sudoku states its rules and answer format only at reset: with --wrappers concat every later prompt still
+    has them (and the board, which the wrapper adds itself: once)."""
+    _, tokenizer = tiny_policy
+    prompts = []
+
+    def wrong_move(prompt):
+        prompts.append(prompt)
+        return "\\boxed{1 1 1}"
+
+    for wrappers in ((), ("concat",)):
+        prompts.clear()
+        collector = EpisodeCollector(["game:Sudoku-v0-easy"], 1, 1, tokenizer,
+                                     RolloutSettings(template="qwen3_game", max_prompt_tokens=100_000,
+                                                     max_turns=3, wrappers=wrappers))
+        collector.collect(ScriptedGenerator(tokenizer, wrong_move), SamplingSettings(8), [3])
+        assert len(prompts) == 3 and "Rules and Instructions" in prompts[0]
+        assert all(p.count("Here is the current board layout") == 1 for p in prompts)
+        assert all(("Rules and Instructions" in p) == bool(wrappers) for p in prompts[1:])
+
+
+def test_unknown_wrappers_and_chat_wrappers_with_a_template_are_refused():
+    with pytest.raises(ValueError, match="unknown Gem wrapper"):
+        RolloutSettings(wrappers=("concatenate",))
+    with pytest.raises(ValueError, match="prompt template plain"):
+        RolloutSettings(template="qwen3_game", wrappers=("concat_chat",))
+
+
+def test_prompts_start_with_bos_when_the_tokenizer_adds_one(tiny_policy):
+    """Llama-family tokenizers add a BOS token; vLLM then sees it (and a chat template's BOS is not doubled)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from dppo_oat.rollout.episodes import adds_bos, prompt_token_ids
+
+    _, plain = tiny_policy
+    assert not adds_bos(plain) and prompt_token_ids(plain, "abc", with_bos=False) == plain("abc")["input_ids"]
+    backend = plain.backend_tokenizer.__class__.from_str(plain.backend_tokenizer.to_str())
+    backend.add_special_tokens(["<bos>"])
+    bos_id = backend.token_to_id("<bos>")
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos_id)])
+    llama_like = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token=plain.eos_token,
+                                         pad_token=plain.pad_token)
+    assert adds_bos(llama_like)
+    ids = prompt_token_ids(llama_like, "abc", with_bos=True)
+    assert ids[0] == bos_id and ids[1:] == llama_like("abc", add_special_tokens=False)["input_ids"]
+    assert prompt_token_ids(llama_like, "<bos>abc", with_bos=True) == ids
+    collector = EpisodeCollector([COMPACT_ENV_ID], 1, 1, llama_like, RolloutSettings(template="plain"))
+    rollout = collector.collect(ScriptedGenerator(llama_like, lambda p: "\\boxed{1 2 3}"), SamplingSettings(8), [1])
+    assert all(s.prompt_ids[0] == bos_id and s.prompt_ids[1] != bos_id for s in rollout.samples)

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import tyro
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
@@ -30,7 +31,7 @@ def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
     main(["--steps", "2", "--run-dir", str(tmp_path), "--run-name", "short", "--cache-dir", cache_dir, *SHORT])
     run = tmp_path / "short"
     config = json.loads((run / "config.json").read_text())
-    assert config["algo"] == "dppo_binary_tv" and config["trust_region"]["delta"] == 0.15
+    assert config["trust_region"]["name"] == "dppo_binary_tv" and config["trust_region"]["delta"] == 0.15
     assert config["trust_region"]["is_cap"] == "inf" and config["engine"] == "local"
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
@@ -92,14 +93,14 @@ def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
     "overrides, message",
     [
         ({"env_ids": ("game:Sudoku-v9",)}, "unknown env id 'game:Sudoku-v9'"),
-        ({"delta": 0.0}, "delta"),
-        ({"algo": "dppo_topk_tv", "k": 100000}, "exceeds the policy's vocabulary"),
+        ({"tr_delta": 0.0}, "delta"),
+        ({"trust_region": "dppo_topk_tv", "tr_k": 100000}, "exceeds the policy's vocabulary"),
         ({"env_ids": ("local-math:/no/such/data",)}, "does not exist"),
         ({"run_dir": "/proc/no-such-dir"}, "not writable"),
         ({"resume": True, "run_name": "never-ran"}, "no checkpoint"),
         ({"steps": 0}, "--steps"),
         ({"pretrain": "./not-a-model"}, "not a model directory"),
-        ({"template": "llama"}, "unknown --template"),
+        ({"prompt_template": "llama"}, "unknown prompt template"),
         ({"generator": "vllm", "temperature": 0.7}, "vLLM"),
     ],
 )
@@ -116,5 +117,15 @@ def test_bad_input_fails_before_any_model_is_built(tmp_path, monkeypatch, overri
 
 def test_unknown_preset_is_rejected_by_the_cli(capsys):
     with pytest.raises(SystemExit):
-        main(["--algo", "dpo"])
+        main(["--trust-region", "dpo"])
     assert "dpo" in capsys.readouterr().err
+
+
+def test_earlier_flag_spellings_still_work():
+    from dppo_oat.engines.local.config import with_current_flags
+
+    argv = ["--algo", "ppo", "--delta=0.1", "--adv-mode", "rloo", "--template", "plain", "--steps", "3"]
+    assert with_current_flags(argv) == ["--trust-region", "ppo", "--tr-delta=0.1", "--advantage-mode", "rloo",
+                                        "--prompt-template", "plain", "--steps", "3"]
+    config = tyro.cli(TrainConfig, args=with_current_flags(argv))
+    assert (config.trust_region, config.tr_delta, config.advantage_mode) == ("ppo", 0.1, "rloo")

@@ -6,14 +6,12 @@ import pytest
 import torch
 
 from dppo_oat.advantages import group_advantages
-from dppo_oat.batching import build_update_batch
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
-from dppo_oat.rollout.episodes import TurnSample
-from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.samples import TurnSample, build_update_batch
+from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.trust_region import TrustRegion, policy_loss
 from dppo_oat.update import (
-    UpdateSettings,
     causal_lm_forward,
     minibatch_step,
     recompute_logprobs,

@@ -1,11 +1,9 @@
 """Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
 
-A run directory, as the trainers (local and oat engine) write it::
-
-    <run>/config.json     run_name, engine, algo (a trust-region preset), trust_region {...}, env_ids, seed, ...
-    <run>/metrics.jsonl   one JSON object per RL step ("step", "reward", "mask/fraction", "shadow/ppo/...", ...)
-    <run>/eval.jsonl      one JSON object per evaluation ("step", "eval/success", "eval/return", ...)
-    <run>/tokens.jsonl    optional per-token samples (see :mod:`dppo_oat.analysis.tokens`)
+A run directory is what both engines write (:mod:`dppo_oat.runlog` names its files): ``config.json`` (run_name,
+engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one object per RL step:
+"step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation: "step",
+"eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
 ``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table.
@@ -23,9 +21,10 @@ from typing import Iterable, Union
 import numpy as np
 import pandas as pd
 
+from dppo_oat import runlog
+from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKENS_FILE
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
-CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE = "config.json", "metrics.jsonl", "eval.jsonl", "tokens.jsonl"
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
 """Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
 settings; ``method``: the variant, plus the environment when the table spans several (the seeds of one method are
@@ -78,8 +77,11 @@ class Run:
 
     @property
     def algo(self) -> str:
-        """The trust-region preset it trained with (``custom`` when the config does not say)."""
-        return str(self.config.get("algo") or "custom")
+        """The trust-region preset it trained with (``custom`` when the config does not say; runs written before
+        the preset moved into ``trust_region.name`` have it as ``algo``)."""
+        trust_region = self.config.get("trust_region")
+        name = trust_region.get("name") if isinstance(trust_region, dict) else None
+        return str(name or self.config.get("algo") or "custom")
 
     @property
     def env(self) -> str:
@@ -139,19 +141,10 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
     return found
 
 
-def read_jsonl(path: PathLike) -> pd.DataFrame:
-    """A JSONL file as a table; blank and malformed lines (a run still writing its last line) are skipped."""
-    path = Path(path)
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    table = pd.DataFrame(rows)
+def read_table(path: PathLike) -> pd.DataFrame:
+    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.runlog.read_jsonl` for what is
+    skipped); rows without a numeric ``step`` are dropped."""
+    table = pd.DataFrame(runlog.read_jsonl(Path(path)))
     table["step"] = pd.to_numeric(table["step"], errors="coerce") if "step" in table else pd.Series(dtype=float)
     table = table.dropna(subset=["step"]).astype({"step": "int64"})
     return table.sort_values("step", kind="stable").reset_index(drop=True)
@@ -180,7 +173,7 @@ def load_run(path: PathLike) -> Run:
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
-    return Run(path=path, config=config, metrics=read_jsonl(path / METRICS_FILE), eval=read_jsonl(path / EVAL_FILE))
+    return Run(path=path, config=config, metrics=read_table(path / METRICS_FILE), eval=read_table(path / EVAL_FILE))
 
 
 def preset_name(algo: str) -> str:

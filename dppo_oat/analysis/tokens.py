@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from dppo_oat.analysis.panels import MU_BUCKET_LABELS, Panel, Series
-from dppo_oat.analysis.runs import RUN_COLUMNS, TOKENS_FILE, PathLike, read_jsonl
+from dppo_oat.analysis.runs import RUN_COLUMNS, PathLike, read_table
+from dppo_oat.runlog import TOKENS_FILE
 from dppo_oat.trust_region import MU_BUCKETS
 
 TOKEN_FIELDS = ("step", "token", "mu", "pi", "advantage", "entropy", "ppo_masked", "dppo_masked")
@@ -31,7 +32,7 @@ def read_tokens(run_dir: PathLike) -> pd.DataFrame | None:
     path = Path(run_dir) / TOKENS_FILE
     if not path.is_file():
         return None
-    tokens = read_jsonl(path)
+    tokens = read_table(path)
     for column in ("mu", "pi", "advantage", "entropy"):
         tokens[column] = pd.to_numeric(tokens.get(column, pd.Series(np.nan, index=tokens.index)), errors="coerce")
     for column in MASKS:  # true, 1 or "true" is blocked; false, 0, null or a missing field is not

@@ -2,16 +2,23 @@
 
 A batch of ``num_groups × group_size`` environment slots is stepped in lock-step through a ``gem.make_vec``
 vector env: every turn, the observations of the running episodes are rendered into prompts, one generator call
-samples all actions, and each action's tokens become a :class:`TurnSample` with μ's log-probs (and top-K set).
-The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
-one-turn episodes. A prompt longer than the context or an env exception ends that episode with Gem's format-error
-penalty and is counted; an unparseable action is the env's own business (Gem games penalise and end the episode).
+samples all actions, and each action's tokens become a :class:`~dppo_oat.samples.TurnSample` with μ's log-probs
+(and top-K set). The ``group_size`` slots of a group start from the same seed, so they form a GRPO group.
+Single-turn tasks are one-turn episodes. A prompt longer than the context or an env exception ends that episode
+with Gem's format-error penalty and is counted; an unparseable action is the env's own business (Gem games
+penalise and end the episode). A response cut at the length limit is sent to the env as :data:`INVALID_ACTION`,
+as Gem's oat examples do: a cut answer is not an answer, whatever it happens to contain.
+
+Gem's observation wrappers (``RolloutSettings.wrappers``, e.g. ``concat``: the episode's history in every prompt)
+are applied to every env; they render the observation themselves, so the board suffix of Gem games is added here
+only without one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -19,35 +26,16 @@ from typing import Any, Callable, Sequence
 import gem
 import numpy as np
 from gem.core import EnvWrapper
-from gem.utils.constants import LanguageGameReward
 from gem.vector.vector_env import AutoresetMode
 
-from dppo_oat.advantages import discounted_returns
-from dppo_oat.rollout.generation import Completion, Generator, SamplingSettings
+from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
+from dppo_oat.samples import TurnSample
+from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
 
 END_REASONS = ("terminated", "truncated", "max_turns", "prompt_too_long", "env_error")
-
-
-@dataclass
-class TurnSample:
-    """One turn of one episode: the learner's unit of data."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    behavior_logprobs: list[float]
-    reward: float
-    done: bool
-    truncated: bool
-    turn: int
-    env_id: str
-    episode_id: int
-    group_id: str
-    finish_reason: str
-    response_text: str = ""
-    topk_ids: np.ndarray | None = None
-    topk_logprobs: np.ndarray | None = None
-    discounted_return: float = 0.0
+INVALID_ACTION = "<｜INVALID_ACTION｜>"
+"""What the env receives for a response cut at the length limit (Gem's oat examples send the same string)."""
 
 
 @dataclass
@@ -101,6 +89,51 @@ def observation_text(observation: str, info: dict[str, Any]) -> str:
     return observation.rstrip("\n") + "\n" + suffix
 
 
+def wrapped_observation(observation: str, info: dict[str, Any]) -> str:
+    """The observation as an observation wrapper rendered it (it has added the suffix already)."""
+    return observation
+
+
+def gem_wrappers(names: Sequence[str], tokenizer) -> list[Callable]:
+    """Gem's wrapper constructors by name (``gem.wrappers.wrapper_factory``), quietly (Gem prints them)."""
+    if not names:
+        return []
+    from gem.wrappers.wrapper_factory import get_wrapper_fns
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return get_wrapper_fns(",".join(names), tokenizer=tokenizer)
+
+
+def renders_observation(wrapper: Callable) -> bool:
+    """True for Gem's observation wrappers (``concat*``), which build the whole prompt text, suffix included."""
+    from gem.wrappers.observation_wrapper import ObservationWrapper
+
+    return isinstance(wrapper, functools.partial) and wrapper.func is ObservationWrapper
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts every encoding with its BOS token (Llama-family models do; Qwen's have none)."""
+    if tokenizer.bos_token_id is None:
+        return False
+    encoded = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return bool(encoded) and encoded[0] == tokenizer.bos_token_id
+
+
+def prompt_token_ids(tokenizer, text: str, *, with_bos: bool) -> list[int]:
+    """``text`` as prompt ids, led by the BOS token when ``with_bos`` (see :func:`adds_bos`). A BOS that a chat
+    template already wrote is not doubled (oat's actor strips it the same way before vLLM adds its own)."""
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos):
+        text = text[len(bos):]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [tokenizer.bos_token_id, *ids] if with_bos else ids
+
+
+def env_action(completion: Completion) -> str:
+    """What the env receives: the response text, or :data:`INVALID_ACTION` for a response cut at the limit."""
+    return INVALID_ACTION if completion.finish_reason == "length" else completion.text
+
+
 def turn_sampling(sampling: SamplingSettings, turn: int) -> SamplingSettings:
     """The settings of turn ``turn``: a seeded rollout gets a different seed every turn. With one seed for every
     call, an episode whose board did not change (a wrong move) would draw the very same move again, forever."""
@@ -112,7 +145,7 @@ def turn_sampling(sampling: SamplingSettings, turn: int) -> SamplingSettings:
 class GuardedEnv(EnvWrapper):
     """Turns an exception inside ``step`` into the end of that episode with ``penalty`` (``info['env_error']``)."""
 
-    def __init__(self, env, penalty: float = LanguageGameReward.format_error_reward):
+    def __init__(self, env, penalty: float = FORMAT_ERROR_PENALTY):
         super().__init__(env)
         self.penalty = penalty
 
@@ -136,28 +169,6 @@ class _Slot:
     running: bool = True
 
 
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How episodes are played. ``max_turns`` caps turns on top of the env's own limit (None: the env's)."""
-
-    template: str = "qwen3_game"
-    max_prompt_tokens: int = 2048
-    max_turns: int | None = None
-    gamma: float = 1.0
-    success_threshold: float = 0.999
-    penalty: float = LanguageGameReward.format_error_reward
-    env_seed: int = 42
-    """Constructor seed of every slot (reasoning-gym builds its puzzle set from it; puzzles come from reset seeds)."""
-
-    def __post_init__(self) -> None:
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-
-
 class EpisodeCollector:
     """Plays ``num_groups × group_size`` episodes per call on a persistent ``gem.make_vec`` vector env.
 
@@ -171,15 +182,14 @@ class EpisodeCollector:
         group_size: int,
         tokenizer,
         settings: RolloutSettings = RolloutSettings(),
-        *,
-        observation_fn: Callable[[str, dict], str] = observation_text,
-        wrappers: Sequence[Callable] = (),
     ):
         if num_groups < 1 or group_size < 1:
             raise ValueError(f"num_groups and group_size must be >= 1, got {num_groups}, {group_size}")
         self.settings, self.tokenizer, self.group_size = settings, tokenizer, group_size
-        self.observation_fn = observation_fn
+        wrappers = gem_wrappers(settings.wrappers, tokenizer)
+        self.observation_fn = wrapped_observation if any(map(renders_observation, wrappers)) else observation_text
         self.render = template_renderer(settings.template, tokenizer)
+        self.with_bos = adds_bos(tokenizer)
         self.slot_env_ids = [env_ids[g % len(env_ids)] for g in range(num_groups) for _ in range(group_size)]
         guard = lambda env: GuardedEnv(env, settings.penalty)  # noqa: E731
         with contextlib.redirect_stdout(io.StringIO()):  # make_vec prints a banner
@@ -232,7 +242,7 @@ class EpisodeCollector:
         if not playable:
             return
         completions = generator.generate([prompt_ids[i] for i in playable], turn_sampling(sampling, turn))
-        actions = {i: completion.text for i, completion in zip(playable, completions)}
+        actions = {i: env_action(completion) for i, completion in zip(playable, completions)}
         observations, rewards, terminated, truncated, infos = self.vec_env.step(actions)
         for k, (i, completion) in enumerate(zip(playable, completions)):
             step = (observations[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
@@ -277,17 +287,10 @@ class EpisodeCollector:
                 self._end(slot, "max_turns")
 
     def _tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return prompt_token_ids(self.tokenizer, text, with_bos=self.with_bos)
 
     def _finish(self, slots: list[_Slot]) -> Rollout:
         samples = [sample for slot in slots for sample in slot.samples]
-        if samples:
-            returns = discounted_returns(
-                [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],
-                self.settings.gamma,
-            )
-            for sample, value in zip(samples, returns):
-                sample.discounted_return = float(value)
         episodes = [slot.record for slot in slots]
         for record in episodes:
             record.success = record.total_reward >= self.settings.success_threshold

@@ -12,30 +12,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-TOPK_PAD_ID = -1
-"""Token id of an unused top-K slot (the K+1-th slot is used only when a_t is outside TopK(μ, K))."""
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """How to sample. ``top_k_logprobs`` is the paper's K (0: do not return the top-K set)."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k_logprobs: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (sampling only), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k_logprobs < 0:
-            raise ValueError(f"top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
-
+from dppo_oat.spec import SamplingSettings
 
 @dataclass
 class Completion:
@@ -81,13 +58,13 @@ class Generator(Protocol):
 def check_logprob_semantics(settings: SamplingSettings, *, processed_logprobs: bool, engine: str) -> None:
     """Refuse settings under which the engine's log-probs would not be those of the sampled distribution.
 
-    Engines that report raw (pre-temperature, pre-top-p) log-probs would make the trust region compare the wrong
-    distributions (REFERENCE §2: vLLM 0.8.4 does this), so they must sample at temperature 1 and top-p 1.
+    Engines that report raw (pre-temperature, pre-top-p/top-k) log-probs would make the trust region compare the
+    wrong distributions (vLLM 0.8.4 does this), so they must sample at temperature 1 without top-p / top-k.
     """
-    if processed_logprobs:
+    if processed_logprobs or settings.is_plain:
         return
-    if settings.temperature != 1.0 or settings.top_p != 1.0:
-        raise ValueError(
-            f"{engine} reports raw log-probs (before temperature/top-p), so μ would not be the sampling distribution: "
-            f"use temperature=1 and top_p=1 (got temperature={settings.temperature}, top_p={settings.top_p})"
-        )
+    raise ValueError(
+        f"{engine} reports raw log-probs (before temperature/top-p/top-k), so μ would not be the sampling "
+        f"distribution: use temperature=1, top_p=1 and top_k=-1 (got temperature={settings.temperature}, "
+        f"top_p={settings.top_p}, top_k={settings.top_k})"
+    )

@@ -1,8 +1,8 @@
 """A :class:`~dppo_oat.rollout.generation.Generator` on Hugging Face ``generate``.
 
-Hugging Face hands back the *processed* scores (after temperature and top-p), the very logits it samples from, so
-``log_softmax`` of them is μ exactly: this generator supports any temperature and top-p honestly (with top-p < 1,
-tokens outside the nucleus have μ = 0, log-prob ``-inf``). Log-probs and the top-K set are computed for the whole
+Hugging Face hands back the *processed* scores (after temperature, top-k and top-p), the very logits it samples
+from, so ``log_softmax`` of them is μ exactly: this generator supports any temperature, top-k and top-p honestly
+(tokens cut by top-k or top-p have μ = 0, log-prob ``-inf``). Log-probs and the top-K set are computed for the whole
 batch in one vectorized pass after ``generate`` returns.
 """
 
@@ -14,10 +14,11 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.rollout.generation import TOPK_PAD_ID, Completion, SamplingSettings
+from dppo_oat.rollout.generation import Completion
+from dppo_oat.samples import TOPK_PAD_ID
+from dppo_oat.spec import SamplingSettings
 
 NEUTRAL_PROCESSING = dict(
-    top_k=0,
     typical_p=1.0,
     repetition_penalty=1.0,
     no_repeat_ngram_size=0,
@@ -25,7 +26,8 @@ NEUTRAL_PROCESSING = dict(
     eta_cutoff=0.0,
     min_length=0,
 )
-"""Generation fields pinned so that a checkpoint's own defaults (e.g. top_k=50) never reshape the distribution."""
+"""Generation fields pinned so that a checkpoint's own defaults never reshape the distribution (top-k, pinned too,
+comes from the sampling settings)."""
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +50,7 @@ def generate_kwargs(settings: SamplingSettings, eos_ids: Sequence[int], pad_id: 
         do_sample=True,
         temperature=settings.temperature,
         top_p=settings.top_p,
+        top_k=max(settings.top_k, 0),  # HF: 0 = no top-k cut
         max_new_tokens=settings.max_new_tokens,
         eos_token_id=list(eos_ids),
         pad_token_id=pad_id,

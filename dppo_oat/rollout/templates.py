@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dppo_oat.spec import TEMPLATES
+
 QWEN3_GAME = (
     "<|im_start|>user\nYou are playing language games. Make valid actions to win.\nObservation: {observation}"
     "\nPlease reason step by step, and put your final answer within \\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"
@@ -17,7 +19,6 @@ QWEN3_GENERAL = (
     "<|im_start|>user\nQuestion: {observation}"
     "\nPlease reason step by step, and put your final answer within \\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"
 )
-TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
 
 
 def render_prompt(template: str, observation: str, tokenizer=None) -> str:

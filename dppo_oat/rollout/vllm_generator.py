@@ -23,7 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dppo_oat.rollout.generation import TOPK_PAD_ID, Completion, SamplingSettings, check_logprob_semantics
+from dppo_oat.rollout.generation import Completion, check_logprob_semantics
+from dppo_oat.samples import TOPK_PAD_ID
+from dppo_oat.spec import SamplingSettings
 
 VLLM_DEFAULT_MAX_LOGPROBS = 20
 """vLLM's default ``max_logprobs``: the largest K a generator returns unless the engine is built with more."""
@@ -72,6 +74,7 @@ def sampling_params(vllm_module, settings: SamplingSettings, index: int, stop_to
         max_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
         top_p=settings.top_p,
+        top_k=settings.top_k,
         logprobs=settings.top_k_logprobs,
         seed=request_seed(settings.seed, index),
         stop_token_ids=list(stop_token_ids) or None,

@@ -73,16 +73,14 @@ def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
 
 def measure_steps(trainer: LocalTrainer, steps: int) -> dict:
     """Run ``steps`` RL steps; keep the last rollout's batch for the raw-update comparison."""
-    from dppo_oat.advantages import turn_advantages
-    from dppo_oat.batching import build_update_batch
+    from dppo_oat.advantages import sample_advantages
+    from dppo_oat.samples import build_update_batch
 
     rows = [trainer.rl_step() for _ in range(steps)]
     seeds = train_group_seeds(trainer.config.seed, 20_000, trainer.config.groups_per_step)
     rollout = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds)
     s = rollout.samples
-    adv = turn_advantages([x.reward for x in s], [x.episode_id for x in s], [x.turn for x in s],
-                          [x.group_id for x in s], mode=trainer.config.adv_mode, gamma=trainer.config.gamma)
-    batch = build_update_batch(s, adv, trainer.tokenizer.pad_token_id)
+    batch = build_update_batch(s, sample_advantages(s, trainer.spec.advantages), trainer.tokenizer.pad_token_id)
     return {"rows": rows, "batch": batch}
 
 

@@ -23,7 +23,7 @@ import time
 import torch
 
 from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
-from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator, left_pad
 
 TARGET_RATIO = 0.9

@@ -1,17 +1,44 @@
-# Settings shared by the paper's oat runs on one node of 8 GPUs (sourced by the scripts beside it).
-# Every oat flag can be overridden by passing it again after the script's own arguments.
+# Settings shared by the paper's oat runs on one GPU node (sourced by the scripts beside it).
+#
 #   PYTHON  the interpreter (default: python), with dppo_oat installed with its [oat] extra (README "On a GPU node")
+#   MODEL   the model (each script has the paper's)
+#   SEED    the run's seed (default 42)
+#   WANDB   0 to log to the run directory only (default 1: also to wandb, project dppo)
+#
+# Every script takes --gpus N (default 8) and sizes the per-device batches from it, as Gem's and oat's example
+# scripts do (GRADIENT_BATCH_SIZE / N_GPU). Any oat or DPPO flag given after a script's own arguments overrides the
+# script's; --dry-run prints the resolved plan and launches nothing.
 set -euo pipefail
 
 TRAIN=(${PYTHON:-python} -m dppo_oat.train --engine oat)
 NODE_FLAGS=(
-    --gpus 8 --collocate --vllm_sleep --vllm_gpu_ratio 0.45 --enable_prefix_caching
+    --collocate --vllm_sleep --vllm_gpu_ratio 0.45 --enable_prefix_caching
     --zero_stage 2 --gradient_checkpointing
     --learning_rate 0.000001 --lr_scheduler constant --lr_warmup_ratio 0
-    --temperature 1.0 --top_p 1.0 --top_k -1
-    --advantage_mode drgrpo --critic_type drgrpo
-    --save_steps -1 --use_wb --wb_project dppo
+    --temperature 1.0 --top_p 1.0 --top_k -1 --critic_type drgrpo
+    --seed "${SEED:-42}" --save_steps 100 --max_save_num 30
 )
+if [[ ${WANDB:-1} != 0 ]]; then NODE_FLAGS+=(--use_wb --wb_project dppo); fi
+
+# gpus_of ARGS...: the value of the last --gpus in ARGS (default 8)
+gpus_of() {
+    local gpus=8
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --gpus) gpus=${2:?--gpus needs a value}; shift ;;
+            --gpus=*) gpus=${1#--gpus=} ;;
+        esac
+        shift
+    done
+    if ! [[ $gpus =~ ^[1-9][0-9]*$ ]]; then echo "--gpus must be a positive integer, got '$gpus'" >&2; exit 2; fi
+    echo "$gpus"
+}
+
+# per_device TOTAL GPUS: TOTAL split over GPUS devices (refused unless it divides evenly)
+per_device() {
+    if (( $1 % $2 )); then echo "$1 does not split evenly over --gpus $2 (use 1, 2, 4 or 8)" >&2; exit 2; fi
+    echo $(( $1 / $2 ))
+}
 
 # trust_region_flags NAME: the paper's Gem/math comparison runs DPPO-Binary-TV with δ = 0.2 (other presets: defaults)
 trust_region_flags() {

@@ -28,7 +28,9 @@ from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402
 from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402
 from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402
 from dppo_oat.models import teacher_forced_logprobs  # noqa: E402
-from dppo_oat.rollout.generation import TOPK_PAD_ID, Completion, SamplingSettings  # noqa: E402
+from dppo_oat.rollout.generation import Completion  # noqa: E402
+from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402
+from dppo_oat.spec import SamplingSettings  # noqa: E402
 
 TOLERANCE = 1e-4
 K = 5
@@ -92,7 +94,7 @@ def test_sudoku_samples_carry_aligned_mu_and_topk(actor, tiny_policy, monkeypatc
     monkeypatch.setattr(actor.collector, "collect", lambda g, s, group_seeds: seeds.extend(group_seeds) or collect(g, s, group_seeds))
     transitions = actor.collect_transitions(4)
     assert len(transitions) == 4 and all(isinstance(t, DPPOTransitionData) for t in transitions)
-    assert actor.sampling.temperature == 1.0 and actor.sampling.top_k_logprobs == K
+    assert actor.spec.sampling.temperature == 1.0 and actor.spec.sampling.top_k_logprobs == K
     assert seeds and all(0 <= s < actor.args.eval_seed_start for s in seeds), "training seeds are not held out"
     for transition in transitions:
         assert len(transition.response_ids) == len(transition.response_logprobs) == len(transition.rewards) > 0
@@ -150,7 +152,7 @@ class ParseableMoves:
 
 def test_multi_turn_episodes_get_per_turn_group_advantages(actor, monkeypatch):
     moves = ParseableMoves(actor.tokenizer)
-    rollout = actor.collector.collect(moves, actor.sampling, [11, 12])
+    rollout = actor.collector.collect(moves, actor.spec.sampling, [11, 12])
     assert max(e.turns for e in rollout.episodes) > 1
     transitions = actor.transitions_of(rollout)
     samples = rollout.samples
@@ -175,8 +177,21 @@ def math_set(tmp_path_factory):
 def test_single_turn_tasks(task, actor, tiny_policy, math_set):
     env_id = math_set if task == "math" else task
     envs.ensure_registered(env_id)
-    rollout = actor.eval_collector(env_id, 1).collect(actor.generator, actor.sampling, [7])
+    rollout = actor.eval_collector(env_id, 1).collect(actor.generator, actor.spec.sampling, [7])
     assert [e.turns for e in rollout.episodes] == [1, 1] and len(rollout.samples) == 2
     assert all(0.0 <= s.reward <= 1.0 for s in rollout.samples)
     for transition in actor.transitions_of(rollout):
         check_mu_and_topk(tiny_policy[0], transition)
+
+
+def test_the_actor_reports_generating_for_a_whole_multi_turn_step(actor, monkeypatch):
+    """With --asynchronous oat's learner broadcasts new weights only while no actor is generating: the whole step,
+    every turn of it, counts as generating (oat sets the flag around single generate calls only)."""
+    moves = ParseableMoves(actor.tokenizer)
+    seen = []
+    original = moves.generate
+    moves.generate = lambda prompts, settings: seen.append(actor.is_generating()) or original(prompts, settings)
+    monkeypatch.setattr(actor, "generator", moves)
+    monkeypatch.setattr(actor.ipc_client, "serialize_ipc", lambda transitions: transitions)
+    assert len(actor.step(prompts=[""] * 4, formatted_prompts=[""] * 4)) == 4
+    assert len(seen) > 1 and all(seen) and not actor.is_generating()

@@ -1,13 +1,16 @@
-"""``python -m dppo_oat.train --engine oat``: oat's arguments, validation, and the program handed to oat's builder.
+"""``python -m dppo_oat.train --engine oat``: oat's arguments, validation, the dry run, and the program handed to
+oat's builder.
 
 The GPU-node scripts (``scripts/gpu``) are run with ``PYTHON=echo`` and the commands they would launch are parsed
-and validated as written, so the paper's settings cannot drift from the code. oat's ``get_program`` runs for real;
+and validated as written, so the paper's settings cannot drift from the code; they are also run for real with
+``--dry-run`` in a fresh interpreter where launchpad is not importable. oat's ``get_program`` runs for real;
 launchpad is the recorder in ``launchpad_stub`` (see conftest).
 """
 
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,17 +26,11 @@ from oat.utils.ipc import PlasmaShmServer  # noqa: E402
 from dppo_oat.engines.oat import launch  # noqa: E402
 from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
 from dppo_oat.engines.oat import args as oat_args  # noqa: E402
-from dppo_oat.engines.oat.args import (  # noqa: E402
-    REPLACED_OAT_FLAGS,
-    DPPOOatArgs,
-    sampling_settings,
-    trust_region_from_args,
-    update_settings,
-    validate_args,
-)
+from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.trust_region import PRESETS  # noqa: E402
-from shared_data import MATH_DATA  # noqa: E402  (only its name reaches the scripts: validation opens no data)
+from dppo_oat.engines.oat.plan import plan_of  # noqa: E402
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"
@@ -42,10 +39,22 @@ recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
 )
 SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
-         "--pi_buffer_maxlen_per_device", "8", "--train_batch_size", "8", "--num_samples", "4"]
-PAPER_RUNS = {"sudoku": ["gem.sh", "sudoku"], "arc1d": ["gem.sh", "arc1d"], "acre": ["gem.sh", "acre"],
-              "math": ["math.sh"]}
+         "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8", "--num_samples", "4"]
+GEM_TASKS = {"sudoku": "game:Sudoku-v0-easy", "arc1d": "rg:arc_1d", "acre": "rg:acre"}
 SANITY_METHODS = ["pg_is", "cispo", "grpo_clip_higher", "minirl", "minirl_tis", "dppo_binary_tv", "dppo_binary_kl"]
+
+GEM_RECIPE = {  # Gem's examples/train_oat/README.md, per task family (flags of oat's PPOArgs and Gem's Args)
+    "common": dict(num_samples=1, rollout_batch_size=128, learning_rate=1e-6, lr_scheduler="constant",
+                   lr_warmup_ratio=0.0, num_ppo_epochs=2, train_batch_size=128, train_batch_size_per_device=1,
+                   beta=0.0, max_model_len=12800, generate_max_length=4096, temperature=1.0, top_p=1.0,
+                   eval_temperature=0.6, eval_top_p=0.95, eval_generate_max_length=4096, max_train=65000,
+                   collocate=True, vllm_sleep=True, vllm_gpu_ratio=0.45, enable_prefix_caching=True,
+                   gradient_checkpointing=True, max_save_num=30, pretrain="Qwen/Qwen3-1.7B-Base"),
+    "sudoku": dict(prompt_template="qwen3_game", wrappers=("concat",), gamma=0.9, groups_per_step=2),
+    "rg": dict(prompt_template="qwen3_general", wrappers=(), gamma=1.0, groups_per_step=2, zero_stage=2),
+}
+"""Gem's values. `--norm_return` is --advantage_mode rebn, `--num_envs 2` is --groups_per_step 2; the deviations
+(README, 'On a GPU node') are checked separately."""
 
 
 def script_commands(*script_args: str) -> list[list[str]]:
@@ -56,64 +65,102 @@ def script_commands(*script_args: str) -> list[list[str]]:
     return [shlex.split(line)[len(PREFIX.split()):] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
-@pytest.mark.parametrize("name", sorted(PAPER_RUNS))
+@pytest.mark.parametrize("task", sorted(GEM_TASKS))
 @pytest.mark.parametrize("baseline", [False, True])
-def test_paper_scripts_are_valid(name, baseline, gpu_node):
-    """Each GPU-node script runs the paper's setting: DPPO-Binary-TV with δ = 0.2, or the PPO-ratio baseline."""
-    [argv] = script_commands(*PAPER_RUNS[name], *(["ppo"] if baseline else []))
-    with gpu_node(8):
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_gem_scripts_are_gems_recipe_with_only_the_trust_region_changed(task, baseline, gpus, gpu_node):
+    [argv] = script_commands("gem.sh", task, *(["ppo"] if baseline else []), "--gpus", str(gpus))
+    with gpu_node(gpus):
         args = validate_args(launch.parse_args(argv))
     assert isinstance(args, PPOArgs) and args.algo == RLAlgo.PPO
-    tr = trust_region_from_args(args)
-    assert (tr.name, tr.rule) == (("ppo", "ratio") if baseline else ("dppo_binary_tv", "binary_tv"))
-    assert tr.anchor == "behavior"
+    recipe = {**GEM_RECIPE["common"], **GEM_RECIPE["sudoku" if task == "sudoku" else "rg"]}
+    assert {name: getattr(args, name) for name in recipe} == recipe
+    assert args.env_ids == (GEM_TASKS[task],) and args.advantage_mode == "rebn"
+    assert args.rollout_batch_size_per_device == args.pi_buffer_maxlen_per_device == 128 // gpus  # Gem: 128 / N_GPU
+    tr = spec_of(args).trust_region
+    assert (tr.name, tr.rule, tr.anchor) == (("ppo", "ratio", "behavior") if baseline else
+                                             ("dppo_binary_tv", "binary_tv", "behavior"))
     assert (tr.eps_low, tr.eps_high) == (0.2, 0.2) if baseline else tr.delta == 0.2
-    assert (args.temperature, args.top_p, args.top_k, args.beta) == (1.0, 1.0, -1, 0.0)
-    assert args.wb_run_name == f"{name}-{'ppo' if baseline else 'dppo-binary-tv'}"
-    settings = update_settings(args, grad_acc_step=args.train_batch_size // args.gpus)
-    assert settings.aggregation == "seq-mean-token-sum-norm" and settings.norm_constant == args.generate_max_length
-    assert args.rollout_batch_size_per_device % settings.minibatch_size == 0
+    plan = plan_of(args)
+    assert (plan.actor_steps_per_round, plan.optimizer_steps_per_round, plan.learners) == (1, 2, gpus)
+    assert plan.save_every_rounds and plan.eval_every_rounds  # deviations: Gem saves and evaluates nothing
+    assert args.wb_run_name == f"{task}-{'ppo' if baseline else 'dppo-binary-tv'}"
+
+
+def test_the_grpo_groups_variant_plays_groups_with_a_per_turn_baseline(gpu_node):
+    [argv] = script_commands("gem.sh", "sudoku", "--grpo-groups", "--gpus", "1")
+    with gpu_node(1):
+        args = validate_args(launch.parse_args(argv))
+    spec = spec_of(args)
+    assert (args.num_samples, spec.advantages.mode, spec.advantages.per_turn_baseline) == (8, "drgrpo", True)
+    assert args.wb_run_name == "sudoku-dppo-binary-tv-grpo-groups"
 
 
 def test_script_flags_can_be_overridden(gpu_node):
-    [argv] = script_commands("gem.sh", "sudoku", "--gpus", "4", "--rollout_batch_size_per_device", "32",
-                             "--pi_buffer_maxlen_per_device", "32")
+    [argv] = script_commands("gem.sh", "sudoku", "--gpus", "4", "--learning_rate", "2e-6", "--tr_delta", "0.15")
     with gpu_node(4):
         args = validate_args(launch.parse_args(argv))
-    assert (args.gpus, args.rollout_batch_size_per_device) == (4, 32)
+    assert (args.gpus, args.rollout_batch_size_per_device, args.learning_rate) == (4, 32, 2e-6)
+    assert spec_of(args).trust_region.delta == 0.15
 
 
-def test_sanity_test_script_runs_every_method_of_the_figure(gpu_node):
+@pytest.fixture
+def math_ids():
+    """The shared math sets as local-math:<name> ids, as DPPO_MATH_DATA registers them on a node."""
+    import envs
+
+    return envs.register_math_folder(MATH_DATA)
+
+
+@needs_math_data
+def test_math_script_is_oats_math_recipe_with_avg32_on_every_problem(gpu_node, math_ids):
+    for baseline in (False, True):
+        [argv] = script_commands("math.sh", *(["ppo"] if baseline else []), "--gpus", "8")
+        with gpu_node(8):
+            args = validate_args(launch.parse_args(argv))
+        plan = plan_of(args)
+        assert (args.num_samples, plan.samples_per_round, plan.optimizer_steps_per_round) == (8, 128, 8)
+        assert args.num_eval_seeds == 0 and args.eval_n == 32
+        assert args.eval_env_ids == ("local-math:aime", "local-math:amc")
+
+
+@needs_math_data
+def test_sanity_test_script_runs_every_method_of_the_figure_and_takes_oat_flags(gpu_node, math_ids):
     """64 prompts × 8 samples per rollout, 4 gradient steps per rollout, each method with the paper's defaults."""
     commands = script_commands("sanity_test.sh")
     assert len(commands) == len(SANITY_METHODS)
     for method, argv in zip(SANITY_METHODS, commands):
         with gpu_node(8):
             args = validate_args(launch.parse_args(argv))
-        assert trust_region_from_args(args) == type(trust_region_from_args(args)).preset(method)
+        assert spec_of(args).trust_region == TrustRegion.preset(method)
         groups = oat_args.groups_per_step(args) * args.gpus
         assert (groups, args.num_samples) == (64, 8)
-        assert args.rollout_batch_size // args.train_batch_size * args.num_ppo_epochs == 4
+        assert plan_of(args).optimizer_steps_per_round == 4
         assert args.learning_rate == 1e-6 and args.generate_max_length == 8000
-    assert len(script_commands("sanity_test.sh", "pg_is", "dppo_binary_kl")) == 2
+    two = script_commands("sanity_test.sh", "pg_is", "dppo_binary_kl", "--gpus", "4")
+    assert len(two) == 2 and all(launch.parse_args(argv).gpus == 4 for argv in two)
+    assert all(launch.parse_args(argv).rollout_batch_size_per_device == 128 for argv in two)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_is_available(preset, gpu_node):
     with gpu_node(2):
         args = validate_args(launch.parse_args(SMALL + ["--trust_region", preset]))
-    tr = trust_region_from_args(args)
-    assert tr == type(tr).preset(preset)
-    assert sampling_settings(args, tr).top_k_logprobs == (tr.k if tr.uses_topk else 0)
+    spec = spec_of(args)
+    assert spec.trust_region == TrustRegion.preset(preset)
+    assert spec.sampling.top_k_logprobs == (spec.trust_region.k if spec.trust_region.uses_topk else 0)
 
 
-def test_overrides_reach_the_trust_region(gpu_node):
-    flags = ["--trust_region", "dppo_topk_kl", "--tr_delta", "0.1", "--tr_k", "8", "--tr_is_cap", "5"]
+def test_dppo_flags_reach_the_run_spec(gpu_node):
+    flags = ["--trust_region", "dppo_topk_kl", "--tr_delta", "0.1", "--tr_k", "8", "--tr_is_cap", "5",
+             "--wrappers", "concat", "--turn_baseline", "--eval_top_k", "20", "--env_ids", "game:Sudoku-v0-easy"]
     with gpu_node(2):
         args = validate_args(launch.parse_args(SMALL + flags))
-    tr = trust_region_from_args(args)
-    assert (tr.rule, tr.delta, tr.k, tr.is_cap) == ("topk_kl", 0.1, 8, 5.0)
-    assert sampling_settings(args, tr).top_k_logprobs == 8
+    spec = spec_of(args)
+    assert (spec.trust_region.rule, spec.trust_region.delta, spec.trust_region.k) == ("topk_kl", 0.1, 8)
+    assert spec.trust_region.is_cap == 5.0 and spec.sampling.top_k_logprobs == 8
+    assert spec.rollout.wrappers == ("concat",) and spec.advantages.per_turn_baseline
+    assert (spec.eval_sampling.temperature, spec.eval_sampling.top_p, spec.eval_sampling.top_k) == (0.6, 0.95, 20)
 
 
 @pytest.mark.parametrize(
@@ -121,15 +168,23 @@ def test_overrides_reach_the_trust_region(gpu_node):
     [
         (["--temperature", "0.7"], "raw log-probs"),
         (["--top_p", "0.9"], "raw log-probs"),
+        (["--top_k", "50"], "raw log-probs"),
         (["--critic_type", "ppo"], "learned critic"),
-        (["--trust_region", "dppo"], "unknown --trust_region"),
+        (["--trust_region", "dppo"], None),
         (["--trust_region", "dppo_binary_tv", "--tr_delta", "0"], "delta"),
-        (["--rollout_batch_size", "12"], "multiple of train_batch_size"),
+        (["--rollout_batch_size", "12"], "not a multiple"),
         (["--num_samples", "1"], "needs groups"),
-        (["--prompt_template", "llama"], "prompt_template"),
+        (["--prompt_template", "llama"], "prompt template"),
+        (["--wrappers", "concatenate"], "unknown Gem wrapper"),
+        (["--env_ids", "game:Sudoku-v9"], "unknown env id"),
+        (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):
+    if message is None:  # tyro refuses a name outside the presets' choices itself
+        with pytest.raises(SystemExit):
+            launch.parse_args(SMALL + flags)
+        return
     with gpu_node(2), pytest.raises(ValueError, match=message):
         validate_args(launch.parse_args(SMALL + flags))
 
@@ -146,9 +201,37 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     assert f"`--{name}`" in (REPO / "README.md").read_text(), "the README lists every refused oat flag"
 
 
-def test_oat_still_counts_gpus(gpu_node):
+def test_oat_still_counts_gpus_unless_it_is_a_dry_run(gpu_node):
     with gpu_node(1), pytest.raises(AssertionError, match="GPUs available"):
         validate_args(launch.parse_args(SMALL))
+    with gpu_node(0):
+        args = validate_args(launch.parse_args(SMALL + ["--dry_run"]), check_gpus=False)
+    assert args.gpus == 2
+
+
+def run_dry(*script_args: str) -> subprocess.CompletedProcess:
+    """A GPU-node script with --dry-run in a fresh interpreter, which has no launchpad (no stub on its path)."""
+    env = {**os.environ, "PYTHON": sys.executable, "WANDB": "0", "DPPO_MATH_DATA": str(MATH_DATA),
+           "PYTHONPATH": str(REPO)}
+    return subprocess.run(["bash", str(SCRIPTS / script_args[0]), *script_args[1:], "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("gpus,per_learner", [(1, 128), (8, 16)])
+def test_dry_run_prints_the_plan_without_gpus_or_launchpad(gpus, per_learner):
+    done = run_dry("gem.sh", "sudoku", "--gpus", str(gpus))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"node: {gpus} GPU(s)" in done.stdout and f"{per_learner} samples per learner" in done.stdout
+    assert "2 optimizer step(s) per round" in done.stdout and "logits per micro-batch" in done.stdout
+
+
+def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
+    done = run_dry("gem.sh", "sudoku", "--gpus", "1", "--rollout_batch_size_per_device", "16",
+                   "--pi_buffer_maxlen_per_device", "16")
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "set --pi_buffer_maxlen_per_device 128" in errors[0]
+    assert "Traceback" not in done.stderr and "node:" not in done.stdout
 
 
 @recorder_only
@@ -175,7 +258,7 @@ def test_program_runs_dppo_learners_and_actors(gpu_node):
 
 
 @recorder_only
-def test_main_launches_the_program(gpu_node, monkeypatch):
+def test_main_prints_the_plan_and_launches_the_program(gpu_node, monkeypatch, capsys):
     launched = []
     monkeypatch.setattr(launchpad, "LAUNCHES", launched)
     with gpu_node(2):
@@ -184,3 +267,4 @@ def test_main_launches_the_program(gpu_node, monkeypatch):
     assert kwargs["launch_type"] == "local_mp" and kwargs["terminal"] == "current_terminal"
     assert any(node.constructor is DPPOLearner for node in program.nodes)
     assert any(node.constructor is DPPOGemActor for node in program.nodes)
+    assert "node: 2 GPU(s)" in capsys.readouterr().out

@@ -20,14 +20,13 @@ from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from dppo_oat.advantages import group_advantages  # noqa: E402
-from dppo_oat.batching import build_update_batch  # noqa: E402
-from dppo_oat.engines.oat.args import update_settings, validate_args  # noqa: E402
+from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
 from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
 from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
-from dppo_oat.rollout.episodes import TurnSample  # noqa: E402
-from dppo_oat.rollout.generation import SamplingSettings  # noqa: E402
+from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
+from dppo_oat.spec import SamplingSettings  # noqa: E402
 from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
 from dppo_oat.update import causal_lm_forward, update_policy  # noqa: E402
 
@@ -110,7 +109,7 @@ def local_update(model_dir, args, samples, advantages, tr, optimizer, pad_token_
         return {"policy_grad_norm": float(norm)}
 
     batch = build_update_batch(samples, advantages, pad_token_id, with_topk=tr.uses_topk)
-    settings = update_settings(args, grad_acc_step=2)
+    settings = run_spec(args, grad_acc_step=2).update
     settings = dataclasses.replace(settings, scale_micro_batches=True)  # a plain optimizer does not average
     history = update_policy(batch, tr, causal_lm_forward(model, chunk_size=args.logprob_chunk_size),
                             lambda loss: loss.backward(), step, settings,

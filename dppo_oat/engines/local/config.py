@@ -1,25 +1,28 @@
-"""The local engine's configuration (a tyro CLI), validated before any model is built."""
+"""The local engine's configuration (a tyro CLI), validated before any model is built, and its one mapping onto
+the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`)."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Tuple
 
-from dppo_oat.advantages import ADVANTAGE_MODES
+from dppo_oat import spec
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.rollout.templates import TEMPLATES
-from dppo_oat.trust_region import PRESETS, TrustRegion
 
-PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
+LEGACY_FLAGS = {
+    "--algo": "--trust-region", "--delta": "--tr-delta", "--eps-low": "--tr-eps-low", "--eps-high": "--tr-eps-high",
+    "--is-cap": "--tr-is-cap", "--alpha": "--tr-alpha", "--k": "--tr-k", "--adv-mode": "--advantage-mode",
+    "--aggregation": "--loss-aggregation", "--template": "--prompt-template",
+}
+"""Earlier spellings of the local engine's flags, still accepted (the names shared with the oat engine win)."""
 
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start of the built-in tiny policy on oracle demonstrations (REFERENCE §5)."""
+    """Supervised warm start of the built-in tiny policy on oracle demonstrations."""
 
     demo_episodes: int = 6000
     """Oracle episodes of the training env used as demonstrations."""
@@ -43,35 +46,26 @@ class WarmStartConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(spec.DPPOFlags):
     """DPPO (or any preset of the paper) on Gem environments, in one process.
 
-    Trust-region presets: ppo, grpo_clip_higher, cispo, pg_is, minirl, minirl_tis, dppo_binary_tv, dppo_binary_kl,
-    dppo_topk_tv, dppo_topk_kl, dppo_binary_tv_recompute, dppo_binary_kl_recompute, mask_negative, relax_low,
-    relax_high, relax_both. Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
+    Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
     game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0,
     local-math:<name or path>, or any registered Gem id.
     """
 
     engine: Literal["local", "oat"] = "local"
     """local: this process (CPU or one GPU). oat: oat + vLLM + DeepSpeed on a GPU node (other flags: --help there)."""
-    algo: PresetName = "dppo_binary_tv"
-    """Trust-region preset (the paper's method names)."""
-    delta: Optional[float] = None
-    """Override δ of DPPO / mask_negative."""
-    eps_low: Optional[float] = None
-    eps_high: Optional[float] = None
-    is_cap: Optional[float] = None
-    """Override C, the IS-weight cap (inf: none)."""
-    alpha: Optional[float] = None
-    k: Optional[int] = None
-    """Override K of the top-K rules."""
     env_ids: Tuple[str, ...] = (DEFAULT_ENV,)
+    """Gem env ids, assigned to groups round-robin."""
+    prompt_template: Optional[str] = None
+    """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat; None: plain for the tiny
+    policy, else qwen3_game."""
+    loss_aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
+    """How per-token losses are aggregated (seq-mean-token-sum-norm: Dr.GRPO's, over --max-new-tokens)."""
     pretrain: Optional[str] = None
     """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: build, warm-start and
-    cache the tiny Sudoku policy."""
-    template: Optional[str] = None
-    """Prompt template (qwen3_game, qwen3_general, plain, chat); None: plain for the tiny policy, else qwen3_game."""
+    cache the tiny policy on the first --env-ids."""
     generator: Literal["hf", "vllm"] = "hf"
     steps: int = 100
     groups_per_step: int = 16
@@ -87,19 +81,13 @@ class TrainConfig:
     lr: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    adv_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
-    """Dr.GRPO (the paper's default): return minus the group mean; rebn: batch-normalised returns (Gem's)."""
     gamma: float = 0.0
     """Discount of per-turn returns. 0: each turn is credited with its own reward, which Sudoku gives per correct
     cell; with γ > 0 a pooled group baseline also favours early turns (see --turn-baseline)."""
-    turn_baseline: bool = False
-    """Group baseline per turn index (compare turn t with turn t of the group's other episodes)."""
-    aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 12
     max_prompt_tokens: int = 256
-    max_turns: Optional[int] = None
     train_pool: Optional[int] = None
     """Draw training puzzles from a fixed pool of this many seeds (the paper's sanity test trains on a fixed problem
     set the initial policy can solve sometimes, and watches training success); None: fresh puzzles every step."""
@@ -126,20 +114,17 @@ class TrainConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     # ------------------------------------------------------------------ derived
-    def trust_region(self) -> TrustRegion:
-        overrides = {name: getattr(self, name) for name in ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k")}
-        return TrustRegion.preset(self.algo, **{k: v for k, v in overrides.items() if v is not None})
-
     @property
-    def prompt_template(self) -> str:
-        return self.template or ("plain" if self.pretrain is None else "qwen3_game")
+    def template(self) -> str:
+        """The prompt template in use (``--prompt-template``, else the default for the policy)."""
+        return self.prompt_template or ("plain" if self.pretrain is None else "qwen3_game")
 
     @property
     def episodes_per_step(self) -> int:
         return self.groups_per_step * self.group_size
 
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{self.algo}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
+        return self.run_name or f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
     def run_path(self) -> Path:
         return Path(self.run_dir) / self.resolved_run_name()
@@ -150,3 +135,28 @@ class TrainConfig:
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or os.environ.get("DPPO_CACHE") or Path.home() / ".cache" / "dppo_oat")
+
+
+def run_spec(config: TrainConfig) -> spec.RunSpec:
+    """The local engine's command line as the run's spec (validates every setting; builds nothing)."""
+    tr = config.trust_region_spec()
+    rollout = spec.RolloutSettings(template=config.template, max_prompt_tokens=config.max_prompt_tokens,
+                                   max_turns=config.max_turns, wrappers=spec.split_ids(config.wrappers))
+    sampling = spec.SamplingSettings(config.max_new_tokens, config.temperature, config.top_p,
+                                     top_k_logprobs=spec.topk_logprobs_of(tr))
+    return spec.RunSpec(
+        trust_region=tr, rollout=rollout, sampling=sampling, eval_rollout=rollout, eval_sampling=sampling,
+        advantages=spec.AdvantageSettings(config.advantage_mode, config.gamma, config.turn_baseline),
+        update=spec.UpdateSettings(num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
+                                   micro_batch_size=config.micro_batch_size, aggregation=config.loss_aggregation,
+                                   norm_constant=float(config.max_new_tokens)),
+    )
+
+
+def with_current_flags(argv: list[str]) -> list[str]:
+    """``argv`` with the local engine's earlier flag spellings (:data:`LEGACY_FLAGS`) replaced by today's."""
+    out = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        out.append(LEGACY_FLAGS.get(name, name) + sep + value if name in LEGACY_FLAGS else arg)
+    return out

@@ -1,6 +1,6 @@
 """The local engine's starting policy: a cached tiny policy warm-started on oracle demonstrations, or any HF model.
 
-The tiny policy (REFERENCE §5) is a byte-level BPE tokenizer trained on the env's own text and a small Qwen3,
+The tiny policy is a byte-level BPE tokenizer trained on the env's own text and a small Qwen3,
 trained by supervised learning on oracle moves until it solves *some but not all* held-out puzzles — the paper's
 sanity-test regime (sec:stability), where a stable RL method should climb. It is built once and cached on disk.
 """
@@ -12,7 +12,7 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from dppo_oat.batching import build_update_batch
-from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
+from dppo_oat.engines.local.config import run_spec
 from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
-from dppo_oat.rollout.episodes import EpisodeCollector, RolloutSettings, TurnSample
-from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
+from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
+from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.update import causal_lm_forward
 
 CACHE_FORMAT = 2
@@ -51,10 +51,10 @@ def policy_cache_key(env_id: str, template: str, warm_start, seed: int) -> str:
 
 def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
     """Oracle (observation, action) turns as learner samples: prompt = rendered observation, response = action+EOS."""
-    samples = []
+    samples, with_bos = [], adds_bos(tokenizer)
     for episode_id, episode in enumerate(demos):
         for turn, (observation, action) in enumerate(episode):
-            prompt = tokenizer(render_prompt(template, observation, tokenizer), add_special_tokens=False)["input_ids"]
+            prompt = prompt_token_ids(tokenizer, render_prompt(template, observation, tokenizer), with_bos=with_bos)
             response = tokenizer(action, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             samples.append(TurnSample(prompt, response, [0.0] * len(response), 0.0, False, False, turn, "demo",
                                       episode_id, str(episode_id), "stop"))
@@ -97,12 +97,11 @@ def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object],
 
 def validation_success(config, model, tokenizer) -> float:
     """Success of ``model`` on the warm start's validation puzzles of ``config.env_ids[0]`` (sampling as in RL)."""
-    settings = RolloutSettings(template=config.prompt_template, max_prompt_tokens=config.max_prompt_tokens,
-                               max_turns=config.max_turns)
+    spec = run_spec(config)
     episodes = config.warm_start.check_episodes
-    collector = EpisodeCollector(config.env_ids[:1], episodes, 1, tokenizer, settings)
+    collector = EpisodeCollector(config.env_ids[:1], episodes, 1, tokenizer, spec.eval_rollout)
     generator = HFGenerator(model.eval(), tokenizer, batch_size=64)
-    sampling = SamplingSettings(config.max_new_tokens, config.temperature, config.top_p, seed=EVAL_SAMPLING_SEED)
+    sampling = replace(spec.eval_sampling, seed=EVAL_SAMPLING_SEED, top_k_logprobs=0)
     rollout = collector.collect(generator, sampling, [VALIDATION_SEED + i for i in range(episodes)])
     collector.close()
     return rollout.stats()["success"]
@@ -112,7 +111,7 @@ def load_or_build_tiny_policy(config, console) -> tuple:
     """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use."""
     from envs.oracles import demonstrations
 
-    env_id, template, seed, ws = config.env_ids[0], config.prompt_template, config.warm_start_seed, config.warm_start
+    env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
     key = policy_cache_key(env_id, template, ws, seed)
     path = config.resolved_cache_dir() / "policies" / key
     if (path / "warm_start.json").exists():

@@ -19,18 +19,18 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dppo_oat.advantages import turn_advantages
-from dppo_oat.batching import build_update_batch
+from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import validate_config
-from dppo_oat.rollout.episodes import EpisodeCollector, Rollout, RolloutSettings
-from dppo_oat.rollout.generation import SamplingSettings
+from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.runlog import CHECKPOINT_NAME, RunLog, atomic_torch_save, read_jsonl
-from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
+from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLog, atomic_torch_save, read_jsonl
+from dppo_oat.samples import build_update_batch
+from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.update import causal_lm_forward, summarize_steps, update_policy
 
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
     """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob)."""
@@ -45,7 +45,8 @@ class LocalTrainer:
 
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or Console()
-        self.tr, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
+        self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
+        self.tr = self.spec.trust_region
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -53,16 +54,10 @@ class LocalTrainer:
         self.model.to(config.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.generator = self._make_generator()
-        rollout_settings = self._rollout_settings()
         self.collector = EpisodeCollector(config.env_ids, config.groups_per_step, config.group_size,
-                                          self.tokenizer, rollout_settings)
+                                          self.tokenizer, self.spec.rollout)
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
-                                               rollout_settings)
-        self.update_settings = UpdateSettings(
-            num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
-            micro_batch_size=config.micro_batch_size, aggregation=config.aggregation,
-            norm_constant=float(config.max_new_tokens),
-        )
+                                               self.spec.eval_rollout)
         self.step = 0
         self.log = RunLog(config.run_path(), self._logged_config(), resume_step=self.resume_step,
                           wandb=config.wandb, tensorboard=config.tensorboard)
@@ -70,17 +65,14 @@ class LocalTrainer:
             self._load_checkpoint()
 
     # ------------------------------------------------------------------ building
-    def _rollout_settings(self) -> RolloutSettings:
-        c = self.config
-        return RolloutSettings(template=c.prompt_template, max_prompt_tokens=c.max_prompt_tokens,
-                               max_turns=c.max_turns, gamma=c.gamma)
-
-    def _sampling(self, seed: int) -> SamplingSettings:
-        c = self.config
-        k = self.tr.k if self.tr.uses_topk else 0
-        return SamplingSettings(c.max_new_tokens, c.temperature, c.top_p, top_k_logprobs=k, seed=seed)
+    def _sampling(self, seed: int, *, evaluation: bool = False) -> SamplingSettings:
+        return replace(self.spec.eval_sampling if evaluation else self.spec.sampling, seed=seed)
 
     def _load_policy(self):
+        from envs import ensure_registered
+
+        for env_id in self.config.env_ids:  # a local-math:<path> id is registered here, not during validation
+            ensure_registered(env_id)
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
         return load_or_build_tiny_policy(self.config, self.console)
@@ -98,13 +90,13 @@ class LocalTrainer:
 
     def _logged_config(self) -> dict:
         return {**asdict(self.config), "run_name": self.config.resolved_run_name(),
-                "trust_region": asdict(self.tr), "engine": "local"}
+                "trust_region": asdict(self.tr), "prompt_template": self.spec.rollout.template, "engine": "local"}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """Success and return on the held-out seeds, sampling at the training temperature."""
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
-        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED), seeds)
+        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
         stats = rollout.stats()
         return {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
                 "eval/episodes": stats["episodes"]}
@@ -123,10 +115,7 @@ class LocalTrainer:
         if not rollout.samples:
             raise RuntimeError(f"step {step}: no episode produced a turn (prompts longer than --max-prompt-tokens?)")
         samples = rollout.samples
-        advantages = turn_advantages([s.reward for s in samples], [s.episode_id for s in samples],
-                                     [s.turn for s in samples], [s.group_id for s in samples],
-                                     mode=c.adv_mode, gamma=c.gamma,
-                                     per_turn_baseline=c.turn_baseline)
+        advantages = sample_advantages(samples, self.spec.advantages)
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
@@ -149,8 +138,8 @@ class LocalTrainer:
     def _update_settings_for(self, rows: int) -> UpdateSettings:
         """The update settings of a rollout batch of ``rows`` turn samples (--minibatches-per-rollout)."""
         parts = self.config.minibatches_per_rollout
-        return self.update_settings if parts is None else replace(self.update_settings,
-                                                                  minibatch_size=max(1, math.ceil(rows / parts)))
+        return self.spec.update if parts is None else replace(self.spec.update,
+                                                              minibatch_size=max(1, math.ceil(rows / parts)))
 
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
@@ -185,7 +174,7 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_path(self) -> Path:
-        return self.config.run_path() / CHECKPOINT_NAME
+        return self.config.run_path() / CHECKPOINT_FILE
 
     def save_checkpoint(self) -> None:
         atomic_torch_save({"step": self.step, "model": self.model.state_dict(),
@@ -223,7 +212,7 @@ class LocalTrainer:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
 
     def _evaluate_if_missing(self) -> None:
-        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / "eval.jsonl")}
+        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / EVAL_FILE)}
         if self._eval_due(self.step) and self.step not in evaluated:
             result = self.evaluate()
             self.log.log_eval(result)
@@ -231,7 +220,7 @@ class LocalTrainer:
                 self.console.print(f"held-out success before RL: {result['eval/success']:.3f}")
 
     def _summary(self) -> dict[str, float]:
-        evals = read_jsonl(self.config.run_path() / "eval.jsonl")
+        evals = read_jsonl(self.config.run_path() / EVAL_FILE)
         before = evals[0]["eval/success"] if evals else float("nan")
         after = evals[-1]["eval/success"] if evals else float("nan")
         self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "

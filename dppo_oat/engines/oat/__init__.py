@@ -1,12 +1,16 @@
 """The oat engine: DPPO on oat's distributed actor/learner program (one GPU node, vLLM actors, DeepSpeed learners).
 
-- :mod:`~dppo_oat.engines.oat.args`: :class:`DPPOOatArgs`, oat's ``PPOArgs`` plus the trust region and the Gem tasks;
-- :mod:`~dppo_oat.engines.oat.data`: oat's transition data ⇄ the core's samples and :class:`~dppo_oat.update.UpdateBatch`;
+- :mod:`~dppo_oat.engines.oat.args`: :class:`DPPOOatArgs`, oat's ``PPOArgs`` plus DPPO's flags, mapped onto the
+  core's :class:`~dppo_oat.spec.RunSpec`;
+- :mod:`~dppo_oat.engines.oat.plan`: what a run does on its node, worked out from the arguments (``--dry_run``);
+- :mod:`~dppo_oat.engines.oat.data`: oat's transition data ⇄ the core's samples and :class:`~dppo_oat.samples.UpdateBatch`;
 - :mod:`~dppo_oat.engines.oat.learner`: :class:`DPPOLearner`, oat's ``PPOLearner`` whose learning step is the core's
   update loop;
 - :mod:`~dppo_oat.engines.oat.actor`: :class:`DPPOGemActor`, oat's ``PPOActor`` that plays Gem episodes through the
   core's rollout on the actor's vLLM engine;
+- :mod:`~dppo_oat.engines.oat.run_dir`: the learner's run directory (the local engine's files, for the notebooks);
 - :mod:`~dppo_oat.engines.oat.launch`: ``python -m dppo_oat.train --engine oat ...``.
 
-Importing a submodule imports oat (and with it vLLM, DeepSpeed and launchpad); this package itself imports nothing.
+Importing ``plan`` imports nothing of oat; the other submodules import oat (and with it vLLM, DeepSpeed and
+launchpad); this package itself imports nothing.
 """

@@ -2,9 +2,14 @@
 
 oat's ``ActorBase.init`` builds the vLLM engine (and the weight-sync worker extension the learner broadcasts to);
 :class:`DPPOGemActor` then plays episodes with the core's :class:`~dppo_oat.rollout.episodes.EpisodeCollector` through
-a :class:`VLLMGenerator` attached to that engine (``VLLMGenerator.from_llm``), so μ's log-probs and top-K sets are the ones the core's generator
-reports everywhere else. Each ``step`` plays ``groups_per_step`` GRPO groups (``num_samples`` episodes from one seed
-each) until it has one sample per requested prompt, computes the advantages over whole groups, then sub-samples.
+a :class:`VLLMGenerator` attached to that engine (``VLLMGenerator.from_llm``), so μ's log-probs and top-K sets are
+the ones the core's generator reports everywhere else. Each ``step`` plays ``groups_per_step`` GRPO groups
+(``num_samples`` episodes from one seed each) until it has one sample per requested prompt, computes the advantages
+over whole groups, then sub-samples. With ``--advantage_mode rebn`` the samples carry their discounted returns and
+the learners normalise them over the whole learning batch, as Gem's oat examples do.
+
+While it samples, the actor reports itself as generating (oat's ``is_generating``), so that with
+``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call.
 
 Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes) and
 ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's ``LearnerBase.evaluate``).
@@ -12,17 +17,16 @@ Overridden: ``init`` (adds the collector and generator), ``step`` (training epis
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Sequence
 
 import numpy as np
-import vllm
 from oat.algorithms.ppo import PPOActor
 
 import envs  # registers the project's Gem ids (compact Sudoku, DPPO_MATH_DATA's local-math sets)
 
-from dppo_oat.advantages import turn_advantages
+from dppo_oat.advantages import discounted_returns, sample_advantages
 from dppo_oat.engines.oat import args as oat_args
 from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
@@ -33,6 +37,7 @@ from dppo_oat.rollout.vllm_generator import (
     VLLMGenerator,
     running_on_cpu,
 )
+from dppo_oat.spec import split_ids
 
 
 def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
@@ -53,41 +58,55 @@ def episode_score(total_reward: float, success: bool) -> float:
     return 1.0 if success else float(total_reward)
 
 
+def learners_normalise(advantage_mode: str) -> bool:
+    """True when the learners normalise returns over the whole learning batch (``rebn``, Gem's ``norm_return``)."""
+    return advantage_mode == "rebn"
+
+
 class DPPOGemActor(PPOActor):
     """Plays Gem episodes (multi-turn games, reasoning-gym, math) with vLLM for oat's learner."""
 
     def init(self, actor_id: int, save_path: str) -> None:
         args: oat_args.DPPOOatArgs = self.args
-        self.trust_region = oat_args.trust_region_from_args(args)
+        self.spec = oat_args.spec_of(args)
         on_cpu = running_on_cpu()
         if on_cpu:
             for name, value in CPU_ENVIRONMENT.items():
                 os.environ.setdefault(name, value)
-        k = self.trust_region.k if self.trust_region.uses_topk else 0
-        self.vllm_args = engine_overrides(self.vllm_args, k, on_cpu)
+        self.vllm_args = engine_overrides(self.vllm_args, self.spec.sampling.top_k_logprobs, on_cpu)
         super().init(actor_id, save_path)
-        for env_id in oat_args.split_ids(args.env_ids) + oat_args.split_ids(args.eval_env_ids):
+        for env_id in split_ids(args.env_ids) + split_ids(args.eval_env_ids):
             envs.ensure_registered(env_id)
         stops = eos_ids(self.tokenizer)
         # μ must be the sampled distribution: vLLM 0.8.4 reports raw log-probs, so training samples at temperature 1
         self.generator = VLLMGenerator.from_llm(
             self.llm, eos_token_ids=stops, max_logprobs=self.vllm_args["max_logprobs"]
         )
-        # evaluation never reads μ: any temperature is fine there
+        # evaluation never reads μ, so any temperature, top-p and top-k may be used there
         self.eval_generator = VLLMGenerator.from_llm(self.llm, eos_token_ids=stops, max_logprobs=0,
                                                      processed_logprobs=True)
-        self.sampling = oat_args.sampling_settings(args, self.trust_region)
         self.collector = EpisodeCollector(
-            oat_args.split_ids(args.env_ids), oat_args.groups_per_step(args), args.num_samples, self.tokenizer,
-            oat_args.rollout_settings(args),
+            split_ids(args.env_ids), oat_args.groups_per_step(args), args.num_samples, self.tokenizer,
+            self.spec.rollout,
         )
         self.eval_collectors: dict = {}
         self.seed_rng = np.random.default_rng([args.seed, actor_id])
 
+    @contextlib.contextmanager
+    def generating(self):
+        """oat's ``generate_mode`` for the whole block: the learner's asynchronous broadcast waits for it."""
+        self.generate_mode = True
+        try:
+            yield
+        finally:
+            self.generate_mode = False
+
     def step(self, prompts=None, formatted_prompts=None, references=None):
         """One sample per prompt oat asks for (oat splits the samples between learners by prompt count)."""
         wanted = len(prompts) if prompts else self.args.rollout_batch_size_per_device
-        return self.ipc_client.serialize_ipc(self.collect_transitions(wanted))
+        with self.generating():
+            transitions = self.collect_transitions(wanted)
+        return self.ipc_client.serialize_ipc(transitions)
 
     def collect_transitions(self, wanted: int) -> list[DPPOTransitionData]:
         """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them."""
@@ -95,21 +114,24 @@ class DPPOGemActor(PPOActor):
         while len(transitions) < wanted:
             num_groups = self.collector.num_slots // self.args.num_samples
             seeds = self.seed_rng.integers(0, self.args.eval_seed_start, size=num_groups)
-            rollout = self.collector.collect(self.generator, self.sampling, seeds.tolist())
+            rollout = self.collector.collect(self.generator, self.spec.sampling, seeds.tolist())
             transitions.extend(self.transitions_of(rollout))
         keep = self.seed_rng.choice(len(transitions), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(transitions)} turn samples, keeping {wanted}")
         return [transitions[i] for i in sorted(keep)]
 
     def transitions_of(self, rollout: Rollout) -> list[DPPOTransitionData]:
-        """oat transitions of one rollout, with the core's advantages over its whole groups."""
+        """oat transitions of one rollout, with the core's advantages over its whole groups (or, for ``rebn``, the
+        discounted returns the learners normalise)."""
         samples = rollout.samples
         if not samples:
             return []
-        advantages = turn_advantages(
-            [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],
-            [s.group_id for s in samples], mode=self.args.advantage_mode, gamma=self.args.gamma,
-        )
+        settings = self.spec.advantages
+        if learners_normalise(settings.mode):
+            advantages = discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
+                                            [s.turn for s in samples], settings.gamma)
+        else:
+            advantages = sample_advantages(samples, settings)
         info = {f"actor/{key}": value for key, value in rollout.stats().items()}
         prompts = self.tokenizer.batch_decode([s.prompt_ids for s in samples])
         return [
@@ -123,20 +145,20 @@ class DPPOGemActor(PPOActor):
         seeds, env_ids = [int(p) for p in prompts], list(references)
         responses: list = [None] * len(seeds)
         scores = np.zeros((len(seeds), self.args.eval_n), dtype=np.float64)
-        for env_id in dict.fromkeys(env_ids):
-            rows = [i for i, e in enumerate(env_ids) if e == env_id]
-            rollout = self.eval_collector(env_id, len(rows)).collect(
-                self.eval_generator, oat_args.eval_sampling_settings(self.args), [seeds[i] for i in rows]
-            )
-            self._fill_eval_rows(rollout, rows, responses, scores)
+        with self.generating():
+            for env_id in dict.fromkeys(env_ids):
+                rows = [i for i, e in enumerate(env_ids) if e == env_id]
+                rollout = self.eval_collector(env_id, len(rows)).collect(
+                    self.eval_generator, self.spec.eval_sampling, [seeds[i] for i in rows]
+                )
+                self._fill_eval_rows(rollout, rows, responses, scores)
         return responses, scores
 
     def eval_collector(self, env_id: str, num_groups: int) -> EpisodeCollector:
         key = (env_id, num_groups)
         if key not in self.eval_collectors:
-            settings = oat_args.rollout_settings(self.args, evaluation=True)
             self.eval_collectors[key] = EpisodeCollector(
-                [env_id], num_groups, self.args.eval_n, self.tokenizer, settings
+                [env_id], num_groups, self.args.eval_n, self.tokenizer, self.spec.eval_rollout
             )
         return self.eval_collectors[key]
 

@@ -1,10 +1,10 @@
-"""oat's transition data ⇄ the core's samples and :class:`~dppo_oat.update.UpdateBatch`.
+"""oat's transition data ⇄ the core's samples and :class:`~dppo_oat.samples.UpdateBatch`.
 
-The actor turns each of the core's :class:`~dppo_oat.rollout.episodes.TurnSample` into a :class:`DPPOTransitionData`:
+The actor turns each of the core's :class:`~dppo_oat.samples.TurnSample` into a :class:`DPPOTransitionData`:
 oat's ``TransitionData`` (prompt and response ids, μ's log-probs, rewards) plus the sample's advantage and μ's top-K
 set as NumPy arrays. oat pickles these between processes as they are. On the learner, :class:`DPPOTransitionDataset`
 keeps the extra fields through oat's collation, and :func:`update_batch_from_trajectory` rebuilds the samples from
-oat's padded batch and pads them with the core's :func:`~dppo_oat.batching.build_update_batch`, so the learner's
+oat's padded batch and pads them with the core's :func:`~dppo_oat.samples.build_update_batch`, so the learner's
 batch is exactly the one the local engine builds from the same samples.
 """
 
@@ -18,9 +18,7 @@ import torch
 from oat.types import TransitionData
 from oat.utils.data import TransitionDataset
 
-from dppo_oat.batching import build_update_batch
-from dppo_oat.rollout.episodes import TurnSample
-from dppo_oat.update import UpdateBatch
+from dppo_oat.samples import TurnSample, UpdateBatch, build_update_batch
 
 DPPO_FIELDS = ("advantage", "topk_ids", "topk_logprobs")
 """What :class:`DPPOTransitionData` adds to oat's transition, carried through the learner's collation."""
@@ -31,7 +29,7 @@ class DPPOTransitionData(TransitionData):
     """One turn of one episode, as oat moves it from actor to learner.
 
     ``topk_ids``/``topk_logprobs`` are ``[len(response_ids), K+1]`` arrays of the paper's set ``TopK(μ, K) ∪ {a_t}``
-    (see :class:`dppo_oat.rollout.generation.Completion`), ``None`` unless a top-K rule is trained.
+    (see :class:`dppo_oat.samples.TurnSample`), ``None`` unless a top-K rule is trained.
     """
 
     advantage: float = 0.0
@@ -44,7 +42,8 @@ def transition_from_sample(
 ) -> DPPOTransitionData:
     """oat's view of a core sample: the turn's reward on its last token (oat's dense-reward convention).
 
-    ``ignore_no_eos`` (oat's flag): a response cut at the length limit is kept out of the loss (``loss_mask``).
+    ``ignore_no_eos`` (oat's flag): a response cut at the length limit is kept out of the loss (``loss_mask``);
+    either way the env received it as an invalid action.
     """
     rewards = [0.0] * max(len(sample.response_ids) - 1, 0) + [float(sample.reward)]
     return DPPOTransitionData(
@@ -78,7 +77,7 @@ class DPPOTransitionDataset(TransitionDataset):
 
 @dataclass
 class LearnerRow:
-    """The fields of a sample that :func:`~dppo_oat.batching.build_update_batch` reads."""
+    """A :class:`~dppo_oat.samples.LearnerSample`: what :func:`~dppo_oat.samples.build_update_batch` reads."""
 
     prompt_ids: list
     response_ids: list

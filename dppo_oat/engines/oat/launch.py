@@ -1,44 +1,103 @@
-"""``python -m dppo_oat.train --engine oat [oat and DPPO flags]``: parse, validate and launch oat's program.
+"""``python -m dppo_oat.train --engine oat [oat and DPPO flags]``: parse, check, plan, and launch oat's program.
 
 As oat's own entry points do: tyro parses the arguments (:class:`~dppo_oat.engines.oat.args.DPPOOatArgs`, so every
 flag of oat's ``PPOArgs`` works), ``oat.interface.get_program`` builds the launchpad program with DPPO's learner and
-actor classes, and ``launchpad.launch`` runs it on this node.
+actor classes, and ``launchpad.launch`` runs it on this node. Before that, every check that needs no GPU runs and
+the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` stops there, so a plan can be
+checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
+
+A mistake in the arguments ends the program with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+import types
 import warnings
 from typing import Optional, Sequence
 
-import launchpad as lp
-import tyro
-from oat.interface import get_program
-
-from dppo_oat.engines.oat.actor import DPPOGemActor
-from dppo_oat.engines.oat.args import DPPOOatArgs, validate_args
-from dppo_oat.engines.oat.learner import DPPOLearner
-
 PROG = "python -m dppo_oat.train --engine oat"
+DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 
-def parse_args(argv: Sequence[str]) -> DPPOOatArgs:
+def parse_args(argv: Sequence[str]):
     """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``)."""
+    import tyro
+
+    from dppo_oat.engines.oat.args import DPPOOatArgs
+
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
         return tyro.cli(DPPOOatArgs, args=list(argv), prog=PROG, description=__doc__)
 
 
-def build_program(args: DPPOOatArgs):
+def build_program(args):
     """oat's launchpad program and local resources, with :class:`DPPOLearner` and :class:`DPPOGemActor`."""
+    from oat.interface import get_program
+
+    from dppo_oat.engines.oat.actor import DPPOGemActor
+    from dppo_oat.engines.oat.learner import DPPOLearner
+
     return get_program(args, learner_cls=DPPOLearner, actor_cls=DPPOGemActor)
 
 
+def is_dry_run(argv: Sequence[str]) -> bool:
+    return any(arg in DRY_RUN_FLAGS or arg.startswith(tuple(f"{f}=" for f in DRY_RUN_FLAGS)) for arg in argv)
+
+
+def stand_in_for_missing_launchpad() -> None:
+    """A dry run launches nothing, but oat imports launchpad at import time: where launchpad is not installed
+    (it has Python 3.10 wheels only), put an empty module in its place whose every use fails with a clear error."""
+    if importlib.util.find_spec("launchpad") is not None:
+        return
+
+    def missing(name: str):
+        if name.startswith("__"):  # introspection (__file__, __path__ ...) sees an ordinary module without them
+            raise AttributeError(name)
+        raise ImportError(f"launchpad.{name}: launchpad is not installed (dm-launchpad, Python 3.10); "
+                          "only --dry_run works without it")
+
+    module = types.ModuleType("launchpad")
+    module.__getattr__ = missing  # PEP 562: any attribute access fails loudly
+    sys.modules["launchpad"] = module
+
+
+def checked_plan(argv: Sequence[str]):
+    """Parse and check the command line; ``(args, plan)``. Raises ValueError / AssertionError (oat's checks)."""
+    from dppo_oat.engines.oat.args import validate_args
+    from dppo_oat.engines.oat.plan import plan_of
+
+    args = parse_args(argv)
+    args = validate_args(args, check_gpus=not args.dry_run)
+    return args, plan_of(args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Parse, validate (DPPO's checks, then oat's) and launch on this node."""
-    args = validate_args(parse_args(sys.argv[1:] if argv is None else argv))
+    """Parse, check (DPPO's checks, the plan's, then oat's) and print the plan; launch unless ``--dry_run``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if is_dry_run(argv):
+        stand_in_for_missing_launchpad()
+    try:
+        from dppo_oat.engines.oat.plan import render_plan
+
+        args, plan = checked_plan(argv)
+    except ImportError as error:
+        _fail(f"the oat engine needs the [oat] extra (README, 'On a GPU node'): {error}")
+    except (ValueError, AssertionError) as error:
+        _fail(str(error))
+    print(render_plan(plan), flush=True)
+    if args.dry_run:
+        return
+    import launchpad as lp
+
     program, local_resources = build_program(args)
     lp.launch(program, launch_type=args.launch_type, local_resources=local_resources, terminal="current_terminal")
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

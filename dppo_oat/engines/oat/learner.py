@@ -5,24 +5,30 @@ MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's t
 :class:`~dppo_oat.update.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs :func:`~dppo_oat.update.update_policy` with
 fp32 log-probs from :func:`~dppo_oat.update.causal_lm_forward` and oat's DeepSpeed strategy as backward and optimizer
 step, and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
-set-up, weight broadcast to vLLM, logging) is oat's.
+set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
+(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``.
 
-Overridden: ``_init`` (adds the trust region, the update settings and the dataset that carries advantages and
-top-K sets), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
-``learning_step``. Advantages are computed by the actor, over whole GRPO groups, before any sub-sampling.
+Overridden: ``_init`` (adds the run's spec, the dataset that carries advantages and top-K sets, and the run
+directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
+``learning_step``. Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling;
+``rebn`` returns are normalised here, over every learner's batch (Gem's ``norm_return``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 from oat.algorithms.ppo import PPOLearner
 from torch.utils.data import DataLoader, Dataset
 
-from dppo_oat.engines.oat.args import DPPOOatArgs, split_ids, trust_region_from_args, update_settings
+from dppo_oat.engines.oat.actor import learners_normalise
+from dppo_oat.engines.oat.args import DPPOOatArgs, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
-from dppo_oat.update import UpdateSettings, causal_lm_forward, summarize_steps, update_policy
+from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
+from dppo_oat.spec import UpdateSettings, split_ids
+from dppo_oat.update import causal_lm_forward, summarize_steps, update_policy
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -46,11 +52,12 @@ class PlaceholderPrompts(Dataset):
 class EvalSeeds(Dataset):
     """Evaluation items ``(seed, seed, env_id)`` (oat's ``(formatted prompt, prompt, reference)`` slots): every env
     of ``eval_env_ids`` (default ``env_ids``) on ``num_eval_seeds`` seeds from ``eval_seed_start`` on, which training
-    never draws."""
+    never draws. A local-math set is covered without repeats (seed s is problem s mod N): at most N seeds, and every
+    problem once with ``num_eval_seeds`` 0."""
 
     def __init__(self, env_ids: Sequence[str], first_seed: int, num_seeds: int) -> None:
-        seeds = range(first_seed, first_seed + num_seeds)
-        self.items = [(str(seed), str(seed), env_id) for env_id in env_ids for seed in seeds]
+        self.items = [(str(seed), str(seed), env_id) for env_id in env_ids
+                      for seed in range(first_seed, first_seed + eval_seed_count(env_id, num_seeds))]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -59,8 +66,30 @@ class EvalSeeds(Dataset):
         return self.items[index]
 
 
+def eval_seed_count(env_id: str, requested: int) -> int:
+    """How many seeds evaluate ``env_id``: ``requested``, capped at a local-math set's size (all of it for 0)."""
+    from envs import ensure_registered, math_dataset_size
+
+    size = math_dataset_size(ensure_registered(env_id))
+    if size is None:
+        if requested < 1:
+            raise ValueError(f"--num_eval_seeds 0 means every problem of a data set; {env_id} has none: give a count")
+        return requested
+    return size if requested < 1 else min(requested, size)
+
+
 def eval_seeds_of(args: DPPOOatArgs) -> EvalSeeds:
     return EvalSeeds(split_ids(args.eval_env_ids or args.env_ids), args.eval_seed_start, args.num_eval_seeds)
+
+
+def global_batch_normalize(values: torch.Tensor, all_reduce_sum, eps: float = 1e-9) -> torch.Tensor:
+    """ReBN over every learner's batch: ``(x − mean) / (std + eps)`` with the mean and std of all of them
+    (``all_reduce_sum`` sums a float over the learners), as Gem's oat learner normalises returns."""
+    values = values.float()
+    count = all_reduce_sum(float(values.numel()))
+    mean = all_reduce_sum(float(values.sum())) / count
+    variance = max(all_reduce_sum(float((values**2).sum())) / count - mean**2, 0.0)
+    return (values - mean) / (variance**0.5 + eps)
 
 
 def check_whole_minibatches(num_samples: int, settings: UpdateSettings) -> None:
@@ -97,10 +126,18 @@ class DPPOLearner(PPOLearner):
     def _init(self, args: DPPOOatArgs, actors) -> None:
         super()._init(args, actors)
         self.dataset_builder = DPPOTransitionDataset
-        self.trust_region = trust_region_from_args(args)
-        self.update_settings = update_settings(args, self.strategy.grad_acc_step)
+        self.spec = run_spec(args, self.strategy.grad_acc_step)
+        self.trust_region, self.update_settings = self.spec.trust_region, self.spec.update
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
         self._grad_norm = float("nan")
+        if self.strategy.is_rank_0():
+            config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
+                      "trust_region": dataclasses.asdict(self.trust_region)}
+            self._wandb = RunDirectoryLogger(self.save_path, config, self.learning_round, mirror=self._wandb)
+
+    def learning_round(self) -> int:
+        """The learning rounds done so far (oat learns every ``update_interval`` actor steps)."""
+        return self.steps // self.update_interval
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
@@ -118,6 +155,9 @@ class DPPOLearner(PPOLearner):
         tr = self.trust_region
         batch = update_batch_from_trajectory(trajectory, self.tokenizer.pad_token_id, with_topk=tr.uses_topk)
         check_whole_minibatches(len(batch), self.update_settings)
+        if learners_normalise(self.spec.advantages.mode):
+            sum_over_learners = lambda value: self.strategy.all_reduce(value, op="sum")  # noqa: E731
+            batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         forward = causal_lm_forward(self.model, chunk_size=self.args.logprob_chunk_size)
         history = update_policy(

@@ -1,0 +1,207 @@
+"""What an oat run will do on its node, worked out from the arguments alone (no GPU, model or launchpad needed).
+
+oat's program (``oat.interface.get_program``) puts actors and learners on the node's GPUs; each learner asks its
+actor for ``rollout_batch_size_per_device`` samples per actor step, keeps the last ``pi_buffer_maxlen_per_device``
+of them, and learns every ``rollout_batch_size / (learners × rollout_batch_size_per_device)`` actor steps (oat's
+``update_interval``: one *learning round*) on its whole buffer, in micro-batches of ``train_batch_size_per_device``,
+with DeepSpeed stepping the optimizer every ``train_batch_size / (train_batch_size_per_device × learners)``
+micro-batches. :func:`plan_of` works all of that out, :func:`check_plan` refuses plans that would crash or train on
+the wrong samples, and :func:`render_plan` prints it (``--dry_run``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved plan of one oat run (per-learner numbers are per device)."""
+
+    gpus: int
+    collocate: bool
+    actors: int
+    gpus_per_actor: int
+    num_groups: int
+    learners: int
+    rollout_per_device: int
+    actor_steps_per_round: int
+    samples_per_round: int
+    buffer: int
+    buffer_clear_every: float
+    micro_batch: int
+    train_batch_size: int
+    grad_acc_step: int
+    minibatch: int
+    epochs: int
+    optimizer_steps_per_round: int
+    actor_steps: int
+    rounds: int
+    eval_every_rounds: Optional[int]
+    save_every_rounds: Optional[int]
+    logits_gib: Optional[float]
+    logits_note: str
+
+
+def topology(args) -> tuple[int, int, int]:
+    """``(actor GPUs, learner GPUs, learners)`` as ``oat.interface.get_program`` assigns them."""
+    if args.collocate:
+        actor_gpus = learner_gpus = args.gpus
+    elif args.gpus % 2 == 0:
+        actor_gpus = learner_gpus = args.gpus // 2
+    else:  # oat shares one GPU between an actor and a learner
+        actor_gpus, learner_gpus = args.gpus // 2 + 1, args.gpus - args.gpus // 2
+    return actor_gpus, learner_gpus, learner_gpus * args.num_groups
+
+
+def plan_of(args) -> Plan:
+    """The plan of ``args`` (a :class:`~dppo_oat.engines.oat.args.DPPOOatArgs`); raises ValueError where oat's own
+    arithmetic would fail (e.g. a zero-sized step)."""
+    _check_positive(args)
+    actor_gpus, _, learners = topology(args)
+    interval = max(args.rollout_batch_size // (learners * args.rollout_batch_size_per_device), 1)
+    grad_acc = args.train_batch_size // args.train_batch_size_per_device // learners
+    actor_steps = args.max_train // learners // args.rollout_batch_size_per_device
+    gib, note = logits_memory(args)
+    return Plan(
+        gpus=args.gpus, collocate=args.collocate, actors=actor_gpus // args.num_gpus_per_actor,
+        gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
+        rollout_per_device=args.rollout_batch_size_per_device, actor_steps_per_round=interval,
+        samples_per_round=args.rollout_batch_size // learners, buffer=args.pi_buffer_maxlen_per_device,
+        buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
+        train_batch_size=args.train_batch_size,
+        grad_acc_step=grad_acc, minibatch=args.train_batch_size // learners, epochs=args.num_ppo_epochs,
+        optimizer_steps_per_round=args.rollout_batch_size // args.train_batch_size * args.num_ppo_epochs,
+        actor_steps=actor_steps, rounds=actor_steps // interval,
+        eval_every_rounds=_every_rounds(args.eval_steps, interval),
+        save_every_rounds=_every_rounds(args.save_steps, interval), logits_gib=gib, logits_note=note,
+    )
+
+
+def _check_positive(args) -> None:
+    for name in ("gpus", "num_gpus_per_actor", "num_groups", "rollout_batch_size", "rollout_batch_size_per_device",
+                 "train_batch_size", "train_batch_size_per_device", "pi_buffer_maxlen_per_device", "num_ppo_epochs",
+                 "max_train"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+
+
+def _every_rounds(every_actor_steps: int, interval: int) -> Optional[int]:
+    """oat evaluates (saves) after a learning round whose actor step count is a multiple of ``every_actor_steps``."""
+    if every_actor_steps <= 0:
+        return None
+    return math.lcm(every_actor_steps, interval) // interval
+
+
+def check_plan(plan: Plan) -> None:
+    """Refuse, in one line that says what to change, a plan oat would crash on or that trains on the wrong data."""
+    _check_topology(plan)
+    _check_rollout(plan)
+    _check_buffer(plan)
+    _check_minibatches(plan)
+    if plan.rounds < 1:
+        raise ValueError(f"--max_train gives each learner {plan.actor_steps} actor steps, fewer than one learning "
+                         f"round ({plan.actor_steps_per_round}): raise --max_train")
+
+
+def _check_topology(plan: Plan) -> None:
+    if plan.actors < 1:
+        raise ValueError(f"{plan.gpus} GPU(s) leave no GPU for an actor of --num_gpus_per_actor {plan.gpus_per_actor}")
+    if plan.actors * plan.gpus_per_actor * plan.num_groups != plan.learners:
+        raise ValueError(f"oat pairs every learner with an actor GPU: {plan.actors} actor(s) × {plan.gpus_per_actor} "
+                         f"GPU(s) for {plan.learners} learner(s); change --num_gpus_per_actor or --gpus")
+
+
+def _check_rollout(plan: Plan) -> None:
+    if plan.samples_per_round % plan.rollout_per_device or plan.samples_per_round < plan.rollout_per_device:
+        raise ValueError(f"--rollout_batch_size {plan.samples_per_round * plan.learners} is not a multiple of "
+                         f"{plan.learners} learner(s) × --rollout_batch_size_per_device {plan.rollout_per_device}")
+
+
+def _check_buffer(plan: Plan) -> None:
+    if plan.buffer < plan.samples_per_round:
+        raise ValueError(
+            f"each learner collects {plan.samples_per_round} samples per learning round but keeps only the last "
+            f"--pi_buffer_maxlen_per_device {plan.buffer}: set --pi_buffer_maxlen_per_device {plan.samples_per_round}"
+        )
+    if plan.buffer > plan.samples_per_round and plan.buffer_clear_every != 1:
+        raise ValueError(
+            f"--pi_buffer_maxlen_per_device {plan.buffer} would keep samples of earlier rounds beside the "
+            f"{plan.samples_per_round} new ones and train on them again: set it to {plan.samples_per_round} "
+            "(or --buffer_clear_every 1)"
+        )
+
+
+def _check_minibatches(plan: Plan) -> None:
+    if plan.grad_acc_step < 1 or plan.train_batch_size != plan.micro_batch * plan.grad_acc_step * plan.learners:
+        raise ValueError(f"--train_batch_size {plan.train_batch_size} is not a multiple of "
+                         f"{plan.learners} learner(s) × --train_batch_size_per_device {plan.micro_batch}")
+    if plan.samples_per_round % plan.minibatch:
+        raise ValueError(
+            f"each learner's {plan.samples_per_round} samples per round do not split into minibatches of "
+            f"{plan.minibatch} (train_batch_size / learners): make --rollout_batch_size a multiple of "
+            "--train_batch_size"
+        )
+
+
+def logits_memory(args) -> tuple[Optional[float], str]:
+    """GiB of one micro-batch's logits path, and how it was worked out; None when the model's config cannot be read.
+
+    N = ``train_batch_size_per_device × (prompt_max_length + generate_max_length)`` tokens. With bf16/fp16 weights:
+    the ``[N, V]`` logits, the fp32 copies the chunked log-softmax keeps for backward (N × V × (2 + 4) bytes), and
+    three fp32 chunks (``logprob_chunk_size × V``) of backward's transients; with fp32 weights, the logits alone.
+    Measured on an H100 (``scripts/bench/logits_memory.py``, docs/bench): 0.89–1.01 × this in bf16, 0.81 × in fp32.
+    """
+    vocab = vocab_size(args.pretrain)
+    if vocab is None:
+        return None, f"the config of {args.pretrain!r} is not readable here (no vocabulary size)"
+    tokens = args.train_batch_size_per_device * (args.prompt_max_length + args.generate_max_length)
+    if args.bf16 or args.fp16:
+        chunk = getattr(args, "logprob_chunk_size", 1024)
+        gib = (tokens * vocab * (2 + 4) + 3 * chunk * vocab * 4) / 2**30
+        return gib, f"{tokens} tokens × V={vocab} × (2 B logits + 4 B fp32 copies) + 3 fp32 chunks of {chunk} rows"
+    return tokens * vocab * 4 / 2**30, f"{tokens} tokens × V={vocab} × 4 B fp32 logits"
+
+
+def vocab_size(model: str) -> Optional[int]:
+    """The vocabulary size from a model directory's ``config.json`` or the local Hugging Face cache, else None."""
+    path = Path(model).expanduser() / "config.json"
+    try:
+        if path.is_file():
+            return int(json.loads(path.read_text())["vocab_size"])
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(model, local_files_only=True).vocab_size)
+    except Exception:  # noqa: BLE001 - any unreadable config: the plan says so instead
+        return None
+
+
+def render_plan(plan: Plan) -> str:
+    """The plan as the lines ``--dry_run`` prints."""
+    placement = "actors and learners share every GPU" if plan.collocate else "actors and learners on separate GPUs"
+    lines = [
+        f"node: {plan.gpus} GPU(s), {placement}: {plan.actors} actor(s) × {plan.gpus_per_actor} GPU, "
+        f"{plan.learners} learner(s)",
+        f"per learner and actor step: {plan.rollout_per_device} turn samples from its actor",
+        f"learning round (every {plan.actor_steps_per_round} actor step(s)): {plan.samples_per_round} samples per "
+        f"learner, buffer {plan.buffer}",
+        f"update: {plan.epochs} epoch(s) × {plan.samples_per_round // plan.minibatch} minibatch(es) of "
+        f"{plan.minibatch} = {plan.optimizer_steps_per_round} optimizer step(s) per round; micro-batch "
+        f"{plan.micro_batch}, gradient accumulation {plan.grad_acc_step}",
+        f"run: {plan.actor_steps} actor steps = {plan.rounds} learning round(s)",
+        f"evaluation: {_schedule(plan.eval_every_rounds, 'before training, ')}",
+        f"model saved: {_schedule(plan.save_every_rounds, '')}",
+        "logits per micro-batch: " + (f"{plan.logits_gib:.1f} GiB ({plan.logits_note})" if plan.logits_gib is not None
+                                      else f"unknown: {plan.logits_note}"),
+    ]
+    return "\n".join(lines)
+
+
+def _schedule(every_rounds: Optional[int], before: str) -> str:
+    if every_rounds is None:
+        return "none (--eval_steps <= 0)" if before else "never (--save_steps <= 0)"
+    return f"{before}every {every_rounds} learning round(s) and at the end"

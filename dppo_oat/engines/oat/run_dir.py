@@ -1,0 +1,68 @@
+"""The oat engine's run directory: the same ``config.json`` / ``metrics.jsonl`` / ``eval.jsonl`` as the local engine
+writes (:mod:`dppo_oat.runlog`), inside oat's own ``save_path/<run>``, so the notebooks and ``python -m dppo_oat.plot``
+read GPU runs too.
+
+oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``log(logs)`` after every learning round
+and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
+lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
+update, the local engine's RL step). Rows keep every oat key and add the names the local engine uses:
+``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
+``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from dppo_oat.runlog import RunLog
+
+DPPO_PREFIX, ACTOR_PREFIX = "train/dppo/", "actor/"
+EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/episodes"}
+
+
+def metrics_row(logs: dict[str, Any], step: int) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line of oat's logs: every oat key, plus the local engine's names."""
+    row: dict[str, Any] = {"step": step, **{k: v for k, v in logs.items() if not k.startswith("eval/")}}
+    for key, value in logs.items():
+        if key.startswith(DPPO_PREFIX):
+            row[key[len(DPPO_PREFIX):]] = value
+        elif key.startswith(ACTOR_PREFIX):
+            row[f"rollout/{key[len(ACTOR_PREFIX):]}"] = value
+    if "rollout/episode_return" in row:
+        row["reward"] = row["rollout/episode_return"]
+    for name in ("success", "response_length"):
+        if f"rollout/{name}" in row:
+            row[name] = row[f"rollout/{name}"]
+    return row
+
+
+def eval_row(logs: dict[str, Any], step: int) -> Optional[dict[str, Any]]:
+    """One ``eval.jsonl`` line, or None when the logs hold no evaluation."""
+    evaluation = {k: v for k, v in logs.items() if k.startswith("eval/")}
+    if not evaluation:
+        return None
+    return {"step": step, **evaluation, **{EVAL_NAMES[k]: v for k, v in evaluation.items() if k in EVAL_NAMES}}
+
+
+class RunDirectoryLogger:
+    """Writes oat's logs into a run directory; ``mirror`` (the wandb module, or None) gets every call too."""
+
+    def __init__(self, directory: Path, config: dict, step: Callable[[], int], mirror: Any = None):
+        self.run_log = RunLog(Path(directory), config)
+        self.step, self.mirror = step, mirror
+
+    def log(self, logs: dict[str, Any], *args, **kwargs) -> None:
+        step = self.step()
+        if any(key.startswith(("train/", ACTOR_PREFIX)) for key in logs):
+            self.run_log.log_metrics(metrics_row(logs, step))
+        evaluation = eval_row(logs, step)
+        if evaluation is not None:
+            self.run_log.log_eval(evaluation)
+        if self.mirror is not None:
+            self.mirror.log(logs, *args, **kwargs)
+
+    def finish(self) -> None:
+        self.run_log.close()
+        if self.mirror is not None:
+            self.mirror.finish()

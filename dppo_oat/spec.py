@@ -1,0 +1,225 @@
+"""A run's settings, in one place for both engines: the trust region, how episodes are played and sampled, the
+advantage estimator and the update loop.
+
+Each engine maps its own command line onto a :class:`RunSpec` exactly once (the local engine in
+``engines/local/config.py``, the oat engine in ``engines/oat/args.py``); the trainer, the warm start, the oat actor
+and the oat learner read the spec and nothing else. The flags DPPO adds to a command line are declared once, in
+:class:`DPPOFlags`, which both engines' argument classes inherit, so a concept has one name everywhere
+(``--trust-region``/``--trust_region``: tyro accepts either spelling).
+
+Every settings class validates itself when built, so a bad value fails before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional, Tuple
+
+from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS
+from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.trust_region import PRESETS, TrustRegion
+
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
+"""Prompt templates (see :mod:`dppo_oat.rollout.templates`)."""
+FORMAT_ERROR_PENALTY = -0.1
+"""Gem's reward for an unreadable action (``LanguageGameReward.format_error_reward``), also given to an episode
+whose prompt no longer fits (a test checks that the two agree; the spec does not import Gem)."""
+TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k")
+"""The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``)."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample. ``top_k_logprobs`` is the paper's K (0: do not return the top-K set); ``top_k`` restricts
+    sampling to the k most likely tokens (-1: no restriction)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k_logprobs: int = 0
+    seed: int | None = None
+    top_k: int = -1
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0 or math.isinf(self.temperature):
+            raise ValueError(f"temperature must be a finite number > 0 (sampling only), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k_logprobs < 0:
+            raise ValueError(f"top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (all tokens) or >= 1, got {self.top_k}")
+
+    @property
+    def is_plain(self) -> bool:
+        """True when sampling is from the model's own distribution (temperature 1, no top-p / top-k cut)."""
+        return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k == -1
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are played. ``max_turns`` caps turns on top of the env's own limit (None: the env's).
+
+    ``wrappers`` are Gem's observation wrappers by name (``gem.wrappers.wrapper_factory``), e.g. ``concat``: the
+    whole history of the episode in every prompt, as Gem's oat examples train games.
+    """
+
+    template: str = "qwen3_game"
+    max_prompt_tokens: int = 2048
+    max_turns: int | None = None
+    success_threshold: float = 0.999
+    penalty: float = FORMAT_ERROR_PENALTY
+    env_seed: int = 42
+    """Constructor seed of every slot (reasoning-gym builds its puzzle set from it; puzzles come from reset seeds)."""
+    wrappers: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.template not in TEMPLATES:
+            raise ValueError(f"unknown prompt template {self.template!r}; choose one of: {', '.join(TEMPLATES)}")
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        check_wrappers(self.wrappers, self.template)
+
+
+def check_wrappers(names: Tuple[str, ...], template: str) -> None:
+    """Every name is one of Gem's wrappers; the chat-template ones render the prompt themselves (template plain)."""
+    if not names:
+        return
+    from gem.wrappers.wrapper_factory import TOKENIZER_REQUIRED, WRAPPER_FACTORY
+
+    unknown = [name for name in names if name not in WRAPPER_FACTORY]
+    if unknown:
+        raise ValueError(f"unknown Gem wrapper(s) {unknown}; choose among: {', '.join(WRAPPER_FACTORY)}")
+    chat = [name for name in names if name in TOKENIZER_REQUIRED]
+    if chat and template != "plain":
+        raise ValueError(f"wrapper {chat[0]} applies the chat template itself: use prompt template plain "
+                         f"(got {template})")
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """Per-turn advantages: discounted returns (γ), then a group baseline or ReBN (see :mod:`dppo_oat.advantages`).
+
+    ``per_turn_baseline`` compares a turn only with the same turn of the group's other episodes.
+    """
+
+    mode: str = "drgrpo"
+    gamma: float = 1.0
+    per_turn_baseline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ADVANTAGE_MODES:
+            raise ValueError(f"unknown advantage mode {self.mode!r}; choose one of: {', '.join(ADVANTAGE_MODES)}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.per_turn_baseline and self.mode == "rebn":
+            raise ValueError("a per-turn baseline is a group baseline: use it with drgrpo, grpo or rloo, not rebn")
+
+    @property
+    def needs_groups(self) -> bool:
+        """True for the group baselines, which compare episodes started from the same seed."""
+        return self.mode in ESTIMATORS
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Knobs of the update loop (:func:`dppo_oat.update.update_policy`)."""
+
+    num_epochs: int = 1
+    minibatch_size: int = 64
+    micro_batch_size: int | None = None
+    aggregation: str = "seq-mean-token-sum-norm"
+    norm_constant: float | None = None
+    scale_micro_batches: bool = True
+    """Weigh each micro-batch loss by its share of the minibatch (False when the engine, like DeepSpeed, already
+    averages over gradient-accumulation steps)."""
+
+    def __post_init__(self) -> None:
+        if self.num_epochs < 1 or self.minibatch_size < 1:
+            raise ValueError(f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown loss aggregation {self.aggregation!r}; choose one of: {', '.join(AGGREGATIONS)}")
+        if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant and self.norm_constant > 0):
+            raise ValueError("seq-mean-token-sum-norm needs norm_constant > 0 (e.g. the max generation length)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run's rollout and update need to know, built once per run by its engine."""
+
+    trust_region: TrustRegion
+    rollout: RolloutSettings
+    sampling: SamplingSettings
+    eval_rollout: RolloutSettings
+    eval_sampling: SamplingSettings
+    advantages: AdvantageSettings
+    update: UpdateSettings
+
+    def __post_init__(self) -> None:
+        wanted = self.trust_region.k if self.trust_region.uses_topk else 0
+        if self.sampling.top_k_logprobs != wanted:
+            raise ValueError(f"trust region {self.trust_region.name!r} needs top_k_logprobs={wanted}, "
+                             f"the sampling settings ask for {self.sampling.top_k_logprobs}")
+
+
+@dataclass
+class DPPOFlags:
+    """The command-line flags DPPO adds to an engine's own, declared once for both engines (tyro reads the
+    docstrings below as help). Engines override a default by declaring the field again."""
+
+    trust_region: PresetName = "dppo_binary_tv"
+    """Trust-region preset (the paper's method names): ppo, grpo_clip_higher, cispo, pg_is, minirl, minirl_tis,
+    dppo_binary_tv, dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, dppo_binary_{tv,kl}_recompute, mask_negative,
+    relax_low, relax_high, relax_both."""
+    tr_delta: Optional[float] = None
+    """Override the preset's divergence threshold δ (DPPO, mask_negative)."""
+    tr_eps_low: Optional[float] = None
+    """Override the preset's lower clip range ε_low (ratio rules)."""
+    tr_eps_high: Optional[float] = None
+    """Override the preset's upper clip range ε_high (ratio rules)."""
+    tr_is_cap: Optional[float] = None
+    """Override the preset's IS-weight cap C (inf: none)."""
+    tr_alpha: Optional[float] = None
+    """Override the preset's α (relax_* presets)."""
+    tr_k: Optional[int] = None
+    """Override the preset's K (top-K rules: the rollout returns TopK(μ, K) with each token)."""
+    env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
+    """Gem env ids, assigned to groups round-robin."""
+    prompt_template: Optional[str] = None
+    """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat (see each engine's default)."""
+    wrappers: Tuple[str, ...] = ()
+    """Gem observation wrappers by name, applied to every env (e.g. concat: the episode's history in each prompt)."""
+    max_turns: Optional[int] = None
+    """Turn limit on top of the env's own."""
+    advantage_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
+    """drgrpo (the paper's default), grpo, rloo (group baselines over per-turn returns) or rebn (batch-normalised
+    returns, Gem's norm_return)."""
+    turn_baseline: bool = False
+    """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
+    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    """How per-token losses are aggregated (see each engine's default)."""
+
+    def trust_region_spec(self) -> TrustRegion:
+        """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region)."""
+        overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
+        return TrustRegion.preset(self.trust_region, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def topk_logprobs_of(trust_region: TrustRegion) -> int:
+    """How many of μ's top log-probs the rollout must return per token for this trust region (its K, or 0)."""
+    return trust_region.k if trust_region.uses_topk else 0
+
+
+def split_ids(ids: Tuple[str, ...]) -> Tuple[str, ...]:
+    """``ids`` without blanks, split at commas (``("a,b", "c")`` → ``("a", "b", "c")``)."""
+    return tuple(part.strip() for item in ids for part in str(item).split(",") if part.strip())
+
+

@@ -1,0 +1,91 @@
+"""The oat engine's plan (``--dry_run``): oat's topology and batch arithmetic from the arguments alone, and the plans
+it refuses. Pure arithmetic on the arguments: no oat, GPU or model needed, so these run in the main suite."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from dppo_oat.engines.oat.plan import check_plan, plan_of, render_plan
+
+OAT_DEFAULTS = dict(
+    gpus=8, collocate=True, num_gpus_per_actor=1, num_groups=1, rollout_batch_size=128,
+    rollout_batch_size_per_device=16, pi_buffer_maxlen_per_device=16, buffer_clear_every=math.inf,
+    train_batch_size=128, train_batch_size_per_device=1, num_ppo_epochs=2, max_train=65000, eval_steps=20,
+    save_steps=100, pretrain="no/such-model", bf16=True, fp16=False, prompt_max_length=8704,
+    generate_max_length=4096,
+)
+
+
+def args(**changes):
+    return SimpleNamespace(**{**OAT_DEFAULTS, **changes})
+
+
+def gem_recipe(gpus):
+    """Gem's oat example for N GPUs: per-device rollout and buffer = 128 / N (GRADIENT_BATCH_SIZE / N_GPU)."""
+    return args(gpus=gpus, rollout_batch_size_per_device=128 // gpus, pi_buffer_maxlen_per_device=128 // gpus)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_gem_recipe_is_one_round_per_actor_step_with_two_optimizer_steps(gpus):
+    plan = plan_of(gem_recipe(gpus))
+    check_plan(plan)
+    assert (plan.actors, plan.learners, plan.actor_steps_per_round) == (gpus, gpus, 1)
+    assert plan.samples_per_round == plan.buffer == plan.minibatch == 128 // gpus
+    assert plan.grad_acc_step == 128 // gpus and plan.optimizer_steps_per_round == 2
+    assert plan.rounds == 65000 // gpus // (128 // gpus)
+
+
+def test_a_buffer_smaller_than_a_round_is_refused():
+    """The first review's crash: 1 GPU, 16 per device and a buffer of 16 keep 16 of every 128 samples, and the
+    learner's minibatch (128) never fills."""
+    plan = plan_of(args(gpus=1))
+    assert plan.actor_steps_per_round == 8 and plan.samples_per_round == 128
+    with pytest.raises(ValueError, match="keeps only the last --pi_buffer_maxlen_per_device 16: set "
+                                         "--pi_buffer_maxlen_per_device 128"):
+        check_plan(plan)
+
+
+def test_a_buffer_that_keeps_earlier_rounds_is_refused_unless_cleared():
+    with pytest.raises(ValueError, match="earlier rounds"):
+        check_plan(plan_of(args(pi_buffer_maxlen_per_device=64)))
+    check_plan(plan_of(args(pi_buffer_maxlen_per_device=64, buffer_clear_every=1)))
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(train_batch_size=256), "do not split into minibatches"),
+    (dict(rollout_batch_size=100), "not a multiple of 8 learner"),
+    (dict(train_batch_size=100), "not a multiple of 8 learner"),
+    (dict(max_train=100), "fewer than one learning round"),
+    (dict(gpus=3, num_gpus_per_actor=2), "pairs every learner"),
+    (dict(gpus=4, collocate=False, num_gpus_per_actor=4), "no GPU for an actor"),
+    (dict(rollout_batch_size_per_device=0), "must be >= 1"),
+])
+def test_inconsistent_plans_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        check_plan(plan_of(args(**changes)))
+
+
+def test_separate_gpus_halve_the_learners():
+    plan = plan_of(args(gpus=2, collocate=False, rollout_batch_size_per_device=128, pi_buffer_maxlen_per_device=128))
+    check_plan(plan)
+    assert (plan.actors, plan.learners, plan.collocate) == (1, 1, False)
+
+
+def test_evaluation_and_saving_follow_oat_actor_step_counters():
+    """oat evaluates after a learning round whose actor step count is a multiple of --eval_steps."""
+    plan = plan_of(args(gpus=1, pi_buffer_maxlen_per_device=128, eval_steps=20, save_steps=-1))
+    assert plan.actor_steps_per_round == 8 and plan.eval_every_rounds == 5 and plan.save_every_rounds is None
+    text = render_plan(plan)
+    assert "every 5 learning round(s)" in text and "never (--save_steps <= 0)" in text
+
+
+def test_logits_memory_is_read_from_the_model_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    plan = plan_of(args(pretrain=str(tmp_path)))
+    assert plan.logits_gib == pytest.approx((12800 * 151936 * 6 + 3 * 1024 * 151936 * 4) / 2**30)
+    assert "12800 tokens × V=151936" in render_plan(plan)
+    measured_on_h100 = 11.78  # GiB: docs/bench/logits_memory_h100.jsonl, bf16, 12,800 tokens, chunks of 1,024
+    assert 0.85 < measured_on_h100 / plan.logits_gib < 1.15
+    assert plan_of(args()).logits_gib is None and "not readable here" in render_plan(plan_of(args()))
