@@ -142,7 +142,8 @@ class UpdateSettings:
 
     def __post_init__(self) -> None:
         if self.num_epochs < 1 or self.minibatch_size < 1:
-            raise ValueError(f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
+            raise ValueError(
+                f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.aggregation not in AGGREGATIONS:

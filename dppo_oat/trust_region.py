@@ -330,7 +330,7 @@ _PAPER_CLIP_RANGES = {"ppo": (0.2, 0.2), "grpo_clip_higher": (0.2, 0.28)}
 
 
 def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, tr) -> dict[str, float]:
-    """Batch statistics of the trust region (sec:stability, sec:method_limitations): mask fractions by sign of A (A ≠ 0 tokens only),
+    """Batch statistics of the trust region (sec:stability): mask fractions by sign of A (A ≠ 0 tokens only),
     training-inference mismatch |π − μ|, bad updates, IS truncation, and the *shadow masks*: what ``ppo`` and
     ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket (sec:method_limitations).
 

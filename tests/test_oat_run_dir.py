@@ -26,7 +26,7 @@ class Mirror:
 
 
 def test_rows_keep_oats_keys_and_add_the_local_engines_names():
-    row = metrics_row(TRAIN_LOGS, 3)
+    row = metrics_row(TRAIN_LOGS, 3)  # TRAIN_LOGS: round 3
     assert row["step"] == 3 and row["train/pg_loss"] == 0.1
     assert (row["mask/fraction"], row["mismatch/abs_diff_mean"]) == (0.02, 0.004)
     assert (row["reward"], row["success"], row["response_length"]) == (0.4, 0.25, 310.0)
@@ -39,18 +39,18 @@ EVAL_LOGS_EVAL = {k: v for k, v in EVAL_LOGS.items() if k.startswith("eval/")}
 
 
 def test_the_learner_logger_writes_a_run_the_analysis_reads(tmp_path):
-    steps = iter([0, 1, 2])
     mirror = Mirror()
     config = {"engine": "oat", "run_name": "sudoku-dppo", "env_ids": ["game:Sudoku-v0-easy"], "seed": 42,
               "trust_region": {"name": "dppo_binary_tv", "rule": "binary_tv", "delta": 0.2}, "algo": "PPO"}
-    logger = RunDirectoryLogger(tmp_path / "run", config, lambda: next(steps), mirror=mirror)
+    logger = RunDirectoryLogger(tmp_path / "run", config, mirror=mirror)
     logger.log(EVAL_LOGS)  # oat's evaluation before training
-    logger.log(TRAIN_LOGS)
-    logger.log({**TRAIN_LOGS, **EVAL_LOGS})
+    logger.log({**TRAIN_LOGS, "train/learning_round": 1.0})
+    logger.log({**TRAIN_LOGS, "train/learning_round": 2.0, "actor/success": 0.5})
+    logger.log({**TRAIN_LOGS, "train/learning_round": 2.0, "actor/success": 0.5, **EVAL_LOGS})  # oat's final call
     logger.finish()
-    assert len(mirror.logged) == 3 and mirror.finished
+    assert len(mirror.logged) == 4 and mirror.finished
     run = load_run(tmp_path / "run")
     assert run.algo == "dppo_binary_tv" and run.seed == 42 and run.name == "sudoku-dppo"
     assert list(run.metrics["step"]) == [1, 2] and list(run.eval["step"]) == [0, 2]
-    assert list(run.metrics["success"]) == [0.25, 0.25] and list(run.eval["eval/success"]) == [0.5, 0.5]
+    assert list(run.metrics["success"]) == [0.25, 0.5] and list(run.eval["eval/success"]) == [0.5, 0.5]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["engine"] == "oat"

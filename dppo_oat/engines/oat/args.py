@@ -127,6 +127,12 @@ def spec_of(args: DPPOOatArgs) -> RunSpec:
     return run_spec(args, plan_of(args).grad_acc_step)
 
 
+def learners_normalise(advantage_mode: str) -> bool:
+    """True when the learners normalise returns over the whole learning batch (``rebn``, Gem's ``norm_return``);
+    the actors then send the discounted returns themselves."""
+    return advantage_mode == "rebn"
+
+
 def groups_per_step(args: DPPOOatArgs) -> int:
     """``groups_per_step``, else enough groups for one single-turn batch of ``rollout_batch_size_per_device``."""
     return args.groups_per_step or -(-args.rollout_batch_size_per_device // args.num_samples)

@@ -23,8 +23,7 @@ import torch
 from oat.algorithms.ppo import PPOLearner
 from torch.utils.data import DataLoader, Dataset
 
-from dppo_oat.engines.oat.actor import learners_normalise
-from dppo_oat.engines.oat.args import DPPOOatArgs, run_spec
+from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.spec import UpdateSettings, split_ids
@@ -133,11 +132,7 @@ class DPPOLearner(PPOLearner):
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
-            self._wandb = RunDirectoryLogger(self.save_path, config, self.learning_round, mirror=self._wandb)
-
-    def learning_round(self) -> int:
-        """The learning rounds done so far (oat learns every ``update_interval`` actor steps)."""
-        return self.steps // self.update_interval
+            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb)
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args

@@ -5,7 +5,8 @@ read GPU runs too.
 oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``log(logs)`` after every learning round
 and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
 lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
-update, the local engine's RL step). Rows keep every oat key and add the names the local engine uses:
+update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
+written twice), an evaluation line at the rounds done when it ran (0 before training). Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
 ``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``.
 """
@@ -13,11 +14,11 @@ update, the local engine's RL step). Rows keep every oat key and add the names t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from dppo_oat.runlog import RunLog
 
-DPPO_PREFIX, ACTOR_PREFIX = "train/dppo/", "actor/"
+DPPO_PREFIX, ACTOR_PREFIX, ROUND_KEY = "train/dppo/", "actor/", "train/learning_round"
 EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/episodes"}
 
 
@@ -48,15 +49,16 @@ def eval_row(logs: dict[str, Any], step: int) -> Optional[dict[str, Any]]:
 class RunDirectoryLogger:
     """Writes oat's logs into a run directory; ``mirror`` (the wandb module, or None) gets every call too."""
 
-    def __init__(self, directory: Path, config: dict, step: Callable[[], int], mirror: Any = None):
+    def __init__(self, directory: Path, config: dict, mirror: Any = None):
         self.run_log = RunLog(Path(directory), config)
-        self.step, self.mirror = step, mirror
+        self.mirror, self.rounds = mirror, 0
 
     def log(self, logs: dict[str, Any], *args, **kwargs) -> None:
-        step = self.step()
-        if any(key.startswith(("train/", ACTOR_PREFIX)) for key in logs):
-            self.run_log.log_metrics(metrics_row(logs, step))
-        evaluation = eval_row(logs, step)
+        learning_round = int(logs.get(ROUND_KEY, 0))
+        if learning_round > self.rounds:
+            self.rounds = learning_round
+            self.run_log.log_metrics(metrics_row(logs, learning_round))
+        evaluation = eval_row(logs, self.rounds)
         if evaluation is not None:
             self.run_log.log_eval(evaluation)
         if self.mirror is not None:
