@@ -1,7 +1,8 @@
 """Settings of the oat engine's tests (``make test-oat``; marked ``oat``, skipped where oat is not installed).
 
-dm-launchpad cannot be installed on Python >= 3.11, so ``launchpad_stub/`` (a recorder of the program oat builds) is
-put on ``sys.path`` when the real one is missing. vLLM runs in-process on the CPU with a 1 GiB KV cache.
+dm-launchpad cannot be installed on Python >= 3.11, so ``launchpad_stub/`` (a recorder of the program oat builds, which
+the rehearsal also runs with a minimal local launcher, ``launchpad_stub/launchpad/local_runner.py``) is put on
+``sys.path`` when the real one is missing. vLLM runs in-process on the CPU with a 1 GiB KV cache.
 """
 
 import importlib.util
