@@ -32,8 +32,8 @@ TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k"
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to sample. ``top_k_logprobs`` is the paper's K (0: do not return the top-K set); ``top_k`` restricts
-    sampling to the k most likely tokens (-1: no restriction)."""
+    """How to sample. ``temperature`` 0 is greedy (evaluation only: training samples). ``top_k_logprobs`` is the
+    paper's K (0: do not return the top-K set); ``top_k`` restricts sampling to the k most likely tokens (-1: all)."""
 
     max_new_tokens: int
     temperature: float = 1.0
@@ -45,8 +45,8 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature > 0 or math.isinf(self.temperature):
-            raise ValueError(f"temperature must be a finite number > 0 (sampling only), got {self.temperature}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k_logprobs < 0:
@@ -165,6 +165,8 @@ class RunSpec:
     update: UpdateSettings
 
     def __post_init__(self) -> None:
+        if self.sampling.temperature == 0:
+            raise ValueError("training samples episodes: its temperature must be > 0 (greedy decoding has no μ)")
         wanted = self.trust_region.k if self.trust_region.uses_topk else 0
         if self.sampling.top_k_logprobs != wanted:
             raise ValueError(f"trust region {self.trust_region.name!r} needs top_k_logprobs={wanted}, "

@@ -55,7 +55,9 @@ def test_a_buffer_that_keeps_earlier_rounds_is_refused_unless_cleared():
 
 @pytest.mark.parametrize("changes,message", [
     (dict(train_batch_size=256), "do not split into minibatches"),
-    (dict(rollout_batch_size=100), "not a multiple of 8 learner"),
+    (dict(rollout_batch_size=100), "--rollout_batch_size 100 is not a multiple of 8 learner"),
+    (dict(gpus=2, rollout_batch_size=129, pi_buffer_maxlen_per_device=64), "--rollout_batch_size 129"),
+    (dict(gpus=6, num_gpus_per_actor=3), "1, 2, 4 or 8 GPUs"),
     (dict(train_batch_size=100), "not a multiple of 8 learner"),
     (dict(max_train=100), "fewer than one learning round"),
     (dict(gpus=3, num_gpus_per_actor=2), "pairs every learner"),

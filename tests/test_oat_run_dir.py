@@ -31,8 +31,8 @@ def test_rows_keep_oats_keys_and_add_the_local_engines_names():
     assert (row["mask/fraction"], row["mismatch/abs_diff_mean"]) == (0.02, 0.004)
     assert (row["reward"], row["success"], row["response_length"]) == (0.4, 0.25, 310.0)
     assert eval_row(TRAIN_LOGS, 3) is None
-    assert eval_row(EVAL_LOGS, 0) == {"step": 0, **EVAL_LOGS_EVAL, "eval/success": 0.5, "eval/return": 0.6,
-                                      "eval/episodes": 64.0}
+    assert eval_row(EVAL_LOGS, 0, eval_n=4) == {"step": 0, **EVAL_LOGS_EVAL, "eval/success": 0.5, "eval/return": 0.6,
+                                                "eval/seeds": 64.0, "eval/episodes": 256.0}
 
 
 EVAL_LOGS_EVAL = {k: v for k, v in EVAL_LOGS.items() if k.startswith("eval/")}

@@ -102,6 +102,8 @@ def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
         ({"pretrain": "./not-a-model"}, "not a model directory"),
         ({"prompt_template": "llama"}, "unknown prompt template"),
         ({"generator": "vllm", "temperature": 0.7}, "vLLM"),
+        ({"wrappers": ("concat",)}, "--wrappers needs --pretrain"),
+        ({"temperature": 0.0}, "greedy decoding has no μ"),
     ],
 )
 def test_bad_input_fails_before_any_model_is_built(tmp_path, monkeypatch, overrides, message):
@@ -124,7 +126,7 @@ def test_unknown_preset_is_rejected_by_the_cli(capsys):
 def test_earlier_flag_spellings_still_work():
     from dppo_oat.engines.local.config import with_current_flags
 
-    argv = ["--algo", "ppo", "--delta=0.1", "--adv-mode", "rloo", "--template", "plain", "--steps", "3"]
+    argv = ["--algo", "ppo", "--delta=0.1", "--adv_mode", "rloo", "--template", "plain", "--steps", "3"]
     assert with_current_flags(argv) == ["--trust-region", "ppo", "--tr-delta=0.1", "--advantage-mode", "rloo",
                                         "--prompt-template", "plain", "--steps", "3"]
     config = tyro.cli(TrainConfig, args=with_current_flags(argv))

@@ -123,7 +123,7 @@ def prompt_token_ids(tokenizer, text: str, *, with_bos: bool) -> list[int]:
     """``text`` as prompt ids, led by the BOS token when ``with_bos`` (see :func:`adds_bos`). A BOS that a chat
     template already wrote is not doubled (oat's actor strips it the same way before vLLM adds its own)."""
     bos = tokenizer.bos_token
-    if bos and text.startswith(bos):
+    if with_bos and bos and text.startswith(bos):
         text = text[len(bos):]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [tokenizer.bos_token_id, *ids] if with_bos else ids

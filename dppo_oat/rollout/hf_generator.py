@@ -45,10 +45,11 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
 
 def generate_kwargs(settings: SamplingSettings, eos_ids: Sequence[int], pad_id: int) -> dict:
     """Keyword arguments of ``model.generate`` for one sampling call that returns the processed scores."""
+    sampling = settings.temperature > 0  # temperature 0: greedy (evaluation only)
     return dict(
         NEUTRAL_PROCESSING,
-        do_sample=True,
-        temperature=settings.temperature,
+        do_sample=sampling,
+        temperature=settings.temperature if sampling else None,
         top_p=settings.top_p,
         top_k=max(settings.top_k, 0),  # HF: 0 = no top-k cut
         max_new_tokens=settings.max_new_tokens,

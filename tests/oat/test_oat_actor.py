@@ -99,7 +99,8 @@ def test_sudoku_samples_carry_aligned_mu_and_topk(actor, tiny_policy, monkeypatc
     for transition in transitions:
         assert len(transition.response_ids) == len(transition.response_logprobs) == len(transition.rewards) > 0
         assert np.isfinite(transition.advantage)
-        assert "Sudoku" in transition.prompt and transition.info["actor/episodes"] == 4
+        assert "Sudoku" in transition.prompt
+        assert transition.info["actor/episodes"] == len(seeds) * actor.args.num_samples  # every episode of the step
         check_mu_and_topk(tiny_policy[0], transition)
 
 

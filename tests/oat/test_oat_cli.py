@@ -151,6 +151,12 @@ def test_every_preset_is_available(preset, gpu_node):
     assert spec.sampling.top_k_logprobs == (spec.trust_region.k if spec.trust_region.uses_topk else 0)
 
 
+def test_greedy_evaluation_is_allowed_and_greedy_training_is_not(gpu_node):
+    with gpu_node(2):
+        args = validate_args(launch.parse_args(SMALL + ["--eval_temperature", "0"]))
+    assert spec_of(args).eval_sampling.temperature == 0
+
+
 def test_dppo_flags_reach_the_run_spec(gpu_node):
     flags = ["--trust_region", "dppo_topk_kl", "--tr_delta", "0.1", "--tr_k", "8", "--tr_is_cap", "5",
              "--wrappers", "concat", "--turn_baseline", "--eval_top_k", "20", "--env_ids", "game:Sudoku-v0-easy"]
@@ -176,6 +182,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--num_samples", "1"], "needs groups"),
         (["--prompt_template", "llama"], "prompt template"),
         (["--wrappers", "concatenate"], "unknown Gem wrapper"),
+        (["--eval_temperature", "-1"], "--eval_temperature"),
+        (["--num_eval_seeds", "0"], "not one: give a number of seeds"),
+        (["--num_gpus_per_actor", "3"], "1, 2, 4 or 8"),
         (["--env_ids", "game:Sudoku-v9"], "unknown env id"),
         (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
     ],

@@ -158,5 +158,6 @@ def with_current_flags(argv: list[str]) -> list[str]:
     out = []
     for arg in argv:
         name, sep, value = arg.partition("=")
-        out.append(LEGACY_FLAGS.get(name, name) + sep + value if name in LEGACY_FLAGS else arg)
+        legacy = name.replace("_", "-") if name.startswith("--") else name  # tyro reads --adv_mode as --adv-mode
+        out.append(LEGACY_FLAGS[legacy] + sep + value if legacy in LEGACY_FLAGS else arg)
     return out

@@ -40,6 +40,9 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError(f"--train-pool must be >= 1 puzzle seed, got {c.train_pool}")
     if not c.logprob_noise >= 0:
         raise ValueError(f"--logprob-noise must be >= 0, got {c.logprob_noise}")
+    if c.wrappers and c.pretrain is None:
+        raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
+                         "observations")
     if c.group_size < 2 and spec.advantages.needs_groups:
         raise ValueError(f"--advantage-mode {c.advantage_mode} compares samples within a group: "
                          "use --group-size >= 2")

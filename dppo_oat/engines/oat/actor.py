@@ -21,6 +21,7 @@ Overridden: ``init`` (adds the collector and generator), ``step`` (training epis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 
@@ -54,6 +55,12 @@ def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
 
 def eos_ids(tokenizer) -> list[int]:
     return [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+
+
+def step_info(rollouts: list[Rollout]) -> dict[str, float]:
+    """``actor/...`` statistics of every episode played in one actor step (not only of the kept samples')."""
+    merged = Rollout(samples=[s for r in rollouts for s in r.samples], episodes=[e for r in rollouts for e in r.episodes])
+    return {f"actor/{key}": value for key, value in merged.stats().items()}
 
 
 def episode_score(total_reward: float, success: bool) -> float:
@@ -107,16 +114,19 @@ class DPPOGemActor(PPOActor):
         return self.ipc_client.serialize_ipc(transitions)
 
     def collect_transitions(self, wanted: int) -> list[DPPOTransitionData]:
-        """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them."""
+        """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them,
+        each carrying the statistics of every episode of the step (oat averages ``info`` over the samples)."""
+        rollouts: list[Rollout] = []
         transitions: list[DPPOTransitionData] = []
         while len(transitions) < wanted:
             num_groups = self.collector.num_slots // self.args.num_samples
             seeds = self.seed_rng.integers(0, self.args.eval_seed_start, size=num_groups)
-            rollout = self.collector.collect(self.generator, self.spec.sampling, seeds.tolist())
-            transitions.extend(self.transitions_of(rollout))
+            rollouts.append(self.collector.collect(self.generator, self.spec.sampling, seeds.tolist()))
+            transitions.extend(self.transitions_of(rollouts[-1]))
         keep = self.seed_rng.choice(len(transitions), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(transitions)} turn samples, keeping {wanted}")
-        return [transitions[i] for i in sorted(keep)]
+        info = step_info(rollouts)
+        return [dataclasses.replace(transitions[i], info=dict(info)) for i in sorted(keep)]
 
     def transitions_of(self, rollout: Rollout) -> list[DPPOTransitionData]:
         """oat transitions of one rollout, with the core's advantages over its whole groups (or, for ``rebn``, the
@@ -130,7 +140,7 @@ class DPPOGemActor(PPOActor):
                                             [s.turn for s in samples], settings.gamma)
         else:
             advantages = sample_advantages(samples, settings)
-        info = {f"actor/{key}": value for key, value in rollout.stats().items()}
+        info = step_info([rollout])
         prompts = self.tokenizer.batch_decode([s.prompt_ids for s in samples])
         return [
             transition_from_sample(s, a, p, info, ignore_no_eos=self.args.ignore_no_eos)

@@ -16,6 +16,7 @@ than silently ignored (:data:`REPLACED_OAT_FLAGS`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Tuple
 
@@ -52,6 +53,7 @@ REPLACED_OAT_FLAGS = {
     "non_stop_fixed_reward": (None, "rewards are the environment's (a cut response is an invalid action)"),
     "lora_sync_only": (False, "the actor's generator does not apply LoRA adapters: without it oat merges the "
                               "adapters and sends whole weights"),
+    "apply_chat_template": (False, "prompts come from --prompt_template (chat: the tokenizer's chat template)"),
 }
 """oat flags whose job DPPO's loss does differently: ``name -> (the only accepted value, what to use instead)``."""
 
@@ -105,10 +107,12 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
     tr = args.trust_region_spec()
     rollout = RolloutSettings(template=args.prompt_template, max_prompt_tokens=args.prompt_max_length,
                               max_turns=args.max_turns, env_seed=args.env_seed, wrappers=split_ids(args.wrappers))
-    sampling = SamplingSettings(args.generate_max_length, args.temperature, args.top_p,
-                                top_k_logprobs=topk_logprobs_of(tr), top_k=args.top_k)
-    eval_sampling = SamplingSettings(args.eval_generate_max_length, args.eval_temperature, args.eval_top_p,
-                                     top_k=args.eval_top_k)
+    with flags_named("--temperature, --top_p, --top_k, --generate_max_length"):
+        sampling = SamplingSettings(args.generate_max_length, args.temperature, args.top_p,
+                                    top_k_logprobs=topk_logprobs_of(tr), top_k=args.top_k)
+    with flags_named("--eval_temperature, --eval_top_p, --eval_top_k, --eval_generate_max_length"):
+        eval_sampling = SamplingSettings(args.eval_generate_max_length, args.eval_temperature, args.eval_top_p,
+                                         top_k=args.eval_top_k)
     update = UpdateSettings(
         num_epochs=args.num_ppo_epochs, minibatch_size=args.train_batch_size_per_device * grad_acc_step,
         micro_batch_size=args.train_batch_size_per_device, aggregation=loss_aggregation(args),
@@ -120,6 +124,15 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
         eval_sampling=eval_sampling,
         advantages=AdvantageSettings(args.advantage_mode, args.gamma, args.turn_baseline), update=update,
     )
+
+
+@contextlib.contextmanager
+def flags_named(flags: str):
+    """Prefix a settings error with the command-line flags it comes from."""
+    try:
+        yield
+    except ValueError as error:
+        raise ValueError(f"{flags}: {error}") from None
 
 
 def spec_of(args: DPPOOatArgs) -> RunSpec:
@@ -168,7 +181,7 @@ def _check_replaced_flags(args: DPPOOatArgs) -> None:
 
 
 def _check_tasks(args: DPPOOatArgs) -> None:
-    from envs import check_env_id
+    from envs import LOCAL_MATH_PREFIX, check_env_id
 
     if not split_ids(args.env_ids):
         raise ValueError("--env_ids names no environment")
@@ -176,6 +189,10 @@ def _check_tasks(args: DPPOOatArgs) -> None:
         check_env_id(env_id)
     if args.num_eval_seeds < 0 or args.eval_seed_start < 1:
         raise ValueError("--num_eval_seeds must be >= 0 and --eval_seed_start >= 1")
+    no_data_set = [e for e in split_ids(args.eval_env_ids or args.env_ids) if not e.startswith(LOCAL_MATH_PREFIX)]
+    if args.num_eval_seeds == 0 and no_data_set:
+        raise ValueError(f"--num_eval_seeds 0 evaluates every problem of a local-math set; {no_data_set[0]} is not "
+                         "one: give a number of seeds")
 
 
 def validate_args(args: DPPOOatArgs, *, check_gpus: bool = True) -> DPPOOatArgs:

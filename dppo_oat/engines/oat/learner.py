@@ -132,7 +132,7 @@ class DPPOLearner(PPOLearner):
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
-            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb)
+            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n)
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args

@@ -28,6 +28,7 @@ class Plan:
     gpus_per_actor: int
     num_groups: int
     learners: int
+    rollout_batch_size: int
     rollout_per_device: int
     actor_steps_per_round: int
     samples_per_round: int
@@ -39,6 +40,7 @@ class Plan:
     minibatch: int
     epochs: int
     optimizer_steps_per_round: int
+    scheduled_optimizer_steps: int
     actor_steps: int
     rounds: int
     eval_every_rounds: Optional[int]
@@ -70,12 +72,14 @@ def plan_of(args) -> Plan:
     return Plan(
         gpus=args.gpus, collocate=args.collocate, actors=actor_gpus // args.num_gpus_per_actor,
         gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
-        rollout_per_device=args.rollout_batch_size_per_device, actor_steps_per_round=interval,
+        rollout_batch_size=args.rollout_batch_size, rollout_per_device=args.rollout_batch_size_per_device,
+        actor_steps_per_round=interval,
         samples_per_round=args.rollout_batch_size // learners, buffer=args.pi_buffer_maxlen_per_device,
         buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
         train_batch_size=args.train_batch_size,
         grad_acc_step=grad_acc, minibatch=args.train_batch_size // learners, epochs=args.num_ppo_epochs,
         optimizer_steps_per_round=args.rollout_batch_size // args.train_batch_size * args.num_ppo_epochs,
+        scheduled_optimizer_steps=args.max_train // args.train_batch_size,
         actor_steps=actor_steps, rounds=actor_steps // interval,
         eval_every_rounds=_every_rounds(args.eval_steps, interval),
         save_every_rounds=_every_rounds(args.save_steps, interval), logits_gib=gib, logits_note=note,
@@ -109,6 +113,8 @@ def check_plan(plan: Plan) -> None:
 
 
 def _check_topology(plan: Plan) -> None:
+    if plan.gpus_per_actor not in (1, 2, 4, 8):
+        raise ValueError(f"oat runs actors of 1, 2, 4 or 8 GPUs, not --num_gpus_per_actor {plan.gpus_per_actor}")
     if plan.actors < 1:
         raise ValueError(f"{plan.gpus} GPU(s) leave no GPU for an actor of --num_gpus_per_actor {plan.gpus_per_actor}")
     if plan.actors * plan.gpus_per_actor * plan.num_groups != plan.learners:
@@ -117,8 +123,8 @@ def _check_topology(plan: Plan) -> None:
 
 
 def _check_rollout(plan: Plan) -> None:
-    if plan.samples_per_round % plan.rollout_per_device or plan.samples_per_round < plan.rollout_per_device:
-        raise ValueError(f"--rollout_batch_size {plan.samples_per_round * plan.learners} is not a multiple of "
+    if plan.rollout_batch_size % (plan.learners * plan.rollout_per_device):
+        raise ValueError(f"--rollout_batch_size {plan.rollout_batch_size} is not a multiple of "
                          f"{plan.learners} learner(s) × --rollout_batch_size_per_device {plan.rollout_per_device}")
 
 
@@ -192,7 +198,9 @@ def render_plan(plan: Plan) -> str:
         f"update: {plan.epochs} epoch(s) × {plan.samples_per_round // plan.minibatch} minibatch(es) of "
         f"{plan.minibatch} = {plan.optimizer_steps_per_round} optimizer step(s) per round; micro-batch "
         f"{plan.micro_batch}, gradient accumulation {plan.grad_acc_step}",
-        f"run: {plan.actor_steps} actor steps = {plan.rounds} learning round(s)",
+        f"run: {plan.actor_steps} actor steps = {plan.rounds} learning round(s) = "
+        f"{plan.rounds * plan.optimizer_steps_per_round} optimizer steps (oat lays its learning-rate schedule over "
+        f"{plan.scheduled_optimizer_steps}: max_train / train_batch_size)",
         f"evaluation: {_schedule(plan.eval_every_rounds, 'before training, ')}",
         f"model saved: {_schedule(plan.save_every_rounds, '')}",
         "logits per micro-batch: " + (f"{plan.logits_gib:.1f} GiB ({plan.logits_note})" if plan.logits_gib is not None

@@ -8,7 +8,8 @@ lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learn
 update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
 written twice), an evaluation line at the rounds done when it ran (0 before training). Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
-``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``.
+``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``, ``eval/eval_count`` →
+``eval/seeds`` (× ``eval_n``: ``eval/episodes``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Optional
 from dppo_oat.runlog import RunLog
 
 DPPO_PREFIX, ACTOR_PREFIX, ROUND_KEY = "train/dppo/", "actor/", "train/learning_round"
-EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/episodes"}
+EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/seeds"}
 
 
 def metrics_row(logs: dict[str, Any], step: int) -> dict[str, Any]:
@@ -38,27 +39,31 @@ def metrics_row(logs: dict[str, Any], step: int) -> dict[str, Any]:
     return row
 
 
-def eval_row(logs: dict[str, Any], step: int) -> Optional[dict[str, Any]]:
-    """One ``eval.jsonl`` line, or None when the logs hold no evaluation."""
+def eval_row(logs: dict[str, Any], step: int, eval_n: int = 1) -> Optional[dict[str, Any]]:
+    """One ``eval.jsonl`` line, or None when the logs hold no evaluation (oat counts seeds; ``eval_n`` episodes
+    were played from each)."""
     evaluation = {k: v for k, v in logs.items() if k.startswith("eval/")}
     if not evaluation:
         return None
-    return {"step": step, **evaluation, **{EVAL_NAMES[k]: v for k, v in evaluation.items() if k in EVAL_NAMES}}
+    row = {"step": step, **evaluation, **{EVAL_NAMES[k]: v for k, v in evaluation.items() if k in EVAL_NAMES}}
+    if "eval/seeds" in row:
+        row["eval/episodes"] = row["eval/seeds"] * eval_n
+    return row
 
 
 class RunDirectoryLogger:
     """Writes oat's logs into a run directory; ``mirror`` (the wandb module, or None) gets every call too."""
 
-    def __init__(self, directory: Path, config: dict, mirror: Any = None):
+    def __init__(self, directory: Path, config: dict, mirror: Any = None, eval_n: int = 1):
         self.run_log = RunLog(Path(directory), config)
-        self.mirror, self.rounds = mirror, 0
+        self.mirror, self.rounds, self.eval_n = mirror, 0, eval_n
 
     def log(self, logs: dict[str, Any], *args, **kwargs) -> None:
         learning_round = int(logs.get(ROUND_KEY, 0))
         if learning_round > self.rounds:
             self.rounds = learning_round
             self.run_log.log_metrics(metrics_row(logs, learning_round))
-        evaluation = eval_row(logs, self.rounds)
+        evaluation = eval_row(logs, self.rounds, self.eval_n)
         if evaluation is not None:
             self.run_log.log_eval(evaluation)
         if self.mirror is not None:
