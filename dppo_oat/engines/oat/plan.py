@@ -160,7 +160,8 @@ def logits_memory(args) -> tuple[Optional[float], str]:
     N = ``train_batch_size_per_device × (prompt_max_length + generate_max_length)`` tokens. With bf16/fp16 weights:
     the ``[N, V]`` logits, the fp32 copies the chunked log-softmax keeps for backward (N × V × (2 + 4) bytes), and
     three fp32 chunks (``logprob_chunk_size × V``) of backward's transients; with fp32 weights, the logits alone.
-    Measured on an H100 (``scripts/bench/logits_memory.py``, docs/bench): 0.89–1.01 × this in bf16, 0.81 × in fp32.
+    Measured on an H100 (``scripts/bench/logits_memory.py``, docs/bench): 0.89–1.02 × this in bf16 (six sizes),
+    0.81 × in fp32.
     """
     vocab = vocab_size(args.pretrain)
     if vocab is None:
