@@ -90,6 +90,12 @@ def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str 
     return group_advantages(returns, group_ids, mode)
 
 
+def sample_returns(samples: Sequence["TurnSample"], gamma: float) -> np.ndarray:
+    """:func:`discounted_returns` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``)."""
+    return discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
+                              [s.turn for s in samples], gamma)
+
+
 def sample_advantages(samples: Sequence["TurnSample"], settings: "AdvantageSettings") -> np.ndarray:
     """:func:`turn_advantages` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``, ``group_id``)."""
     return turn_advantages(

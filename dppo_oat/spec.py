@@ -167,7 +167,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.sampling.temperature == 0:
             raise ValueError("training samples episodes: its temperature must be > 0 (greedy decoding has no μ)")
-        wanted = self.trust_region.k if self.trust_region.uses_topk else 0
+        wanted = topk_logprobs_of(self.trust_region)
         if self.sampling.top_k_logprobs != wanted:
             raise ValueError(f"trust region {self.trust_region.name!r} needs top_k_logprobs={wanted}, "
                              f"the sampling settings ask for {self.sampling.top_k_logprobs}")

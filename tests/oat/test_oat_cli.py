@@ -277,3 +277,14 @@ def test_main_prints_the_plan_and_launches_the_program(gpu_node, monkeypatch, ca
     assert any(node.constructor is DPPOLearner for node in program.nodes)
     assert any(node.constructor is DPPOGemActor for node in program.nodes)
     assert "node: 2 GPU(s)" in capsys.readouterr().out
+
+
+def test_ctrl_c_before_launch_is_one_line(monkeypatch, capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "checked_plan", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        launch.main(SMALL)
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted before anything was launched"

@@ -19,6 +19,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from envs import ensure_registered
+
 from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig
@@ -50,6 +52,8 @@ class LocalTrainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
+        for env_id in config.env_ids:  # a local-math:<path> id is registered now; validation registers nothing
+            ensure_registered(env_id)
         self.model, self.tokenizer = self._load_policy()
         self.model.to(config.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -69,10 +73,6 @@ class LocalTrainer:
         return replace(self.spec.eval_sampling if evaluation else self.spec.sampling, seed=seed)
 
     def _load_policy(self):
-        from envs import ensure_registered
-
-        for env_id in self.config.env_ids:  # a local-math:<path> id is registered here, not during validation
-            ensure_registered(env_id)
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
         return load_or_build_tiny_policy(self.config, self.console)

@@ -21,7 +21,6 @@ Overridden: ``init`` (adds the collector and generator), ``step`` (training epis
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 
@@ -30,7 +29,7 @@ from oat.algorithms.ppo import PPOActor
 
 import envs  # registers the project's Gem ids (compact Sudoku, DPPO_MATH_DATA's local-math sets)
 
-from dppo_oat.advantages import discounted_returns, sample_advantages
+from dppo_oat.advantages import sample_advantages, sample_returns
 from dppo_oat.engines.oat import args as oat_args
 from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
@@ -41,6 +40,7 @@ from dppo_oat.rollout.vllm_generator import (
     VLLMGenerator,
     running_on_cpu,
 )
+from dppo_oat.samples import TurnSample
 from dppo_oat.spec import split_ids
 
 
@@ -117,34 +117,31 @@ class DPPOGemActor(PPOActor):
         """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them,
         each carrying the statistics of every episode of the step (oat averages ``info`` over the samples)."""
         rollouts: list[Rollout] = []
-        transitions: list[DPPOTransitionData] = []
-        while len(transitions) < wanted:
+        scored: list[tuple[TurnSample, float]] = []
+        while len(scored) < wanted:
             num_groups = self.collector.num_slots // self.args.num_samples
             seeds = self.seed_rng.integers(0, self.args.eval_seed_start, size=num_groups)
             rollouts.append(self.collector.collect(self.generator, self.spec.sampling, seeds.tolist()))
-            transitions.extend(self.transitions_of(rollouts[-1]))
-        keep = self.seed_rng.choice(len(transitions), size=wanted, replace=False)
-        logging.info(f"actor {self.actor_id}: {len(transitions)} turn samples, keeping {wanted}")
-        info = step_info(rollouts)
-        return [dataclasses.replace(transitions[i], info=dict(info)) for i in sorted(keep)]
+            scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples)))
+        keep = self.seed_rng.choice(len(scored), size=wanted, replace=False)
+        logging.info(f"actor {self.actor_id}: {len(scored)} turn samples, keeping {wanted}")
+        return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts))
 
-    def transitions_of(self, rollout: Rollout) -> list[DPPOTransitionData]:
-        """oat transitions of one rollout, with the core's advantages over its whole groups (or, for ``rebn``, the
-        discounted returns the learners normalise)."""
-        samples = rollout.samples
+    def advantages_of(self, samples: list[TurnSample]) -> list[float]:
+        """The core's advantages over whole groups, or, for ``rebn``, the discounted returns the learners normalise."""
         if not samples:
             return []
         settings = self.spec.advantages
         if oat_args.learners_normalise(settings.mode):
-            advantages = discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
-                                            [s.turn for s in samples], settings.gamma)
-        else:
-            advantages = sample_advantages(samples, settings)
-        info = step_info([rollout])
-        prompts = self.tokenizer.batch_decode([s.prompt_ids for s in samples])
+            return sample_returns(samples, settings.gamma).tolist()
+        return sample_advantages(samples, settings).tolist()
+
+    def transitions_of(self, scored: list[tuple[TurnSample, float]], info: dict) -> list[DPPOTransitionData]:
+        """oat transitions of ``(sample, advantage)`` pairs (prompts decoded only for the samples sent)."""
+        prompts = self.tokenizer.batch_decode([sample.prompt_ids for sample, _ in scored])
         return [
-            transition_from_sample(s, a, p, info, ignore_no_eos=self.args.ignore_no_eos)
-            for s, a, p in zip(samples, advantages, prompts)
+            transition_from_sample(sample, advantage, prompt, info, ignore_no_eos=self.args.ignore_no_eos)
+            for (sample, advantage), prompt in zip(scored, prompts)
         ]
 
     def generate_and_maybe_eval(self, prompts, formatted_prompts, references=None):

@@ -86,6 +86,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _fail(f"the oat engine needs the [oat] extra (README, 'On a GPU node'): {error}")
     except (ValueError, AssertionError) as error:
         _fail(str(error))
+    except KeyboardInterrupt:
+        _fail("interrupted before anything was launched", status=130)
     print(render_plan(plan), flush=True)
     if args.dry_run:
         return
@@ -95,9 +97,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     lp.launch(program, launch_type=args.launch_type, local_resources=local_resources, terminal="current_terminal")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":
