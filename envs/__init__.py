@@ -9,7 +9,9 @@ Importing ``envs`` registers with Gem (``gem.register``):
   (``envs/math_local.py``; register other sets with :func:`register_math_dataset` / :func:`register_math_folder`).
 
 The paper's Gem tasks (:data:`PAPER_TASKS`) are Gem's own ids and need no registration. Oracle policies and
-demonstrations are in ``envs/oracles.py``. To add an environment see ``envs/README.md``.
+demonstrations are in ``envs/oracles.py``. An environment of one's own lives in one's own file, a *plugin* that
+registers it (and its oracle, :func:`register_oracle`) when imported: the engines import it with ``--env-module``
+(:func:`import_env_modules`, ``envs/plugins.py``). See ``envs/README.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from envs.math_local import (
     register_math_folder,
     register_math_folder_from_environment,
 )
-from envs.oracles import ORACLES, demonstrations, oracle_action, register_oracle
+from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, register_oracle
+from envs.plugins import ENTRY_POINT_GROUP, import_env_module, import_env_modules
 from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
 
 PAPER_TASKS = ("game:Sudoku-v0-easy", "rg:arc_1d", "rg:acre")
@@ -65,7 +68,8 @@ def check_env_id(env_id: str) -> str:
         if not os.path.exists(path):
             raise ValueError(f"math data {path!r} (from env id {env_id}) does not exist")
         return env_id
-    raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENV_IDS}")
+    raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENV_IDS} (an env of your own: "
+                     "--env-module path/to/file.py that registers it)")
 
 
 def ensure_registered(env_id: str) -> str:
@@ -85,6 +89,7 @@ def make_env(env_id: str, **kwargs: Any) -> Env:
 __all__ = [
     "CompactSudokuObservation",
     "CountdownEnv",
+    "ENTRY_POINT_GROUP",
     "check_env_id",
     "LOCAL_MATH_IDS",
     "ORACLES",
@@ -93,10 +98,13 @@ __all__ = [
     "compact_sudoku_observation",
     "demonstrations",
     "ensure_registered",
+    "import_env_module",
+    "import_env_modules",
     "load_math_dataset",
     "make_env",
     "math_dataset_size",
     "oracle_action",
+    "oracle_for_env_id",
     "parse_compact_sudoku",
     "register_math_dataset",
     "register_math_folder",

@@ -11,17 +11,20 @@ They supply demonstrations for a supervised warm start and a ceiling for tests. 
 - ``example:Countdown-v0``: the first move of a solution found by search.
 
 :func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer
-can format them with any prompt template.
+can format them with any prompt template. An env of one's own (a plugin, see ``envs/plugins.py``) registers its oracle
+with :func:`register_oracle`; :func:`oracle_for_env_id` tells, without making the env, whether an id has one.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gem
 from gem.core import Env
 from gem.envs.game_env.sudoku import SudokuEnv
+from gem.envs.registration import ENV_REGISTRY
 from gem.envs.math_env import MathEnv
 
 from dppo_oat.rollout.episodes import observation_text as observation_with_suffix
@@ -107,16 +110,44 @@ def oracle_for_id(env_id: Optional[str]) -> Optional[Oracle]:
     return ORACLES.get(f"{prefix}:*")
 
 
+def oracle_for_class(env_class: Any) -> Optional[Oracle]:
+    """The fallback oracle of an env class (:data:`ORACLES_BY_ENV_CLASS`), or None."""
+    for base, oracle in ORACLES_BY_ENV_CLASS:
+        if isinstance(env_class, type) and issubclass(env_class, base):
+            return oracle
+    return None
+
+
+def registered_env_class(env_id: str) -> Any:
+    """The class (or factory) Gem's registry builds ``env_id`` with, imported as ``gem.make`` would, without building
+    an env; None for an unregistered id, or one whose entry point does not import (``gem.make`` will say why)."""
+    spec = ENV_REGISTRY.get(env_id)
+    if spec is None or not isinstance(spec.entry_point, str):
+        return None if spec is None else spec.entry_point
+    module_name, _, class_name = spec.entry_point.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def oracle_for_env_id(env_id: str) -> Optional[Oracle]:
+    """The oracle :func:`find_oracle` would pick for an env made from ``env_id``, found without making one: by id,
+    else by the class Gem's registry names for it. None when it has none."""
+    return oracle_for_id(env_id) or oracle_for_class(registered_env_class(env_id))
+
+
 def find_oracle(env: Env) -> Oracle:
     """The oracle for a (possibly wrapped) env: by its id, the unwrapped env's id, then the env's class."""
     for env_id in (getattr(env, "env_id", None), getattr(env.unwrapped, "env_id", None)):
         oracle = oracle_for_id(env_id)
         if oracle is not None:
             return oracle
-    for env_class, oracle in ORACLES_BY_ENV_CLASS:
-        if isinstance(env.unwrapped, env_class):
-            return oracle
-    raise KeyError(f"no oracle for env {getattr(env, 'env_id', type(env.unwrapped).__name__)}")
+    oracle = oracle_for_class(type(env.unwrapped))
+    if oracle is None:
+        env_id = getattr(env, "env_id", type(env.unwrapped).__name__)
+        raise KeyError(f"no oracle for env {env_id}: register one with envs.register_oracle({env_id!r}, oracle)")
+    return oracle
 
 
 def oracle_action(env: Env, rng: Any = None) -> str:

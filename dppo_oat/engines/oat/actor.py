@@ -80,6 +80,7 @@ class DPPOGemActor(PPOActor):
                 os.environ.setdefault(name, value)
         self.vllm_args = engine_overrides(self.vllm_args, self.spec.sampling.top_k_logprobs, on_cpu)
         super().init(actor_id, save_path)
+        envs.import_env_modules(args.env_module)  # a plugin's envs and oracles, in this actor's process
         for env_id in split_ids(args.env_ids) + split_ids(args.eval_env_ids):
             envs.ensure_registered(env_id)
         stops = eos_ids(self.tokenizer)
