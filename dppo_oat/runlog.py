@@ -18,10 +18,13 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
+
+from dppo_oat.errors import TrainingDiverged
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -85,8 +88,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` through a temporary file and a rename."""
+def nonfinite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Names of the floating-point tensors of a (nested) state dict that hold a NaN or an infinity."""
+    names = []
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            names += nonfinite_tensors(value, prefix=f"{name}.")
+        elif torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            names.append(name)
+    return names
+
+
+def atomic_torch_save(obj: Any, path: Path, *, weights: Mapping[str, Any] | None = None) -> None:
+    """``torch.save`` through a temporary file and a rename. ``weights`` (e.g. the model's state dict) must be
+    finite, or nothing is written and :class:`TrainingDiverged` names them: a checkpoint never holds NaN weights."""
+    broken = nonfinite_tensors(weights or {})
+    if broken:
+        raise TrainingDiverged(f"{len(broken)} weight tensor(s) are non-finite (e.g. {broken[0]}); {path} keeps the "
+                               "last finite checkpoint: lower --lr and start a new run")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
@@ -100,20 +120,59 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All complete JSON objects of ``path``, one per line (blank lines and a torn last line from a kill are
-    skipped); ``[]`` when the file does not exist."""
+    """All JSON objects of ``path``, one per line; ``[]`` when the file does not exist. Blank lines and a torn last
+    line (no newline: a kill mid-write) are skipped silently; any other unreadable line is skipped with a warning
+    that names the file and the line."""
     path = Path(path)
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    rows, unreadable = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
+        elif not (number == len(lines) and not text.endswith("\n")):
+            unreadable.append(number)
+    if unreadable:
+        warnings.warn(f"{path}: skipped {len(unreadable)} unreadable line(s) (line {unreadable[0]} first)",
+                      stacklevel=2)
     return rows
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"a.b": value}`` in its JSON form (tuples as lists, ``inf`` as ``"inf"``)."""
+    flat = {}
+    for key, value in to_jsonable(dict(config)).items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, prefix=f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any], may_change: Iterable[str]) -> list[str]:
+    """``"name: old → new"`` for every setting present in both configs that differs, except ``may_change``."""
+    old, new, allowed = flatten(stored), flatten(current), set(may_change)
+    return [f"{key}: {old[key]!r} → {new[key]!r}" for key in sorted(old.keys() & new.keys())
+            if key not in allowed and old[key] != new[key]]
+
+
+def read_config(directory: Path) -> dict:
+    """The run's ``config.json`` (``{}`` when absent); a damaged one is a one-line ``ValueError``."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is damaged ({error}): restore it, or start a new run with another --run-name") from None
 
 
 class RunLog:
@@ -123,6 +182,9 @@ class RunLog:
                  wandb: bool = False, tensorboard: bool = False):
         self.directory = Path(directory)
         make_writable_dir(self.directory)
+        if resume_step is not None:  # the run's history of resumes, each with the --steps it asked for
+            resumes = read_config(self.directory).get("resumes", [])
+            config = {**config, "resumes": [*resumes, {"step": resume_step, "steps": config.get("steps")}]}
         atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
         for name in (METRICS_FILE, EVAL_FILE):
             self._truncate(self.directory / name, resume_step)
@@ -166,7 +228,9 @@ class RunLog:
         self._append(EVAL_FILE, row)
 
     def close(self) -> None:
+        """Finish the mirrors (idempotent)."""
         if self._wandb is not None:
             self._wandb.finish()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        self._wandb = self._tensorboard = None

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
+
+import tyro
 
 from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS
 from dppo_oat.aggregation import AGGREGATIONS
@@ -53,6 +55,11 @@ class SamplingSettings:
             raise ValueError(f"top_k_logprobs must be >= 0, got {self.top_k_logprobs}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (all tokens) or >= 1, got {self.top_k}")
+
+    @property
+    def truncates(self) -> bool:
+        """True when top-p or top-k cuts the distribution (μ is then renormalised over the kept tokens)."""
+        return self.top_p < 1.0 or self.top_k != -1
 
     @property
     def is_plain(self) -> bool:
@@ -139,6 +146,8 @@ class UpdateSettings:
     scale_micro_batches: bool = True
     """Weigh each micro-batch loss by its share of the minibatch (False when the engine, like DeepSpeed, already
     averages over gradient-accumulation steps)."""
+    temperature: float = 1.0
+    """The learner's π_θ is ``softmax(logits / temperature)``: the rollout's sampling temperature (see RunSpec)."""
 
     def __post_init__(self) -> None:
         if self.num_epochs < 1 or self.minibatch_size < 1:
@@ -146,6 +155,9 @@ class UpdateSettings:
                 f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"the learner's temperature must be a finite number > 0 (training samples episodes: "
+                             f"greedy decoding has no μ), got {self.temperature}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown loss aggregation {self.aggregation!r}; choose one of: {', '.join(AGGREGATIONS)}")
         if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant and self.norm_constant > 0):
@@ -165,12 +177,28 @@ class RunSpec:
     update: UpdateSettings
 
     def __post_init__(self) -> None:
-        if self.sampling.temperature == 0:
-            raise ValueError("training samples episodes: its temperature must be > 0 (greedy decoding has no μ)")
+        check_same_distribution(self.sampling, self.update)
         wanted = topk_logprobs_of(self.trust_region)
         if self.sampling.top_k_logprobs != wanted:
             raise ValueError(f"trust region {self.trust_region.name!r} needs top_k_logprobs={wanted}, "
                              f"the sampling settings ask for {self.sampling.top_k_logprobs}")
+
+
+def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) -> None:
+    """The trust region bounds the divergence between π_θ and μ, the distribution the rollout sampled from: the
+    learner's π_θ must be that same distribution. Temperature is applied in the learner too (eq:trust_region's μ
+    is the tempered policy); a top-p / top-k cut renormalises μ over a support the learner does not know, so
+    training refuses it (evaluation may use it)."""
+    if sampling.temperature == 0:
+        raise ValueError("training samples episodes: its temperature must be > 0 (greedy decoding has no μ)")
+    if sampling.truncates:
+        raise ValueError(
+            f"training with top-p/top-k sampling (top_p={sampling.top_p}, top_k={sampling.top_k}) would compare π_θ "
+            "over the whole vocabulary with μ renormalised over the kept tokens, so the trust region would be wrong: "
+            "train with top_p 1 and top_k -1 (evaluation may use them)")
+    if update.temperature != sampling.temperature:
+        raise ValueError(f"the learner's temperature {update.temperature} differs from the sampling temperature "
+                         f"{sampling.temperature}: π_θ and μ would be different distributions")
 
 
 @dataclass
@@ -196,6 +224,9 @@ class DPPOFlags:
     """Override the preset's K (top-K rules: the rollout returns TopK(μ, K) with each token)."""
     env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
+    env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """A module (my_lab.envs) or file (path/to/my_envs.py) to import before env ids are resolved, so the envs (and
+    oracles) it registers can be named in --env-ids; repeat the flag for several (see envs/README.md)."""
     prompt_template: Optional[str] = None
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat (see each engine's default)."""
     wrappers: Tuple[str, ...] = ()

@@ -40,18 +40,44 @@ def without_engine_flag(argv: Sequence[str]) -> list[str]:
 
 
 def run_local(config: TrainConfig) -> dict:
-    """Build the local trainer (validating first) and train; user errors exit with one clear message."""
+    """Build the local trainer (validating first) and train. What a user can reach ends in one line, never a
+    traceback: bad input (exit 2), a run that cannot go on (exit 1), Ctrl-C (exit 130, with how to continue)."""
     from rich.console import Console
 
     from dppo_oat.engines.local.trainer import LocalTrainer
+    from dppo_oat.errors import RunError, TrainingDiverged
 
-    console = Console()
+    console, trainer = Console(), None
     try:
         trainer = LocalTrainer(config, console)
+        return trainer.run()
     except ValueError as error:
-        console.print(f"[bold red]error:[/] {error}")
-        raise SystemExit(2) from None
-    return trainer.run()
+        _fail(console, str(error), 2)
+    except TrainingDiverged as error:
+        where = "" if trainer is None else f" at step {trainer.step_in_progress}"
+        _fail(console, f"training diverged{where}: {error}", 1)
+    except RunError as error:
+        _fail(console, str(error), 1)
+    except KeyboardInterrupt:
+        _fail(console, _interrupted(trainer, config), 130)
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+def _fail(console, message: str, code: int) -> None:
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    raise SystemExit(code) from None
+
+
+def _interrupted(trainer, config: TrainConfig) -> str:
+    """What Ctrl-C left behind and how to go on."""
+    if trainer is None or trainer.step == 0:
+        return "interrupted before the first checkpoint: run the same command again to start over"
+    return (f"interrupted at step {trainer.step_in_progress}; step {trainer.step} is checkpointed in "
+            f"{config.run_path()}: the same command with --resume continues")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,10 +8,21 @@ Per rollout batch (as in PPO with several updates per rollout):
 2. for each of ``num_epochs`` epochs, shuffle and split into minibatches; each minibatch is one optimizer step,
    accumulated over micro-batches: forward (fp32 log-probs, entropy, top-K gather) → :func:`policy_loss` →
    aggregation → backward; then the optimizer step (with gradient clipping inside ``optimizer_step``).
+
+π_θ is the distribution the rollout sampled from: the forward pass divides the logits by the sampling temperature,
+as the rollout engine did before reporting μ (``causal_lm_forward(temperature=...)``; :class:`~dppo_oat.spec.RunSpec`
+refuses a learner temperature other than the sampling one).
+
+The divergence guard (:class:`DivergenceGuard`): a minibatch whose loss or μ log-probs are non-finite is never
+applied (its backward is a zero-gradient surrogate, so engines that count micro-batches stay aligned, and the engine
+discards the step); an engine whose gradient norm is non-finite skips its step and says so (``guard/skipped``). A
+run that skips ``patience`` optimizer steps in a row, or whose own log-probs turn non-finite, stops with
+:class:`~dppo_oat.errors.TrainingDiverged`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -19,6 +30,7 @@ import numpy as np
 import torch
 
 from dppo_oat.aggregation import aggregate_loss
+from dppo_oat.errors import TrainingDiverged
 from dppo_oat.logprobs import entropy_chunked, gather_logprobs_chunked
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
@@ -38,12 +50,18 @@ ForwardFn = Callable[[UpdateBatch, bool], PolicyOutputs]
 """``forward(batch, with_topk) -> PolicyOutputs``; ``logp`` carries gradient."""
 
 
-def causal_lm_forward(model, *, chunk_size: int = 1024, with_entropy: bool = True) -> ForwardFn:
+def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int = 1024,
+                      with_entropy: bool = True) -> ForwardFn:
     """A :data:`ForwardFn` for any Hugging Face causal LM: fp32 log-probs of the predicted tokens, entropy and the
-    top-K gather computed in chunks (no ``[N, L, V]`` log-softmax is kept)."""
+    top-K gather computed in chunks (no ``[N, L, V]`` log-softmax is kept), all of ``softmax(logits / temperature)``:
+    the distribution a rollout at that temperature samples from."""
+    if not temperature > 0:
+        raise ValueError(f"the learner's temperature must be > 0, got {temperature}")
 
     def forward(batch: UpdateBatch, with_topk: bool) -> PolicyOutputs:
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature
         logp = gather_logprobs_chunked(logits, batch.input_ids[:, 1:], chunk_size=chunk_size)
         entropy = topk_logp = None
         with torch.no_grad():
@@ -58,6 +76,80 @@ def causal_lm_forward(model, *, chunk_size: int = 1024, with_entropy: bool = Tru
 
 BackwardFn = Callable[[torch.Tensor], None]
 OptimizerStepFn = Callable[[], "dict[str, float] | None"]
+"""Applies the minibatch's accumulated gradients. Must not apply a non-finite gradient: then it discards it and
+returns ``{SKIPPED: 1.0}`` among its metrics."""
+DiscardStepFn = Callable[[], "dict[str, float] | None"]
+"""Drops the minibatch's accumulated gradients without changing the weights (the guard's skip)."""
+
+SKIPPED = "guard/skipped"
+"""1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+NONFINITE_CAUSES = {"guard/nonfinite_loss": "the policy loss", "guard/nonfinite_mu": "μ's log-probs (the rollout's)",
+                    "guard/nonfinite_grad": "the gradient norm"}
+"""The guard's per-step metrics (1.0 when that value was non-finite) and what each names in an error."""
+
+
+@dataclass
+class DivergenceGuard:
+    """Counts optimizer steps skipped in a row; ``patience`` of them stop the run (it will not recover)."""
+
+    patience: int = 8
+    skipped_in_a_row: int = 0
+    skipped_total: int = 0
+
+    def observe(self, metrics: dict[str, float]) -> None:
+        """Record one optimizer step's metrics; raise :class:`TrainingDiverged` after ``patience`` skips in a row."""
+        if not metrics.get(SKIPPED):
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        self.skipped_total += 1
+        if self.skipped_in_a_row >= self.patience:
+            causes = [name for key, name in NONFINITE_CAUSES.items() if metrics.get(key)] or ["a value"]
+            raise TrainingDiverged(
+                f"{' and '.join(causes)} non-finite in {self.skipped_in_a_row} optimizer steps in a row (none was "
+                "applied): lower --lr, check the rollout's log-probs (--logprob-noise?) and start a new run")
+
+
+def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
+                    response_mask: torch.Tensor) -> str | None:
+    """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs mean the weights
+    themselves diverged: nothing later can recover, so that raises at once."""
+    mask = response_mask.bool()
+    if not torch.isfinite(logp.detach()[mask]).all():
+        raise TrainingDiverged("π_θ's log-probs are non-finite: the policy's weights diverged (lower --lr and "
+                               "start a new run from the last checkpoint's settings)")
+    if not torch.isfinite(behavior_logp[mask]).all():
+        return "guard/nonfinite_mu"
+    if not torch.isfinite(loss.detach()).all():
+        return "guard/nonfinite_loss"
+    return None
+
+
+def zero_surrogate(logp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """A loss whose gradient is exactly zero but which runs the same backward (finite π_θ log-probs only)."""
+    return (logp * response_mask).sum() * 0.0
+
+
+def clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                  max_grad_norm: float) -> dict[str, float]:
+    """A plain torch :data:`OptimizerStepFn`: clip the gradient norm, step unless it is non-finite, zero grads."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
+    applied = math.isfinite(grad_norm)
+    if applied:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": grad_norm, **({} if applied else {SKIPPED: 1.0, "guard/nonfinite_grad": 1.0})}
+
+
+@torch.no_grad()
+def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4) -> None:
+    """After an update: π_θ's log-probs on the first ``rows`` samples are finite, or the weights diverged (raise),
+    before any checkpoint of them is written."""
+    first = batch.select(torch.arange(min(rows, len(batch))))
+    logp = forward(first, False).logp
+    if not torch.isfinite(logp[first.response_mask.bool()]).all():
+        raise TrainingDiverged("the update left π_θ's log-probs non-finite: the weights diverged (lower --lr and "
+                               "start a new run)")
 
 
 @torch.no_grad()
@@ -85,8 +177,15 @@ def update_policy(
     *,
     generator: torch.Generator | None = None,
     on_step: Callable[[], None] | None = None,
+    discard_step: DiscardStepFn | None = None,
+    guard: DivergenceGuard | None = None,
 ) -> list[dict[str, float]]:
-    """All optimizer steps of one rollout batch; returns one metrics dict per step."""
+    """All optimizer steps of one rollout batch; returns one metrics dict per step.
+
+    ``discard_step`` lets the guard skip a minibatch with a non-finite loss or μ (without it such a minibatch stops
+    the run at once); ``guard`` carries the count of skips in a row across rollout batches.
+    """
+    guard = guard or DivergenceGuard()
     micro = settings.micro_batch_size or settings.minibatch_size
     if tr.needs_recompute and batch.recomputed_logp is None:
         batch = replace(batch, recomputed_logp=recompute_logprobs(batch, forward, micro))
@@ -96,19 +195,37 @@ def update_policy(
     for epoch in range(settings.num_epochs):
         for index in minibatch_indices(len(batch), settings.minibatch_size, generator):
             metrics = minibatch_step(batch, index, tr, forward, backward, settings)
-            metrics.update(optimizer_step() or {})
+            metrics.update(_finish_minibatch(metrics, optimizer_step, discard_step))
             metrics["epoch"] = float(epoch)
+            guard.observe(metrics)
             history.append(metrics)
             if on_step is not None:
                 on_step()
+    check_policy_finite(batch, forward)
     return history
 
 
+def _finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn,
+                      discard_step: DiscardStepFn | None) -> dict[str, float]:
+    """The optimizer step of a healthy minibatch, the discard of a poisoned one; every guard metric, 0 or 1."""
+    out = {SKIPPED: 0.0, **{key: 0.0 for key in NONFINITE_CAUSES}}
+    poisoned = [key for key in NONFINITE_CAUSES if metrics.get(key)]
+    if not poisoned:
+        out.update(optimizer_step() or {})
+        return out
+    if discard_step is None:
+        raise TrainingDiverged(f"{NONFINITE_CAUSES[poisoned[0]]} non-finite, and this engine cannot skip a step")
+    out.update(discard_step() or {})
+    out.update({SKIPPED: 1.0, **{key: 1.0 for key in poisoned}})
+    return out
+
+
 def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings) -> dict[str, float]:
-    """Forward + loss + backward over the micro-batches of one minibatch (gradients accumulate)."""
+    """Forward + loss + backward over the micro-batches of one minibatch (gradients accumulate). A micro-batch with
+    a non-finite loss or μ backpropagates a zero-gradient surrogate instead and marks the minibatch (guard/...)."""
     micro_size = settings.micro_batch_size or len(index)
     totals = _micro_denominators(batch.response_mask[index], settings.aggregation)
-    collected = []
+    collected, poisoned = [], set()
     for micro_index in index.split(micro_size):
         micro = batch.select(micro_index)
         out = forward(micro, tr.uses_topk)
@@ -121,12 +238,16 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
         )
         loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
-        backward(loss * share if settings.scale_micro_batches else loss)
+        cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask)
+        if cause is not None:
+            poisoned.add(cause)
+        backward(zero_surrogate(out.logp, micro.response_mask) if cause or poisoned else
+                 (loss * share if settings.scale_micro_batches else loss))
         metrics = dict(result.metrics, loss=loss.item())
         if out.entropy is not None:
             metrics["entropy"] = _masked_mean(out.entropy, micro.response_mask)
         collected.append((metrics, share))
-    return combine_micro_metrics(collected)
+    return {**combine_micro_metrics(collected), **{key: 1.0 for key in poisoned}}
 
 
 def _micro_denominators(response_mask: torch.Tensor, aggregation: str) -> float:

@@ -94,16 +94,33 @@ def select_split(dataset: Union[Dataset, DatasetDict], split: Optional[str], sou
 
 
 def read_json_rows(path: str) -> Dataset:
-    """A Dataset from a JSONL file (one object per line) or a JSON file holding a list of objects."""
+    """A Dataset from a JSONL file (one object per line) or a JSON file holding a list of objects; a malformed
+    line or row is a ``ValueError`` that names the file and the line."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     if path.endswith(".jsonl"):
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = [_json_line(path, number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     else:
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{path}: expected a non-empty list of JSON objects")
+    not_objects = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
+    if not_objects:
+        raise ValueError(f"{path}: row {not_objects[0] + 1} is not a JSON object")
     return Dataset.from_list(rows)
+
+
+def _json_line(path: str, number: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}, line {number}: not a JSON object")
+    return row
 
 
 def load_math_dataset(path: Union[str, os.PathLike], split: Optional[str] = None) -> Dataset:

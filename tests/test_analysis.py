@@ -196,8 +196,12 @@ def test_same_run_name_in_two_directories(tmp_path):
 
 def test_bad_paths_raise_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(ValueError, match="not a run directory"):
+        load_runs([tmp_path / "other"])
+    with pytest.warns(UserWarning, match="empty directory"), pytest.raises(ValueError, match="no run directories"):
         load_runs([tmp_path / "empty"])
     with pytest.raises(ValueError, match="not a directory"):
         load_run(tmp_path / "file.txt")

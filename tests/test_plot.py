@@ -105,6 +105,7 @@ def test_cli_notes_skipped_panels(tmp_path, capsys):
 
 def test_cli_rejects_a_path_that_is_not_a_run_before_plotting(runs, tmp_path, capsys):
     (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")  # an empty directory is skipped instead (test_faults)
     out = tmp_path / "f.png"
     with pytest.raises(SystemExit) as exit_info:
         main([str(runs / "cispo-s0"), str(tmp_path / "notes"), "-o", str(out)])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -121,8 +122,9 @@ def not_a_run_dir_message(path: PathLike) -> str:
 def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path]:
     """The run directories named by paths and glob patterns, in the order given, without duplicates.
 
-    A pattern keeps only the matches that are run directories; a plain path must be one. A pattern with no
-    matching run directory and a plain path that is not a run directory raise ``ValueError``.
+    A pattern keeps only the matches that are run directories; a plain path must be one (an empty directory is
+    skipped with a warning). A pattern with no matching run directory and a plain path that is not a run directory
+    raise ``ValueError``.
     """
     items = [paths_or_globs] if isinstance(paths_or_globs, (str, Path)) else list(paths_or_globs)
     found: list[Path] = []
@@ -133,6 +135,9 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
                 raise ValueError(f"{item}: no run directory matches this pattern")
         elif is_run_dir(item):
             matches = [Path(item)]
+        elif Path(item).is_dir() and not any(Path(item).iterdir()):
+            warnings.warn(f"{item}: an empty directory, skipped (not a run)", stacklevel=2)
+            matches = []
         else:
             raise ValueError(not_a_run_dir_message(item))
         found.extend(m for m in matches if m not in found)

@@ -225,6 +225,15 @@ class EpisodeCollector:
             turn += 1
         return self._finish(slots)
 
+    def first_prompt_lengths(self, seed: int) -> dict[str, int]:
+        """The token count of each env's first prompt from reset ``seed`` (the longest over its slots)."""
+        observations, infos = self.vec_env.reset(seed=[seed] * self.num_slots)
+        lengths: dict[str, int] = {}
+        for env_id, observation, info in zip(self.slot_env_ids, observations, infos):
+            length = len(self._tokenize(self.render(self.observation_fn(observation, info))))
+            lengths[env_id] = max(length, lengths.get(env_id, 0))
+        return lengths
+
     def _new_slot(self, index: int, seed: int) -> _Slot:
         env_id = self.slot_env_ids[index]
         record = EpisodeRecord(self._next_episode_id, env_id, group_id=f"{env_id}#{seed}", seed=seed)

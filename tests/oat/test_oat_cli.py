@@ -173,8 +173,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
     "flags,message",
     [
         (["--temperature", "0.7"], "raw log-probs"),
-        (["--top_p", "0.9"], "raw log-probs"),
-        (["--top_k", "50"], "raw log-probs"),
+        (["--top_p", "0.9"], "top-p/top-k"),
+        (["--top_k", "50"], "top-p/top-k"),
+        (["--learning_rate", "inf"], "--learning_rate must be a finite number"),
         (["--critic_type", "ppo"], "learned critic"),
         (["--trust_region", "dppo"], None),
         (["--trust_region", "dppo_binary_tv", "--tr_delta", "0"], "delta"),

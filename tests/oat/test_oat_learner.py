@@ -185,3 +185,30 @@ def test_rebn_normalises_over_every_learners_batch():
     expected = torch.as_tensor(batch_normalize(torch.cat([mine, theirs]).numpy()))[:3]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got, torch.as_tensor(batch_normalize(mine.numpy())), atol=1e-3)
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_a_poisoned_minibatch_is_skipped_through_deepspeed(zero_stage, tiny_policy, tiny_policy_dir, tmp_path,
+                                                           oat_on_cpu, gpu_node, monkeypatch):
+    """Non-finite μ in every sample: DeepSpeed (which checks overflow for fp16 only) applies nothing, counts the
+    skipped steps, and the next healthy batch trains as usual."""
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], zero_stage, 1e-3)
+    learner = oat_learner(args, "adamw", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy)
+    healthy = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    for sample in samples:
+        sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
+
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, poisoned))
+    assert infos["dppo/guard/skipped"].item() == 1.0 and infos["dppo/guard/nonfinite_mu"].item() == 1.0
+    assert learner.model.model.skipped_steps == 4  # 2 epochs × 2 minibatches, none applied
+    for name, value in learner.model.model.module.state_dict().items():
+        torch.testing.assert_close(value, start[name], atol=0, rtol=0, msg=name)
+
+    infos = learner.learning_step(oat_trajectory(learner, healthy))
+    assert infos["dppo/guard/skipped"].item() == 0.0 and learner.model.model.skipped_steps == 4
+    moved = max((v - start[k]).abs().max().item() for k, v in learner.model.model.module.state_dict().items())
+    assert moved > 1e-4

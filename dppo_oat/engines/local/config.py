@@ -59,13 +59,14 @@ class TrainConfig(spec.DPPOFlags):
     env_ids: Tuple[str, ...] = (DEFAULT_ENV,)
     """Gem env ids, assigned to groups round-robin."""
     prompt_template: Optional[str] = None
-    """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat; None: plain for the tiny
-    policy, else qwen3_game."""
+    """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat. None: plain for the tiny
+    policy; with --pretrain, qwen3_game (Gem's game prompt in Qwen3 markup): pass qwen3_general for single-turn
+    questions, chat for the model's own chat template."""
     loss_aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
     """How per-token losses are aggregated (seq-mean-token-sum-norm: Dr.GRPO's, over --max-new-tokens)."""
     pretrain: Optional[str] = None
-    """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: build, warm-start and
-    cache the tiny policy on the first --env-ids."""
+    """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: build and cache a tiny
+    policy warm-started on the oracle moves of the first --env-ids (which must have an oracle)."""
     generator: Literal["hf", "vllm"] = "hf"
     steps: int = 100
     groups_per_step: int = 16
@@ -149,8 +150,16 @@ def run_spec(config: TrainConfig) -> spec.RunSpec:
         advantages=spec.AdvantageSettings(config.advantage_mode, config.gamma, config.turn_baseline),
         update=spec.UpdateSettings(num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
                                    micro_batch_size=config.micro_batch_size, aggregation=config.loss_aggregation,
-                                   norm_constant=float(config.max_new_tokens)),
+                                   norm_constant=float(config.max_new_tokens), temperature=config.temperature),
     )
+
+
+def logged_config(config: TrainConfig, run: spec.RunSpec) -> dict:
+    """What ``config.json`` records: every flag, the resolved run name, trust region and template."""
+    from dataclasses import asdict
+
+    return {**asdict(config), "run_name": config.resolved_run_name(), "trust_region": asdict(run.trust_region),
+            "prompt_template": run.rollout.template, "engine": "local"}
 
 
 def with_current_flags(argv: list[str]) -> list[str]:

@@ -142,11 +142,15 @@ def _save_atomically(model, tokenizer, report: WarmStartReport, path: Path) -> N
 
 
 def load_pretrained(name_or_path: str):
-    """Any Hugging Face causal LM and its tokenizer, in fp32."""
+    """Any Hugging Face causal LM and its tokenizer, in fp32; a hub id already in the local cache loads from it
+    without asking the hub (no retries on a machine without network)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    from dppo_oat.engines.local.hub import cached_on_disk
+
+    local_only = not Path(name_or_path).expanduser().exists() and cached_on_disk(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
     return model, tokenizer

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +23,17 @@ from envs import ensure_registered
 
 from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
-from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import validate_config
+from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
-from dppo_oat.update import causal_lm_forward, summarize_steps, update_policy
+from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
 
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
     """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob)."""
@@ -52,7 +53,7 @@ class LocalTrainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        for env_id in config.env_ids:  # a local-math:<path> id is registered now; validation registers nothing
+        for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
         self.model, self.tokenizer = self._load_policy()
         self.model.to(config.device)
@@ -62,8 +63,11 @@ class LocalTrainer:
                                           self.tokenizer, self.spec.rollout)
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
                                                self.spec.eval_rollout)
-        self.step = 0
-        self.log = RunLog(config.run_path(), self._logged_config(), resume_step=self.resume_step,
+        self.step = self.step_in_progress = 0
+        self.guard = DivergenceGuard()
+        self._noted_small_batch = False
+        self._check_prompts_fit()
+        self.log = RunLog(config.run_path(), logged_config(self.config, self.spec), resume_step=self.resume_step,
                           wandb=config.wandb, tensorboard=config.tensorboard)
         if self.resume_step is not None:
             self._load_checkpoint()
@@ -88,9 +92,13 @@ class LocalTrainer:
             rollout_model = copy.deepcopy(self.model).to(getattr(torch, c.rollout_dtype))
         return HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
 
-    def _logged_config(self) -> dict:
-        return {**asdict(self.config), "run_name": self.config.resolved_run_name(),
-                "trust_region": asdict(self.tr), "prompt_template": self.spec.rollout.template, "engine": "local"}
+    def _check_prompts_fit(self) -> None:
+        """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
+        limit = self.config.max_prompt_tokens
+        for env_id, length in self.collector.first_prompt_lengths(seed=EVAL_SEED).items():
+            if length > limit:
+                raise ValueError(f"the first prompt of {env_id} has {length} tokens, more than --max-prompt-tokens "
+                                 f"{limit}: raise --max-prompt-tokens")
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
@@ -113,18 +121,20 @@ class LocalTrainer:
             perturb_logprobs(rollout, c.logprob_noise, step_seed(c.seed, step, 2))
         stats = rollout.stats()
         if not rollout.samples:
-            raise RuntimeError(f"step {step}: no episode produced a turn (prompts longer than --max-prompt-tokens?)")
+            raise RunError(f"step {step}: no episode produced a turn (every prompt longer than "
+                           f"--max-prompt-tokens {c.max_prompt_tokens}?)")
         samples = rollout.samples
         advantages = sample_advantages(samples, self.spec.advantages)
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
-        behavior_logits = response_logits(self.generator.model, batch) if probing else None
+        behavior_logits = response_logits(self.generator.model, batch, temperature=c.temperature) if probing else None
         update_started = time.perf_counter()
         self.model.train()
-        history = update_policy(batch, self.tr, causal_lm_forward(self.model), self._backward,
-                                self._optimizer_step, self._update_settings_for(len(batch)),
-                                generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)))
+        history = update_policy(batch, self.tr, causal_lm_forward(self.model, temperature=c.temperature),
+                                self._backward, self._optimizer_step, self._update_settings_for(len(batch)),
+                                generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
+                                discard_step=self._discard_step, guard=self.guard)
         self.model.eval()
         if self.generator.model is not self.model:
             self.generator.update_weights(self.model.state_dict())
@@ -138,24 +148,34 @@ class LocalTrainer:
     def _update_settings_for(self, rows: int) -> UpdateSettings:
         """The update settings of a rollout batch of ``rows`` turn samples (--minibatches-per-rollout)."""
         parts = self.config.minibatches_per_rollout
-        return self.spec.update if parts is None else replace(self.spec.update,
-                                                              minibatch_size=max(1, math.ceil(rows / parts)))
+        if parts is None:
+            self._note_small_batch(rows)
+            return self.spec.update
+        return replace(self.spec.update, minibatch_size=max(1, math.ceil(rows / parts)))
+
+    def _note_small_batch(self, rows: int) -> None:
+        """Say once when a whole rollout batch fits in one minibatch: every update is then fully on-policy."""
+        if rows <= self.config.minibatch_size and not self._noted_small_batch:
+            self._noted_small_batch = True
+            self.console.print(f"note: step {self.step + 1} has {rows} turn samples ≤ --minibatch-size "
+                               f"{self.config.minibatch_size}: one optimizer step per rollout batch", soft_wrap=True)
 
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
         # every TrustRegion has a K and a δ: rules that use neither keep the defaults (K = 20, δ = 0.15)
-        estimates = divergence_estimates(behavior_logits, response_logits(self.model, batch),
-                                         response_actions(batch), self.tr.k)
+        logits = response_logits(self.model, batch, temperature=self.config.temperature)
+        estimates = divergence_estimates(behavior_logits, logits, response_actions(batch), self.tr.k)
         return probe_metrics(estimates, self.tr.delta)
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def _optimizer_step(self) -> dict[str, float]:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.optimizer.step()
+        return clip_and_step(list(self.model.parameters()), self.optimizer, self.config.grad_clip)
+
+    def _discard_step(self) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(grad_norm)}
+        return {}
 
     def _step_metrics(self, stats, history, batch, rollout_seconds, update_seconds) -> dict[str, float]:
         trained_tokens = float(batch.attention_mask.sum()) * self.config.num_epochs
@@ -177,13 +197,20 @@ class LocalTrainer:
         return self.config.run_path() / CHECKPOINT_FILE
 
     def save_checkpoint(self) -> None:
-        atomic_torch_save({"step": self.step, "model": self.model.state_dict(),
-                           "optimizer": self.optimizer.state_dict()}, self._checkpoint_path())
+        weights = self.model.state_dict()
+        atomic_torch_save({"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict()},
+                          self._checkpoint_path(), weights=weights)
 
     def _load_checkpoint(self) -> None:
-        state = torch.load(self._checkpoint_path(), map_location=self.config.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        path = self._checkpoint_path()
+        try:
+            state = torch.load(path, map_location=self.config.device, weights_only=True)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError, EOFError, OSError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "
+                             "file, or start a new run with another --run-name") from None
         self.step = int(state["step"])
         if self.generator.model is not self.model:
             self.generator.update_weights(self.model.state_dict())
@@ -198,6 +225,7 @@ class LocalTrainer:
         with Progress(*columns, console=self.console) as progress:
             task = progress.add_task("RL steps", total=c.steps, completed=self.step)
             while self.step < c.steps:
+                self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
                 self.log.log_metrics(metrics)  # metrics first, then the checkpoint: a resume rewrites this step
                 self.save_checkpoint()
@@ -225,7 +253,11 @@ class LocalTrainer:
         after = evals[-1]["eval/success"] if evals else float("nan")
         self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "
                            f"({self.config.eval_episodes} episodes; run in {self.config.run_path()})")
+        self.close()
+        return {"success_before": before, "success_after": after, "steps": self.step}
+
+    def close(self) -> None:
+        """Release the log's mirrors and the envs (graders); safe to call twice and after a failure."""
         self.log.close()
         self.collector.close()
         self.eval_collector.close()
-        return {"success_before": before, "success_after": after, "steps": self.step}

@@ -1,18 +1,20 @@
 """Every mistake a user can make on the command line, reported once and clearly, before any model is built.
 
-Validation has no side effects: it registers no environment and creates no directory (the trainer does both when
-it builds the run), so a refused command leaves nothing behind.
+Validation creates no directory and registers no environment of its own (the trainer does both when it builds the
+run); its one side effect is importing the ``--env-module`` plugins, whose import registers theirs. A refused command
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from dppo_oat.engines.local.config import TrainConfig, run_spec
+from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import CHECKPOINT_FILE, METRICS_FILE, check_can_write
+from dppo_oat.runlog import CHECKPOINT_FILE, METRICS_FILE, check_can_write, config_differences, read_config
 from dppo_oat.spec import RunSpec
 
 
@@ -20,10 +22,12 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     """The run's spec and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
     spec = run_spec(config)
     _check_numbers(config, spec)
-    _check_envs(config.env_ids)
+    _check_device(config.device)
+    _check_envs(config)
+    _check_math_data(config.env_ids)
     _check_pretrain(config)
     _check_generator(config, spec)
-    return spec, _check_run_dir(config)
+    return spec, _check_run_dir(config, spec)
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
@@ -38,8 +42,14 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError(f"--probe-every must be >= 0 (0: never), got {c.probe_every}")
     if c.train_pool is not None and c.train_pool < 1:
         raise ValueError(f"--train-pool must be >= 1 puzzle seed, got {c.train_pool}")
-    if not c.logprob_noise >= 0:
-        raise ValueError(f"--logprob-noise must be >= 0, got {c.logprob_noise}")
+    if not (c.logprob_noise >= 0 and math.isfinite(c.logprob_noise)):
+        raise ValueError(f"--logprob-noise must be a finite number >= 0, got {c.logprob_noise}")
+    finite = {"lr": c.lr, "weight_decay": c.weight_decay, "grad_clip": c.grad_clip, "temperature": c.temperature}
+    for name, value in finite.items():
+        if not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if c.threads is not None and c.threads < 1:
+        raise ValueError(f"--threads must be >= 1 (leave it out for torch's default), got {c.threads}")
     if c.wrappers and c.pretrain is None:
         raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
                          "observations")
@@ -48,23 +58,84 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
                          "use --group-size >= 2")
 
 
-def _check_envs(env_ids) -> None:
-    """Every id is registered with Gem (after ``import envs``), or is ``local-math:<existing path>``."""
-    from envs import check_env_id
+def _check_envs(c: TrainConfig) -> None:
+    """The ``--env-module`` plugins import (the one side effect of validation: their import registers their envs);
+    every id is then registered with Gem, or is ``local-math:<existing path>``; the tiny policy's env has an oracle."""
+    from envs import check_env_id, import_env_modules
 
-    if not env_ids:
+    import_env_modules(c.env_module)
+    if not c.env_ids:
         raise ValueError("give at least one --env-ids")
-    for env_id in env_ids:
+    for env_id in c.env_ids:
         check_env_id(env_id)
+    if c.pretrain is None:
+        _check_warm_start_oracle(c.env_ids[0])
+
+
+def _check_warm_start_oracle(env_id: str) -> None:
+    """The tiny policy is warm-started on oracle moves of the first env id: it needs an oracle."""
+    from envs import oracle_for_env_id
+
+    if oracle_for_env_id(env_id) is None:
+        raise ValueError(f"no oracle for env {env_id}: the tiny policy is warm-started on its oracle's moves; "
+                         f"register one with envs.register_oracle({env_id!r}, oracle) in your --env-module "
+                         "(envs/README.md), or train a model of your own with --pretrain")
+
+
+def _check_device(device: str) -> None:
+    """``--device`` names a device torch knows and this machine has."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if parsed.type == "cpu":
+        return
+    backend = getattr(torch, parsed.type, None)
+    if backend is None or not hasattr(backend, "is_available") or not backend.is_available():
+        raise ValueError(f"--device {device}: this machine has no {parsed.type} device (use --device cpu)")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(f"--device {device}: this machine has {count} {parsed.type} device(s)")
+
+
+def _check_math_data(env_ids) -> None:
+    """Every local math set an id names loads, with its columns: errors name the file (and line), up front."""
+    from gem.envs.registration import ENV_REGISTRY
+
+    from envs.math_local import LOCAL_MATH_PREFIX, load_math_dataset, math_dataset_size
+
+    prefix = f"{LOCAL_MATH_PREFIX}:"
+    for env_id in env_ids:
+        try:
+            if env_id.startswith(prefix) and env_id not in ENV_REGISTRY:
+                load_math_dataset(env_id[len(prefix):])
+            elif env_id in ENV_REGISTRY:
+                math_dataset_size(env_id)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"env {env_id}: {error}") from None
 
 
 def _check_pretrain(c: TrainConfig) -> None:
+    """A local model directory, or a hub id that is cached or reachable (never minutes of retries offline)."""
     if c.pretrain is None:
         return
     path = Path(c.pretrain)
     looks_local = c.pretrain.startswith((".", "/", "~")) or path.exists()
-    if looks_local and not (path.expanduser() / "config.json").exists():
-        raise ValueError(f"--pretrain {c.pretrain!r} is not a model directory (no config.json)")
+    if looks_local:
+        if not (path.expanduser() / "config.json").exists():
+            raise ValueError(f"--pretrain {c.pretrain!r} is not a model directory (no config.json)")
+        return
+    from dppo_oat.engines.local.hub import cached_on_disk, hub_reachable
+
+    try:
+        cached = cached_on_disk(c.pretrain)
+    except ValueError as error:  # huggingface_hub's HFValidationError: not a repo id
+        raise ValueError(f"--pretrain {c.pretrain!r} is neither a model directory nor a hub id ({error})") from None
+    if not cached and not hub_reachable():
+        raise ValueError(f"--pretrain {c.pretrain}: no such directory, not in the Hugging Face cache, and the hub is "
+                         "unreachable: download the model where the hub is reachable and pass its directory")
 
 
 def _vocab_size(c: TrainConfig) -> int:
@@ -97,18 +168,41 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
 
 
-def _check_run_dir(c: TrainConfig) -> int | None:
+def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     """The checkpoint step when resuming; refuses an unwritable directory and overwriting a finished log."""
     path = c.run_path()
     check_can_write(path)
     checkpoint = path / CHECKPOINT_FILE
     if c.resume:
         if not checkpoint.exists():
-            raise ValueError(f"--resume: no checkpoint in {str(path)!r}")
-        import torch
-
-        return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
+            raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
+        _check_same_run(c, spec, path)
+        return _checkpoint_step(checkpoint)
     metrics = path / METRICS_FILE
     if metrics.exists() and metrics.stat().st_size > 0:
         raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
     return None
+
+
+RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "cache_dir", "run_dir", "eval_every",
+             "probe_every")
+"""Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
+
+
+def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> None:
+    """``--resume`` continues the same experiment: every setting but :data:`RESUMABLE` matches config.json."""
+    differences = config_differences(read_config(path), logged_config(c, spec), RESUMABLE)
+    if differences:
+        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
+                         "with its settings (see its config.json), or start a new run with another --run-name")
+
+
+def _checkpoint_step(checkpoint: Path) -> int:
+    """The step a checkpoint was written at; a damaged file is one line that names it."""
+    import torch
+
+    try:
+        return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a truncated or foreign file
+        raise ValueError(f"--resume: {checkpoint} is damaged ({type(error).__name__}): restore it, or start a new "
+                         "run with another --run-name") from None

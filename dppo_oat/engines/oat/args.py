@@ -17,6 +17,7 @@ than silently ignored (:data:`REPLACED_OAT_FLAGS`).
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Tuple
 
@@ -116,14 +117,15 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
     update = UpdateSettings(
         num_epochs=args.num_ppo_epochs, minibatch_size=args.train_batch_size_per_device * grad_acc_step,
         micro_batch_size=args.train_batch_size_per_device, aggregation=loss_aggregation(args),
-        norm_constant=float(args.generate_max_length), scale_micro_batches=False,
+        norm_constant=float(args.generate_max_length), scale_micro_batches=False, temperature=args.temperature,
     )
-    return RunSpec(
-        trust_region=tr, rollout=rollout, sampling=sampling,
-        eval_rollout=replace(rollout, env_seed=args.eval_env_seed),
-        eval_sampling=eval_sampling,
-        advantages=AdvantageSettings(args.advantage_mode, args.gamma, args.turn_baseline), update=update,
-    )
+    with flags_named("--temperature, --top_p, --top_k"):
+        return RunSpec(
+            trust_region=tr, rollout=rollout, sampling=sampling,
+            eval_rollout=replace(rollout, env_seed=args.eval_env_seed),
+            eval_sampling=eval_sampling,
+            advantages=AdvantageSettings(args.advantage_mode, args.gamma, args.turn_baseline), update=update,
+        )
 
 
 @contextlib.contextmanager
@@ -155,6 +157,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     """Everything DPPO needs of the arguments, without a GPU, a model or launchpad; the run's spec. Raises
     ValueError with one line that says what to change."""
     _check_replaced_flags(args)
+    _check_finite(args)
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
     plan = plan_of(args)
@@ -172,6 +175,17 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     return spec
 
 
+FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "temperature", "gamma")
+"""Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step)."""
+
+
+def _check_finite(args: DPPOOatArgs) -> None:
+    for name in FINITE_FLAGS:
+        value = getattr(args, name, 0.0)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
+
+
 def _check_replaced_flags(args: DPPOOatArgs) -> None:
     for name, (accepted, hint) in REPLACED_OAT_FLAGS.items():
         if getattr(args, name) != accepted:
@@ -181,8 +195,9 @@ def _check_replaced_flags(args: DPPOOatArgs) -> None:
 
 
 def _check_tasks(args: DPPOOatArgs) -> None:
-    from envs import LOCAL_MATH_PREFIX, check_env_id
+    from envs import LOCAL_MATH_PREFIX, check_env_id, import_env_modules
 
+    import_env_modules(args.env_module)  # the ids a plugin registers are known from here on
     if not split_ids(args.env_ids):
         raise ValueError("--env_ids names no environment")
     for env_id in split_ids(args.env_ids) + split_ids(args.eval_env_ids):

@@ -8,8 +8,8 @@ step, and returns the core's metrics beside oat's usual names. Everything else (
 set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
 (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``.
 
-Overridden: ``_init`` (adds the run's spec, the dataset that carries advantages and top-K sets, and the run
-directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
+Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries
+advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
 ``learning_step``. Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling;
 ``rebn`` returns are normalised here, over every learner's batch (Gem's ``norm_return``).
 """
@@ -17,6 +17,7 @@ directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import torch
@@ -26,8 +27,9 @@ from torch.utils.data import DataLoader, Dataset
 from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
+from dppo_oat.errors import TrainingDiverged
 from dppo_oat.spec import UpdateSettings, split_ids
-from dppo_oat.update import causal_lm_forward, summarize_steps, update_policy
+from dppo_oat.update import SKIPPED, DivergenceGuard, causal_lm_forward, summarize_steps, update_policy
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -123,12 +125,15 @@ class DPPOLearner(PPOLearner):
     """oat's PPO learner with the paper's trust regions (every preset), anchored on vLLM's μ."""
 
     def _init(self, args: DPPOOatArgs, actors) -> None:
+        import envs
+
+        envs.import_env_modules(args.env_module)  # a plugin's envs, in this learner's process (eval seeds)
         super()._init(args, actors)
         self.dataset_builder = DPPOTransitionDataset
         self.spec = run_spec(args, self.strategy.grad_acc_step)
         self.trust_region, self.update_settings = self.spec.trust_region, self.spec.update
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
-        self._grad_norm = float("nan")
+        self.guard = DivergenceGuard()
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
@@ -154,22 +159,47 @@ class DPPOLearner(PPOLearner):
             sum_over_learners = lambda value: self.strategy.all_reduce(value, op="sum")  # noqa: E731
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
-        forward = causal_lm_forward(self.model, chunk_size=self.args.logprob_chunk_size)
+        forward = causal_lm_forward(self.model, temperature=self.update_settings.temperature,
+                                    chunk_size=self.args.logprob_chunk_size)
         history = update_policy(
             batch, tr, forward, self._backward, self._optimizer_step, self.update_settings,
-            generator=self.shuffle_generator,
+            generator=self.shuffle_generator, discard_step=self._discard_step, guard=self.guard,
         )
         return summarize_history(history, batch.advantages)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        """One micro-batch through oat's strategy. DeepSpeed counts micro-batches itself and steps the optimizer
-        (with gradient clipping and the LR schedule) after every ``grad_acc_step``-th, so its ``step`` follows
-        every backward, as in oat; the gradient norm is read just before that step."""
+        """One micro-batch through oat's strategy. DeepSpeed counts micro-batches itself, so its ``step`` follows
+        every backward, as in oat, except at the accumulation boundary: that step is the core's to take
+        (:meth:`_optimizer_step`) or skip (:meth:`_discard_step`) once the minibatch is done."""
         self.strategy.backward(loss, self.model, self.optimizer)
-        if self.model.model.is_gradient_accumulation_boundary():
-            self._grad_norm = float(self.strategy.get_gradient_norm(self.model))
-        self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
+        if not self.model.model.is_gradient_accumulation_boundary():
+            self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
 
     def _optimizer_step(self) -> dict[str, float]:
-        """The core's end of a minibatch: DeepSpeed has already stepped at the boundary (see :meth:`_backward`)."""
-        return {"policy_grad_norm": self._grad_norm}
+        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless the gradient norm is non-finite:
+        DeepSpeed applies bf16 gradients unchecked, so the guard skips that step here."""
+        grad_norm = float(self.strategy.get_gradient_norm(self.model))
+        if not math.isfinite(grad_norm):
+            self._discard_step()
+            return {"policy_grad_norm": grad_norm, SKIPPED: 1.0, "guard/nonfinite_grad": 1.0}
+        self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
+        return {"policy_grad_norm": grad_norm}
+
+    def _discard_step(self) -> dict[str, float]:
+        skip_deepspeed_step(self.model.model)
+        return {}
+
+
+def skip_deepspeed_step(engine) -> None:
+    """End an accumulation window without applying its gradients, by DeepSpeed's own fp16 overflow path: its ZeRO
+    optimizers then clear the gradients, leave the weights and the LR schedule, and count a skipped step. bf16 never
+    sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step."""
+    optimizer = engine.optimizer
+    if not hasattr(optimizer, "overflow"):
+        raise TrainingDiverged("non-finite values in a minibatch, and this DeepSpeed optimizer cannot skip a step "
+                               "(use --zero_stage 1, 2 or 3)")
+    optimizer.overflow = True
+    try:
+        engine.step()
+    finally:
+        optimizer.overflow = False

@@ -1,0 +1,12 @@
+"""Failures of a run that a user can act on. The command line prints each as one line (never a traceback) that
+says what happened and what to do; anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class RunError(RuntimeError):
+    """A run cannot go on for a reason the user can fix (data, settings, a damaged file)."""
+
+
+class TrainingDiverged(RunError):
+    """Values went non-finite and did not recover: the policy's log-probs, the loss, or the gradients."""

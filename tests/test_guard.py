@@ -1,0 +1,164 @@
+"""The trust region compares the right distributions under any sampling setting, and non-finite values never reach
+the weights: the core's temperature-aware forward, the divergence guard and the checkpoint guard."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from dppo_oat.errors import TrainingDiverged
+from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
+from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
+from dppo_oat.samples import TurnSample, build_update_batch
+from dppo_oat.spec import RolloutSettings, RunSpec, SamplingSettings, UpdateSettings, AdvantageSettings
+from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update import (
+    SKIPPED,
+    DivergenceGuard,
+    causal_lm_forward,
+    clip_and_step,
+    minibatch_step,
+    update_policy,
+)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_tiny_policy(toy_corpus(200), seed=0, vocab_size=300)
+
+
+def on_policy_batch(policy, temperature, n=6):
+    """Samples of the fp32 policy itself at ``temperature`` (μ as the generator reports it), advantages ±1."""
+    model, tokenizer = policy
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][:12] for t in toy_corpus(n, seed=3)]
+    settings = SamplingSettings(8, temperature=temperature, seed=1)
+    completions = HFGenerator(model, tokenizer).generate(prompts, settings)
+    samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
+               for i, (p, c) in enumerate(zip(prompts, completions))]
+    advantages = [1.0 if i % 2 else -1.0 for i in range(n)]
+    return build_update_batch(samples, advantages, tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.6, 1.0])
+def test_on_policy_minibatch_has_no_mismatch_at_any_temperature(policy, temperature):
+    """One minibatch per rollout, fp32 rollout: π_θ is μ, so |π − μ| ≈ 0 and the trust region masks nothing."""
+    batch = on_policy_batch(policy, temperature)
+    settings = UpdateSettings(minibatch_size=len(batch), aggregation="token-mean", temperature=temperature)
+    tr = TrustRegion.preset("dppo_binary_tv", delta=1e-4)  # a δ far below any real drift
+    forward = causal_lm_forward(policy[0], temperature=temperature)
+    metrics = minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: None, settings)
+    assert metrics["mismatch/abs_diff_mean"] < 1e-5
+    assert metrics["mask/fraction"] == 0.0
+
+
+def test_without_the_temperature_the_learner_would_see_a_mismatch(policy):
+    """The defect the temperature fixes: raw logits against μ sampled at T = 0.3 differ and get masked."""
+    batch = on_policy_batch(policy, 0.3)
+    settings = UpdateSettings(minibatch_size=len(batch), aggregation="token-mean")
+    tr = TrustRegion.preset("dppo_binary_tv", delta=1e-4)
+    metrics = minibatch_step(batch, torch.arange(len(batch)), tr, causal_lm_forward(policy[0]), lambda loss: None,
+                             settings)
+    assert metrics["mismatch/abs_diff_mean"] > 1e-3 and metrics["mask/fraction"] > 0
+
+
+def spec_with(sampling: SamplingSettings, update: UpdateSettings) -> RunSpec:
+    rollout = RolloutSettings(template="plain")
+    return RunSpec(TrustRegion.preset("dppo_binary_tv"), rollout, sampling, rollout, sampling, AdvantageSettings(),
+                   update)
+
+
+@pytest.mark.parametrize("sampling, learner_temperature, message", [
+    (SamplingSettings(8, top_p=0.9), 1.0, "top-p/top-k"),
+    (SamplingSettings(8, top_k=20), 1.0, "top-p/top-k"),
+    (SamplingSettings(8, temperature=0.6), 1.0, "differs from the sampling temperature"),
+    (SamplingSettings(8, temperature=0.0), 1.0, "greedy"),
+])
+def test_a_run_spec_refuses_pi_and_mu_of_different_distributions(sampling, learner_temperature, message):
+    with pytest.raises(ValueError, match=message):
+        spec_with(sampling, UpdateSettings(aggregation="token-mean", temperature=learner_temperature))
+    spec_with(SamplingSettings(8, temperature=0.6), UpdateSettings(aggregation="token-mean", temperature=0.6))
+
+
+def poisoned(batch, row=0):
+    """``batch`` with one non-finite μ log-prob on a response token of ``row`` (a broken rollout engine)."""
+    batch = copy.deepcopy(batch)
+    position = batch.response_mask[row].nonzero()[0, 0]
+    batch.behavior_logp[row, position] = float("nan")
+    return batch
+
+
+def plain_update(model, batch, guard=None, lr=0.1, minibatch_size=3, optimizer_class=torch.optim.SGD):
+    optimizer = optimizer_class(model.parameters(), lr=lr)
+    settings = UpdateSettings(minibatch_size=minibatch_size, aggregation="token-mean")
+    return update_policy(batch, TrustRegion.preset("pg_is"), causal_lm_forward(model), lambda loss: loss.backward(),
+                         lambda: clip_and_step(list(model.parameters()), optimizer, 1.0), settings,
+                         generator=torch.Generator().manual_seed(0), guard=guard,
+                         discard_step=lambda: optimizer.zero_grad(set_to_none=True))
+
+
+def test_a_minibatch_with_non_finite_mu_is_skipped_and_counted(policy):
+    model = copy.deepcopy(policy[0])
+    batch = poisoned(on_policy_batch(policy, 1.0))
+    history = plain_update(model, batch, minibatch_size=len(batch))
+    assert history[0][SKIPPED] == 1.0 and history[0]["guard/nonfinite_mu"] == 1.0
+    for name, value in model.state_dict().items():  # nothing was applied
+        torch.testing.assert_close(value, policy[0].state_dict()[name], atol=0, rtol=0)
+
+
+def test_healthy_minibatches_still_train_beside_a_skipped_one(policy):
+    model = copy.deepcopy(policy[0])
+    history = plain_update(model, poisoned(on_policy_batch(policy, 1.0)), minibatch_size=3)
+    assert sorted(step[SKIPPED] for step in history) == [0.0, 1.0]
+    moved = max((value - policy[0].state_dict()[name]).abs().max() for name, value in model.state_dict().items())
+    assert moved > 0
+
+
+def test_the_guard_stops_a_run_that_keeps_skipping(policy):
+    guard = DivergenceGuard(patience=3)
+    batch = poisoned(on_policy_batch(policy, 1.0))
+    plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
+    plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
+    with pytest.raises(TrainingDiverged, match="μ's log-probs .* non-finite in 3 optimizer steps in a row"):
+        plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
+
+
+def test_an_engine_that_cannot_skip_stops_at_once(policy):
+    model = copy.deepcopy(policy[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = UpdateSettings(minibatch_size=6, aggregation="token-mean")
+    with pytest.raises(TrainingDiverged, match="cannot skip"):
+        update_policy(poisoned(on_policy_batch(policy, 1.0)), TrustRegion.preset("pg_is"), causal_lm_forward(model),
+                      lambda loss: loss.backward(), lambda: clip_and_step(list(model.parameters()), optimizer, 1.0),
+                      settings)
+
+
+def test_a_non_finite_gradient_is_never_applied(policy):
+    model = copy.deepcopy(policy[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, float("inf"))
+    metrics = clip_and_step(list(model.parameters()), optimizer, 1.0)
+    assert metrics[SKIPPED] == 1.0 and not math.isfinite(metrics["grad_norm"])
+    assert all(p.grad is None for p in model.parameters())
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, policy[0].state_dict()[name], atol=0, rtol=0)
+
+
+def test_an_update_that_breaks_the_weights_stops_before_any_checkpoint(policy):
+    """A step that leaves non-finite weights (an infinite learning rate; the CLI refuses one): the update itself
+    says so, before the engine could checkpoint them."""
+    model = copy.deepcopy(policy[0])
+    with pytest.raises(TrainingDiverged, match="the weights diverged"):
+        plain_update(model, on_policy_batch(policy, 1.0), lr=float("inf"), minibatch_size=6)
+
+
+def test_a_checkpoint_never_holds_non_finite_weights(policy, tmp_path):
+    state = copy.deepcopy(policy[0]).state_dict()
+    name = next(iter(state))
+    state[name][0] = float("nan")
+    assert f"model.{name}" in nonfinite_tensors({"model": state})  # (and any tied alias of it)
+    with pytest.raises(TrainingDiverged, match="non-finite"):
+        atomic_torch_save({"model": state}, tmp_path / "checkpoint.pt", weights=state)
+    assert not (tmp_path / "checkpoint.pt").exists()
