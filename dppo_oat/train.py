@@ -49,10 +49,11 @@ def run_local(config: TrainConfig) -> dict:
 
     console, trainer = Console(), None
     try:
-        trainer = LocalTrainer(config, console)
+        try:
+            trainer = LocalTrainer(config, console)
+        except ValueError as error:  # bad input: every check runs while the trainer is built
+            _fail(console, str(error), 2)
         return trainer.run()
-    except ValueError as error:
-        _fail(console, str(error), 2)
     except TrainingDiverged as error:
         where = "" if trainer is None else f" at step {trainer.step_in_progress}"
         _fail(console, f"training diverged{where}: {error}", 1)
@@ -74,9 +75,9 @@ def _fail(console, message: str, code: int) -> None:
 
 def _interrupted(trainer, config: TrainConfig) -> str:
     """What Ctrl-C left behind and how to go on."""
-    if trainer is None or trainer.step == 0:
+    if trainer is None or trainer.checkpointed_step == 0:
         return "interrupted before the first checkpoint: run the same command again to start over"
-    return (f"interrupted at step {trainer.step_in_progress}; step {trainer.step} is checkpointed in "
+    return (f"interrupted at step {trainer.step_in_progress}; step {trainer.checkpointed_step} is checkpointed in "
             f"{config.run_path()}: the same command with --resume continues")
 
 

@@ -281,10 +281,12 @@ def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
-    ``tokens`` summed, everything else averaged."""
+    ``tokens`` summed, everything else averaged, each over the steps that report it (a skipped step has no
+    gradient norm)."""
+    keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}
-    for key in history[0]:
-        values = np.array([step[key] for step in history], dtype=np.float64)
+    for key in keys:
+        values = np.array([step[key] for step in history if key in step], dtype=np.float64)
         if key.endswith("max") or key in max_keys:
             summary[key] = float(values.max())
         elif key == "tokens":

@@ -132,9 +132,19 @@ def registered_env_class(env_id: str) -> Any:
 
 
 def oracle_for_env_id(env_id: str) -> Optional[Oracle]:
-    """The oracle :func:`find_oracle` would pick for an env made from ``env_id``, found without making one: by id,
-    else by the class Gem's registry names for it. None when it has none."""
-    return oracle_for_id(env_id) or oracle_for_class(registered_env_class(env_id))
+    """The oracle :func:`find_oracle` would pick for an env made from ``env_id``: by id, else by the class Gem's
+    registry names for it; an id registered with a factory function is made once to see its class. None when it
+    has none."""
+    oracle = oracle_for_id(env_id)
+    entry = registered_env_class(env_id)
+    if oracle is not None or entry is None:
+        return oracle
+    if isinstance(entry, type):
+        return oracle_for_class(entry)
+    try:
+        return find_oracle(gem.make(env_id))
+    except KeyError:
+        return None
 
 
 def find_oracle(env: Env) -> Oracle:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from importlib.metadata import entry_points
@@ -92,6 +93,8 @@ def import_env_module(name: str) -> ModuleType:
     the plugin's own error."""
     if is_file_path(name) and not Path(name).expanduser().is_file():
         raise ValueError(f"env module {name!r}: no such file")
+    if not is_file_path(name) and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a dotted name is found from the working directory, as with python -m
     try:
         return import_file(Path(name)) if is_file_path(name) else importlib.import_module(name)
     except ModuleNotFoundError as error:

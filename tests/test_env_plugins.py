@@ -281,3 +281,15 @@ def test_the_contract_catches_a_flawed_env(tmp_path, flaw, failing_check):
     assert contract.oracle_win_rate(env_id) == 1.0 and not contract.is_single_turn(env_id)
     with pytest.raises(AssertionError):
         failing_check(env_id)
+
+
+def test_an_env_registered_with_a_factory_finds_its_class_oracle():
+    """A factory entry point (not a class) is made once to see the class: its oracle is found, not refused."""
+    from gem.envs.registration import ENV_REGISTRY, register
+
+    from envs.oracles import oracle_for_env_id, sudoku_oracle_action
+    from envs.sudoku_compact import make_compact_sudoku
+
+    if "mine:FactorySudoku-v0" not in ENV_REGISTRY:
+        register("mine:FactorySudoku-v0", make_compact_sudoku, show_last_wrong_move=False)
+    assert oracle_for_env_id("mine:FactorySudoku-v0") is sudoku_oracle_action

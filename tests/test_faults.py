@@ -141,7 +141,7 @@ def test_resume_with_other_settings_is_refused_with_the_differences(finished_run
 def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
-                              "--steps", "2", *TINY], capsys)
+                              "--steps", "2", *TINY, "--tr-delta", "0.15"], capsys)  # the preset's own δ, spelled out
     assert code == 0 and not errors, text
     config = json.loads((runs / "one" / "config.json").read_text())
     assert config["steps"] == 2 and config["resumes"] == [{"step": 1, "steps": 2}]
@@ -219,3 +219,20 @@ def test_resume_refusal_lists_preset_changes_before_any_model(finished_run, tmp_
     config = TrainConfig(run_dir=str(runs), run_name="one", resume=True, trust_region="cispo")
     with pytest.raises(ValueError, match="trust_region.name: 'dppo_binary_tv' → 'cispo'"):
         LocalTrainer(config)
+
+
+def test_ctrl_c_before_the_first_checkpoint_lets_the_same_command_start_over(tmp_path, capsys, cache_dir,
+                                                                              monkeypatch):
+    """Interrupted after step 1 was logged but before its checkpoint: the message says so, and the same command
+    starts the run over (nothing was checkpointed, so nothing is lost)."""
+    real_save = LocalTrainer.save_checkpoint
+
+    def interrupted_save(self):
+        raise KeyboardInterrupt
+
+    argv = ["--run-dir", str(tmp_path), "--run-name", "early", "--cache-dir", cache_dir, "--steps", "1", *TINY]
+    monkeypatch.setattr(LocalTrainer, "save_checkpoint", interrupted_save)
+    one_error(capsys, argv, 130, "before the first checkpoint", "same command")
+    monkeypatch.setattr(LocalTrainer, "save_checkpoint", real_save)
+    code, errors, text = run(argv, capsys)
+    assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "early" / "metrics.jsonl")] == [1], text

@@ -20,6 +20,7 @@ from dppo_oat.update import (
     causal_lm_forward,
     clip_and_step,
     minibatch_step,
+    summarize_steps,
     update_policy,
 )
 
@@ -111,6 +112,8 @@ def test_healthy_minibatches_still_train_beside_a_skipped_one(policy):
     model = copy.deepcopy(policy[0])
     history = plain_update(model, poisoned(on_policy_batch(policy, 1.0)), minibatch_size=3)
     assert sorted(step[SKIPPED] for step in history) == [0.0, 1.0]
+    summary = summarize_steps(history)  # the skipped step has no gradient norm: the summary takes the other's
+    assert summary[SKIPPED] == 0.5 and math.isfinite(summary["grad_norm"])
     moved = max((value - policy[0].state_dict()[name]).abs().max() for name, value in model.state_dict().items())
     assert moved > 0
 

@@ -149,8 +149,22 @@ def load_pretrained(name_or_path: str):
     from dppo_oat.engines.local.hub import cached_on_disk
 
     local_only = not Path(name_or_path).expanduser().exists() and cached_on_disk(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
+    except OSError:
+        if not local_only:
+            raise
+        return load_from_hub(name_or_path)  # only part of it is cached: the hub has the rest
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
     return model, tokenizer
+
+
+def load_from_hub(name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32), tokenizer

@@ -63,7 +63,7 @@ class LocalTrainer:
                                           self.tokenizer, self.spec.rollout)
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
                                                self.spec.eval_rollout)
-        self.step = self.step_in_progress = 0
+        self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = DivergenceGuard()
         self._noted_small_batch = False
         self._check_prompts_fit()
@@ -200,6 +200,7 @@ class LocalTrainer:
         weights = self.model.state_dict()
         atomic_torch_save({"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict()},
                           self._checkpoint_path(), weights=weights)
+        self.checkpointed_step = self.step
 
     def _load_checkpoint(self) -> None:
         path = self._checkpoint_path()
@@ -211,7 +212,7 @@ class LocalTrainer:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "
                              "file, or start a new run with another --run-name") from None
-        self.step = int(state["step"])
+        self.step = self.checkpointed_step = int(state["step"])
         if self.generator.model is not self.model:
             self.generator.update_weights(self.model.state_dict())
         self.console.print(f"resumed {self.config.run_path()} at step {self.step}")

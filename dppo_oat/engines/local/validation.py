@@ -15,7 +15,7 @@ from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import CHECKPOINT_FILE, METRICS_FILE, check_can_write, config_differences, read_config
-from dppo_oat.spec import RunSpec
+from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
@@ -179,7 +179,7 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
         _check_same_run(c, spec, path)
         return _checkpoint_step(checkpoint)
     metrics = path / METRICS_FILE
-    if metrics.exists() and metrics.stat().st_size > 0:
+    if checkpoint.exists() and metrics.exists() and metrics.stat().st_size > 0:  # no checkpoint: nothing to keep
         raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
     return None
 
@@ -191,7 +191,8 @@ RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "ca
 
 def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> None:
     """``--resume`` continues the same experiment: every setting but :data:`RESUMABLE` matches config.json."""
-    differences = config_differences(read_config(path), logged_config(c, spec), RESUMABLE)
+    overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]  # compared as the resolved trust_region.*
+    differences = config_differences(read_config(path), logged_config(c, spec), [*RESUMABLE, *overrides])
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
                          "with its settings (see its config.json), or start a new run with another --run-name")

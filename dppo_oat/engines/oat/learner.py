@@ -176,18 +176,30 @@ class DPPOLearner(PPOLearner):
             self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
 
     def _optimizer_step(self) -> dict[str, float]:
-        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless the gradient norm is non-finite:
-        DeepSpeed applies bf16 gradients unchecked, so the guard skips that step here."""
-        grad_norm = float(self.strategy.get_gradient_norm(self.model))
+        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless another learner skips this
+        minibatch or the gradient norm is non-finite (DeepSpeed applies bf16 gradients unchecked)."""
+        if self._any_learner_skips(False):
+            skip_deepspeed_step(self.model.model)
+            return {SKIPPED: 1.0}
+        grad_norm = float(self.strategy.get_gradient_norm(self.model))  # all-reduced: every learner agrees
         if not math.isfinite(grad_norm):
-            self._discard_step()
+            skip_deepspeed_step(self.model.model)
             return {"policy_grad_norm": grad_norm, SKIPPED: 1.0, "guard/nonfinite_grad": 1.0}
         self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
         return {"policy_grad_norm": grad_norm}
 
     def _discard_step(self) -> dict[str, float]:
+        self._any_learner_skips(True)
         skip_deepspeed_step(self.model.model)
         return {}
+
+    def _any_learner_skips(self, skip: bool) -> bool:
+        """Every learner skips a minibatch when one must (a non-finite μ usually reaches one learner only): the
+        ZeRO step's collectives must line up on all of them."""
+        flag = torch.tensor([float(skip)], device=model_device(self.model))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
 
 def skip_deepspeed_step(engine) -> None:
