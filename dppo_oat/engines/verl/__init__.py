@@ -1,0 +1,18 @@
+"""The verl engine: every trust region of the core as a verl policy loss, for runs beyond one GPU node.
+
+Importing this package registers ``dppo_oat.<preset>`` in verl's policy-loss registry
+(``verl.trainer.ppo.core_algos.register_policy_loss``) for every preset of
+:data:`~dppo_oat.trust_region.PRESETS` that verl can run, and records the others in :data:`REFUSED` with a one-line
+reason. verl's workers import it through ``actor_rollout_ref.model.external_lib=dppo_oat.engines.verl``.
+
+- :mod:`~dppo_oat.engines.verl.mapping`: presets ⇄ verl's actor config and operating modes (imports no verl);
+- :mod:`~dppo_oat.engines.verl.loss`: the policy-loss functions and their registration;
+- :mod:`~dppo_oat.engines.verl.preflight`: compose verl's Hydra config with a launch's overrides and check it;
+- ``python -m dppo_oat.engines.verl list | overrides PRESET | check OVERRIDES...``: the same from a shell.
+"""
+
+from dppo_oat.engines.verl.loss import REFUSED, REGISTERED, make_policy_loss, register_all
+
+register_all()
+
+__all__ = ["REFUSED", "REGISTERED", "make_policy_loss", "register_all"]

@@ -1,0 +1,69 @@
+"""``python -m dppo_oat.engines.verl``: what a verl launch of the core's trust regions needs.
+
+- ``list``: every preset, registered or refused (with the reason);
+- ``overrides PRESET [FIELD=VALUE ...]``: the ``verl.trainer.main_ppo`` overrides of a preset, one per line, with
+  optional TrustRegion field overrides (``delta=0.2 is_cap=5``);
+- ``check OVERRIDE ...``: compose verl's config with a launch's overrides (CPU, no Ray) and check it (exit 2 with one
+  line on what to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Sequence
+
+from dppo_oat.engines.verl import REFUSED, REGISTERED
+from dppo_oat.engines.verl.mapping import hydra_overrides
+from dppo_oat.engines.verl.preflight import check, compose
+
+
+def parse_fields(pairs: Sequence[str]) -> dict:
+    """``["delta=0.2", "is_cap=inf"]`` as TrustRegion field overrides (numbers as floats or ints, else strings)."""
+    fields = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"a trust-region field is FIELD=VALUE, got {pair!r}")
+        fields[name] = _value(value)
+    return fields
+
+
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return number if kind is int or not math.isnan(number) else text
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m dppo_oat.engines.verl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="presets registered and refused")
+    over = sub.add_parser("overrides", help="the Hydra overrides of a preset")
+    over.add_argument("preset")
+    over.add_argument("fields", nargs="*", help="TrustRegion field overrides, FIELD=VALUE")
+    chk = sub.add_parser("check", help="compose verl's config with these overrides and check it")
+    chk.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            lines = [f"{name}: registered" for name in REGISTERED] + [f"{reason}" for reason in REFUSED.values()]
+        elif args.command == "overrides":
+            lines = hydra_overrides(args.preset, **parse_fields(args.fields))
+        else:
+            lines = [check(compose(args.overrides))]
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The core's trust regions in verl's terms: which presets verl can run, how verl's actor config sets their numbers,
+which of verl's operating modes anchors them correctly, and the Hydra overrides that ask for all of it.
+
+This module imports nothing of verl (the package's ``__init__`` does, to register the losses): a config is read
+through ``.get``/attributes, which verl's ``ActorConfig`` (a ``BaseConfig``), an OmegaConf ``DictConfig`` and a plain
+``dict`` all answer.
+
+verl 0.9.1 facts this module relies on (paths inside the ``verl`` package):
+
+- ``workers/config/actor.py``: ``ActorConfig.clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high`` (PPO's ε; verl's own
+  ``dppo_tv``/``dppo_kl`` read them as δ) and ``clip_ratio_c`` (dual-clip bound; the TIS cap C of verl's
+  ``dppo_tv``/``dppo_kl``). No field for α or K.
+- ``trainer/ppo/v1/trainer_base.py`` (``_compute_old_log_prob``): with ``algorithm.rollout_correction.bypass_mode``
+  the actor's ``old_log_probs`` are the rollout engine's ``rollout_log_probs`` (μ); otherwise they are recomputed by
+  the trainer (π_θ') and, with ``rollout_correction.rollout_is``, ``rollout_is_weights`` carry π_θ'/μ to the loss.
+- ``trainer/ppo/rollout_corr_helper.py``: token IS weights are ``exp(clamp(log π_θ' − log μ, ±SAFETY_BOUND))``
+  truncated at ``rollout_is_threshold`` (``SAFETY_BOUND = 20``).
+- ``workers/rollout/vllm_rollout/vllm_async_server.py``: the rollout asks vLLM for ``logprobs = 0`` and keeps the
+  sampled token's log-prob only; the actor hands the loss log π_θ(a_t) only. No top-K set reaches a policy loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from dppo_oat.trust_region import PRESETS, TrustRegion
+
+LOSS_PREFIX = "dppo_oat."
+"""verl's ``policy_loss.loss_mode`` of preset ``p`` is ``dppo_oat.p``."""
+METRIC_PREFIX = "dppo/"
+"""The core's metrics go to verl under this prefix (verl's trainer adds ``actor/`` in front of every actor metric)."""
+EXTERNAL_LIB = "dppo_oat.engines.verl"
+"""What ``actor_rollout_ref.model.external_lib`` imports in every worker that builds the model config."""
+SAFETY_BOUND = 20.0
+"""verl's clamp of log IS weights (``rollout_corr_helper.SAFETY_BOUND``): weights up to e^20 are exact."""
+UNTRUNCATED_IS = math.exp(SAFETY_BOUND)
+"""A ``rollout_is_threshold`` at least this large truncates no token IS weight."""
+
+DELTA_RULES = ("binary_tv", "binary_kl", "topk_tv", "topk_kl", "mask_negative")
+"""Rules whose threshold is δ: verl's ``clip_ratio_low``/``clip_ratio_high`` (as in verl's ``dppo_tv``/``dppo_kl``)."""
+EPS_RULES = ("ratio",)
+"""Rules whose thresholds are PPO's ε_low/ε_high: verl's ``clip_ratio_low``/``clip_ratio_high``."""
+
+
+def loss_name(preset: str) -> str:
+    """verl's ``loss_mode`` for a preset of :data:`~dppo_oat.trust_region.PRESETS`."""
+    return LOSS_PREFIX + preset
+
+
+def preset_of(loss_mode: str) -> str | None:
+    """The preset behind a ``loss_mode`` of this adapter, or None for verl's own losses."""
+    return loss_mode[len(LOSS_PREFIX):] if loss_mode.startswith(LOSS_PREFIX) else None
+
+
+def refusal(preset: str) -> str | None:
+    """Why verl 0.9.1 cannot run ``preset`` faithfully (one line), or None when it can."""
+    try:
+        tr = TrustRegion.preset(preset)
+    except ValueError as error:
+        return f"{loss_name(preset)}: the preset does not build ({error})"
+    if tr.uses_topk:
+        return (f"{loss_name(preset)} is refused: top-K rules need μ's top-{tr.k} log-probs per token, and "
+                "verl 0.9.1's rollout keeps only the sampled token's log-prob (vLLM logprobs=0) while its actor hands "
+                "the loss log π_θ(a_t) only; use dppo_oat.dppo_binary_tv or dppo_oat.dppo_binary_kl")
+    if tr.anchor not in ("behavior", "recompute"):
+        return f"{loss_name(preset)} is refused: verl has no log-probs for the anchor {tr.anchor!r}"
+    return None
+
+
+def supported_presets() -> dict[str, str | None]:
+    """Every preset of the core at this moment, with its refusal (None: registered). Read at call time, so presets
+    added to :data:`~dppo_oat.trust_region.PRESETS` before the adapter is imported are covered."""
+    return {name: refusal(name) for name in PRESETS}
+
+
+# --------------------------------------------------------------------------------------------- verl config -> core
+
+
+def _field(config: Any, name: str, default: Any = None) -> Any:
+    """``config.name`` for a dataclass, DictConfig or dict alike."""
+    if isinstance(config, dict):
+        return config.get(name, default)
+    getter = getattr(config, "get", None)
+    if callable(getter):
+        return getter(name, default)
+    return getattr(config, name, default)
+
+
+def clip_range(config: Any) -> tuple[float, float]:
+    """(low, high) of verl's clip fields, ``clip_ratio`` standing in for an unset side (core_algos.py's
+    ``compute_policy_loss_dppo_tv`` and ``compute_policy_loss_vanilla`` read them the same way)."""
+    ratio = _field(config, "clip_ratio", 0.2)
+    low, high = _field(config, "clip_ratio_low"), _field(config, "clip_ratio_high")
+    return float(ratio if low is None else low), float(ratio if high is None else high)
+
+
+def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
+    """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's)."""
+    if tr.rule in EPS_RULES:
+        return ("eps_low", "eps_high", "is_cap")
+    if tr.rule in DELTA_RULES:
+        return ("delta", "is_cap")
+    return ("is_cap",)
+
+
+def verl_overrides_of(tr: TrustRegion, config: Any) -> dict[str, float]:
+    """The TrustRegion fields that verl's actor ``config`` sets for ``tr``'s rule (:func:`verl_settable_fields`).
+
+    DPPO's rules have one δ (eq:dppo_obj); verl's ``dppo_tv`` allows one per side, so unequal sides are refused.
+    """
+    low, high = clip_range(config)
+    settable = verl_settable_fields(tr)
+    fields = {"is_cap": float(_field(config, "clip_ratio_c", tr.is_cap))}
+    if "eps_low" in settable:
+        fields.update(eps_low=low, eps_high=high)
+    if "delta" in settable:
+        if low != high:
+            raise ValueError(f"{loss_name(tr.name)} has one threshold δ (eq:dppo_obj): set actor.clip_ratio_low = "
+                             f"actor.clip_ratio_high (got {low} and {high})")
+        fields["delta"] = low
+    return fields
+
+
+def trust_region_for(preset: str, config: Any) -> TrustRegion:
+    """``preset`` with δ/ε/C from verl's actor ``config`` where verl has a field, the preset's values otherwise."""
+    tr = TrustRegion.preset(preset)
+    return tr.replace(**verl_overrides_of(tr, config))
+
+
+def describe(tr: TrustRegion) -> str:
+    """``tr`` in one line: its rule, the fields verl's config set, and every other field off the defaults."""
+    default = TrustRegion()
+    shown = [f"rule={tr.rule}"] + [f"{name}={getattr(tr, name)}" for name in verl_settable_fields(tr)]
+    for field in dataclasses.fields(TrustRegion):
+        name = field.name
+        if name not in ("rule", "name") + verl_settable_fields(tr) and getattr(tr, name) != getattr(default, name):
+            shown.append(f"{name}={getattr(tr, name)}")
+    return ", ".join(shown)
+
+
+# --------------------------------------------------------------------------------------------- anchoring
+
+
+def rollout_correction_of(config: Any) -> Any:
+    """The rollout-correction settings the actor sees: ``policy_loss.rollout_correction``, which the launch mirrors
+    from ``algorithm.rollout_correction`` (the actor config carries no ``algorithm`` section)."""
+    policy_loss = _field(config, "policy_loss", {}) or {}
+    return _field(policy_loss, "rollout_correction", {}) or {}
+
+
+def _threshold_upper(spec: Any) -> float | None:
+    """The upper bound of a ``rollout_is_threshold`` (float or ``"upper"``), None for IcePop's ``"lower_upper"``."""
+    if isinstance(spec, str) and "_" in spec:
+        return None
+    return float(spec)
+
+
+def anchoring_problem(tr: TrustRegion, correction: Any) -> str | None:
+    """Why verl's rollout-correction settings would not give ``tr`` its anchor (one line), or None.
+
+    Rules that read μ only need bypass mode (``old_log_prob`` = μ). Rules that also read π_θ' (anchor, decoupled IS
+    weight or mismatch mask: ``TrustRegion.needs_recompute``) need decoupled mode with untruncated token IS weights
+    π_θ'/μ, from which μ is recovered, e.g. for the IS weight min(π_θ/μ, C) of eq:unified_grad.
+    """
+    bypass = bool(_field(correction, "bypass_mode", False))
+    where = "algorithm.rollout_correction (mirrored into actor.policy_loss.rollout_correction)"
+    if not tr.needs_recompute:
+        if not bypass:
+            return f"{loss_name(tr.name)} is anchored on μ: set bypass_mode=true in {where}"
+        return None
+    if bypass:
+        return f"{loss_name(tr.name)} reads the recomputed π_θ': set bypass_mode=false in {where}"
+    level = _field(correction, "rollout_is")
+    upper = _threshold_upper(_field(correction, "rollout_is_threshold", 2.0))
+    if level != "token" or upper is None or upper < UNTRUNCATED_IS or _field(correction, "rollout_is_batch_normalize"):
+        return (f"{loss_name(tr.name)} needs μ beside π_θ': set rollout_is=token, rollout_is_threshold=inf and "
+                f"rollout_is_batch_normalize=false in {where}")
+    return None
+
+
+# --------------------------------------------------------------------------------------------- core -> verl overrides
+
+
+def _number(value: float) -> str:
+    """A float as Hydra's override grammar writes it (``inf`` for ∞)."""
+    return "inf" if math.isinf(value) else repr(float(value))
+
+
+def hydra_overrides(preset: str, **fields: float) -> list[str]:
+    """The ``verl.trainer.main_ppo`` overrides that run ``preset`` (with TrustRegion ``fields`` changed, e.g.
+    ``delta=0.2``) with its numbers and its anchor.
+
+    They import the adapter in every worker (``external_lib``), pick the loss, write δ/ε/C into verl's fields
+    (:func:`verl_settable_fields`), choose bypass mode (μ only) or decoupled mode with untruncated token IS weights
+    (μ and π_θ'), and mirror ``algorithm.rollout_correction`` into the actor's ``policy_loss`` so the loss can check it.
+    """
+    reason = refusal(preset)
+    if reason:
+        raise ValueError(reason)
+    tr = TrustRegion.preset(preset)
+    unsettable = sorted(set(fields) - set(verl_settable_fields(tr)))
+    if unsettable:
+        raise ValueError(f"{loss_name(preset)}: verl's config has no field for {', '.join(unsettable)} (settable: "
+                         f"{', '.join(verl_settable_fields(tr))}); pick another preset instead")
+    tr = tr.replace(**fields)
+    actor = "actor_rollout_ref.actor."
+    out = [f"actor_rollout_ref.model.external_lib={EXTERNAL_LIB}", f"{actor}policy_loss.loss_mode={loss_name(preset)}"]
+    sides = {"eps_low": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}
+    for field, (low, high) in sides.items():
+        if field in verl_settable_fields(tr):
+            out += [f"{actor}clip_ratio_low={_number(low)}", f"{actor}clip_ratio_high={_number(high)}"]
+    out.append(f"{actor}clip_ratio_c={_number(tr.is_cap)}")
+    out += _mode_overrides(tr)
+    out.append(f"+{actor}policy_loss.rollout_correction=${{algorithm.rollout_correction}}")
+    return out
+
+
+def _mode_overrides(tr: TrustRegion) -> list[str]:
+    """Bypass mode for rules that read μ only, decoupled mode with untruncated token IS weights for those that also
+    read π_θ' (``TrustRegion.needs_recompute``)."""
+    corr = "algorithm.rollout_correction."
+    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", f"{corr}rollout_is_batch_normalize=false"]
+    if not tr.needs_recompute:
+        return common + [f"{corr}bypass_mode=true", f"{corr}rollout_is=null"]
+    return common + [f"{corr}bypass_mode=false", f"{corr}rollout_is=token", f"{corr}rollout_is_threshold=inf"]

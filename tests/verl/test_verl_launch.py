@@ -1,0 +1,107 @@
+"""The launch example composes: verl's own Hydra config with ``scripts/verl/math.sh``'s overrides passes verl's
+``validate_config`` and the adapter's checks on a CPU, without Ray; every registered preset's overrides give back the
+preset's own numbers and anchor; the data script writes rows verl's reward scores."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.verl
+pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
+
+from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402
+from dppo_oat.trust_region import TrustRegion  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = ROOT / "scripts" / "verl" / "math.sh"
+BASE = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.rollout.n=4", "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo"]
+
+
+def test_every_registered_preset_composes_to_itself(verl_adapter):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    for name, preset in verl_adapter.REGISTERED.items():
+        config = compose(hydra_overrides(preset) + BASE)
+        assert check(config).startswith(name + ": ")
+        actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)  # as verl's workers build it
+        assert trust_region_for(preset, actor) == TrustRegion.preset(preset), preset
+        bypass = rollout_correction_of(actor)["bypass_mode"]
+        assert bypass == (not TrustRegion.preset(preset).needs_recompute), preset
+
+
+@pytest.mark.parametrize("drop, message", [
+    ("actor_rollout_ref.model.external_lib=", "external_lib=dppo_oat.engines.verl"),
+    ("+actor_rollout_ref.actor.policy_loss.rollout_correction=", "mirror the rollout correction"),
+])
+def test_check_refuses_a_launch_missing_a_piece(verl_adapter, drop, message):
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    overrides = [o for o in hydra_overrides("dppo_binary_tv") if not o.startswith(drop)]
+    with pytest.raises(ValueError, match=message):
+        check(compose(overrides + BASE))
+
+
+def test_check_refuses_the_legacy_trainer(verl_adapter):
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    with pytest.raises(ValueError, match="use_v1=true"):
+        check(compose(hydra_overrides("dppo_binary_tv") + BASE + ["trainer.use_v1=false"]))
+
+
+def run_launch(tmp_path, *args, **env):
+    environment = {**os.environ, "PYTHON": sys.executable, "DATA": str(tmp_path), "DRY_RUN": "1", **env}
+    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, env=environment, cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((), "dppo_oat.dppo_binary_tv: rule=binary_tv, delta=0.2, is_cap=5.0 in bypass mode"),
+    (("minirl", "trainer.total_epochs=1", "actor_rollout_ref.rollout.n=4"),
+     "dppo_oat.minirl: rule=ratio, eps_low=0.2, eps_high=0.28, is_cap=inf, anchor=recompute in decoupled mode"),
+])
+def test_launch_example_composes(tmp_path, args, expected):
+    result = run_launch(tmp_path, *args, NNODES="4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert expected in lines[-2]
+    command = lines[-1]
+    assert "-m verl.trainer.main_ppo" in command and "trainer.nnodes=4" in command
+    assert "actor_rollout_ref.model.external_lib=dppo_oat.engines.verl" in command
+
+
+def test_launch_example_with_trust_region_fields(tmp_path):
+    result = run_launch(tmp_path, "dppo_binary_kl", TR="delta=0.1 is_cap=inf")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rule=binary_kl, delta=0.1, is_cap=inf in bypass mode" in result.stdout
+
+
+def test_launch_example_refuses_topk_in_one_line(tmp_path):
+    result = run_launch(tmp_path, "dppo_topk_tv")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "top-K" in errors[0]
+    assert "main_ppo" not in result.stdout
+
+
+def test_prepare_math_writes_rows_verl_scores(tmp_path):
+    from datasets import Dataset, load_dataset
+    from verl.utils.reward_score import default_compute_score
+
+    Dataset.from_list([{"input": "What is 1+1?", "gt_answer": "2"},
+                       {"input": "What is 2*3?", "gt_answer": "6"}]).save_to_disk(str(tmp_path / "set"))
+    script = ROOT / "scripts" / "verl" / "prepare_math.py"
+    out = tmp_path / "parquet"
+    result = subprocess.run([sys.executable, str(script), "--train", str(tmp_path / "set"), "--test",
+                             str(tmp_path / "set"), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = load_dataset("parquet", data_files=str(out / "train.parquet"), split="train")
+    assert len(rows) == 2 and rows[0]["prompt"][0]["role"] == "user" and "\\boxed{}" in rows[0]["prompt"][0]["content"]
+    row = rows[1]
+    assert default_compute_score(row["data_source"], "so \\boxed{6}", row["reward_model"]["ground_truth"]) == 1.0
+    assert default_compute_score(row["data_source"], "so \\boxed{7}", row["reward_model"]["ground_truth"]) == 0.0
