@@ -2,14 +2,21 @@
 
 All methods share the unified gradient (eq:unified_grad, app:sanity_test_details)::
 
-    ∇L = E_μ[ Σ_t M_t · min(r_t, C) · A_t · ∇ log π_θ(a_t|s_t) ],   r_t = π_θ(a_t|s_t) / μ(a_t|s_t)
+    ∇L = E_μ[ Σ_t M_t · w_t · A_t · ∇ log π_θ(a_t|s_t) ],   w_t = min(r_t, C),   r_t = π_θ(a_t|s_t) / μ(a_t|s_t)
 
 and differ only in the mask ``M_t`` (which updates are blocked) and the importance-sampling cap ``C``. A
 :class:`TrustRegion` names one such rule; :func:`policy_loss` evaluates it on a batch of tokens.
 
 The mask is anchored on the behavior policy μ that sampled the tokens (sec:correct_ancher_for_truct_region); the
 ``*_recompute`` and ``minirl*`` presets anchor it on the recomputed rollout weights π_θ' instead, as ablations. The IS
-weight ``min(r_t, C)`` is always against μ.
+weight ``min(r_t, C)`` is against μ.
+
+The fixes for training–inference mismatch that other frameworks ship are presets of the same loss (``tis``,
+``seq_tis``, ``icepop``, ``seq_geo_mask``, ``decoupled_ppo``, ``dppo_binary_tv_kl``): they multiply M_t by a mask on
+the training engine's own ratio ρ_t = π_θ'(a_t)/μ(a_t) (per token, or per response through its geometric mean),
+replace w_t by the *decoupled* weight (π_θ/π_θ')·min(ρ_t, C) of their PPO-on-π_θ' losses, and may add a penalty
+τ·log²(π_θ/μ) per token (its gradient 2τ·log(π_θ/μ)·∇log π_θ adds to the one above). Each preset's ``source`` names
+the file and defaults it follows.
 """
 
 from __future__ import annotations
@@ -27,6 +34,15 @@ RULES = ("none", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "mask_
 (eq:dppo_obj) with that divergence estimate. ``mask_negative``: Takeaway 3's minimal mask."""
 ANCHORS = ("behavior", "recompute")
 RELAX_MODES = ("none", "low", "high", "both")
+IS_WEIGHTS = ("behavior", "decoupled_token", "decoupled_seq", "proximal")
+"""The IS weight w_t. ``behavior``: min(π_θ/μ, C) (eq:unified_grad). ``decoupled_token`` / ``decoupled_seq``:
+(π_θ/π_θ')·min(ρ, C), with ρ = π_θ'/μ per token or ∏_t π_θ'/μ per response: the PPO ratio on the recomputed π_θ'
+times the truncated IS weight of π_θ' against μ (decoupled PPO with token/sequence TIS). ``proximal``: π_θ/π_θ' (PPO
+on π_θ' with no correction toward μ; C unused)."""
+MISMATCH_MASKS = ("none", "token", "seq_geo")
+"""A mask on the training–inference ratio ρ_t = π_θ'/μ, kept inside ``[mismatch_low, mismatch_high]``: ``token``
+masks each token outside the band (IcePop, AReaL's rejection sampling); ``seq_geo`` masks every token of a response
+whose geometric mean exp(mean_t log ρ_t) leaves it (SkyRL's geometric sequence mask)."""
 MAX_LOG_RATIO = 60.0
 """log r is clamped here before exp so that r stays finite in fp32 (log-probs down to −60 are exact)."""
 MU_BUCKETS = ((0.0, 0.1, "mu_lt_0.1"), (0.1, 0.5, "mu_0.1_0.5"), (0.5, math.inf, "mu_ge_0.5"))
@@ -48,6 +64,10 @@ class TrustRegion:
         alpha, relax: the α study (sec:training_efficiency): for tokens with μ < α, ε_low (``low``), ε_high
             (``high``) or both are set to ∞.
         k: K of the top-K rules (the set is ``TopK(μ, K) ∪ {a_t}``).
+        is_weight: how w_t is built (see :data:`IS_WEIGHTS`).
+        mismatch_mask, mismatch_low, mismatch_high: the mask on ρ_t = π_θ'/μ and its band (see
+            :data:`MISMATCH_MASKS`; ``mismatch_low`` 0: no lower bound).
+        kl_tau: τ of the penalty τ·log²(π_θ/μ) added to every response token's loss (0: none).
         name: the preset this came from (for logs).
     """
 
@@ -60,13 +80,20 @@ class TrustRegion:
     alpha: float = 0.1
     relax: str = "none"
     k: int = 20
+    is_weight: str = "behavior"
+    mismatch_mask: str = "none"
+    mismatch_low: float = 0.0
+    mismatch_high: float = math.inf
+    kl_tau: float = 0.0
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
         _check_choice("rule", self.rule, RULES)
         _check_choice("anchor", self.anchor, ANCHORS)
         _check_choice("relax", self.relax, RELAX_MODES)
-        for attr in ("delta", "eps_low", "eps_high", "is_cap", "alpha"):
+        _check_choice("is_weight", self.is_weight, IS_WEIGHTS)
+        _check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
+        for attr in ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau"):
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
         if not self.delta > 0:
@@ -83,6 +110,11 @@ class TrustRegion:
             raise ValueError(f"relax={self.relax!r} relaxes the PPO clip range: it needs rule='ratio'")
         if self.uses_topk and self.anchor != "behavior":
             raise ValueError("top-K rules are anchored on μ (the rollout engine's top-K); use a binary rule")
+        if not 0 <= self.mismatch_low < self.mismatch_high:
+            raise ValueError(f"the mismatch band needs 0 <= mismatch_low < mismatch_high, got "
+                             f"[{self.mismatch_low}, {self.mismatch_high}]")
+        if not 0 <= self.kl_tau < math.inf:
+            raise ValueError(f"kl_tau (τ) must be a finite number >= 0, got {self.kl_tau}")
 
     @property
     def uses_topk(self) -> bool:
@@ -91,8 +123,9 @@ class TrustRegion:
 
     @property
     def needs_recompute(self) -> bool:
-        """True when the mask is anchored on the recomputed π_θ' (one extra forward pass per rollout batch)."""
-        return self.anchor == "recompute"
+        """True when the mask, the IS weight or the mismatch mask reads the recomputed π_θ' (one extra forward pass
+        per rollout batch)."""
+        return self.anchor == "recompute" or self.is_weight != "behavior" or self.mismatch_mask != "none"
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TrustRegion":
@@ -125,6 +158,8 @@ class Preset:
 
 
 _GRPO_CLIP = {"rule": "ratio", "eps_low": 0.2, "eps_high": 0.28}
+_PPO_ON_RECOMPUTE = {"rule": "ratio", "eps_low": 0.2, "eps_high": 0.2, "anchor": "recompute"}
+"""PPO's clip (ε = 0.2) on π_θ/π_θ', the loss under SkyRL's, OpenRLHF's, AReaL's and verl's mismatch corrections."""
 PRESETS: dict[str, Preset] = {
     "ppo": Preset({"rule": "ratio", "eps_low": 0.2, "eps_high": 0.2}, "PPO-ratio, eq:ppo-clip, ε = 0.2"),
     "grpo_clip_higher": Preset(
@@ -152,8 +187,45 @@ PRESETS: dict[str, Preset] = {
     "relax_low": Preset({**_GRPO_CLIP, "relax": "low", "alpha": 0.1}, "Relax-low, fig:clip_direction, α = 0.1"),
     "relax_high": Preset({**_GRPO_CLIP, "relax": "high", "alpha": 0.1}, "Relax-high, fig:clip_direction, α = 0.1"),
     "relax_both": Preset({**_GRPO_CLIP, "relax": "both", "alpha": 0.1}, "Relax-both, fig:clip_direction, α = 0.1"),
+    # --- training–inference mismatch fixes of other frameworks, as their sources define them
+    "tis": Preset(
+        {**_PPO_ON_RECOMPUTE, "is_weight": "decoupled_token", "is_cap": 2.0},
+        "token TIS: SkyRL skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py compute_tis_ratio "
+        "(tis_ratio_type token, token_tis_ratio_clip_high 2.0) on ppo_utils.py ppo_policy_loss (ε 0.2); slime "
+        "--use-tis --tis-clip 2.0; verl decoupled_token_is(threshold=2.0)",
+    ),
+    "seq_tis": Preset(
+        {**_PPO_ON_RECOMPUTE, "is_weight": "decoupled_seq", "is_cap": 5.0},
+        "sequence TIS: SkyRL skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py compute_tis_ratio "
+        "(tis_ratio_type sequence, sequence_tis_ratio_clip_high 5.0) on ppo_utils.py ppo_policy_loss (ε 0.2)",
+    ),
+    "icepop": Preset(
+        {**_PPO_ON_RECOMPUTE, "is_weight": "decoupled_token", "mismatch_mask": "token", "mismatch_low": 0.5,
+         "mismatch_high": 5.0},
+        "IcePop: OpenRLHF openrlhf/models/loss.py PolicyLoss (vllm_is_correction_type icepop, "
+        "is_correction_threshold [0.5, 5.0], ε 0.2): PPO on π_θ' × ρ·1[0.5 ≤ ρ ≤ 5]; NeMo-RL the same band",
+    ),
+    "seq_geo_mask": Preset(
+        {**_PPO_ON_RECOMPUTE, "is_weight": "proximal", "mismatch_mask": "seq_geo", "mismatch_low": 0.99,
+         "mismatch_high": 1.01},
+        "geometric sequence mask: SkyRL skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py "
+        "compute_sequence_mask (sequence_mask_metric geometric, geo_mask_low 0.99, geo_mask_high 1.01) on "
+        "ppo_utils.py ppo_policy_loss (ε 0.2), no TIS",
+    ),
+    "decoupled_ppo": Preset(
+        {**_PPO_ON_RECOMPUTE, "is_weight": "decoupled_token", "mismatch_mask": "token", "mismatch_high": 5.0},
+        "AReaL decoupled PPO: areal/utils/functional/functional.py ppo_actor_loss_fn (use_decoupled_loss, eps_clip "
+        "0.2): PPO on π_prox = π_θ' × π_prox/μ, with rejection_sampling level token, action mask, metric ratio, "
+        "upper 5.0 (areal/api/cli_args.py RejectionSamplingConfig)",
+    ),
+    "dppo_binary_tv_kl": Preset(
+        {"rule": "binary_tv", "delta": 0.2, "kl_tau": 1e-3},
+        "DPPO + KL, prime-rl's default loss: src/prime_rl/trainer/rl/loss.py default_loss_fn (DefaultLossConfig "
+        "dppo_mask_low/high 0.2, kl_tau 1e-3): binary TV on π − μ + τ·log²(π/μ) on every loss token",
+    ),
 }
-"""The paper's methods with its stability-analysis defaults (sec:stability, app:sanity_test_details)."""
+"""The paper's methods with its stability-analysis defaults (sec:stability, app:sanity_test_details), then the
+training–inference mismatch fixes of other frameworks (see each ``source``)."""
 
 
 @dataclass
@@ -181,8 +253,10 @@ class TopK:
 class PolicyLossOutput:
     """Per-token loss of eq:unified_grad and what the rule decided.
 
-    ``loss`` is ``−M_t · min(r_t, C) · A_t`` in value (the per-token surrogate) with gradient
-    ``−M_t · min(r_t, C) · A_t · ∇ log π_θ``; it is 0 where the input ``mask`` is False.
+    ``loss`` is ``−M_t · w_t · A_t + τ · log²(π_θ/μ)`` in value (the per-token surrogate) with gradient
+    ``(−M_t · w_t · A_t + 2τ · log(π_θ/μ)) · ∇ log π_θ`` (w_t = min(r_t, C) but for the decoupled weights of
+    :data:`IS_WEIGHTS`; τ = 0 but for the ``kl_tau`` presets); it is 0 where the input ``mask`` is False. ``keep`` is
+    M_t: the rule's mask and, when the trust region has one, the mismatch mask.
     """
 
     loss: torch.Tensor
@@ -226,12 +300,61 @@ def relaxed_clip_range(behavior_prob, tr: TrustRegion) -> tuple[torch.Tensor | f
     return eps_low, eps_high
 
 
-def importance_weight(logp, behavior_logp, is_cap: float) -> torch.Tensor:
-    """``min(r_t, C)`` with ``r_t = π_θ/μ`` (eq:unified_grad), always against μ."""
-    log_ratio = (logp - behavior_logp).clamp(max=MAX_LOG_RATIO)
-    if math.isfinite(is_cap):
-        log_ratio = log_ratio.clamp(max=math.log(is_cap))
-    return log_ratio.exp()
+def importance_weight(tr: TrustRegion, logp, behavior_logp, recomputed_logp, mask) -> tuple[torch.Tensor, ...]:
+    """w_t of :data:`IS_WEIGHTS` and where its truncation ``min(·, C)`` bit. All inputs detached fp32 ``[B, T]``.
+
+    ``behavior``: min(π_θ/μ, C) (eq:unified_grad). ``decoupled_*``: (π_θ/π_θ')·min(ρ, C), ρ = π_θ'/μ per token or
+    ∏_t π_θ'/μ over the response (SkyRL ``off_policy_correction_utils.compute_tis_ratio``). ``proximal``: π_θ/π_θ'.
+    """
+    if tr.is_weight == "behavior":
+        log_truncated, log_untruncated = logp - behavior_logp, torch.zeros_like(logp)
+    elif tr.is_weight == "proximal":
+        log_truncated, log_untruncated = torch.zeros_like(logp), logp - recomputed_logp
+    else:
+        log_truncated, log_untruncated = recomputed_logp - behavior_logp, logp - recomputed_logp
+        if tr.is_weight == "decoupled_seq":
+            log_truncated = sequence_log_ratio(log_truncated, mask, mean=False).expand_as(logp)
+    log_cap = math.log(tr.is_cap) if math.isfinite(tr.is_cap) and tr.is_weight != "proximal" else math.inf
+    log_weight = log_truncated.clamp(max=log_cap) + log_untruncated
+    return log_weight.clamp(max=MAX_LOG_RATIO).exp(), log_truncated > log_cap
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, *, mean: bool) -> torch.Tensor:
+    """``[B, 1]``: the sum (log of the product) or the mean (log of the geometric mean) of ``log_ratio`` over each
+    row's response tokens ``mask``; 0 for a row without any."""
+    total = torch.where(mask, log_ratio, 0.0).sum(-1, keepdim=True)
+    return total / mask.sum(-1, keepdim=True).clamp(min=1) if mean else total
+
+
+def band_keep(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``low ≤ exp(log_ratio) ≤ high``, compared in log space (``low`` 0: no lower bound, ``high`` ∞: no upper)."""
+    keep = torch.ones_like(log_ratio, dtype=torch.bool)
+    if low > 0:
+        keep &= log_ratio >= math.log(low)
+    if math.isfinite(high):
+        keep &= log_ratio <= math.log(high)
+    return keep
+
+
+def mismatch_keep(tr: TrustRegion, recomputed_logp, behavior_logp, mask) -> torch.Tensor:
+    """The mask on ρ_t = π_θ'/μ of :data:`MISMATCH_MASKS` (all True for ``none``). Inputs detached fp32 ``[B, T]``.
+
+    ``token``: ρ_t in the band (OpenRLHF ``loss.py`` icepop; AReaL ``apply_rejection_sampling``, token level).
+    ``seq_geo``: the response's exp(mean_t log ρ_t) in the band (SkyRL ``compute_sequence_mask``, geometric).
+    """
+    if tr.mismatch_mask == "none":
+        return torch.ones_like(mask, dtype=torch.bool)
+    log_rho = recomputed_logp - behavior_logp
+    if tr.mismatch_mask == "seq_geo":
+        log_rho = sequence_log_ratio(log_rho, mask, mean=True).expand_as(log_rho)
+    return band_keep(log_rho, tr.mismatch_low, tr.mismatch_high)
+
+
+def kl_penalty(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor, kl_tau: float) -> torch.Tensor:
+    """τ·log²(π_θ/μ) on every response token, with gradient 2τ·log(π_θ/μ)·∇log π_θ (prime-rl ``loss.py``
+    ``default_loss_fn``: added to the per-token loss of masked and kept tokens alike, aggregated with it)."""
+    log_ratio = torch.where(mask, logp - behavior_logp, 0.0)
+    return kl_tau * log_ratio.square()
 
 
 def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> torch.Tensor:
@@ -283,7 +406,8 @@ def policy_loss(
         logp: ``[B, T]`` log π_θ(a_t|s_t), with gradient.
         behavior_logp: ``[B, T]`` log μ(a_t|s_t) from the rollout engine.
         advantages: ``[B, 1]`` (per sequence) or ``[B, T]`` (per token).
-        mask: ``[B, T]`` bool, True on response tokens.
+        mask: ``[B, T]`` bool, True on response tokens; a row is one response (one turn), the sequence the
+            sequence-level rules (``decoupled_seq``, ``seq_geo``) aggregate over.
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
     """
@@ -294,15 +418,18 @@ def policy_loss(
         lp = logp32.detach()
         mu = behavior_logp.detach().float()
         adv = advantages.detach().float().expand_as(lp)
-        anchor = mu if tr.anchor == "behavior" else recomputed_logp.detach().float()
+        recomputed = None if recomputed_logp is None else recomputed_logp.detach().float()
+        anchor = mu if tr.anchor == "behavior" else recomputed
         keep, divergence = trust_region_keep(tr, lp, anchor, mu, adv, topk)
-        keep = keep & mask
-        is_weight = importance_weight(lp, mu, tr.is_cap)
+        keep = keep & mask & mismatch_keep(tr, recomputed, mu, mask)
+        is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
         coefficient = torch.where(keep, adv * is_weight, 0.0)
-    # value −M·min(r,C)·A; gradient −M·min(r,C)·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
+    # value −M·w·A; gradient −M·w·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
     surrogate = torch.exp(torch.where(mask, logp32 - lp, 0.0))
     loss = -coefficient * surrogate
-    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, tr)
+    if tr.kl_tau > 0:
+        loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
+    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=divergence, metrics=metrics)
 
 
@@ -315,7 +442,7 @@ def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, to
     if advantages.shape not in (logp.shape, (logp.shape[0], 1)):
         raise ValueError(f"advantages must be [B, 1] or [B, T], got {tuple(advantages.shape)}")
     if tr.needs_recompute and recomputed_logp is None:
-        raise ValueError(f"trust region {tr.name!r} is anchored on π_θ': pass recomputed_logp")
+        raise ValueError(f"trust region {tr.name!r} reads the recomputed π_θ': pass recomputed_logp")
     if tr.uses_topk:
         if topk is None:
             raise ValueError(f"trust region {tr.name!r} needs the top-K set: pass topk=TopK(...)")
@@ -327,12 +454,17 @@ def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, to
 
 
 _PAPER_CLIP_RANGES = {"ppo": (0.2, 0.2), "grpo_clip_higher": (0.2, 0.28)}
+SHADOW_MISMATCH_PRESETS = ("icepop", "seq_geo_mask")
+"""The mismatch masks every run also reports as shadows (their bands from :data:`PRESETS`)."""
+_SHADOW_TRUST_REGIONS = {name: TrustRegion.preset(name) for name in SHADOW_MISMATCH_PRESETS}
 
 
-def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, tr) -> dict[str, float]:
+def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, truncated) -> dict[str, float]:
     """Batch statistics of the trust region (sec:stability): mask fractions by sign of A (A ≠ 0 tokens only),
-    training-inference mismatch |π − μ|, bad updates, IS truncation, and the *shadow masks*: what ``ppo`` and
-    ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket (sec:method_limitations).
+    training-inference mismatch |π − μ|, bad updates, IS truncation (``truncated``: tokens whose w_t hit C), and the
+    *shadow masks*: what ``ppo`` and ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket
+    (sec:method_limitations), and what ``icepop`` and ``seq_geo_mask`` would have masked. The shadows read the
+    current π_θ in place of π_θ' (equal on a rollout batch's first minibatch), so every run reports them.
 
     One host synchronisation: every statistic is a 0-d tensor until the final ``tolist``.
     """
@@ -350,19 +482,30 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
         "mismatch/abs_diff_mean": _masked_mean(abs_diff, mask),
         "mismatch/abs_diff_max": _masked_max(abs_diff, mask),
         "bad_update/fraction": _fraction(neg & (mu_prob - prob >= BAD_UPDATE_THRESHOLD), active),
-        "is/truncated_fraction": _fraction(mask & (ratio > tr.is_cap), mask),
+        "is/truncated_fraction": _fraction(truncated, mask),
         "ratio/mean": _masked_mean(ratio, mask),
         "divergence/mean": _masked_mean(divergence, mask),
         "divergence/max": _masked_max(divergence, mask),
     }
     for preset, (eps_low, eps_high) in _PAPER_CLIP_RANGES.items():
         shadow_blocked = mask & ~ratio_keep(ratio, advantages, eps_low, eps_high)
-        stats[f"shadow/{preset}/mask_fraction"] = _fraction(shadow_blocked, active)
-        for low, high, bucket in MU_BUCKETS:
-            in_bucket = active & (mu_prob >= low) & (mu_prob < high)
-            stats[f"shadow/{preset}/mask_fraction_{bucket}"] = _fraction(shadow_blocked, in_bucket)
+        stats.update(_shadow_stats(preset, shadow_blocked, active, mu_prob))
+    mismatch_blocked = {preset: mask & ~mismatch_keep(tr, logp, behavior_logp, mask)
+                        for preset, tr in _SHADOW_TRUST_REGIONS.items()}
+    for preset, shadow_blocked in mismatch_blocked.items():
+        stats.update(_shadow_stats(preset, shadow_blocked, active, mu_prob))
+    stats["shadow/seq_geo_mask/sequence_fraction"] = _fraction(mismatch_blocked["seq_geo_mask"].any(-1), mask.any(-1))
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
+
+
+def _shadow_stats(preset: str, blocked: torch.Tensor, active: torch.Tensor, mu_prob: torch.Tensor) -> dict:
+    """``shadow/<preset>/mask_fraction`` over the A ≠ 0 tokens, and by μ bucket (:data:`MU_BUCKETS`)."""
+    stats = {f"shadow/{preset}/mask_fraction": _fraction(blocked, active)}
+    for low, high, bucket in MU_BUCKETS:
+        in_bucket = active & (mu_prob >= low) & (mu_prob < high)
+        stats[f"shadow/{preset}/mask_fraction_{bucket}"] = _fraction(blocked, in_bucket)
+    return stats
 
 
 def _fraction(event: torch.Tensor, population: torch.Tensor) -> torch.Tensor:

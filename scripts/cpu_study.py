@@ -44,10 +44,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
+from dppo_oat.trust_region import PRESETS
 
 METHODS = ("pg_is", "cispo", "grpo_clip_higher", "minirl", "mask_negative", "dppo_binary_tv", "dppo_binary_kl",
            "dppo_topk_tv")
-"""The methods of the paper's sanity test (fig:sanity_test) and of its mask ablation, by preset name."""
+"""The methods of the paper's sanity test (fig:sanity_test) and of its mask ablation, by preset name (the default
+grid; ``--methods`` takes any preset, e.g. the mismatch fixes ``tis icepop seq_geo_mask dppo_binary_tv_kl``)."""
 MISMATCH_ARGS = {"none": (), "bf16": ("--rollout-dtype", "bfloat16")}
 """Injected training-inference mismatch: none, or sampling from a bfloat16 copy of the fp32 learner."""
 
@@ -65,7 +67,7 @@ TASKS: Dict[str, Task] = {
     "countdown": Task("example:Countdown-v0", ("--max-new-tokens", "16")),
 }
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
-MethodName = Literal[METHODS]  # type: ignore[valid-type]
+MethodName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 MismatchName = Literal[tuple(MISMATCH_ARGS)]  # type: ignore[valid-type]
 
 

@@ -12,6 +12,22 @@ PAPER_PRESETS = (
     "ppo grpo_clip_higher cispo pg_is minirl minirl_tis dppo_binary_tv dppo_binary_kl dppo_topk_tv dppo_topk_kl "
     "dppo_binary_tv_recompute dppo_binary_kl_recompute mask_negative relax_low relax_high relax_both"
 ).split()
+MISMATCH_PRESETS = "tis seq_tis icepop seq_geo_mask decoupled_ppo dppo_binary_tv_kl".split()
+"""Other frameworks' fixes for training–inference mismatch (tests/test_mismatch_presets.py checks each definition)."""
+ALL_PRESETS = PAPER_PRESETS + MISMATCH_PRESETS
+
+
+def expected_weight(tr, logp, mu, recomputed, mask):
+    """w_t of IS_WEIGHTS, computed in probability space: min(π/μ, C), (π/π')·min(ρ, C) with ρ = π'/μ per token or
+    the product over the row's response tokens, or π/π'."""
+    r, r_prox, rho = torch.exp(logp - mu), torch.exp(logp - recomputed), torch.exp(recomputed - mu)
+    if tr.is_weight == "behavior":
+        return r.clamp(max=tr.is_cap)
+    if tr.is_weight == "proximal":
+        return r_prox
+    if tr.is_weight == "decoupled_seq":
+        rho = torch.where(mask, rho, 1.0).prod(-1, keepdim=True)
+    return r_prox * rho.clamp(max=tr.is_cap)
 
 
 def run_rule(preset, mu, pi, adv, recomputed=None, **overrides):
@@ -37,9 +53,9 @@ def run_rule(preset, mu, pi, adv, recomputed=None, **overrides):
     return bool(out.keep.item()), out.divergence.item(), logp.grad.item()
 
 
-def test_presets_are_exactly_the_papers_methods():
-    assert sorted(PRESETS) == sorted(PAPER_PRESETS)
-    for name in PAPER_PRESETS:
+def test_presets_are_exactly_the_papers_methods_and_the_mismatch_fixes():
+    assert sorted(PRESETS) == sorted(ALL_PRESETS)
+    for name in ALL_PRESETS:
         assert PRESETS[name].source, name
         assert TrustRegion.preset(name).name == name
 
@@ -105,21 +121,33 @@ EXPECTED_KEEP = {  # case order: up+ up- down- down+ low_up+ high_down- low_down
     "relax_low":                (0, 1, 0, 1, 0, 1, 1, 0),
     "relax_high":               (0, 1, 0, 1, 1, 1, 0, 0),
     "relax_both":               (0, 1, 0, 1, 1, 1, 1, 0),
+    # PPO (ε 0.2) on π_θ/π_θ' (= π_θ/μ but for drift+); drift+ has ρ = π_θ'/μ = 1.8: inside IcePop's and AReaL's
+    # bands, outside the geometric mask's [0.99, 1.01]. prime-rl: binary TV with δ = 0.2 keeps high_down- (TV 0.19)
+    "tis":                      (0, 1, 0, 1, 0, 1, 0, 1),
+    "seq_tis":                  (0, 1, 0, 1, 0, 1, 0, 1),
+    "icepop":                   (0, 1, 0, 1, 0, 1, 0, 1),
+    "seq_geo_mask":             (0, 1, 0, 1, 0, 1, 0, 0),
+    "decoupled_ppo":            (0, 1, 0, 1, 0, 1, 0, 1),
+    "dppo_binary_tv_kl":        (0, 1, 0, 1, 1, 1, 1, 0),
 }
 
 
-@pytest.mark.parametrize("preset", PAPER_PRESETS)
+@pytest.mark.parametrize("preset", ALL_PRESETS)
 def test_every_preset_masks_crafted_tokens_as_the_paper_says(preset):
     got = tuple(int(run_rule(preset, *case)[0]) for case in CASES.values())
     assert got == EXPECTED_KEEP[preset], dict(zip(CASES, got))
 
 
-@pytest.mark.parametrize("preset", PAPER_PRESETS)
+@pytest.mark.parametrize("preset", ALL_PRESETS)
 def test_gradient_is_the_unified_formula_on_crafted_tokens(preset):
-    cap = TrustRegion.preset(preset).is_cap
+    """M·w·A, plus the KL penalty's 2τ·log(π/μ) (dppo_binary_tv_kl)."""
+    tr = TrustRegion.preset(preset)
     for (mu, pi, adv, recomputed), expected_keep in zip(CASES.values(), EXPECTED_KEEP[preset]):
         _, _, grad = run_rule(preset, mu, pi, adv, recomputed)
-        assert grad == pytest.approx(-expected_keep * min(pi / mu, cap) * adv, rel=1e-5)
+        logs = [torch.tensor([[math.log(p)]], dtype=torch.float64) for p in (pi, mu, recomputed or mu)]
+        weight = expected_weight(tr, *logs, torch.ones(1, 1, dtype=torch.bool)).item()
+        expected = -expected_keep * weight * adv + 2 * tr.kl_tau * math.log(pi / mu)
+        assert grad == pytest.approx(expected, rel=1e-5)
 
 
 def test_is_weight_is_truncated_at_c():
@@ -162,9 +190,10 @@ def _with_entry(full_logp, ids, entry_logp):
     return p.log()
 
 
-@pytest.mark.parametrize("preset", PAPER_PRESETS)
+@pytest.mark.parametrize("preset", ALL_PRESETS)
 @pytest.mark.parametrize("per_token_adv", [False, True])
 def test_gradient_identity_on_random_batches(preset, per_token_adv):
+    """The gradient is (−M·w·A + 2τ·log(π/μ))·∇log π; the value is −M·w·A + τ·log²(π/μ)."""
     tr = TrustRegion.preset(preset)
     logp, mu, recomputed, adv, mask = random_batch(seed=len(preset))
     if not per_token_adv:
@@ -173,10 +202,13 @@ def test_gradient_identity_on_random_batches(preset, per_token_adv):
     logp = logp.clone().requires_grad_()
     out = policy_loss(logp, mu, adv, mask, tr, recomputed_logp=recomputed, topk=topk)
     out.loss.sum().backward()
-    expected = -out.keep.float() * torch.exp(logp.detach() - mu).clamp(max=tr.is_cap) * adv.expand_as(mu)
-    torch.testing.assert_close(logp.grad, torch.where(mask, expected, 0.0), rtol=1e-5, atol=1e-6)
+    policy_term = -out.keep.float() * expected_weight(tr, logp.detach(), mu, recomputed, mask) * adv.expand_as(mu)
+    log_ratio = logp.detach() - mu
+    expected_grad = policy_term + 2 * tr.kl_tau * log_ratio
+    torch.testing.assert_close(logp.grad, torch.where(mask, expected_grad, 0.0), rtol=1e-5, atol=1e-6)
     assert not out.keep[~mask].any() and (out.loss[~mask] == 0).all()
-    torch.testing.assert_close(out.loss.detach(), torch.where(mask, expected, 0.0))  # value = −M·min(r,C)·A
+    expected_value = policy_term + tr.kl_tau * log_ratio.square()
+    torch.testing.assert_close(out.loss.detach(), torch.where(mask, expected_value, 0.0))
 
 
 def test_divergence_abs_ratio_minus_one_reproduces_ppo():
@@ -197,7 +229,7 @@ def test_topk_rule_equals_binary_on_a_two_token_vocabulary():
         )
 
 
-@pytest.mark.parametrize("preset", PAPER_PRESETS)
+@pytest.mark.parametrize("preset", ALL_PRESETS)
 def test_no_nan_or_inf_at_extreme_probabilities(preset):
     tr = TrustRegion.preset(preset)
     near_one = math.log1p(-1e-7)
@@ -254,6 +286,13 @@ def test_metrics_split_by_sign_and_shadow_buckets():
         ({"alpha": 1.5}, "alpha"),
         ({"delta": math.nan}, "NaN"),
         ({"rule": "topk_kl", "anchor": "recompute"}, "anchored on μ"),
+        ({"is_weight": "sequence"}, "unknown is_weight"),
+        ({"mismatch_mask": "geo"}, "unknown mismatch_mask"),
+        ({"mismatch_low": 1.01, "mismatch_high": 0.99}, "mismatch band"),
+        ({"mismatch_low": -0.5}, "mismatch band"),
+        ({"mismatch_high": math.nan}, "NaN"),
+        ({"kl_tau": -1e-3}, "kl_tau"),
+        ({"kl_tau": math.inf}, "kl_tau"),
     ],
 )
 def test_invalid_trust_regions_raise_clear_errors(kwargs, message):

@@ -41,6 +41,7 @@ CASES = [
     ("dppo_binary_tv", ["--tr_delta", "0.2"], 0, "sgd", 2.0),
     ("dppo_topk_tv", ["--tr_k", "5", "--tr_delta", "0.02"], 2, "adamw", 1e-3),
     ("minirl_tis", [], 0, "sgd", 2.0),
+    ("decoupled_ppo", [], 0, "sgd", 2.0),  # a mismatch preset: π_θ' recomputed by the learner, masks on π_θ'/μ
     ("ppo", ["--critic_type", "grpo"], 0, "sgd", 2.0),
 ]
 
