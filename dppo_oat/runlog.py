@@ -3,7 +3,8 @@
     <run>/config.json     every setting of the run and the trust region it used
     <run>/metrics.jsonl   one JSON object per RL step (``step`` and every metric)
     <run>/eval.jsonl      one JSON object per evaluation (``step``, ``eval/success``, ``eval/return``, ...)
-    <run>/tokens.jsonl    optional per-token samples (see :mod:`dppo_oat.analysis.tokens`)
+    <run>/tokens.jsonl    a sample of each step's response tokens and what every rule did with them
+                          (:mod:`dppo_oat.token_samples`; read by :mod:`dppo_oat.analysis.tokens`)
     <run>/checkpoint.pt   the local engine's model and optimizer (atomic)
 
 Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when written, and checkpoints are written to a
@@ -186,7 +187,7 @@ class RunLog:
             resumes = read_config(self.directory).get("resumes", [])
             config = {**config, "resumes": [*resumes, {"step": resume_step, "steps": config.get("steps")}]}
         atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
-        for name in (METRICS_FILE, EVAL_FILE):
+        for name in (METRICS_FILE, EVAL_FILE, TOKENS_FILE):
             self._truncate(self.directory / name, resume_step)
         self._wandb = self._start_wandb(config) if wandb else None
         self._tensorboard = self._start_tensorboard() if tensorboard else None
@@ -226,6 +227,12 @@ class RunLog:
     def log_eval(self, row: dict) -> None:
         """One line of ``eval.jsonl`` (must contain ``step``)."""
         self._append(EVAL_FILE, row)
+
+    def log_tokens(self, rows: list[dict]) -> None:
+        """One step's token samples, a line each, in ``tokens.jsonl`` (not mirrored to wandb or TensorBoard)."""
+        if rows:
+            with open(self.directory / TOKENS_FILE, "a") as handle:
+                handle.write("".join(json.dumps(to_jsonable(row)) + "\n" for row in rows))
 
     def close(self) -> None:
         """Finish the mirrors (idempotent)."""

@@ -20,6 +20,7 @@ import tyro
 
 from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS
 from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -28,7 +29,8 @@ TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
 FORMAT_ERROR_PENALTY = -0.1
 """Gem's reward for an unreadable action (``LanguageGameReward.format_error_reward``), also given to an episode
 whose prompt no longer fits (a test checks that the two agree; the spec does not import Gem)."""
-TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k")
+TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k", "mismatch_low", "mismatch_high",
+                          "kl_tau")
 """The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``)."""
 
 
@@ -207,9 +209,9 @@ class DPPOFlags:
     docstrings below as help). Engines override a default by declaring the field again."""
 
     trust_region: PresetName = "dppo_binary_tv"
-    """Trust-region preset (the paper's method names): ppo, grpo_clip_higher, cispo, pg_is, minirl, minirl_tis,
-    dppo_binary_tv, dppo_binary_kl, dppo_topk_tv, dppo_topk_kl, dppo_binary_{tv,kl}_recompute, mask_negative,
-    relax_low, relax_high, relax_both."""
+    """Trust-region preset, a name of dppo_oat.trust_region.PRESETS: the paper's methods (ppo, grpo_clip_higher,
+    cispo, pg_is, minirl, dppo_binary_tv, ...) and the training-inference mismatch fixes of other frameworks (tis,
+    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl); README lists each with its source."""
     tr_delta: Optional[float] = None
     """Override the preset's divergence threshold δ (DPPO, mask_negative)."""
     tr_eps_low: Optional[float] = None
@@ -222,6 +224,12 @@ class DPPOFlags:
     """Override the preset's α (relax_* presets)."""
     tr_k: Optional[int] = None
     """Override the preset's K (top-K rules: the rollout returns TopK(μ, K) with each token)."""
+    tr_mismatch_low: Optional[float] = None
+    """Override the lower bound of the preset's band on π_θ'/μ (icepop, seq_geo_mask, decoupled_ppo; 0: none)."""
+    tr_mismatch_high: Optional[float] = None
+    """Override the upper bound of the preset's band on π_θ'/μ (icepop, seq_geo_mask, decoupled_ppo)."""
+    tr_kl_tau: Optional[float] = None
+    """Override the preset's τ of the penalty τ·log²(π_θ/μ) per token (dppo_binary_tv_kl; 0: none)."""
     env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
     env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
@@ -240,6 +248,14 @@ class DPPOFlags:
     """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
     loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
     """How per-token losses are aggregated (see each engine's default)."""
+    token_samples: int = DEFAULT_TOKEN_SAMPLES
+    """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
+    step; half of them tokens some rule blocked). 0: none."""
+
+    def check_logging(self) -> None:
+        """The flags no settings class validates (one line each, before any model loads)."""
+        if self.token_samples < 0:
+            raise ValueError(f"--token-samples must be >= 0 (0: no tokens.jsonl), got {self.token_samples}")
 
     def trust_region_spec(self) -> TrustRegion:
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region)."""

@@ -4,7 +4,8 @@ Written once, for every engine: the model's forward pass, the backward pass and 
 so the local engine passes a plain torch model and optimizer while the oat engine passes oat's DeepSpeed strategy.
 
 Per rollout batch (as in PPO with several updates per rollout):
-1. if the trust region is anchored on π_θ' (``minirl``, ``*_recompute``), recompute π_θ'(a_t) once, without grad;
+1. if the trust region reads π_θ' (``minirl``, ``*_recompute``, the mismatch presets), recompute π_θ'(a_t) once,
+   without grad;
 2. for each of ``num_epochs`` epochs, shuffle and split into minibatches; each minibatch is one optimizer step,
    accumulated over micro-batches: forward (fp32 log-probs, entropy, top-K gather) → :func:`policy_loss` →
    aggregation → backward; then the optimizer step (with gradient clipping inside ``optimizer_step``).
@@ -34,6 +35,7 @@ from dppo_oat.errors import TrainingDiverged
 from dppo_oat.logprobs import entropy_chunked, gather_logprobs_chunked
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
+from dppo_oat.token_samples import TokenSampler
 from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
 
 
@@ -179,11 +181,13 @@ def update_policy(
     on_step: Callable[[], None] | None = None,
     discard_step: DiscardStepFn | None = None,
     guard: DivergenceGuard | None = None,
+    token_sampler: TokenSampler | None = None,
 ) -> list[dict[str, float]]:
     """All optimizer steps of one rollout batch; returns one metrics dict per step.
 
     ``discard_step`` lets the guard skip a minibatch with a non-finite loss or μ (without it such a minibatch stops
-    the run at once); ``guard`` carries the count of skips in a row across rollout batches.
+    the run at once); ``guard`` carries the count of skips in a row across rollout batches; ``token_sampler`` sees
+    every token of the first epoch with π_θ of its forward pass (the ``tokens.jsonl`` sample).
     """
     guard = guard or DivergenceGuard()
     micro = settings.micro_batch_size or settings.minibatch_size
@@ -194,7 +198,8 @@ def update_policy(
     history = []
     for epoch in range(settings.num_epochs):
         for index in minibatch_indices(len(batch), settings.minibatch_size, generator):
-            metrics = minibatch_step(batch, index, tr, forward, backward, settings)
+            sampler = token_sampler if epoch == 0 else None
+            metrics = minibatch_step(batch, index, tr, forward, backward, settings, sampler)
             metrics.update(_finish_minibatch(metrics, optimizer_step, discard_step))
             metrics["epoch"] = float(epoch)
             guard.observe(metrics)
@@ -220,7 +225,8 @@ def _finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn
     return out
 
 
-def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings) -> dict[str, float]:
+def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings,
+                   token_sampler: TokenSampler | None = None) -> dict[str, float]:
     """Forward + loss + backward over the micro-batches of one minibatch (gradients accumulate). A micro-batch with
     a non-finite loss or μ backpropagates a zero-gradient surrogate instead and marks the minibatch (guard/...)."""
     micro_size = settings.micro_batch_size or len(index)
@@ -241,6 +247,8 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
         cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask)
         if cause is not None:
             poisoned.add(cause)
+        elif token_sampler is not None:
+            token_sampler.observe(micro_index, micro, out.logp, out.entropy, result)
         backward(zero_surrogate(out.logp, micro.response_mask) if cause or poisoned else
                  (loss * share if settings.scale_micro_batches else loss))
         metrics = dict(result.metrics, loss=loss.item())

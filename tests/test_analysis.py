@@ -16,6 +16,7 @@ from dppo_oat.analysis import (
     PANELS,
     aggregate_seeds,
     available_panels,
+    disagreements,
     label_runs,
     load_run,
     load_runs,
@@ -27,6 +28,7 @@ from dppo_oat.analysis import (
     token_step_metrics,
     top_clipped_side_by_side,
     top_clipped_tokens,
+    top_disagreement_tokens,
 )
 from dppo_oat.analysis.runs import resolve_run_dirs, run_patterns, variant_name
 
@@ -300,6 +302,30 @@ def test_token_analysis(tmp_path):
     assert {"tokens/ppo_masked/mu", "tokens/dppo_masked/entropy", "tokens/all/entropy"} <= set(steps["metric"])
     summary = shadow_summary(df)
     assert "own mask" in summary.columns and len(summary) == 3
+
+
+def test_weighted_shares_and_disagreements_by_hand(tmp_path):
+    """Four sampled tokens, all μ < 0.1 with A > 0: two blocked-stratum tokens of weight 1 (one blocked by ratio
+    clipping only, one by both rules) and two others of weight 9. Of the 20 tokens they stand for, ratio clipping
+    blocks 2 (10 %), DPPO 1 (5 %); 1 (5 %) is blocked by ratio clipping only, none by DPPO only."""
+    (run,) = write_synthetic_runs(tmp_path, tokens=False, steps=5)[:1]
+    rows = [
+        {"step": 1, "token": "4", "mu": 0.05, "pi": 0.08, "advantage": 1.0, "ppo_masked": True, "dppo_masked": False,
+         "weight": 1.0},
+        {"step": 1, "token": "Wait", "mu": 0.05, "pi": 0.4, "advantage": 1.0, "ppo_masked": True, "dppo_masked": True,
+         "weight": 1.0},
+        *({"step": 1, "token": "a", "mu": 0.05, "pi": 0.05, "advantage": 1.0, "ppo_masked": False,
+           "dppo_masked": False, "weight": 9.0} for _ in range(2)),
+    ]
+    write_jsonl(run / "tokens.jsonl", rows)
+    tokens = load_tokens(load_runs([run]))
+    table = masked_by_bucket(tokens)
+    assert table[["tokens", "ratio clip (PPO) %", "DPPO %"]].values.tolist() == [[4, 10.0, 5.0]]
+    table = disagreements(tokens)
+    assert table[["sample", "tokens", "clip_only %", "dppo_only %"]].values.tolist() == [["positive", 4, 5.0, 0.0]]
+    top = top_disagreement_tokens(tokens, "clip_only", n=5)
+    assert top[("positive samples", "token")].tolist() == ["'4'"]
+    assert top_clipped_tokens(tokens, "positive")["blocked %"].tolist() == [100.0, 100.0]
 
 
 def test_no_tokens_file_gives_an_empty_table(tmp_path):

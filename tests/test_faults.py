@@ -75,6 +75,7 @@ def write_math(path, lines):
     (["--device", "tpu9"], ["not a torch device"]),
     (["--threads", "-2"], ["--threads must be >= 1"]),
     (["--threads", "0"], ["--threads must be >= 1"]),
+    (["--token-samples", "-1"], ["--token-samples must be >= 0"]),
     (["--lr", "inf"], ["--lr"]),
     (["--logprob-noise", "inf"], ["--logprob-noise must be a finite number"]),
     (["--top-p", "0.9"], ["top-p/top-k", "top_p 1"]),

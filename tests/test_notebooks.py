@@ -9,6 +9,8 @@ import pytest
 from nbclient import NotebookClient
 from traitlets.config import Config
 
+from dppo_oat.analysis import is_run_dir, load_run, notebook_runs
+from dppo_oat.analysis.tokens import read_tokens
 from test_analysis import write_synthetic_runs
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -105,10 +107,77 @@ def real_runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_notebooks_on_real_local_engine_runs(real_runs, monkeypatch, tmp_path):
-    """Both notebooks on runs the local engine just wrote (no tokens.jsonl: the shadow-mask analysis only)."""
+    """Both notebooks on runs the local engine just wrote, tokens.jsonl included: every token-level table."""
     curves = execute("learning_curves.ipynb", real_runs, monkeypatch, tmp_path)
     assert_clean(curves)
     assert "3 runs" in printed(curves) and images(curves) >= 3
     tokens = execute("clipped_tokens.ipynb", real_runs, monkeypatch, tmp_path)
     assert_clean(tokens)
-    assert "No run here has a tokens.jsonl" in printed(tokens) and images(tokens) == 1
+    assert "token samples from 3 run(s)" in printed(tokens) and images(tokens) == 3
+    assert {"clip_only %", "positive samples"} <= set(html_tables(tokens))
+
+
+EXAMPLE_RUNS = NOTEBOOKS / "example_runs"
+EXECUTED = ("learning_curves.ipynb", "clipped_tokens.ipynb")
+
+
+def html_tables(notebook: nbformat.NotebookNode) -> str:
+    """Every HTML table the cells displayed, as one string."""
+    return "".join(o.get("data", {}).get("text/html", "") for o in outputs(notebook))
+
+
+@pytest.mark.parametrize("name", EXECUTED)
+def test_committed_notebooks_show_their_figures(name):
+    """The notebooks are committed executed, top to bottom, with figures and (clipped tokens) real token tables:
+    on GitHub or in a fresh clone there is something to read (``make notebooks`` re-executes them)."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    counts = [cell.get("execution_count") for cell in notebook.cells if cell.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), "execute the notebook top to bottom (make notebooks)"
+    assert_clean(notebook)
+    assert images(notebook) >= 3
+    assert "Reading the example runs" in printed(notebook)
+    if name == "clipped_tokens.ipynb":
+        assert "token samples from 6 run(s)" in printed(notebook) and "clip_only %" in html_tables(notebook)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXECUTED)
+def test_notebooks_execute_in_a_fresh_clone(name, monkeypatch, tmp_path):
+    """Without DPPO_RUNS the notebooks read runs/ or, as in a fresh clone, the shipped example runs, and say so."""
+    monkeypatch.delenv("DPPO_RUNS", raising=False)
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(tmp_path / "kernel")}})
+    NotebookClient(notebook, timeout=300, kernel_name="python3", config=ipc,
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    assert_clean(notebook)
+    own_runs = NOTEBOOKS.parent / "runs"
+    if not (own_runs.is_dir() and any(is_run_dir(path) for path in own_runs.iterdir())):
+        assert "Reading the example runs" in printed(notebook)
+    assert images(notebook) >= 3
+
+
+def test_example_runs_are_real_local_engine_runs():
+    """DPPO-Binary-TV, GRPO-ClipHigher and CISPO on Sudoku, two seeds each, each with a tokens.jsonl; small."""
+    runs = [load_run(path) for path in sorted(EXAMPLE_RUNS.iterdir()) if is_run_dir(path)]
+    assert sorted((run.algo, run.seed) for run in runs) == [
+        (algo, seed) for algo in ("cispo", "dppo_binary_tv", "grpo_clip_higher") for seed in (0, 1)]
+    for run in runs:
+        assert run.config["engine"] == "local" and run.env.startswith("game:Sudoku-v0-easy")
+        assert read_tokens(run.path) is not None and not (run.path / "checkpoint.pt").exists()
+    size = sum(path.stat().st_size for path in EXAMPLE_RUNS.rglob("*") if path.is_file())
+    assert size < 8e6, f"the example runs take {size / 1e6:.1f} MB"
+
+
+def test_notebook_runs_order(tmp_path):
+    """DPPO_RUNS, else ../runs when it holds runs, else example_runs."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    assert notebook_runs(notebooks, {"DPPO_RUNS": "x/*"}) == ("x/*", "Reading DPPO_RUNS=x/*.")
+    spec, note = notebook_runs(notebooks, {})
+    assert spec == str(notebooks / "example_runs") and note.startswith("Reading the example runs")
+    (tmp_path / "runs").mkdir()
+    assert notebook_runs(notebooks, {})[0].endswith("example_runs")  # an empty runs/ is not enough
+    write_synthetic_runs(tmp_path / "runs", tokens=False, steps=3)
+    spec, note = notebook_runs(notebooks, {})
+    assert spec == str(notebooks / ".." / "runs") and note.startswith("Reading your runs")

@@ -7,10 +7,19 @@ import sys
 
 import matplotlib.image
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
-from dppo_oat.analysis import DEFAULT_PANELS, PANELS, TOKEN_PANELS, load_runs, load_tokens, plot_runs
+from dppo_oat.analysis import (
+    DEFAULT_PANELS,
+    PANELS,
+    TOKEN_PANELS,
+    load_runs,
+    load_tokens,
+    plot_blocked_tokens,
+    plot_runs,
+)
 from dppo_oat.analysis.tokens import token_step_metrics
 from dppo_oat.plot import main
 from test_analysis import write_run, write_synthetic_runs
@@ -122,3 +131,36 @@ def test_cli_subprocess_writes_nothing_to_stderr(runs, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dppo_oat.plot", str(tmp_path / "missing"), "-o", str(out)],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 1 and "dppo-plot: error:" in bad.stderr and "no such file" in bad.stderr
+
+
+@pytest.mark.parametrize("panels", [["reward"], ["reward", "mismatch", "mask_fraction", "entropy", "success"]])
+def test_a_legend_of_many_runs_stays_inside_the_figure(tmp_path, panels):
+    """27 runs drawn one curve each (by label): the figure grows by the legend's rows, so the legend stays inside it
+    and every panel keeps most of its height."""
+    paths = [write_run(tmp_path, f"sweep-{i:02d}", seed=i, steps=20, trust_region={"delta": 0.05 + 0.01 * i})
+             for i in range(27)]
+    fig = plot_runs(load_runs(paths), panels, by="label")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    figure_box, legend_box = fig.bbox, fig.legends[0].get_window_extent(renderer)
+    assert figure_box.y0 <= legend_box.y0 and legend_box.y1 <= figure_box.y1 + 1
+    assert figure_box.x0 <= legend_box.x0 and legend_box.x1 <= figure_box.x1 + 1
+    heights = [ax.get_window_extent(renderer).height / fig.dpi for ax in fig.axes if ax.get_visible()]
+    assert min(heights) > 2.0, heights
+
+
+def test_blocked_token_bars_are_weighted(tmp_path):
+    """The clipped-token figure's bars are weighted shares: one blocked token of weight 1 beside an unblocked one
+    of weight 9 (μ < 0.1, A > 0) is 10 % blocked, not 50 %."""
+    from test_analysis import write_jsonl
+
+    run = write_run(tmp_path, "one", steps=5)
+    rows = [{"step": 1, "token": "4", "mu": 0.05, "pi": 0.2, "advantage": 1.0, "entropy": 1.0, "ppo_masked": True,
+             "dppo_masked": False, "weight": 1.0},
+            {"step": 1, "token": "a", "mu": 0.05, "pi": 0.05, "advantage": 1.0, "entropy": 0.5, "ppo_masked": False,
+             "dppo_masked": False, "weight": 9.0}]
+    write_jsonl(run / "tokens.jsonl", rows)
+    fig = plot_blocked_tokens(load_tokens(load_runs([run])))
+    heights = [patch.get_height() for patch in fig.axes[0].patches]
+    assert heights[0] == pytest.approx(10.0) and max(heights[1:]) == 0.0

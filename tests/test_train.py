@@ -38,6 +38,8 @@ def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
     required = ["reward", "success", "entropy", "response_length", "loss", "grad_norm", "mask/fraction",
                 "mask/fraction_pos_adv", "mask/fraction_neg_adv", "mismatch/abs_diff_mean", "bad_update/fraction",
                 "is/truncated_fraction", "shadow/ppo/mask_fraction_mu_lt_0.1", "shadow/grpo_clip_higher/mask_fraction",
+                "shadow/icepop/mask_fraction", "shadow/seq_geo_mask/mask_fraction_mu_ge_0.5",
+                "shadow/seq_geo_mask/sequence_fraction",
                 "time/rollout", "time/update", "tokens_per_s/rollout", "tokens_per_s/update"]
     for row in rows:
         assert all(key in row for key in required), set(required) - set(row)
@@ -46,6 +48,12 @@ def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
     evals = read_jsonl(run / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 8 for e in evals)
     assert (run / "checkpoint.pt").exists()
+    tokens = read_jsonl(run / "tokens.jsonl")  # the clipped-token sample, every step
+    assert {t["step"] for t in tokens} == {1, 2} and all(sum(t["step"] == s for t in tokens) <= 32 for s in (1, 2))
+    fields = {"step", "token", "token_id", "turn", "position", "mu", "pi", "advantage", "entropy", "divergence",
+              "masked", "ppo_masked", "grpo_clip_higher_masked", "dppo_masked", "stratum", "weight"}
+    assert all(set(t) == fields for t in tokens)
+    assert all(0 < t["mu"] <= 1 and 0 < t["pi"] <= 1 and t["entropy"] >= 0 and t["weight"] >= 1 for t in tokens)
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
@@ -60,6 +68,10 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir)
         for key, value in a.items():
             if not key.startswith(TIMING_KEYS):
                 assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    straight_tokens = read_jsonl(tmp_path / "straight" / "tokens.jsonl")
+    resumed_tokens = read_jsonl(tmp_path / "killed" / "tokens.jsonl")  # step 2 once, the same tokens
+    assert [(t["step"], t["token_id"], t["position"]) for t in resumed_tokens] == \
+        [(t["step"], t["token_id"], t["position"]) for t in straight_tokens]
 
 
 def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):
@@ -81,6 +93,19 @@ def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):
     from dppo_oat.engines.local.seeds import train_group_seeds
 
     assert all(0 <= s < 3 for step in range(1, 50) for s in train_group_seeds(1, step, 4, pool=3))
+
+
+@pytest.mark.parametrize("preset", ["seq_geo_mask", "decoupled_ppo", "dppo_binary_tv_kl"])
+def test_mismatch_presets_run_a_step(tmp_path, cache_dir, preset):
+    """The mismatch fixes of other frameworks run in the local engine (π_θ' recomputed where they read it), here
+    with a bf16 rollout so that π_θ' ≠ μ."""
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
+          "--trust-region", preset, "--rollout-dtype", "bfloat16", *SHORT])
+    config = json.loads((tmp_path / preset / "config.json").read_text())
+    assert config["trust_region"]["name"] == preset
+    (row,) = read_jsonl(tmp_path / preset / "metrics.jsonl")
+    assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
+    assert 0 <= row["mask/fraction"] <= 1 and 0 <= row["shadow/seq_geo_mask/sequence_fraction"] <= 1
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):

@@ -21,23 +21,27 @@ from dppo_oat.analysis.runs import (
     label_runs,
     load_run,
     load_runs,
+    notebook_runs,
     resolve_run_dirs,
     run_patterns,
     summarize_runs,
 )
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
+    disagreements,
     load_tokens,
     masked_by_bucket,
     shadow_summary,
     token_step_metrics,
     top_clipped_side_by_side,
     top_clipped_tokens,
+    top_disagreement_tokens,
 )
 
 __all__ = [
     "BANDS", "DEFAULT_PANELS", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "Panel", "Run", "Series",
-    "aggregate_seeds", "available_panels", "is_run_dir", "label_runs", "load_run", "load_runs", "load_tokens",
-    "masked_by_bucket", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs", "run_patterns", "shadow_summary",
-    "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side", "top_clipped_tokens",
+    "aggregate_seeds", "available_panels", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
+    "load_tokens", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
+    "run_patterns", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
+    "top_clipped_tokens", "top_disagreement_tokens",
 ]

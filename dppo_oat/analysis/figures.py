@@ -102,11 +102,19 @@ def draw_panel(ax: Axes, df: pd.DataFrame, panel: Panel, by: GroupBy, colors: di
         ax.legend(handles=drawn, fontsize=7, frameon=False, handlelength=2.2)
 
 
-def add_legend(fig: Figure, colors: dict, by: GroupBy, title: str | None = None) -> None:
-    """One legend for the figure, above the panels: a colour per group, under the figure's title if any."""
+LEGEND_ROW_HEIGHT = 0.22
+"""Inches a legend row takes at fontsize 9 (the figure grows by that much per row, so panels keep their size)."""
+
+
+def add_legend(fig: Figure, colors: dict, by: GroupBy, title: str | None = None, grow: bool = True) -> None:
+    """One legend for the figure, above the panels: a colour per group, under the figure's title if any. As many
+    columns as the figure's width allows; ``grow`` makes the figure taller by the legend's rows, so a legend of
+    many runs never squeezes the panels out of the figure."""
     handles = [Line2D([], [], color=color, linewidth=2, label=group_name(key, by)) for key, color in colors.items()]
     entry_width = 0.7 + 0.075 * max(len(handle.get_label()) for handle in handles)  # inches at fontsize 9
     ncols = min(len(handles), max(1, int(fig.get_figwidth() / entry_width)))
+    if grow:
+        fig.set_figheight(fig.get_figheight() + LEGEND_ROW_HEIGHT * math.ceil(len(handles) / ncols))
     fig.legend(handles=handles, loc="outside upper center", ncols=ncols, frameon=False, fontsize=9, title=title,
                title_fontproperties={"size": 12})
 
@@ -138,7 +146,8 @@ def plot_runs(
     panels, skipped = available_panels(df, metrics)
     if not panels:
         raise ValueError(f"nothing to plot: {'; '.join(skipped) or 'no metrics asked for'}")
-    if axes is None:
+    created = axes is None
+    if created:
         fig, axes = new_axes(len(panels), ncols)
     elif len(axes) < len(panels):
         raise ValueError(f"{len(panels)} panels to draw but {len(axes)} axes given")
@@ -147,7 +156,7 @@ def plot_runs(
     colors = group_colors(df, by)
     for ax, (_, panel) in zip(axes, panels):
         draw_panel(ax, df, panel, by, colors, sigma, band)
-    add_legend(fig, colors, by, title)
+    add_legend(fig, colors, by, title, grow=created)
     if skipped:
         fig.supxlabel("Not plotted: " + "; ".join(skipped), fontsize=7, color="0.4")
     return fig
@@ -158,8 +167,12 @@ MASK_COLORS = {"ppo_masked": "tab:red", "dppo_masked": "tab:blue"}
 
 
 def draw_bucket_bars(ax: Axes, tokens: pd.DataFrame) -> None:
-    """Bars: % of the tokens (A ≠ 0) in each μ bucket that each mask blocked."""
-    shares = tokens.groupby("mu_bucket", observed=False)[list(MASKS)].mean() * 100
+    """Bars: % of the tokens (A ≠ 0) in each μ bucket that each mask blocked (weighted by the sample's weights:
+    an estimate over all tokens)."""
+    weight = tokens["weight"]
+    blocked = pd.DataFrame({mask: tokens[mask].astype(float) * weight for mask in MASKS}).assign(_weight=weight)
+    sums = blocked.groupby(tokens["mu_bucket"], observed=False).sum()
+    shares = sums[list(MASKS)].div(sums["_weight"].replace(0, np.nan), axis=0) * 100
     x = np.arange(len(shares))
     width = 0.8 / len(MASKS)
     for i, (mask, name) in enumerate(MASKS.items()):
@@ -171,13 +184,16 @@ def draw_bucket_bars(ax: Axes, tokens: pd.DataFrame) -> None:
 
 
 def draw_histograms(ax: Axes, tokens: pd.DataFrame, field: str, bins: np.ndarray, title: str) -> None:
-    """Step histograms (densities) of ``field`` over all tokens and over the tokens each mask blocked."""
-    ax.hist(tokens[field].dropna(), bins=bins, density=True, color="0.6", alpha=0.5, label="all tokens")
+    """Step histograms (densities, weighted by the sample's weights) of ``field`` over all tokens and over the tokens
+    each mask blocked."""
+    known = tokens[tokens[field].notna()]
+    ax.hist(known[field], bins=bins, weights=known["weight"], density=True, color="0.6", alpha=0.5,
+            label="all tokens")
     for mask, name in MASKS.items():
-        values = tokens.loc[tokens[mask], field].dropna()
-        if len(values):
-            ax.hist(values, bins=bins, density=True, histtype="step", linewidth=1.6, color=MASK_COLORS[mask],
-                    label=name)
+        blocked = known[known[mask]]
+        if len(blocked):
+            ax.hist(blocked[field], bins=bins, weights=blocked["weight"], density=True, histtype="step",
+                    linewidth=1.6, color=MASK_COLORS[mask], label=name)
     ax.set_title(title, fontsize=10)
     ax.set_ylabel("density", fontsize=8)
 

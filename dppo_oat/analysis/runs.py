@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,15 +50,22 @@ PRESET_NAMES = {
     "relax_low": "Relax-low",
     "relax_high": "Relax-high",
     "relax_both": "Relax-both",
+    "tis": "Token-TIS",
+    "seq_tis": "Seq-TIS",
+    "icepop": "IcePop",
+    "seq_geo_mask": "Seq-Geo-Mask",
+    "decoupled_ppo": "Decoupled PPO",
+    "dppo_binary_tv_kl": "DPPO-Binary-TV + KL",
 }
-"""The paper's name of each trust-region preset (legend entries)."""
+"""The paper's (or the source framework's) name of each trust-region preset (legend entries)."""
 
 TRUST_REGION_SYMBOLS = {
     "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
-    "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K",
+    "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K", "is_weight": "w",
+    "mismatch_mask": "mismatch mask", "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ",
 }
 """The trust-region fields a label mentions when a run overrides its preset's default, and how."""
-_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha")
+_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau")
 
 PathLike = Union[str, Path]
 
@@ -186,13 +194,15 @@ def preset_name(algo: str) -> str:
     return PRESET_NAMES.get(algo, algo)
 
 
-def relevant_fields(rule: str, relax: str = "none") -> tuple[str, ...]:
-    """The trust-region fields that change what ``rule`` does (the others are ignored by it)."""
-    fields = ["rule", "anchor", "is_cap"]
+def relevant_fields(rule: str, relax: str = "none", mismatch_mask: str = "none") -> tuple[str, ...]:
+    """The trust-region fields that change what ``rule`` (and its mismatch mask) does (the others are ignored)."""
+    fields = ["rule", "anchor", "is_cap", "is_weight", "kl_tau"]
     if rule == "ratio":
         fields += ["eps_low", "eps_high", "relax"] + (["alpha"] if relax != "none" else [])
     elif rule != "none":
         fields += ["delta"] + (["k"] if rule.startswith("topk") else [])
+    if mismatch_mask != "none":
+        fields += ["mismatch_mask", "mismatch_low", "mismatch_high"]
     return tuple(fields)
 
 
@@ -208,7 +218,8 @@ def trust_region_overrides(algo: str, trust_region: dict) -> dict:
     return {
         key: actual[key]
         for key in TRUST_REGION_SYMBOLS
-        if key in relevant_fields(actual["rule"], actual["relax"]) and actual[key] != defaults[key]
+        if key in relevant_fields(actual["rule"], actual["relax"], actual["mismatch_mask"])
+        and actual[key] != defaults[key]
     }
 
 
@@ -309,6 +320,20 @@ def run_patterns(spec: str) -> list[str]:
         is_parent = not glob.has_magic(item) and path.is_dir() and not is_run_dir(path)
         patterns.append(str(path / "*") if is_parent else item)
     return patterns
+
+
+def notebook_runs(notebook_dir: PathLike = ".", environ: dict | None = None) -> tuple[str, str]:
+    """Which runs a notebook reads, and a sentence saying so: ``DPPO_RUNS`` when set, else ``../runs`` when it holds
+    runs (what ``make train`` writes), else the example runs shipped in ``notebooks/example_runs``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("DPPO_RUNS"):
+        return environ["DPPO_RUNS"], f"Reading DPPO_RUNS={environ['DPPO_RUNS']}."
+    own = Path(notebook_dir) / ".." / "runs"
+    if own.is_dir() and any(is_run_dir(path) for path in own.iterdir()):
+        return str(own), f"Reading your runs in {own} (set DPPO_RUNS to read others)."
+    examples = Path(notebook_dir) / "example_runs"
+    return str(examples), (f"Reading the example runs in {examples}: no DPPO_RUNS is set and {own} holds no runs "
+                           "(see example_runs/README.md for the command that made them).")
 
 
 def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success"), tail: float = 0.1) -> pd.DataFrame:

@@ -4,9 +4,12 @@ Two sources, the second optional:
 
 - the *shadow-mask* metrics every run logs: what ``ppo`` and ``grpo_clip_higher`` would have clipped on the run's
   own batches, by μ bucket (:func:`shadow_summary`);
-- a run's ``tokens.jsonl``, per-token samples with fields ``step``, ``token`` (decoded), ``mu``, ``pi``,
-  ``advantage``, ``entropy``, ``ppo_masked`` and ``dppo_masked`` (:func:`load_tokens`): which tokens were blocked
-  by μ bucket and entropy, and the most frequently clipped ones in positive and negative samples.
+- a run's ``tokens.jsonl``, a stratified sample of every step's response tokens (:mod:`dppo_oat.token_samples`,
+  both engines write it): the decoded token, μ, π, advantage, entropy, the run's own decision (``masked``) and the
+  reference rules' (``ppo_masked``, ``grpo_clip_higher_masked``, ``dppo_masked``), and a ``weight`` (tokens its
+  stratum stands for). Shares are weighted, so they estimate shares over all tokens although blocked tokens are
+  over-sampled (:func:`load_tokens`): which tokens were blocked by μ bucket and entropy, the most frequently clipped
+  ones in positive and negative samples, and where ratio clipping and DPPO disagree (:func:`disagreements`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from dppo_oat.analysis.runs import RUN_COLUMNS, PathLike, read_table
 from dppo_oat.runlog import TOKENS_FILE
 from dppo_oat.trust_region import MU_BUCKETS
 
-TOKEN_FIELDS = ("step", "token", "mu", "pi", "advantage", "entropy", "ppo_masked", "dppo_masked")
+TOKEN_FIELDS = ("step", "token", "turn", "mu", "pi", "advantage", "entropy", "divergence", "weight", "masked",
+                "ppo_masked", "grpo_clip_higher_masked", "dppo_masked")
 MASKS = {"ppo_masked": "ratio clip (PPO)", "dppo_masked": "DPPO"}
-"""The per-token mask columns of ``tokens.jsonl`` and their display names."""
+"""The two decisions the analysis compares (``tokens.jsonl`` columns) and their display names."""
+BOOL_FIELDS = ("masked", "ppo_masked", "grpo_clip_higher_masked", "dppo_masked")
+DISAGREEMENTS = {"clip_only": "blocked by ratio clipping only", "dppo_only": "blocked by DPPO only"}
+"""The tokens one rule blocks and the other lets through (:func:`disagreements`)."""
 SHADOW_PRESETS = {"ppo": "PPO", "grpo_clip_higher": "GRPO-ClipHigher"}
 
 
@@ -33,9 +40,10 @@ def read_tokens(run_dir: PathLike) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     tokens = read_table(path)
-    for column in ("mu", "pi", "advantage", "entropy"):
+    for column in ("turn", "mu", "pi", "advantage", "entropy", "divergence", "weight"):
         tokens[column] = pd.to_numeric(tokens.get(column, pd.Series(np.nan, index=tokens.index)), errors="coerce")
-    for column in MASKS:  # true, 1 or "true" is blocked; false, 0, null or a missing field is not
+    tokens["weight"] = tokens["weight"].fillna(1.0)  # a uniform sample (or rows written by hand): weight 1
+    for column in BOOL_FIELDS:  # true, 1 or "true" is blocked; false, 0, null or a missing field is not
         tokens[column] = tokens.get(column, pd.Series(False, index=tokens.index)).isin([True, "true", "True"])
     token = tokens["token"].astype(object) if "token" in tokens else pd.Series("", index=tokens.index)
     tokens["token"] = token.where(token.notna(), "").astype(str)
@@ -62,8 +70,8 @@ def load_tokens(df: pd.DataFrame) -> pd.DataFrame:
 
 def _empty_tokens() -> pd.DataFrame:
     """A token table without rows, with the column types of :func:`read_tokens`."""
-    types = {"step": "int64", "token": object, "mu": float, "pi": float, "advantage": float, "entropy": float,
-             "ppo_masked": bool, "dppo_masked": bool}
+    types = {"step": "int64", "token": object, **{name: float for name in TOKEN_FIELDS[2:9]},
+             **{name: bool for name in BOOL_FIELDS}}
     return pd.DataFrame({column: pd.Series(dtype=dtype) for column, dtype in types.items()})
 
 
@@ -79,15 +87,49 @@ def sample_sign(advantage: pd.Series) -> pd.Series:
     return pd.Series(np.select([advantage > 0, advantage < 0], ["positive", "negative"], "zero"), index=advantage.index)
 
 
+def weighted_percent(tokens: pd.DataFrame, keys: list, columns: dict[str, pd.Series]) -> pd.DataFrame:
+    """Per group of ``keys``: the sampled tokens and, for each boolean column, the weighted % of tokens where it is
+    true (the sample's weights make it an estimate over all tokens)."""
+    weight = tokens["weight"]
+    frame = pd.DataFrame({name: values.astype(float) * weight for name, values in columns.items()})
+    grouped = frame.assign(_weight=weight).groupby(keys, observed=True)
+    table = grouped.sum()
+    table = (100 * table[list(columns)].div(table["_weight"], axis=0)).round(2)
+    table.insert(0, "tokens", grouped.size())
+    return table
+
+
 def masked_by_bucket(tokens: pd.DataFrame, by: str = "method") -> pd.DataFrame:
-    """Per group and μ bucket: tokens with A ≠ 0, and the % of them blocked by ratio clipping and by DPPO."""
+    """Per group and μ bucket: sampled tokens with A ≠ 0, and the % of such tokens blocked by ratio clipping and by
+    DPPO (weighted: an estimate over all tokens)."""
     active = tokens[tokens["sample"] != "zero"]
     groups = pd.Categorical(active[by], categories=list(dict.fromkeys(active[by])))
-    grouped = active.groupby([groups, "mu_bucket"], observed=True)
-    table = grouped.agg(tokens=("mu", "size"), ppo_masked=("ppo_masked", "mean"), dppo_masked=("dppo_masked", "mean"))
-    table[list(MASKS)] = (100 * table[list(MASKS)]).round(2)
-    table = table.rename(columns={k: f"{v} %" for k, v in MASKS.items()}).reset_index()
+    table = weighted_percent(active, [groups, active["mu_bucket"]], {f"{v} %": active[k] for k, v in MASKS.items()})
+    table = table.reset_index()
     return table.rename(columns={table.columns[0]: by}).astype({by: "object", "mu_bucket": "object"})
+
+
+def disagreements(tokens: pd.DataFrame) -> pd.DataFrame:
+    """Where ratio clipping (PPO's, ε = 0.2) and DPPO-Binary-TV (δ = 0.15) disagree, by μ bucket and sign of the
+    advantage: the weighted % of tokens (A ≠ 0) that only ratio clipping blocks, and that only DPPO blocks
+    (sec:method_limitations: the first are low-probability tokens whose ratio moved while π barely did)."""
+    active = tokens[tokens["sample"] != "zero"]
+    flags = {f"{name} %": flag for name, flag in disagreement_flags(active).items()}
+    return weighted_percent(active, [active["sample"], active["mu_bucket"]], flags).reset_index().astype(
+        {"sample": "object", "mu_bucket": "object"})
+
+
+def disagreement_flags(tokens: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per token: blocked by ratio clipping and not by DPPO, and the reverse (see :data:`DISAGREEMENTS`)."""
+    return {"clip_only": tokens["ppo_masked"] & ~tokens["dppo_masked"],
+            "dppo_only": tokens["dppo_masked"] & ~tokens["ppo_masked"]}
+
+
+def top_disagreement_tokens(tokens: pd.DataFrame, which: str = "clip_only", n: int = 30) -> pd.DataFrame:
+    """The tokens most often in ``which`` (``clip_only`` or ``dppo_only``), decoded, with their mean μ and π, side
+    by side for positive and negative samples (as :func:`top_clipped_side_by_side`)."""
+    flagged = tokens.assign(_flag=disagreement_flags(tokens)[which])
+    return top_clipped_side_by_side(flagged, "_flag", n)
 
 
 def top_clipped_tokens(tokens: pd.DataFrame, sample: str, mask: str = "ppo_masked", n: int = 50) -> pd.DataFrame:
@@ -97,12 +139,14 @@ def top_clipped_tokens(tokens: pd.DataFrame, sample: str, mask: str = "ppo_maske
     (how often it was blocked) and ``blocked %`` (of that token's occurrences in such samples).
     """
     rows = tokens[tokens["sample"] == sample]
-    counts = rows.groupby("token", sort=False)[mask].agg(["sum", "size"])
+    weighted = rows.assign(_blocked=rows[mask].astype(float) * rows["weight"])
+    counts = weighted.groupby("token", sort=False).agg(
+        sum=(mask, "sum"), size=(mask, "size"), blocked=("_blocked", "sum"), weight=("weight", "sum"))
     counts = counts[counts["sum"] > 0].sort_values(["sum", "size"], ascending=[False, True], kind="stable").head(n)
     return pd.DataFrame({
         "token": [repr(token) for token in counts.index],
         "count": counts["sum"].astype(int).to_numpy(),
-        "blocked %": (100 * counts["sum"] / counts["size"]).round(1).to_numpy(),
+        "blocked %": (100 * counts["blocked"] / counts["weight"]).round(1).to_numpy(),
     })
 
 
@@ -127,8 +171,11 @@ def token_step_metrics(tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def _step_means(tokens: pd.DataFrame, field: str, metric: str) -> pd.DataFrame:
-    """Long rows of ``metric``: the mean of ``field`` over each run's tokens at each step, with the run columns."""
-    means = tokens.groupby(["run", "step"], sort=False)[field].mean().rename("value").reset_index()
+    """Long rows of ``metric``: the weighted mean of ``field`` over each run's tokens at each step (tokens without
+    a value left out), with the run columns."""
+    known = tokens[tokens[field].notna()]
+    sums = known.assign(_x=known[field] * known["weight"]).groupby(["run", "step"], sort=False)[["_x", "weight"]].sum()
+    means = (sums["_x"] / sums["weight"]).rename("value").reset_index()
     runs = tokens.drop_duplicates("run")[[c for c in RUN_COLUMNS if c != "run"] + ["run"]]
     return means.merge(runs, on="run").assign(metric=metric)
 

@@ -151,6 +151,16 @@ def test_every_preset_is_available(preset, gpu_node):
     assert spec.sampling.top_k_logprobs == (spec.trust_region.k if spec.trust_region.uses_topk else 0)
 
 
+def test_mismatch_overrides_reach_the_run_spec(gpu_node):
+    with gpu_node(2):
+        icepop = validate_args(launch.parse_args(SMALL + ["--trust_region", "icepop", "--tr_mismatch_low", "0.4",
+                                                          "--tr_mismatch_high", "4"]))
+        prime = validate_args(launch.parse_args(SMALL + ["--trust_region", "dppo_binary_tv_kl", "--tr_kl_tau", "0.01"]))
+    tr = spec_of(icepop).trust_region
+    assert (tr.mismatch_mask, tr.mismatch_low, tr.mismatch_high, tr.needs_recompute) == ("token", 0.4, 4.0, True)
+    assert spec_of(prime).trust_region == TrustRegion.preset("dppo_binary_tv_kl", kl_tau=0.01)
+
+
 def test_greedy_evaluation_is_allowed_and_greedy_training_is_not(gpu_node):
     with gpu_node(2):
         args = validate_args(launch.parse_args(SMALL + ["--eval_temperature", "0"]))
@@ -176,6 +186,7 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--top_p", "0.9"], "top-p/top-k"),
         (["--top_k", "50"], "top-p/top-k"),
         (["--learning_rate", "inf"], "--learning_rate must be a finite number"),
+        (["--token_samples", "-1"], "--token-samples must be >= 0"),
         (["--critic_type", "ppo"], "learned critic"),
         (["--trust_region", "dppo"], None),
         (["--trust_region", "dppo_binary_tv", "--tr_delta", "0"], "delta"),

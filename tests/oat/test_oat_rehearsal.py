@@ -275,6 +275,7 @@ def test_rehearsal_learner_exception_fails_the_launch(tiny_policy_dir, gpu_node,
 def test_rehearsal_writes_the_run_directory_the_notebooks_read(rehearsal):
     """The learner's rank 0 writes the local engine's files into oat's run folder: one line per learning round."""
     from dppo_oat.analysis import load_run
+    from dppo_oat.analysis.tokens import read_tokens
 
     run = load_run(rehearsal.run_dir)
     assert run.algo == "dppo_binary_tv" and run.config["engine"] == "oat" and run.trust_region["delta"] == 0.2
@@ -282,3 +283,7 @@ def test_rehearsal_writes_the_run_directory_the_notebooks_read(rehearsal):
     for column in ("reward", "success", "mask/fraction", "mismatch/abs_diff_mean", "train/pg_loss"):
         assert run.metrics[column].notna().all(), column
     assert run.eval["eval/success"].between(0, 1).all()
+    tokens = read_tokens(rehearsal.run_dir)  # the clipped-token sample of each round, decoded by the learner
+    assert tokens is not None and set(tokens["step"]) == {1, 2}
+    assert tokens.groupby("step").size().le(32).all() and (tokens["token"] != "").all()
+    assert tokens["mu"].between(0, 1).all() and tokens["pi"].between(0, 1).all() and (tokens["weight"] >= 1).all()

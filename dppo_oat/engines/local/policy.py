@@ -2,7 +2,8 @@
 
 The tiny policy is a byte-level BPE tokenizer trained on the env's own text and a small Qwen3,
 trained by supervised learning on oracle moves until it solves *some but not all* held-out puzzles — the paper's
-sanity-test regime (sec:stability), where a stable RL method should climb. It is built once and cached on disk.
+sanity-test regime (sec:stability), where a stable RL method should climb. It is built once and cached on disk; the
+default run's comes with the package (``dppo_oat/policies``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from dppo_oat.update import causal_lm_forward
 
 CACHE_FORMAT = 2
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""
+SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+"""Warm-started policies that come with the package (the default run's: no warm start on a fresh machine), under
+the same names as the cache's; see its README for how they are built."""
 
 
 @dataclass
@@ -114,9 +118,10 @@ def load_or_build_tiny_policy(config, console) -> tuple:
     env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
     key = policy_cache_key(env_id, template, ws, seed)
     path = config.resolved_cache_dir() / "policies" / key
-    if (path / "warm_start.json").exists():
-        console.print(f"tiny policy: cached at {path}")
-        return load_policy(path)
+    for found, where in ((path, "cached"), (SHIPPED_POLICIES / key, "shipped with the package")):
+        if (found / "warm_start.json").exists():
+            console.print(f"tiny policy: {where} at {found}")
+            return load_policy(found)
     console.print(f"tiny policy: building {key} (tokenizer, model, supervised warm start on oracle moves) ...")
     demos = demonstrations(env_id, ws.demo_episodes, seed=DEMO_SEED + seed, mistake_rate=ws.mistake_rate)
     texts = [render_prompt(template, obs) + " " + action for episode in demos for obs, action in episode]

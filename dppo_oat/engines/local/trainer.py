@@ -33,6 +33,7 @@ from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
 
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
@@ -65,6 +66,7 @@ class LocalTrainer:
                                                self.spec.eval_rollout)
         self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = DivergenceGuard()
+        self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self._noted_small_batch = False
         self._check_prompts_fit()
         self.log = RunLog(config.run_path(), logged_config(self.config, self.spec), resume_step=self.resume_step,
@@ -131,10 +133,12 @@ class LocalTrainer:
         behavior_logits = response_logits(self.generator.model, batch, temperature=c.temperature) if probing else None
         update_started = time.perf_counter()
         self.model.train()
+        sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         history = update_policy(batch, self.tr, causal_lm_forward(self.model, temperature=c.temperature),
                                 self._backward, self._optimizer_step, self._update_settings_for(len(batch)),
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
-                                discard_step=self._discard_step, guard=self.guard)
+                                discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
+        self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
         self.model.eval()
         if self.generator.model is not self.model:
             self.generator.update_weights(self.model.state_dict())
@@ -228,7 +232,8 @@ class LocalTrainer:
             while self.step < c.steps:
                 self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
-                self.log.log_metrics(metrics)  # metrics first, then the checkpoint: a resume rewrites this step
+                self.log.log_tokens(self.token_rows)
+                self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
                 self.save_checkpoint()
                 if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())

@@ -21,6 +21,7 @@ from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     """The run's spec and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
     spec = run_spec(config)
+    config.check_logging()
     _check_numbers(config, spec)
     _check_device(config.device)
     _check_envs(config)
@@ -185,7 +186,7 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
 
 
 RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "cache_dir", "run_dir", "eval_every",
-             "probe_every")
+             "probe_every", "token_samples")
 """Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
 
 

@@ -158,6 +158,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     ValueError with one line that says what to change."""
     _check_replaced_flags(args)
     _check_finite(args)
+    args.check_logging()
     if args.fp16:
         raise ValueError("--fp16: DeepSpeed's loss scaling skips steps of its own, which the divergence guard would "
                          "count as divergence; use --bf16 (oat's default)")

@@ -20,19 +20,20 @@ from oat.utils.data import TransitionDataset
 
 from dppo_oat.samples import TurnSample, UpdateBatch, build_update_batch
 
-DPPO_FIELDS = ("advantage", "topk_ids", "topk_logprobs")
+DPPO_FIELDS = ("advantage", "turn", "topk_ids", "topk_logprobs")
 """What :class:`DPPOTransitionData` adds to oat's transition, carried through the learner's collation."""
 
 
 @dataclass
 class DPPOTransitionData(TransitionData):
-    """One turn of one episode, as oat moves it from actor to learner.
+    """One turn of one episode, as oat moves it from actor to learner (``turn``: its index in the episode).
 
     ``topk_ids``/``topk_logprobs`` are ``[len(response_ids), K+1]`` arrays of the paper's set ``TopK(μ, K) ∪ {a_t}``
     (see :class:`dppo_oat.samples.TurnSample`), ``None`` unless a top-K rule is trained.
     """
 
     advantage: float = 0.0
+    turn: int = 0
     topk_ids: Optional[np.ndarray] = None
     topk_logprobs: Optional[np.ndarray] = None
 
@@ -56,6 +57,7 @@ def transition_from_sample(
         loss_mask=not (ignore_no_eos and sample.finish_reason == "length"),
         info=dict(info),
         advantage=float(advantage),
+        turn=int(sample.turn),
         topk_ids=sample.topk_ids,
         topk_logprobs=sample.topk_logprobs,
     )

@@ -6,7 +6,8 @@ MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's t
 fp32 log-probs from :func:`~dppo_oat.update.causal_lm_forward` and oat's DeepSpeed strategy as backward and optimizer
 step, and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
 set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
-(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``.
+(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a sample of rank 0's
+share of each learning round's tokens, :mod:`~dppo_oat.token_samples`).
 
 Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries
 advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
@@ -29,6 +30,7 @@ from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_t
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.errors import TrainingDiverged
 from dppo_oat.spec import UpdateSettings, split_ids
+from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import SKIPPED, DivergenceGuard, causal_lm_forward, summarize_steps, update_policy
 
 MAX_KEYS = ("policy_grad_norm",)
@@ -134,6 +136,7 @@ class DPPOLearner(PPOLearner):
         self.trust_region, self.update_settings = self.spec.trust_region, self.spec.update
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
         self.guard = DivergenceGuard()
+        self.learning_rounds = 0
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
@@ -161,10 +164,17 @@ class DPPOLearner(PPOLearner):
         batch = batch.to(model_device(self.model))
         forward = causal_lm_forward(self.model, temperature=self.update_settings.temperature,
                                     chunk_size=self.args.logprob_chunk_size)
+        self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
+        sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
+                               seed=self.args.seed + self.learning_rounds)
         history = update_policy(
             batch, tr, forward, self._backward, self._optimizer_step, self.update_settings,
             generator=self.shuffle_generator, discard_step=self._discard_step, guard=self.guard,
+            token_sampler=sampler,
         )
+        if self.strategy.is_rank_0():
+            rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
+            self._wandb.log_tokens(rows)
         return summarize_history(history, batch.advantages)
 
     def _backward(self, loss: torch.Tensor) -> None:

@@ -6,7 +6,8 @@ oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``lo
 and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
 lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
 update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
-written twice), an evaluation line at the rounds done when it ran (0 before training). Rows keep every oat key and add the names the local engine uses:
+written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's token sample
+(:meth:`RunDirectoryLogger.log_tokens`). Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
 ``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``, ``eval/eval_count`` →
 ``eval/seeds`` (× ``eval_n``: ``eval/episodes``).
@@ -68,6 +69,10 @@ class RunDirectoryLogger:
             self.run_log.log_eval(evaluation)
         if self.mirror is not None:
             self.mirror.log(logs, *args, **kwargs)
+
+    def log_tokens(self, rows: list[dict]) -> None:
+        """A learning round's token samples (``tokens.jsonl``; the learner numbers them with oat's round)."""
+        self.run_log.log_tokens(rows)
 
     def finish(self) -> None:
         self.run_log.close()
