@@ -48,12 +48,25 @@ def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
     evals = read_jsonl(run / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 8 for e in evals)
     assert (run / "checkpoint.pt").exists()
-    tokens = read_jsonl(run / "tokens.jsonl")  # the clipped-token sample, every step
-    assert {t["step"] for t in tokens} == {1, 2} and all(sum(t["step"] == s for t in tokens) <= 32 for s in (1, 2))
+
+
+SHIPPED = ["--groups-per-step", "4", "--group-size", "4", "--minibatch-size", "32", "--eval-episodes", "8",
+           "--eval-every", "2"]
+"""Short runs from the shipped warm-started policy (default warm-start settings): it solves some puzzles, so groups
+differ and advantages are not all zero."""
+
+
+def test_a_one_step_run_writes_token_samples(tmp_path):
+    """tokens.jsonl: at most --token-samples rows of A ≠ 0 tokens per step, with every field of the schema."""
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
+          *SHIPPED])
+    tokens = read_jsonl(tmp_path / "one" / "tokens.jsonl")
+    assert 0 < len(tokens) <= 32 and {t["step"] for t in tokens} == {1}
     fields = {"step", "token", "token_id", "turn", "position", "mu", "pi", "advantage", "entropy", "divergence",
               "masked", "ppo_masked", "grpo_clip_higher_masked", "dppo_masked", "stratum", "weight"}
     assert all(set(t) == fields for t in tokens)
     assert all(0 < t["mu"] <= 1 and 0 < t["pi"] <= 1 and t["entropy"] >= 0 and t["weight"] >= 1 for t in tokens)
+    assert all(t["advantage"] != 0 and t["token"] and t["turn"] >= 0 for t in tokens)
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
