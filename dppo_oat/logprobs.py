@@ -55,6 +55,21 @@ def entropy_chunked(logits: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZ
     return out.reshape(logits.shape[:-1])
 
 
+def logits_logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
+                    topk_ids: torch.Tensor | None = None, with_entropy: bool = True,
+                    chunk_size: int = DEFAULT_CHUNK_SIZE):
+    """``(log π(a_t), entropy, log π on topk_ids)`` of ``softmax(logits / temperature)`` (the logits path: under
+    autograd every chunk's fp32 copy is kept for backward). Only ``log π(a_t)`` carries gradient; absent parts are
+    None. :func:`dppo_oat.fused_head.fused_head_logprobs` computes the same from the hidden states."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = gather_logprobs_chunked(logits, ids, chunk_size=chunk_size)
+    with torch.no_grad():
+        entropy = entropy_chunked(logits.detach(), chunk_size=chunk_size) if with_entropy else None
+        topk = None if topk_ids is None else gather_logprobs_chunked(logits.detach(), topk_ids, chunk_size=chunk_size)
+    return logp, entropy, topk
+
+
 def topk_of_logprobs(logprobs: torch.Tensor, sampled_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's set ``TopK(p, K) ∪ {a_t}`` (sec:method_topk) as ``[..., K+1]`` ids and log-probs.
 

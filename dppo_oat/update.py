@@ -12,7 +12,9 @@ Per rollout batch (as in PPO with several updates per rollout):
 
 π_θ is the distribution the rollout sampled from: the forward pass divides the logits by the sampling temperature,
 as the rollout engine did before reporting μ (``causal_lm_forward(temperature=...)``; :class:`~dppo_oat.spec.RunSpec`
-refuses a learner temperature other than the sampling one).
+refuses a learner temperature other than the sampling one). It takes π_θ from the last hidden states through the fused
+LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits and, told the loss, computes its
+gradients in the same pass.
 
 The divergence guard (:class:`DivergenceGuard`): a minibatch whose loss or μ log-probs are non-finite is never
 applied (its backward is a zero-gradient surrogate, so engines that count micro-batches stay aligned, and the engine
@@ -24,6 +26,7 @@ run that skips ``patience`` optimizer steps in a row, or whose own log-probs tur
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -32,7 +35,8 @@ import torch
 
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingDiverged
-from dppo_oat.logprobs import entropy_chunked, gather_logprobs_chunked
+from dppo_oat.fused_head import FusedHeadUnsupported, TokenGrad, fused_head_logprobs, head_of, last_hidden_states
+from dppo_oat.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler
@@ -52,28 +56,81 @@ ForwardFn = Callable[[UpdateBatch, bool], PolicyOutputs]
 """``forward(batch, with_topk) -> PolicyOutputs``; ``logp`` carries gradient."""
 
 
-def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int = 1024,
-                      with_entropy: bool = True) -> ForwardFn:
-    """A :data:`ForwardFn` for any Hugging Face causal LM: fp32 log-probs of the predicted tokens, entropy and the
-    top-K gather computed in chunks (no ``[N, L, V]`` log-softmax is kept), all of ``softmax(logits / temperature)``:
-    the distribution a rollout at that temperature samples from."""
+LM_HEADS = ("fused", "logits")
+"""How the learner gets π_θ from the model: ``fused`` (from the last hidden states and the head weight, chunk by
+chunk: :mod:`dppo_oat.fused_head`) or ``logits`` (from the model's ``[N, V]`` logits, for comparison)."""
+
+
+def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int | None = None,
+                      with_entropy: bool = True, lm_head: str = "fused", trust_region: TrustRegion | None = None,
+                      settings: UpdateSettings | None = None) -> ForwardFn:
+    """A :data:`ForwardFn` for any Hugging Face causal LM (or a wrapper of one): fp32 log-probs of the predicted
+    tokens, entropy and the top-K gather, all of ``softmax(logits / temperature)``: the distribution a rollout at that
+    temperature samples from.
+
+    ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.fused_head.fused_head_logprobs`); a model
+    whose head it cannot reproduce (:func:`~dppo_oat.fused_head.head_of`) takes the ``logits`` path, with a warning.
+    Given the update's ``trust_region`` and ``settings``, the fused head computes the gradients of
+    :func:`minibatch_step`'s loss in the forward pass (:func:`announced_token_grad`). ``chunk_size``: token rows per
+    chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on the logits path).
+    """
     if not temperature > 0:
         raise ValueError(f"the learner's temperature must be > 0, got {temperature}")
+    if lm_head not in LM_HEADS:
+        raise ValueError(f"unknown lm_head {lm_head!r}; choose one of: {', '.join(LM_HEADS)}")
+    fused = lm_head == "fused" and fused_head_available(model)
 
     def forward(batch: UpdateBatch, with_topk: bool) -> PolicyOutputs:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = gather_logprobs_chunked(logits, batch.input_ids[:, 1:], chunk_size=chunk_size)
-        entropy = topk_logp = None
-        with torch.no_grad():
-            if with_entropy:
-                entropy = entropy_chunked(logits.detach(), chunk_size=chunk_size)
-            if with_topk:
-                topk_logp = gather_logprobs_chunked(logits.detach(), batch.topk_ids, chunk_size=chunk_size)
+        ids, topk_ids = batch.input_ids[:, 1:], batch.topk_ids if with_topk else None
+        options = dict(temperature=temperature, topk_ids=topk_ids, with_entropy=with_entropy)
+        if fused:
+            hidden = last_hidden_states(model, batch.input_ids, batch.attention_mask)[:, :-1]
+            announced = announced_token_grad(batch, trust_region, settings) if trust_region and settings else None
+            logp, entropy, topk_logp = fused_head_logprobs(hidden, head_of(model).weight, ids, chunk_size=chunk_size,
+                                                           token_grad=announced, **options)
+        else:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+            logp, entropy, topk_logp = logits_logprobs(logits, ids, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+                                                       **options)
         return PolicyOutputs(logp=logp, entropy=entropy, topk_logp=topk_logp)
 
     return forward
+
+
+def announced_token_grad(micro: UpdateBatch, tr: TrustRegion, settings: UpdateSettings) -> TokenGrad:
+    """``g_t = ∂L/∂ log π_θ(a_t)`` of some token rows (of ``[B, T]`` flattened), ``L`` being the loss
+    :func:`minibatch_step` takes on ``micro`` (:func:`policy_loss`, then :func:`aggregate_loss`). The other tokens are
+    set to μ: every rule's loss is a sum over tokens, each a function of its own log π_θ(a_t) (eq:unified_grad)."""
+    mu = micro.behavior_logp.detach().float()
+
+    def token_grad(rows: slice, logp: torch.Tensor, topk_logp: torch.Tensor | None) -> torch.Tensor:
+        with torch.enable_grad():
+            full = mu.clone().reshape(-1)
+            full[rows] = logp
+            full = full.reshape(mu.shape).requires_grad_()
+            topk = None
+            if tr.uses_topk:
+                top = micro.topk_behavior_logp.detach().float().clone()
+                top.reshape(-1, top.shape[-1])[rows] = topk_logp
+                topk = TopK(micro.topk_ids, micro.topk_behavior_logp, top, micro.topk_valid)
+            result = policy_loss(full, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
+                                 recomputed_logp=micro.recomputed_logp, topk=topk)
+            loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
+                                  norm_constant=settings.norm_constant)
+            (grad,) = torch.autograd.grad(loss, full)
+        return grad.reshape(-1)[rows]
+
+    return token_grad
+
+
+def fused_head_available(model) -> bool:
+    """True when the fused head computes exactly the model's logits' log-probs; else warn once, saying why."""
+    try:
+        head_of(model)
+    except FusedHeadUnsupported as reason:
+        warnings.warn(f"the learner takes the logits path: {reason}", stacklevel=3)
+        return False
+    return True
 
 
 BackwardFn = Callable[[torch.Tensor], None]

@@ -68,7 +68,8 @@ def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
 def supervised_step(model, optimizer, samples, pad_token_id: int) -> float:
     """One step of maximum likelihood on the response tokens of ``samples``."""
     batch = build_update_batch(samples, [0.0] * len(samples), pad_token_id)
-    logp = causal_lm_forward(model, with_entropy=False)(batch, False).logp
+    forward = causal_lm_forward(model, with_entropy=False, lm_head="logits")  # as the shipped policies were built
+    logp = forward(batch, False).logp
     loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
     loss.backward()
     optimizer.step()

@@ -134,8 +134,9 @@ class LocalTrainer:
         update_started = time.perf_counter()
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
-        history = update_policy(batch, self.tr, causal_lm_forward(self.model, temperature=c.temperature),
-                                self._backward, self._optimizer_step, self._update_settings_for(len(batch)),
+        settings = self._update_settings_for(len(batch))
+        forward = causal_lm_forward(self.model, temperature=c.temperature, trust_region=self.tr, settings=settings)
+        history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
                                 discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])

@@ -47,7 +47,9 @@ REPLACED_OAT_FLAGS = {
     "kl_penalty_coef": (0.0, "DPPO's loss has no KL term"),
     "reinforce_update": (False, "choose a trust-region preset instead (pg_is is plain REINFORCE with IS)"),
     "whiten_adv": (False, "advantages come from --advantage_mode (rebn normalises over the batch)"),
-    "use_fused_lm_head": (False, "log-probs are always fp32, from a chunked log-softmax"),
+    "use_fused_lm_head": (False, "oat's fused head returns bf16 log-probs; DPPO's learner already takes fp32 log-probs "
+                                 "and the loss's gradients straight from the hidden states, never holding the "
+                                 "[N, V] logits (--lm_head fused, the default)"),
     "whiten_rewards": (False, "advantages come from --advantage_mode"),
     "reward_scale": (1.0, "rewards are the environment's"),
     "non_stop_penalty": (0.0, "rewards are the environment's (a cut response is an invalid action)"),
@@ -69,8 +71,12 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Groups played per actor step (default: enough single-turn episodes for rollout_batch_size_per_device)."""
     env_seed: int = 42
     """Constructor seed of the training envs (reasoning-gym builds its puzzle set from it)."""
+    lm_head: Literal["fused", "logits"] = "fused"
+    """How the learner gets π_θ: fused (from the last hidden states and the head weight, chunk by chunk, never
+    holding the [N, V] logits; the loss's gradients computed in the same pass) or logits (the model's logits, for
+    comparison)."""
     logprob_chunk_size: int = 1024
-    """Token rows per chunk of the fp32 log-softmax."""
+    """Token rows per chunk of the logits path's fp32 log-softmax (the fused head sizes its chunks itself)."""
 
     eval_env_ids: Tuple[str, ...] = ()
     """Gem ids to evaluate on (default: env_ids)."""

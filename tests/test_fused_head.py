@@ -1,0 +1,275 @@
+"""The fused LM head against the logits path: the same log-probs, entropy and top-K log-probs, and the same gradients
+(to the hidden states and the head weight) of DPPO's loss, with the gradients computed in the forward pass (the loss
+announced) or recomputed in the backward pass; and it never creates an ``[N, V]`` tensor."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dppo_oat.fused_head as fused_head
+from dppo_oat.aggregation import aggregate_loss
+from dppo_oat.fused_head import (
+    FusedHeadUnsupported,
+    fused_head_logprobs,
+    head_of,
+    last_hidden_states,
+)
+from dppo_oat.logprobs import logits_logprobs, topk_of_logprobs
+from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.spec import UpdateSettings
+from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
+from dppo_oat.update import announced_token_grad, causal_lm_forward, minibatch_step, recompute_logprobs
+
+B, T, H, V, K = 3, 11, 16, 97, 4
+
+
+def head_batch(dtype=torch.float32, seed=0, k=K):
+    """Hidden states ``[B, T, H]``, a head weight, sampled ids, μ near π and a top-K set, as an :class:`UpdateBatch`
+    whose per-token fields are ``[B, T]`` (``input_ids`` carries the ids at positions 1..T)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, H, generator=gen).to(dtype)
+    weight = (0.5 * torch.randn(V, H, generator=gen)).to(dtype)
+    logp_all = (hidden.double() @ weight.double().T).log_softmax(-1)
+    ids = torch.multinomial(logp_all.exp().reshape(B * T, V), 1, generator=gen).reshape(B, T)
+    mu = (logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1) + 0.3 * torch.randn(B, T, generator=gen)).clamp(max=0)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[:, :3] = False  # a prompt
+    topk_ids, topk_mu = topk_of_logprobs(logp_all.float(), ids, k)
+    batch = UpdateBatch(input_ids=torch.cat([torch.zeros(B, 1, dtype=torch.long), ids], 1),
+                        attention_mask=torch.ones(B, T + 1, dtype=torch.long), response_mask=mask,
+                        behavior_logp=mu.float(), advantages=torch.tensor([[1.0], [-1.0], [0.5]]),
+                        topk_ids=topk_ids, topk_behavior_logp=topk_mu)
+    return hidden, weight, batch
+
+
+def dppo_loss(logp, topk_logp, batch, tr):
+    topk = TopK(batch.topk_ids, batch.topk_behavior_logp, topk_logp, batch.topk_valid) if tr.uses_topk else None
+    result = policy_loss(logp, batch.behavior_logp, batch.advantages, batch.response_mask, tr, topk=topk)
+    return aggregate_loss(result.loss, batch.response_mask, "seq-mean-token-sum-norm", norm_constant=8.0)
+
+
+def grads(path, hidden, weight, batch, tr, temperature, scale=1.0):
+    """``(logp, entropy, topk_logp, ∂L/∂h, ∂L/∂W)`` of DPPO's loss by ``path``: logits, fused (gradients recomputed)
+    or announced (the fused head with the loss announced)."""
+    hidden, weight = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ids, options = batch.input_ids[:, 1:], dict(temperature=temperature, topk_ids=batch.topk_ids)
+    if path == "logits":
+        out = logits_logprobs(hidden @ weight.T, ids, **options)
+    else:
+        settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", norm_constant=8.0)
+        announced = announced_token_grad(batch, tr, settings) if path == "announced" else None
+        out = fused_head_logprobs(hidden, weight, ids, chunk_size=7, token_grad=announced, **options)
+    (scale * dppo_loss(out[0], out[2], batch, tr)).backward()
+    return (*out, hidden.grad, weight.grad)
+
+
+@pytest.fixture
+def no_recompute(monkeypatch):
+    """Fails a test whose backward recomputes the logits (the announced loss must be the one backpropagated)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward recomputed the logits")
+
+    monkeypatch.setattr(fused_head, "head_grads", refuse)
+
+
+def assert_close_rel(actual, expected, rtol):
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=0, atol=rtol * expected.float().abs().max())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_forward_values_equal_the_logits_path(temperature):
+    hidden, weight, batch = head_batch()
+    logits = logits_logprobs(hidden @ weight.T, batch.input_ids[:, 1:], temperature=temperature,
+                             topk_ids=batch.topk_ids)
+    fused = fused_head_logprobs(hidden, weight, batch.input_ids[:, 1:], temperature=temperature,
+                                topk_ids=batch.topk_ids, chunk_size=5)
+    for got, expected in zip(fused, logits):
+        assert got.dtype == torch.float32 and got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # -inf padding of the top-K set included
+
+
+@pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_tv", "ppo", "cispo"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("path", ["fused", "announced"])
+def test_gradients_equal_the_logits_path(preset, temperature, path, request):
+    if path == "announced":
+        request.getfixturevalue("no_recompute")
+    hidden, weight, batch = head_batch()
+    tr = TrustRegion.preset(preset, k=K) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
+    expected = grads("logits", hidden, weight, batch, tr, temperature)
+    got = grads(path, hidden, weight, batch, tr, temperature, scale=1.0)
+    assert expected[3].abs().max() > 0 and expected[4].abs().max() > 0
+    assert_close_rel(got[3], expected[3], 1e-5)
+    assert_close_rel(got[4], expected[4], 1e-5)
+
+
+def test_announced_gradients_follow_the_scale_of_the_backward(no_recompute):
+    """DeepSpeed divides the loss by the accumulation steps, the local engine multiplies it by micro-batch shares."""
+    hidden, weight, batch = head_batch()
+    tr = TrustRegion.preset("dppo_binary_tv")
+    expected = grads("logits", hidden, weight, batch, tr, 1.0, scale=0.25)
+    got = grads("announced", hidden, weight, batch, tr, 1.0, scale=0.25)
+    assert_close_rel(got[3], expected[3], 1e-5)
+    assert_close_rel(got[4], expected[4], 1e-5)
+
+
+@pytest.mark.parametrize("other_loss", ["sum", "zero_surrogate"])
+def test_another_loss_than_the_announced_one_gets_its_own_gradients(other_loss):
+    hidden, weight, batch = head_batch()
+    settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", norm_constant=8.0)
+    token_grad = announced_token_grad(batch, TrustRegion.preset("dppo_binary_tv"), settings)
+    results = []
+    for announced in (None, token_grad):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        logp = fused_head_logprobs(h, w, batch.input_ids[:, 1:], chunk_size=7, token_grad=announced)[0]
+        loss = (logp * batch.response_mask).sum() * (2.0 if other_loss == "sum" else 0.0)
+        loss.backward()
+        results.append((h.grad, w.grad))
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_tv"])
+@pytest.mark.parametrize("path", ["fused", "announced"])
+def test_bf16_within_tolerance_of_the_logits_path(preset, path):
+    hidden, weight, batch = head_batch(dtype=torch.bfloat16)
+    tr = TrustRegion.preset(preset, k=K) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
+    expected = grads("logits", hidden, weight, batch, tr, 0.7)
+    got = grads(path, hidden, weight, batch, tr, 0.7)
+    assert got[4].dtype == torch.bfloat16
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0.05)
+    assert_close_rel(got[3], expected[3], 0.03)
+    assert_close_rel(got[4], expected[4], 0.03)
+
+
+def test_gradcheck_in_fp64_over_several_chunks():
+    hidden, weight, batch = head_batch(dtype=torch.float64)
+    ids = batch.input_ids[:1, 1:]
+
+    def logp(h, w):
+        return fused_head_logprobs(h, w, ids, temperature=0.7, chunk_size=4)[0]
+
+    assert torch.autograd.gradcheck(logp, (hidden[:1].requires_grad_(), weight.requires_grad_()))
+
+
+class CreatedShapes(TorchDispatchMode):
+    """Records the number of elements of every tensor an operator returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(value, torch.Tensor):
+                self.largest = max(self.largest, value.numel())
+        return out
+
+
+@pytest.mark.parametrize("path", ["fused", "announced"])
+def test_no_tensor_of_n_by_v_is_ever_created(path):
+    """Memory, without a clock: the largest tensor of the fused forward + backward is one chunk of logits (or the
+    weight's gradient), never ``[N, V]``."""
+    hidden, weight, batch = head_batch()
+    tr = TrustRegion.preset("dppo_topk_tv", k=K)
+    with CreatedShapes() as shapes:
+        grads(path, hidden, weight, batch, tr, 1.0)
+    assert shapes.largest <= max(7 * V, V * H) < B * T * V
+    with CreatedShapes() as shapes:
+        grads("logits", hidden, weight, batch, tr, 1.0)
+    assert shapes.largest >= B * T * V
+
+
+# --------------------------------------------------------------------------------------------- a real model
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def policy(request):
+    model, tokenizer = build_tiny_policy(toy_corpus(100), seed=0, vocab_size=300,
+                                         tie_word_embeddings=request.param)
+    return model.train(), tokenizer
+
+
+def model_batch(policy, k=0):
+    model, tokenizer = policy
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, len(tokenizer), (4, 14), generator=gen)
+    mask = torch.zeros(4, 13, dtype=torch.bool)
+    mask[:, 5:] = True
+    with torch.no_grad():
+        logp_all = (model(input_ids=ids).logits[:, :-1] / 0.8).log_softmax(-1)
+    mu = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) + 0.2 * torch.randn(4, 13, generator=gen)
+    batch = UpdateBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=mask,
+                        behavior_logp=mu.clamp(max=0), advantages=torch.tensor([[1.0], [-1.0], [2.0], [-0.5]]))
+    if k:
+        batch.topk_ids, batch.topk_behavior_logp = topk_of_logprobs(logp_all, ids[:, 1:], k)
+    return batch
+
+
+def test_last_hidden_states_are_the_decoders_and_the_head_is_put_back(policy):
+    model, _ = policy
+    batch = model_batch(policy)
+    head = model.get_output_embeddings()
+    hidden = last_hidden_states(model, batch.input_ids, batch.attention_mask)
+    expected = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    torch.testing.assert_close(hidden, expected)
+    assert model.get_output_embeddings() is head
+    assert head_of(model).weight is head.weight
+
+
+@pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_kl", "dppo_binary_tv_recompute", "decoupled_ppo",
+                                    "seq_geo_mask", "dppo_binary_tv_kl"])
+def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset, no_recompute):
+    model, _ = policy
+    tr = TrustRegion.preset(preset, k=3) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
+    batch = model_batch(policy, k=3 if tr.uses_topk else 0)
+    settings = UpdateSettings(minibatch_size=4, micro_batch_size=2, aggregation="token-mean", temperature=0.8)
+    found = {}
+    for lm_head in ("logits", "fused"):
+        copy_ = copy.deepcopy(model)
+        forward = causal_lm_forward(copy_, temperature=0.8, lm_head=lm_head, trust_region=tr, settings=settings)
+        step = batch
+        if tr.needs_recompute:
+            step = UpdateBatch(**{**batch.__dict__, "recomputed_logp": recompute_logprobs(batch, forward, 2)})
+        metrics = minibatch_step(step, torch.arange(4), tr, forward, lambda loss: loss.backward(), settings)
+        found[lm_head] = (metrics, {n: p.grad for n, p in copy_.named_parameters()})
+    for name, grad in found["logits"][1].items():
+        torch.testing.assert_close(found["fused"][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert math.isclose(found["fused"][0]["loss"], found["logits"][0]["loss"], rel_tol=1e-5)
+    assert math.isclose(found["fused"][0]["entropy"], found["logits"][0]["entropy"], rel_tol=1e-5)
+
+
+def test_a_head_the_fused_path_cannot_reproduce_takes_the_logits_path(policy):
+    model = copy.deepcopy(policy[0])
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(FusedHeadUnsupported, match="final_logit_softcapping"):
+        head_of(model)
+    with pytest.warns(UserWarning, match="logits path"):
+        forward = causal_lm_forward(model)
+    batch = model_batch(policy)
+    expected = causal_lm_forward(model, lm_head="logits")(batch, False).logp
+    torch.testing.assert_close(forward(batch, False).logp, expected)
+
+
+def test_zero3_partitioned_head_is_refused(policy, monkeypatch):
+    model = copy.deepcopy(policy[0])
+    model.get_output_embeddings().weight.ds_id = 0  # what DeepSpeed ZeRO-3 sets on the parameters it partitions
+    with pytest.raises(FusedHeadUnsupported, match="ZeRO-3"):
+        head_of(model)
+
+
+def test_unknown_lm_head_is_refused(policy):
+    with pytest.raises(ValueError, match="lm_head"):
+        causal_lm_forward(policy[0], lm_head="dense")
+
+
+def test_default_chunk_holds_about_128_mib_of_logits():
+    assert fused_head.rows_per_chunk(151_936) == 220
+    assert fused_head.rows_per_chunk(512) == 65_536
+    with pytest.raises(ValueError):
+        fused_head.rows_per_chunk(512, 0)
