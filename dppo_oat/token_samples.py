@@ -24,12 +24,19 @@ from typing import Callable, Sequence
 import torch
 
 from dppo_oat.divergence import binary_tv
-from dppo_oat.trust_region import MAX_LOG_RATIO, PolicyLossOutput, divergence_keep, ratio_keep
+from dppo_oat.trust_region import (
+    MAX_LOG_RATIO,
+    SHADOW_CLIP_RANGES,
+    PolicyLossOutput,
+    divergence_keep,
+    ratio_keep,
+)
 
 DEFAULT_TOKEN_SAMPLES = 32
 """Response tokens per RL step in ``tokens.jsonl``: about 9 KB a step, so a 1,000-step run stays under 10 MB."""
-REFERENCE_CLIPS = {"ppo_masked": (0.2, 0.2), "grpo_clip_higher_masked": (0.2, 0.28)}
-"""The ratio clips every sample is also judged by: PPO (eq:ppo-clip, ε = 0.2) and GRPO-ClipHigher (0.2, 0.28)."""
+REFERENCE_CLIPS = {f"{preset}_masked": clip_range for preset, clip_range in SHADOW_CLIP_RANGES.items()}
+"""The ratio clips every sample is also judged by, those of the shadow-mask metrics: PPO (eq:ppo-clip, ε = 0.2) and
+GRPO-ClipHigher (0.2, 0.28)."""
 REFERENCE_DELTA = 0.15
 """δ of the reference DPPO-Binary-TV decision (``dppo_masked``), the paper's default (eq:binary_tv)."""
 FLOAT_FIELDS = ("mu", "pi", "advantage", "entropy", "divergence")

@@ -453,7 +453,9 @@ def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, to
 # --------------------------------------------------------------------------------------------- metrics
 
 
-_PAPER_CLIP_RANGES = {"ppo": (0.2, 0.2), "grpo_clip_higher": (0.2, 0.28)}
+SHADOW_CLIP_RANGES = {"ppo": (0.2, 0.2), "grpo_clip_higher": (0.2, 0.28)}
+"""The paper's two ratio clips ``(ε_low, ε_high)`` every run also reports as shadow masks (and tokens.jsonl as
+decisions)."""
 SHADOW_MISMATCH_PRESETS = ("icepop", "seq_geo_mask")
 """The mismatch masks every run also reports as shadows (their bands from :data:`PRESETS`)."""
 _SHADOW_TRUST_REGIONS = {name: TrustRegion.preset(name) for name in SHADOW_MISMATCH_PRESETS}
@@ -487,7 +489,7 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
         "divergence/mean": _masked_mean(divergence, mask),
         "divergence/max": _masked_max(divergence, mask),
     }
-    for preset, (eps_low, eps_high) in _PAPER_CLIP_RANGES.items():
+    for preset, (eps_low, eps_high) in SHADOW_CLIP_RANGES.items():
         shadow_blocked = mask & ~ratio_keep(ratio, advantages, eps_low, eps_high)
         stats.update(_shadow_stats(preset, shadow_blocked, active, mu_prob))
     mismatch_blocked = {preset: mask & ~mismatch_keep(tr, logp, behavior_logp, mask)
