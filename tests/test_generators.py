@@ -153,3 +153,29 @@ def test_vllm_sampling_params_carry_top_k_and_raw_logprobs_refuse_it():
         check_logprob_semantics(SamplingSettings(16, top_k=20), processed_logprobs=False, engine="vLLM")
     with pytest.raises(ValueError, match="top_k"):
         SamplingSettings(16, top_k=0)
+
+
+def test_training_rollouts_take_the_sampling_loop_and_the_rest_generate(policy, prompts, monkeypatch):
+    """Untruncated sampling at T > 0 never calls ``model.generate`` (the fast loop); greedy and top-p do."""
+    model, tokenizer = policy
+    calls = []
+    original = model.generate
+    monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    generator = HFGenerator(model, tokenizer)
+    generator.generate(prompts, SamplingSettings(max_new_tokens=6, temperature=0.9, top_k_logprobs=3, seed=0))
+    assert calls == []
+    generator.generate(prompts, SamplingSettings(max_new_tokens=6, temperature=0.0))
+    generator.generate(prompts, SamplingSettings(max_new_tokens=6, top_p=0.9, seed=0))
+    assert len(calls) == 2
+
+
+def test_sampling_loop_draws_from_mu(policy):
+    """The first token's empirical frequencies over many draws match exp(log μ) that the loop reports."""
+    model, tokenizer = policy
+    prompt = tokenizer.encode(toy_corpus(1, seed=5)[0])[:8]
+    completions = HFGenerator(model, tokenizer, batch_size=512).generate(
+        [prompt] * 4000, SamplingSettings(max_new_tokens=1, temperature=1.5, seed=3))
+    first = np.array([c.token_ids[0] for c in completions])
+    mu = {token: np.exp(c.logprobs[0]) for token, c in zip(first, completions)}
+    for token, probability in sorted(mu.items(), key=lambda item: -item[1])[:5]:
+        assert abs((first == token).mean() - probability) < 4 * np.sqrt(probability * (1 - probability) / 4000)
