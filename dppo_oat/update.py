@@ -14,7 +14,7 @@ Per rollout batch (as in PPO with several updates per rollout):
 as the rollout engine did before reporting μ (``causal_lm_forward(temperature=...)``; :class:`~dppo_oat.spec.RunSpec`
 refuses a learner temperature other than the sampling one). It takes π_θ from the last hidden states through the fused
 LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits and, told the loss, computes its
-gradients in the same pass.
+gradients in the same pass; the head runs on the response tokens only (:func:`response_positions`).
 
 The divergence guard (:class:`DivergenceGuard`): a minibatch whose loss or μ log-probs are non-finite is never
 applied (its backward is a zero-gradient surrogate, so engines that count micro-batches stay aligned, and the engine
@@ -81,20 +81,58 @@ def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int | None
     fused = lm_head == "fused" and fused_head_available(model)
 
     def forward(batch: UpdateBatch, with_topk: bool) -> PolicyOutputs:
-        ids, topk_ids = batch.input_ids[:, 1:], batch.topk_ids if with_topk else None
+        positions = response_positions(batch)
+        ids = batch.input_ids[:, 1:].reshape(-1)[positions]
+        topk_ids = batch.topk_ids.reshape(-1, batch.topk_ids.shape[-1])[positions] if with_topk else None
         options = dict(temperature=temperature, topk_ids=topk_ids, with_entropy=with_entropy)
         if fused:
-            hidden = last_hidden_states(model, batch.input_ids, batch.attention_mask)[:, :-1]
+            hidden = response_rows(last_hidden_states(model, batch.input_ids, batch.attention_mask), positions)
             announced = announced_token_grad(batch, trust_region, settings) if trust_region and settings else None
             logp, entropy, topk_logp = fused_head_logprobs(hidden, head_of(model).weight, ids, chunk_size=chunk_size,
-                                                           token_grad=announced, **options)
+                                                           token_grad=at_positions(announced, positions), **options)
         else:
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+            logits = response_rows(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                                   positions)
             logp, entropy, topk_logp = logits_logprobs(logits, ids, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
                                                        **options)
-        return PolicyOutputs(logp=logp, entropy=entropy, topk_logp=topk_logp)
+        return on_response_positions(batch, positions, logp, entropy, topk_logp)
 
     return forward
+
+
+def response_positions(batch: UpdateBatch) -> torch.Tensor:
+    """Flat indices (of ``[B, L−1]``) of the response tokens: the only positions a loss or a metric reads, so the
+    LM head and its softmax run on them alone (prompts are most of a multi-turn batch's tokens)."""
+    return batch.response_mask.reshape(-1).nonzero().squeeze(-1)
+
+
+def response_rows(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``[M, D]`` rows of ``states [B, L, D]`` that predict the response tokens ``positions`` of ``[B, L−1]``."""
+    return states[:, :-1].reshape(-1, states.shape[-1])[positions]
+
+
+def at_positions(token_grad: TokenGrad | None, positions: torch.Tensor) -> TokenGrad | None:
+    """``token_grad`` (rows of the flattened ``[B, L−1]``) for rows that index ``positions`` instead."""
+    if token_grad is None:
+        return None
+    return lambda rows, logp, topk_logp: token_grad(positions[rows], logp, topk_logp)
+
+
+def on_response_positions(batch: UpdateBatch, positions: torch.Tensor, logp: torch.Tensor,
+                          entropy: torch.Tensor | None, topk_logp: torch.Tensor | None) -> PolicyOutputs:
+    """The response tokens' values laid out like ``batch``'s per-token fields; elsewhere π takes μ's values (ratio 1,
+    divergence 0) and the entropy 0, so that no rule or metric reads anything there even unmasked."""
+
+    def laid_out(values: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        flat = base.detach().to(values.dtype).reshape(-1, *values.shape[1:])
+        return flat.index_copy(0, positions, values).reshape(base.shape)
+
+    mu = batch.behavior_logp
+    return PolicyOutputs(
+        logp=laid_out(logp, mu),
+        entropy=None if entropy is None else laid_out(entropy, torch.zeros_like(mu, dtype=entropy.dtype)),
+        topk_logp=None if topk_logp is None else laid_out(topk_logp, batch.topk_behavior_logp),
+    )
 
 
 def announced_token_grad(micro: UpdateBatch, tr: TrustRegion, settings: UpdateSettings) -> TokenGrad:

@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dppo_oat.fused_head as fused_head
+import dppo_oat.update as update_module
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.fused_head import (
     FusedHeadUnsupported,
@@ -273,3 +274,27 @@ def test_default_chunk_holds_about_128_mib_of_logits():
     assert fused_head.rows_per_chunk(512) == 65_536
     with pytest.raises(ValueError):
         fused_head.rows_per_chunk(512, 0)
+
+
+@pytest.mark.parametrize("lm_head", ["fused", "logits"])
+def test_the_head_runs_on_response_tokens_only_and_prompts_read_as_mu(policy, lm_head, monkeypatch):
+    """The softmax runs on the response rows alone (here 4 × 8 of 4 × 13); elsewhere π reads μ's values (ratio 1)
+    and entropy 0; on the response tokens the values equal a full-sequence log-softmax."""
+    model, _ = policy
+    batch = model_batch(policy, k=3)
+    seen = []
+    for name in ("fused_head_logprobs", "logits_logprobs"):
+        original = getattr(update_module, name)
+        monkeypatch.setattr(update_module, name, lambda rows, *a, _f=original, **k: seen.append(rows.shape[0]) or
+                            _f(rows, *a, **k))
+    out = causal_lm_forward(model, temperature=0.8, lm_head=lm_head)(batch, True)
+    assert seen == [int(batch.response_mask.sum())] == [32]
+    prompt = ~batch.response_mask
+    torch.testing.assert_close(out.logp[prompt], batch.behavior_logp[prompt])
+    torch.testing.assert_close(out.topk_logp[prompt], batch.topk_behavior_logp[prompt])
+    assert (out.entropy[prompt] == 0).all()
+    with torch.no_grad():
+        full = (model(input_ids=batch.input_ids).logits[:, :-1] / 0.8).log_softmax(-1)
+    expected = full.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out.logp[batch.response_mask].detach(), expected[batch.response_mask], rtol=1e-5,
+                               atol=1e-5)
