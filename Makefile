@@ -11,17 +11,20 @@ ARGS ?=
 
 .PHONY: setup train test test-vllm bench clean-venv notebooks example-runs
 
-$(VENV)/.installed: pyproject.toml
+## what the main job needs (one pip call: the package and the CPU torch), then the test tools beside it
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed
 
 ## main job: DPPO on Sudoku with a tiny policy, on the CPU (see README)
-train: setup
+train: $(VENV)/.runtime
 	$(PY) -m dppo_oat.train $(ARGS)
 
 ## the test suite (CPU, offline)
