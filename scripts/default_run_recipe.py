@@ -1,0 +1,79 @@
+"""Choose the default run's RL recipe on puzzles and seeds apart from the held-out evaluation.
+
+Each trial is a set of overrides of the local engine's flags, run from the shipped warm-started policy for RL seeds
+that the default run does not use (100, 101, ...), and scored on 200 *selection* puzzles (seeds from
+``SELECTION_SEED``), disjoint from the held-out 200 that ``make train`` reports and from the warm start's checks.
+Every trial appends one JSON line to ``--out``: its overrides, seed, wall time and the selection success curve.
+
+Usage: ``python scripts/default_run_recipe.py --trial base --trial lr1e-3 --seeds 100 101 --out recipe.jsonl``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+from rich.console import Console
+
+import dppo_oat.engines.local.trainer as trainer_module
+from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
+from dppo_oat.engines.local.seeds import VALIDATION_SEED
+from dppo_oat.runlog import EVAL_FILE, read_jsonl
+
+SELECTION_SEED = VALIDATION_SEED + 100_000
+"""Selection puzzles: seeds [SELECTION_SEED, SELECTION_SEED + 200), apart from held-out and warm-start checks."""
+
+TRIALS: dict[str, dict] = {
+    "base": {},
+    "lr1e-3": {"lr": 1e-3},
+    "lr2e-3": {"lr": 2e-3},
+    "lr1e-3-t0.7": {"lr": 1e-3, "temperature": 0.7},
+    "lr1e-3-g8x4": {"lr": 1e-3, "groups_per_step": 8},
+    "turn": {"turn_baseline": True},
+    "t0.7": {"temperature": 0.7},
+    "lr5e-4": {"lr": 5e-4},
+    "g32x4": {"groups_per_step": 32},
+    "gamma0.5-turn": {"gamma": 0.5, "turn_baseline": True},
+    "epochs2": {"num_epochs": 2},
+}
+
+
+def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
+    """One trial from the shipped policy; held-out evaluation replaced by the selection puzzles."""
+    trainer_module.EVAL_SEED = SELECTION_SEED  # the trainer's evaluate() reads this module constant
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = TrainConfig(run_dir=run_dir, seed=seed, steps=steps, eval_every=eval_every, token_samples=0,
+                             warm_start=WarmStartConfig(seed=0), **TRIALS[name])
+        started = time.perf_counter()
+        trainer = trainer_module.LocalTrainer(config, Console(stderr=True, quiet=True))
+        trainer.run()
+        seconds = time.perf_counter() - started
+        curve = [(row["step"], row["eval/success"]) for row in read_jsonl(config.run_path() / EVAL_FILE)]
+    return {"trial": name, "overrides": TRIALS[name], "seed": seed, "steps": steps, "seconds": seconds,
+            "threads": torch.get_num_threads(), "selection_success": curve}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trial", action="append", choices=sorted(TRIALS), required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[100])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in args.trial:
+        for seed in args.seeds:
+            row = run_trial(name, seed, args.steps, args.eval_every)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as out:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
