@@ -91,3 +91,14 @@ def test_logits_memory_is_read_from_the_model_config(tmp_path):
     measured_on_h100 = 11.78  # GiB: docs/bench/logits_memory_h100.jsonl, bf16, 12,800 tokens, chunks of 1,024
     assert 0.85 < measured_on_h100 / plan.logits_gib < 1.15
     assert plan_of(args()).logits_gib is None and "not readable here" in render_plan(plan_of(args()))
+
+
+def test_the_dry_run_says_which_head_holds_what(tmp_path):
+    """The fused head (the default) never holds [N, V]: the dry run says so and gives the logits path's bound;
+    ZeRO-3, where the learner falls back to the logits path, and --lm_head logits print that path's estimate."""
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    fused = render_plan(plan_of(args(pretrain=str(tmp_path), lm_head="fused", zero_stage=2)))
+    assert "LM head: fused" in fused and "never [N, V]" in fused and "at most" in fused
+    for changes in (dict(lm_head="fused", zero_stage=3), dict(lm_head="logits", zero_stage=2)):
+        text = render_plan(plan_of(args(pretrain=str(tmp_path), **changes)))
+        assert "logits per micro-batch: at most" in text and "LM head: fused" not in text

@@ -243,7 +243,7 @@ def test_dry_run_prints_the_plan_without_gpus_or_launchpad(gpus, per_learner):
     done = run_dry("gem.sh", "sudoku", "--gpus", str(gpus))
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"node: {gpus} GPU(s)" in done.stdout and f"{per_learner} samples per learner" in done.stdout
-    assert "2 optimizer step(s) per round" in done.stdout and "logits per micro-batch" in done.stdout
+    assert "2 optimizer step(s) per round" in done.stdout and "LM head: fused" in done.stdout
 
 
 def test_an_inconsistent_plan_fails_in_one_line_with_status_2():

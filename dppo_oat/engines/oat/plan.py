@@ -47,6 +47,8 @@ class Plan:
     save_every_rounds: Optional[int]
     logits_gib: Optional[float]
     logits_note: str
+    lm_head: str = "logits"
+    """The head the learner will use: ``fused`` (--lm_head fused, not under ZeRO-3) or ``logits``."""
 
 
 def topology(args) -> tuple[int, int, int]:
@@ -83,7 +85,14 @@ def plan_of(args) -> Plan:
         actor_steps=actor_steps, rounds=actor_steps // interval,
         eval_every_rounds=_every_rounds(args.eval_steps, interval),
         save_every_rounds=_every_rounds(args.save_steps, interval), logits_gib=gib, logits_note=note,
+        lm_head=learner_head(args),
     )
+
+
+def learner_head(args) -> str:
+    """``fused`` when the learner takes π_θ through the fused head (ZeRO-3 falls back to the logits path)."""
+    fused = getattr(args, "lm_head", "logits") == "fused" and getattr(args, "zero_stage", 2) != 3
+    return "fused" if fused else "logits"
 
 
 def _check_positive(args) -> None:
@@ -204,10 +213,20 @@ def render_plan(plan: Plan) -> str:
         f"{plan.scheduled_optimizer_steps}: max_train / train_batch_size)",
         f"evaluation: {_schedule(plan.eval_every_rounds, 'before training, ')}",
         f"model saved: {_schedule(plan.save_every_rounds, '')}",
-        "logits per micro-batch: " + (f"{plan.logits_gib:.1f} GiB ({plan.logits_note})" if plan.logits_gib is not None
-                                      else f"unknown: {plan.logits_note}"),
+        head_line(plan),
     ]
     return "\n".join(lines)
+
+
+def head_line(plan: Plan) -> str:
+    """What one micro-batch's LM head holds: the fused head's 128 MiB chunks of fp32 logits, or the logits path's
+    estimate (an upper bound since the log-softmax runs on the response tokens only)."""
+    logits = (f"{plan.logits_gib:.1f} GiB ({plan.logits_note})" if plan.logits_gib is not None
+              else f"unknown: {plan.logits_note}")
+    if plan.lm_head == "fused":
+        return ("LM head: fused, chunks of 128 MiB of fp32 logits on the response tokens, never [N, V]; the logits "
+                f"path (--lm_head logits) would hold at most {logits} per micro-batch")
+    return f"logits per micro-batch: at most {logits}"
 
 
 def _schedule(every_rounds: Optional[int], before: str) -> str:
