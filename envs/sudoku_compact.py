@@ -24,7 +24,6 @@ wrapped env's, only the observation text changes. Registered ids (``import envs`
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -110,7 +109,7 @@ class CompactSudokuObservation(EnvWrapper):
 
     def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
         """Step the wrapped env; remember the move when it was readable but left the board unchanged."""
-        board_before = copy.deepcopy(self.env.unwrapped.board)
+        board_before = [list(row) for row in self.env.unwrapped.board]  # a board is a list of lists of ints
         _, reward, terminated, truncated, info = self.env.step(action)
         move = parse_sudoku_move(action)
         if move is not None:
