@@ -26,6 +26,7 @@ from dppo_oat.analysis.runs import (
     run_patterns,
     summarize_runs,
 )
+from dppo_oat.analysis.stats import paired_difference, sample_std, time_to_threshold, verdict
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
     disagreements,
@@ -43,5 +44,6 @@ __all__ = [
     "aggregate_seeds", "available_panels", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
     "load_tokens", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
     "run_patterns", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
-    "top_clipped_tokens", "top_disagreement_tokens",
+    "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",
+    "verdict",
 ]
