@@ -38,6 +38,10 @@ TRIALS: dict[str, dict] = {
     "g32x4": {"groups_per_step": 32},
     "gamma0.5-turn": {"gamma": 0.5, "turn_baseline": True},
     "epochs2": {"num_epochs": 2},
+    "turn-g8x8": {"turn_baseline": True, "groups_per_step": 8, "group_size": 8},
+    "turn-epochs2": {"turn_baseline": True, "num_epochs": 2},
+    "turn-lr5e-4": {"turn_baseline": True, "lr": 5e-4},
+    "gamma1-turn": {"gamma": 1.0, "turn_baseline": True},
 }
 
 
