@@ -267,24 +267,3 @@ def test_prompts_start_with_bos_when_the_tokenizer_adds_one(tiny_policy):
     collector = EpisodeCollector([COMPACT_ENV_ID], 1, 1, llama_like, RolloutSettings(template="plain"))
     rollout = collector.collect(ScriptedGenerator(llama_like, lambda p: "\\boxed{1 2 3}"), SamplingSettings(8), [1])
     assert all(s.prompt_ids[0] == bos_id and s.prompt_ids[1] != bos_id for s in rollout.samples)
-
-
-def _rollout_signature(rollout):
-    return ([(s.prompt_ids, s.response_ids, s.reward, s.turn, s.group_id) for s in rollout.samples],
-            [(e.seed, e.turns, e.total_reward, e.end_reason) for e in rollout.episodes])
-
-
-def test_prefetched_resets_give_the_very_same_rollout(tiny_policy):
-    """prefetch() (run beside the learner's update) only moves the env resets earlier: the rollout is identical;
-    resets prefetched for other seeds are not used."""
-    model, tokenizer = tiny_policy
-    generator, sampling = HFGenerator(model, tokenizer), SamplingSettings(8, seed=5)
-    plain = sudoku_collector(tokenizer).collect(generator, sampling, [11, 12])
-    collector = sudoku_collector(tokenizer)
-    collector.prefetch([11, 12])
-    assert collector._prefetched is not None
-    prefetched = collector.collect(generator, sampling, [11, 12])
-    assert _rollout_signature(prefetched) == _rollout_signature(plain) and collector._prefetched is None
-    collector.prefetch([98, 99])
-    other = collector.collect(generator, sampling, [11, 12])
-    assert _rollout_signature(other)[0] == _rollout_signature(plain)[0]

@@ -169,17 +169,3 @@ def test_earlier_flag_spellings_still_work():
                                         "--prompt-template", "plain", "--steps", "3"]
     config = tyro.cli(TrainConfig, args=with_current_flags(argv))
     assert (config.trust_region, config.tr_delta, config.advantage_mode) == ("ppo", 0.1, "rloo")
-
-
-def test_a_failure_in_the_background_reset_surfaces_at_the_next_step():
-    from dppo_oat.engines.local.trainer import BackgroundCall
-
-    def fail(message):
-        raise RuntimeError(message)
-
-    call = BackgroundCall(fail, "env reset failed")
-    with pytest.raises(RuntimeError, match="env reset failed"):
-        call.wait()
-    done = []
-    BackgroundCall(done.append, 1).wait()
-    assert done == [1]

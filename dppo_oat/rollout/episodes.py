@@ -202,24 +202,20 @@ class EpisodeCollector:
         # step's info (e.g. ``env_error``) instead of replacing it with a fresh reset's
         self.vec_env.autoreset_mode = AutoresetMode.NEXT_STEP
         self._next_episode_id = 0
-        self._prefetched: tuple[list[int], list[str]] | None = None
 
     @property
     def num_slots(self) -> int:
         return len(self.slot_env_ids)
 
     def collect(self, generator: Generator, sampling: SamplingSettings, group_seeds: Sequence[int]) -> Rollout:
-        """Play one episode in every slot, group ``g`` starting from ``group_seeds[g]`` (from the resets
-        :meth:`prefetch` prepared for these seeds, else reset now)."""
-        slot_seeds = self._slot_seeds(group_seeds)
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None and prefetched[0] == slot_seeds:
-            prompts = prefetched[1]
-        else:
-            prompts = self._reset_prompts(slot_seeds)
+        """Play one episode in every slot, group ``g`` starting from ``group_seeds[g]``."""
+        if len(group_seeds) * self.group_size != self.num_slots:
+            raise ValueError(f"need {self.num_slots // self.group_size} group seeds, got {len(group_seeds)}")
+        slot_seeds = [int(seed) for seed in group_seeds for _ in range(self.group_size)]
+        observations, infos = self.vec_env.reset(seed=slot_seeds)
         slots = [self._new_slot(i, seed) for i, seed in enumerate(slot_seeds)]
-        for slot, prompt in zip(slots, prompts):
-            slot.prompt = prompt
+        for i, slot in enumerate(slots):
+            slot.prompt = self.render(self.observation_fn(observations[i], infos[i]))
         turn = 0
         while any(slot.running for slot in slots):
             if self.settings.max_turns is not None and turn >= self.settings.max_turns:
@@ -229,26 +225,8 @@ class EpisodeCollector:
             turn += 1
         return self._finish(slots)
 
-    def prefetch(self, group_seeds: Sequence[int]) -> None:
-        """Reset every slot for the next :meth:`collect` with ``group_seeds`` now, and render the first prompts: the
-        engine calls this while the learner updates (env resets, Gem's puzzle generation among them, are then off the
-        rollout's critical path). Nothing else may use the collector until it returns."""
-        slot_seeds = self._slot_seeds(group_seeds)
-        self._prefetched = (slot_seeds, self._reset_prompts(slot_seeds))
-
-    def _slot_seeds(self, group_seeds: Sequence[int]) -> list[int]:
-        if len(group_seeds) * self.group_size != self.num_slots:
-            raise ValueError(f"need {self.num_slots // self.group_size} group seeds, got {len(group_seeds)}")
-        return [int(seed) for seed in group_seeds for _ in range(self.group_size)]
-
-    def _reset_prompts(self, slot_seeds: list[int]) -> list[str]:
-        """Reset slot ``i`` from ``slot_seeds[i]``; the rendered first prompts."""
-        observations, infos = self.vec_env.reset(seed=slot_seeds)
-        return [self.render(self.observation_fn(observation, info)) for observation, info in zip(observations, infos)]
-
     def first_prompt_lengths(self, seed: int) -> dict[str, int]:
         """The token count of each env's first prompt from reset ``seed`` (the longest over its slots)."""
-        self._prefetched = None
         observations, infos = self.vec_env.reset(seed=[seed] * self.num_slots)
         lengths: dict[str, int] = {}
         for env_id, observation, info in zip(self.slot_env_ids, observations, infos):

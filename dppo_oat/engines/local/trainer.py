@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -45,26 +44,6 @@ def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
         sample.behavior_logprobs = np.minimum(np.asarray(sample.behavior_logprobs) + noise, 0.0).tolist()
 
 
-class BackgroundCall:
-    """``fn(*args)`` in a thread; :meth:`wait` joins it and raises what it raised."""
-
-    def __init__(self, fn, *args):
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn, args) -> None:
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - handed to the caller by wait()
-            self.error = error
-
-    def wait(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-
-
 class LocalTrainer:
     """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
 
@@ -86,7 +65,6 @@ class LocalTrainer:
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
                                                self.spec.eval_rollout)
         self.step = self.step_in_progress = self.checkpointed_step = 0
-        self.prefetch: BackgroundCall | None = None  # the next step's env resets, running beside the update
         self.guard = DivergenceGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self._noted_small_batch = False
@@ -139,12 +117,8 @@ class LocalTrainer:
         c, step = self.config, self.step + 1
         started = time.perf_counter()
         seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
-        self._wait_for_prefetch()
         rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
         rollout_seconds = time.perf_counter() - started
-        if step < c.steps:  # the next step's env resets run while this step's update does
-            next_seeds = train_group_seeds(c.seed, step + 1, c.groups_per_step, c.train_pool)
-            self.prefetch = BackgroundCall(self.collector.prefetch, next_seeds)
         if c.logprob_noise > 0:
             perturb_logprobs(rollout, c.logprob_noise, step_seed(c.seed, step, 2))
         stats = rollout.stats()
@@ -289,16 +263,8 @@ class LocalTrainer:
         self.close()
         return {"success_before": before, "success_after": after, "steps": self.step}
 
-    def _wait_for_prefetch(self) -> None:
-        prefetch, self.prefetch = self.prefetch, None
-        if prefetch is not None:
-            prefetch.wait()
-
     def close(self) -> None:
         """Release the log's mirrors and the envs (graders); safe to call twice and after a failure."""
-        if getattr(self, "prefetch", None) is not None:
-            self.prefetch.thread.join()  # a failure there no longer matters: the run is over
-            self.prefetch = None
         self.log.close()
         self.collector.close()
         self.eval_collector.close()
