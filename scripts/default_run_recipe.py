@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 import dppo_oat.engines.local.trainer as trainer_module
-from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
+from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.seeds import VALIDATION_SEED
 from dppo_oat.runlog import EVAL_FILE, read_jsonl
 
@@ -50,7 +50,7 @@ def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
     trainer_module.EVAL_SEED = SELECTION_SEED  # the trainer's evaluate() reads this module constant
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(run_dir=run_dir, seed=seed, steps=steps, eval_every=eval_every, token_samples=0,
-                             warm_start=WarmStartConfig(seed=0), **TRIALS[name])
+                             **TRIALS[name])  # every seed starts from the shipped policy (warm-start seed 0)
         started = time.perf_counter()
         trainer = trainer_module.LocalTrainer(config, Console(stderr=True, quiet=True))
         trainer.run()

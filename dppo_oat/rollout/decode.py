@@ -4,8 +4,9 @@
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training
 rollout — the loop below does only what the rollout needs: one forward per token on the cache, ``log_softmax`` of
 ``logits / temperature`` (μ exactly, the distribution the token is drawn from), one ``torch.multinomial`` draw, and
-the gathers the rollout reports (log μ(a_t) and, when asked, ``TopK(μ, K) ∪ {a_t}``). Left-padded prompts get
-position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the pad token.
+log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded
+prompts get position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the
+pad token.
 """
 
 from __future__ import annotations
