@@ -221,12 +221,11 @@ def render_plan(plan: Plan) -> str:
 def head_line(plan: Plan) -> str:
     """What one micro-batch's LM head holds: the fused head's 128 MiB chunks of fp32 logits, or the logits path's
     estimate (an upper bound since the log-softmax runs on the response tokens only)."""
-    logits = (f"{plan.logits_gib:.1f} GiB ({plan.logits_note})" if plan.logits_gib is not None
-              else f"unknown: {plan.logits_note}")
+    size = f"at most {plan.logits_gib:.1f} GiB" if plan.logits_gib is not None else "unknown"
     if plan.lm_head == "fused":
         return ("LM head: fused, chunks of 128 MiB of fp32 logits on the response tokens, never [N, V]; the logits "
-                f"path (--lm_head logits) would hold at most {logits} per micro-batch")
-    return f"logits per micro-batch: at most {logits}"
+                f"path (--lm_head logits) per micro-batch: {size} ({plan.logits_note})")
+    return f"logits per micro-batch: {size} ({plan.logits_note})"
 
 
 def _schedule(every_rounds: Optional[int], before: str) -> str:
