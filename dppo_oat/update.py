@@ -382,10 +382,15 @@ def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -
     return combined
 
 
+FIRST_STEP_PREFIX = "mismatch/"
+"""Metrics also reported for the first optimizer step alone (``mismatch/first_*``): before any update on the batch,
+|π − μ| there is the engine's mismatch with no staleness from earlier minibatches in it."""
+
+
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
     ``tokens`` summed, everything else averaged, each over the steps that report it (a skipped step has no
-    gradient norm)."""
+    gradient norm); ``mismatch/*`` of the first step also as ``mismatch/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}
     for key in keys:
@@ -396,4 +401,7 @@ def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str]
             summary[key] = float(values.sum())
         else:
             summary[key] = float(values.mean())
+    if history:
+        summary.update({FIRST_STEP_PREFIX + "first_" + key[len(FIRST_STEP_PREFIX):]: float(value)
+                        for key, value in history[0].items() if key.startswith(FIRST_STEP_PREFIX)})
     return summary

@@ -1,28 +1,30 @@
 """The paper's stability and efficiency findings at CPU scale (sec:stability, sec:training_efficiency), one command.
 
-The paper's sanity test trains a policy on problems it can already solve sometimes, with several gradient steps
-per rollout, so that a stable method climbs towards 100% training success while unconstrained ones (PG-IS, CISPO)
-and the recompute-anchored MiniRL drift as the training-inference mismatch accumulates. Here, with the local engine:
+The paper's premise is a training-inference mismatch: the rollout engine's μ differs from the learner's π_θ
+because the engines compute differently, and the gap accumulates without a trust region anchored on μ. With
+several gradient steps per rollout, policy drift across minibatches (staleness) adds to it, so this study keeps the
+two causes apart (see ``CONDITIONS``): one gradient step per rollout with a genuinely lower-precision rollout copy
+(bf16, int8 weights; fp16 and log-prob noise on request), against four gradient steps per rollout at two learning
+rates. The arms are grouped into ``EXPERIMENTS``; the claims each is scored on, with their margins, were written
+down before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
 
-- tasks: ``sudoku`` (``game:Sudoku-v0-easy``, compact observation with the last wrong move, the local engine's
-  default) and ``countdown`` (``example:Countdown-v0``),
-  each from one tiny policy warm-started to partial success (cached; every seed starts from it), trained on a fixed
-  pool of puzzles (the sanity test's fixed problem set) and evaluated on held-out puzzles at the start and the end;
-- methods: PG-IS, CISPO, GRPO-ClipHigher, MiniRL, mask-negative, DPPO-Binary-TV, DPPO-Binary-KL, DPPO-TopK-TV;
-- mismatch: ``none`` (fp32 rollout and learner) and ``bf16`` (rollout from a bfloat16 copy, learner in fp32, as
-  the paper's BFloat16 training exposes it);
-- seeds 0, 1, 2; four minibatches (gradient steps) per rollout, as the paper's sanity test;
+- task: ``sudoku`` (``game:Sudoku-v0-easy``, compact observation with the last wrong move, the local engine's
+  default), from the shipped tiny policy (warm-started to partial success; every run starts from it), trained on a
+  fixed pool of puzzles (the sanity test's fixed problem set) and evaluated on held-out puzzles at the start and
+  the end;
+- every arm on the same seeds (0–4 by default): paired comparisons;
 - every ``--probe-every`` steps, binary vs top-K vs exact divergence on the step's real batch.
 
-Every run is an ordinary local-engine run (``runs/cpu_study/<task>/<method>-<mismatch>-s<seed>``), played by
+Every run is an ordinary local-engine run (``runs/cpu_study/<task>/<method>-<condition>-s<seed>``), played by
 ``python -m dppo_oat.train`` in its own process, ``--workers`` at a time. The study is resumable: finished runs are
 skipped and a killed run continues from its last checkpoint (``--resume``), so it can be completed in several
-sittings; ``study.json`` records the plan, each run's state, wall time and log. The report is
-``notebooks/cpu_study.ipynb``. Budget (2 cores): see README "CPU study".
+sittings; ``study.json`` records the plan, each run's state, wall time and log. ``scripts/pack_study.py`` copies
+the runs' logs (compressed) to ``notebooks/data/cpu_study``, which the report ``notebooks/cpu_study.ipynb`` reads.
+Budget (2 cores): see README "CPU study".
 
     python scripts/cpu_study.py                   # the whole study (resumable: run it again after a kill)
     python scripts/cpu_study.py --dry-run         # the plan and the state of each run
-    python scripts/cpu_study.py --tasks sudoku --seeds 0   # a part of it
+    python scripts/cpu_study.py --experiments mismatch --seeds 0   # a part of it
 """
 
 from __future__ import annotations
@@ -44,14 +46,58 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
-from dppo_oat.trust_region import PRESETS
 
-METHODS = ("pg_is", "cispo", "grpo_clip_higher", "minirl", "mask_negative", "dppo_binary_tv", "dppo_binary_kl",
-           "dppo_topk_tv")
-"""The methods of the paper's sanity test (fig:sanity_test) and of its mask ablation, by preset name (the default
-grid; ``--methods`` takes any preset, e.g. the mismatch fixes ``tis icepop seq_geo_mask dppo_binary_tv_kl``)."""
-MISMATCH_ARGS = {"none": (), "bf16": ("--rollout-dtype", "bfloat16")}
-"""Injected training-inference mismatch: none, or sampling from a bfloat16 copy of the fp32 learner."""
+@dataclass(frozen=True)
+class Condition:
+    """Where μ and π part in a run: the rollout engine's precision (a real engine mismatch), noise on the reported
+    log μ, and staleness (gradient steps per rollout batch, at a learning rate)."""
+
+    precision: str = "float32"
+    minibatches: int = 1
+    lr: float = 5e-4
+    logprob_noise: float = 0.0
+
+    def args(self) -> tuple[str, ...]:
+        return ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
+                "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise))
+
+
+CONDITIONS: Dict[str, Condition] = {
+    "mb1-fp32": Condition(),
+    "mb1-bf16": Condition(precision="bfloat16"),
+    "mb1-fp16": Condition(precision="float16"),
+    "mb1-int8": Condition(precision="int8"),
+    "mb1-noise0.1": Condition(logprob_noise=0.1),
+    "mb4-fp32": Condition(minibatches=4),
+    "mb4-fp32-lr1e-4": Condition(minibatches=4, lr=1e-4),
+    "mb4-bf16": Condition(precision="bfloat16", minibatches=4),
+}
+"""``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
+mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
+``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy drift."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Methods × conditions, each run for every seed."""
+
+    methods: Tuple[str, ...]
+    conditions: Tuple[str, ...]
+    question: str
+
+
+EXPERIMENTS: Dict[str, Experiment] = {
+    "mismatch": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv"),
+                           ("mb1-fp32", "mb1-bf16", "mb1-int8"),
+                           "engine mismatch without staleness: does it hurt, and does anchoring on μ help "
+                           "(Takeaways 1 and 2)?"),
+    "staleness": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv", "dppo_topk_tv"),
+                            ("mb4-fp32", "mb4-fp32-lr1e-4"),
+                            "four gradient steps per rollout at two learning rates: the sanity test's regime, and "
+                            "top-K against binary TV"),
+}
+"""The study's experiments (``--experiments``); a run shared by two experiments is played once."""
+ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -64,11 +110,8 @@ class Task:
 
 TASKS: Dict[str, Task] = {
     "sudoku": Task("game:Sudoku-v0-easy-compact-wrong", ("--max-new-tokens", "12")),
-    "countdown": Task("example:Countdown-v0", ("--max-new-tokens", "16")),
 }
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
-MethodName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
-MismatchName = Literal[tuple(MISMATCH_ARGS)]  # type: ignore[valid-type]
 
 
 @dataclass
@@ -77,17 +120,13 @@ class StudyConfig:
 
     out_dir: str = "runs/cpu_study"
     tasks: Tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
-    methods: Tuple[MethodName, ...] = METHODS  # type: ignore[valid-type]
-    mismatch: Tuple[MismatchName, ...] = tuple(MISMATCH_ARGS)  # type: ignore[valid-type]
-    seeds: Tuple[int, ...] = (0, 1, 2)
+    experiments: Tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
+    seeds: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    """Five paired seeds: every arm shares each seed's puzzles and sampling streams."""
     steps: int = 50
     """RL steps (rollout batches) per run."""
     groups_per_step: int = 8
     group_size: int = 4
-    minibatches_per_rollout: int = 4
-    """Gradient steps per rollout batch (the paper's sanity test: 4)."""
-    lr: float = 5e-4
-    """Above the local engine's default (3e-4): with four gradient steps per rollout, where a trust region matters."""
     train_pool: int = 64
     """Training puzzles come from this fixed pool of seeds (the sanity test's fixed problem set)."""
     probe_every: int = 10
@@ -103,11 +142,11 @@ class StudyConfig:
     """Print the plan and each run's state; train nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "groups_per_step", "minibatches_per_rollout", "train_pool", "eval_episodes", "workers"):
+        for name in ("steps", "groups_per_step", "train_pool", "eval_episodes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if not (self.tasks and self.methods and self.mismatch and self.seeds):
-            raise ValueError("the study needs at least one task, method, mismatch setting and seed")
+        if not (self.tasks and self.experiments and self.seeds):
+            raise ValueError("the study needs at least one task, experiment and seed")
 
 
 @dataclass(frozen=True)
@@ -116,28 +155,30 @@ class StudyRun:
 
     task: str
     method: str
-    mismatch: str
+    condition: str
     seed: int
 
     @property
     def name(self) -> str:
-        return f"{self.method}-{self.mismatch}-s{self.seed}"
+        return f"{self.method}-{self.condition}-s{self.seed}"
 
     def run_dir(self, config: StudyConfig) -> Path:
         return Path(config.out_dir) / self.task / self.name
 
 
 def plan(config: StudyConfig) -> list[StudyRun]:
-    """Every run of the study, task by task, seed-major (so a partial study has whole seeds of every method)."""
-    return [StudyRun(task, method, mismatch, seed) for task in config.tasks for seed in config.seeds
-            for mismatch in config.mismatch for method in config.methods]
+    """Every run of the study, task by task, seed-major (so a partial study has whole seeds of every arm), each
+    (method, condition) once however many experiments share it."""
+    arms = dict.fromkeys((method, condition) for name in config.experiments
+                         for condition in EXPERIMENTS[name].conditions for method in EXPERIMENTS[name].methods)
+    return [StudyRun(task, method, condition, seed) for task in config.tasks for seed in config.seeds
+            for method, condition in arms]
 
 
 def shared_args(task: str, config: StudyConfig) -> list[str]:
     """Flags every run of ``task`` shares (and the warm start of its policy)."""
     return ["--env-ids", TASKS[task].env_id, *TASKS[task].args, "--steps", str(config.steps),
             "--groups-per-step", str(config.groups_per_step), "--group-size", str(config.group_size),
-            "--minibatches-per-rollout", str(config.minibatches_per_rollout), "--lr", str(config.lr),
             "--train-pool", str(config.train_pool), "--probe-every", str(config.probe_every),
             "--eval-every", str(config.steps), "--eval-episodes", str(config.eval_episodes),
             "--warm-start.seed", str(config.warm_start_seed), *shlex.split(config.extra_args)]
@@ -145,7 +186,7 @@ def shared_args(task: str, config: StudyConfig) -> list[str]:
 
 def train_args(run: StudyRun, config: StudyConfig, resume: bool) -> list[str]:
     """The ``python -m dppo_oat.train`` flags of ``run``."""
-    return [*shared_args(run.task, config), "--trust-region", run.method, *MISMATCH_ARGS[run.mismatch],
+    return [*shared_args(run.task, config), "--trust-region", run.method, *CONDITIONS[run.condition].args(),
             "--seed", str(run.seed), "--threads", "1", "--run-dir", str(Path(config.out_dir) / run.task),
             "--run-name", run.name, *(["--resume"] if resume else [])]
 

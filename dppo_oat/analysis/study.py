@@ -14,6 +14,7 @@ the trend of |π − μ|, bad updates, and the binary vs top-K vs exact divergen
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +261,57 @@ CLAIMS = {
     "binary ≤ top-K ≤ exact divergence": _claim_divergence_bounds,
 }
 """Each claim: ``check(outcomes, df, task, mismatch) -> (holds, evidence)``."""
+
+
+# ---------------------------------------------------------------------------------------------------- study v2
+# Written down before the runs of scripts/cpu_study.py's ``mismatch`` and ``staleness`` experiments, and not changed
+# after: each claim, the per-run number it is scored on, the arms compared seed by seed, and the margin.
+
+COLLAPSE_RULE = (f"final training success (mean of the last 10% of steps) below {COLLAPSE_RATIO} × its smoothed "
+                 f"peak and at least {COLLAPSE_MIN_DROP} under it")
+THRESHOLD = 0.35
+"""Time to threshold: first step at which the smoothed training success reaches 0.35 (the shipped policy starts
+near 0.25); a run that never does is censored at its last step."""
+AUC_MARGIN = 0.02
+"""Two arms' mean training success over the run (the area under the curve per step) must differ by more than this,
+with the whole 95% CI of the paired difference beyond it, for a verdict either way."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """The claim ``left − right > margin`` on ``metric``, paired by seed; arms are ``(method, condition)``."""
+
+    claim: str
+    source: str
+    left: tuple[str, str]
+    right: tuple[str, str]
+    metric: str = "auc"
+    margin: float = AUC_MARGIN
+
+
+CONTRASTS = (
+    Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16")),
+    Contrast("under engine mismatch (bf16), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16")),
+    Contrast("under engine mismatch (int8 weights), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-int8"), ("pg_is", "mb1-int8")),
+    Contrast("under engine mismatch (bf16), anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb1-bf16"), ("minirl", "mb1-bf16")),
+    Contrast("without a trust region the engine mismatch grows (bf16: first-minibatch |π−μ|, end/start)",
+             "Takeaway 1", ("pg_is", "mb1-bf16"), ("dppo_binary_tv", "mb1-bf16"), "engine_mismatch_growth", 0.1),
+    Contrast("with staleness (4 steps per rollout, lr 5e-4), DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32"), ("pg_is", "mb4-fp32")),
+    Contrast("with staleness at lr 1e-4, DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32-lr1e-4"), ("pg_is", "mb4-fp32-lr1e-4")),
+    Contrast("with staleness, anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-fp32"), ("minirl", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV learns faster than GRPO-ClipHigher (staleness)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV learns faster than GRPO-ClipHigher (engine mismatch)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb1-bf16"), ("grpo_clip_higher", "mb1-bf16")),
+    Contrast("DPPO-TopK-TV is worse than DPPO-Binary-TV (the first study's collapse)", "sec:method_topk",
+             ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32")),
+)
+"""The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
+the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""

@@ -10,6 +10,7 @@ from typing import Literal, Optional, Tuple
 
 from dppo_oat import spec
 from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.rollout.precision import RolloutPrecision
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 LEGACY_FLAGS = {
@@ -98,8 +99,9 @@ class TrainConfig(spec.DPPOFlags):
     probe_every: int = 0
     """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
     (probe/* metrics; HF generator only). 0: never."""
-    rollout_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Injected training-inference mismatch: sample from a bfloat16 copy of the policy, learn in float32."""
+    rollout_dtype: RolloutPrecision = "float32"
+    """Injected training-inference mismatch: sample from a lower-precision copy of the policy (bfloat16 or float16
+    throughout, or int8-quantised weights), learn in float32."""
     logprob_noise: float = 0.0
     """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"

@@ -8,7 +8,6 @@ log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and mi
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import replace
@@ -30,6 +29,7 @@ from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
@@ -89,10 +89,12 @@ class LocalTrainer:
             from dppo_oat.engines.local.vllm_sync import make_vllm_generator
 
             return make_vllm_generator(self.model, self.tokenizer, c)
-        rollout_model = self.model
-        if c.rollout_dtype != "float32":  # a separate low-precision copy: training-inference mismatch
-            rollout_model = copy.deepcopy(self.model).to(getattr(torch, c.rollout_dtype))
+        rollout_model = rollout_copy(self.model, c.rollout_dtype)  # a lower precision: training-inference mismatch
         return HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
+
+    def _sync_generator(self) -> None:
+        """The rollout copy takes the learner's new weights, at its own precision."""
+        self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype))
 
     def _check_prompts_fit(self) -> None:
         """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
@@ -142,7 +144,7 @@ class LocalTrainer:
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
         self.model.eval()
         if self.generator.model is not self.model:
-            self.generator.update_weights(self.model.state_dict())
+            self._sync_generator()
         update_seconds = time.perf_counter() - update_started
         self.step = step
         metrics = self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
@@ -219,7 +221,7 @@ class LocalTrainer:
                              "file, or start a new run with another --run-name") from None
         self.step = self.checkpointed_step = int(state["step"])
         if self.generator.model is not self.model:
-            self.generator.update_weights(self.model.state_dict())
+            self._sync_generator()
         self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
 
     # ------------------------------------------------------------------ the run
