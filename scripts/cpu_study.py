@@ -87,14 +87,16 @@ class Experiment:
 
 
 EXPERIMENTS: Dict[str, Experiment] = {
-    "mismatch": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv"),
-                           ("mb1-fp32", "mb1-bf16", "mb1-int8"),
+    "mismatch": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv"), ("mb1-fp32", "mb1-bf16"),
                            "engine mismatch without staleness: does it hurt, and does anchoring on μ help "
                            "(Takeaways 1 and 2)?"),
-    "staleness": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv", "dppo_topk_tv"),
-                            ("mb4-fp32", "mb4-fp32-lr1e-4"),
-                            "four gradient steps per rollout at two learning rates: the sanity test's regime, and "
-                            "top-K against binary TV"),
+    "int8": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-int8",),
+                       "the same with another genuine mismatch: a weight-quantised rollout copy"),
+    "staleness": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv", "dppo_topk_tv"), ("mb4-fp32",),
+                            "four gradient steps per rollout at lr 5e-4, the sanity test's regime; top-K against "
+                            "binary TV"),
+    "lr": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv", "dppo_topk_tv"), ("mb4-fp32-lr1e-4",),
+                     "the same at lr 1e-4, where staleness alone should be harmless"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
