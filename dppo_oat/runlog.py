@@ -15,6 +15,7 @@ the checkpoint's step (they are recomputed identically). wandb and TensorBoard m
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -121,13 +122,17 @@ def atomic_torch_save(obj: Any, path: Path, *, weights: Mapping[str, Any] | None
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All JSON objects of ``path``, one per line; ``[]`` when the file does not exist. Blank lines and a torn last
-    line (no newline: a kill mid-write) are skipped silently; any other unreadable line is skipped with a warning
-    that names the file and the line."""
+    """All JSON objects of ``path`` (or, when only it exists, of its gzip copy ``<path>.gz``, as packed runs keep
+    them), one per line; ``[]`` when neither exists. Blank lines and a torn last line (no newline: a kill mid-write)
+    are skipped silently; any other unreadable line is skipped with a warning that names the file and the line."""
     path = Path(path)
-    if not path.is_file():
+    packed = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+    elif packed.is_file():
+        path, text = packed, gzip.decompress(packed.read_bytes()).decode("utf-8", errors="replace")
+    else:
         return []
-    text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
     rows, unreadable = [], []
     for number, line in enumerate(lines, start=1):

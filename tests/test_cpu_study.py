@@ -1,5 +1,5 @@
-"""The CPU study script: its grid is every method × mismatch × seed with flags the local engine accepts, and a small
-real study plays, skips finished runs and completes an interrupted one."""
+"""The CPU study script: its grid is every arm of every experiment on five paired seeds, with flags the local engine
+accepts; a small real study plays, skips finished runs, completes an interrupted one, packs and reports."""
 
 import json
 import sys
@@ -10,9 +10,11 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import cpu_study  # noqa: E402
+import pack_study  # noqa: E402
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.engines.local.validation import validate_config  # noqa: E402
+from dppo_oat.analysis.study import CONTRASTS, condition_of  # noqa: E402
 from dppo_oat.runlog import read_jsonl  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
 
@@ -20,17 +22,27 @@ TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--
         "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300")
 
 
-def test_the_default_grid_is_every_method_mismatch_and_seed_on_two_tasks(tmp_path):
+def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(tmp_path):
     config = cpu_study.StudyConfig(out_dir=str(tmp_path))
     runs = cpu_study.plan(config)
-    assert len(runs) == 2 * 8 * 2 * 3 and len({(r.task, r.name) for r in runs}) == len(runs)
-    assert {r.method for r in runs} == set(cpu_study.METHODS) and {r.seed for r in runs} == {0, 1, 2}
-    for run in runs[:: 7]:  # the flags parse and validate as the trainer's (no model is built)
+    arms = {(m, c) for e in cpu_study.EXPERIMENTS.values() for c in e.conditions for m in e.methods}
+    assert len(runs) == len(arms) * 5 and len({(r.task, r.name) for r in runs}) == len(runs)
+    assert {r.seed for r in runs} == {0, 1, 2, 3, 4}
+    assert runs[: len(arms)] == [r for r in runs if r.seed == 0]  # seed-major: a partial study has whole seeds
+    for run in runs[:: 3]:  # the flags parse and validate as the trainer's (no model is built)
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
         spec, resume_step = validate_config(train_config)
+        condition = cpu_study.CONDITIONS[run.condition]
         assert spec.trust_region.name == run.method and resume_step is None
-        assert train_config.minibatches_per_rollout == 4 and train_config.warm_start.seed == 0
-        assert (train_config.rollout_dtype == "bfloat16") == (run.mismatch == "bf16")
+        assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
+        assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
+        assert condition_of(run.name) == run.condition
+
+
+def test_every_preregistered_contrast_compares_arms_of_the_study():
+    arms = {(m, c) for e in cpu_study.EXPERIMENTS.values() for c in e.conditions for m in e.methods}
+    for contrast in CONTRASTS:
+        assert contrast.left in arms and contrast.right in arms and contrast.left != contrast.right, contrast.claim
 
 
 def test_bad_study_settings_fail_before_anything_runs(tmp_path, capsys):
@@ -40,42 +52,49 @@ def test_bad_study_settings_fail_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "study.json").exists()
 
 
-def test_a_small_study_plays_skips_resumes_and_reports(tmp_path, monkeypatch):
+def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypatch):
     out = tmp_path / "study"
-    args = ["--out-dir", str(out), "--tasks", "sudoku", "--methods", "dppo_binary_tv", "pg_is", "--mismatch", "bf16",
-            "--seeds", "0", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--probe-every", "1",
-            "--eval-episodes", "4", "--extra-args=" + " ".join([*TINY, "--cache-dir", str(tmp_path / "cache")])]
+    args = ["--out-dir", str(out), "--experiments", "int8", "--seeds", "0", "--steps", "2", "--groups-per-step", "2",
+            "--group-size", "2", "--probe-every", "1", "--eval-episodes", "4",
+            "--extra-args=" + " ".join([*TINY, "--cache-dir", str(tmp_path / "cache")])]
     cpu_study.main(args)
     manifest = json.loads((out / "study.json").read_text())
     assert [r["state"] for r in manifest["runs"]] == ["done", "done"]
-    run = out / "sudoku" / "pg_is-bf16-s0"
+    run = out / "sudoku" / "pg_is-mb1-int8-s0"
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and all("probe/exact_tv_mean" in r for r in rows)
-    assert all(r["optimizer_steps"] >= 2 for r in rows)  # several gradient steps per rollout
+    assert all(r["optimizer_steps"] == 1 for r in rows)  # one gradient step per rollout: no staleness
+    assert all(r["mismatch/first_abs_diff_mean"] > 1e-5 for r in rows)  # the int8 copy's mismatch is real
     config = json.loads((run / "config.json").read_text())
-    assert config["rollout_dtype"] == "bfloat16" and config["train_pool"] == 64
+    assert config["rollout_dtype"] == "int8" and config["train_pool"] == 64
 
-    finished = (out / "sudoku" / "dppo_binary_tv-bf16-s0" / "metrics.jsonl").stat().st_mtime_ns
+    finished = (out / "sudoku" / "dppo_binary_tv-mb1-int8-s0" / "metrics.jsonl").stat().st_mtime_ns
     evals = (run / "eval.jsonl").read_text().splitlines()
     (run / "eval.jsonl").write_text(evals[0] + "\n")  # killed after its last checkpoint, before the final eval
     cpu_study.main(args)
-    assert (out / "sudoku" / "dppo_binary_tv-bf16-s0" / "metrics.jsonl").stat().st_mtime_ns == finished
+    assert (out / "sudoku" / "dppo_binary_tv-mb1-int8-s0" / "metrics.jsonl").stat().st_mtime_ns == finished
     assert [e["step"] for e in read_jsonl(run / "eval.jsonl")] == [0, 2]
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
 
-    monkeypatch.setenv("DPPO_STUDY", str(out))  # the report notebook renders from these runs
+    packed = tmp_path / "packed"  # the committed form: config + gzip logs, read like the study itself
+    pack_study.main(["--study", str(out), "--out", str(packed)])
+    assert sorted(p.name for p in (packed / "sudoku" / "pg_is-mb1-int8-s0").iterdir()) == [
+        "config.json", "eval.jsonl.gz", "metrics.jsonl.gz"]
+    first = (packed / "sudoku" / "pg_is-mb1-int8-s0" / "metrics.jsonl.gz").read_bytes()
+    pack_study.main(["--study", str(out), "--out", str(packed)])
+    assert (packed / "sudoku" / "pg_is-mb1-int8-s0" / "metrics.jsonl.gz").read_bytes() == first  # reproducible
+    assert "log" not in (packed / "study.json").read_text()
+
+    monkeypatch.setenv("DPPO_STUDY", str(packed))  # the report notebook renders from the packed runs
     notebook = execute("cpu_study.ipynb", out, monkeypatch, tmp_path)
     assert_clean(notebook)
     assert "2 runs with data" in printed(notebook) and images(notebook) == 1
+    assert "not run yet" in printed(notebook)  # the contrasts whose arms are missing say so
     html = "".join(str(o.get("data", {}).get("text/html", "")) for o in outputs(notebook))
-    assert "binary ≤ top-K ≤ exact divergence" in html and "PG-IS" in html
+    assert "DPPO-Binary-TV" in html and "PG-IS" in html
 
-    stale = out / "sudoku" / "pg_is-bf16-s1"  # killed during its first step: metrics but no checkpoint
+    stale = out / "sudoku" / "pg_is-mb1-int8-s1"  # killed during its first step: metrics but no checkpoint
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text('{"step": 1}\n')
-    only_stale = [*args]
-    only_stale[only_stale.index("--methods"):only_stale.index("--mismatch")] = ["--methods", "pg_is"]
-    only_stale[only_stale.index("--seeds") + 1] = "1"
-    cpu_study.main(only_stale)
+    cpu_study.main([*args[: args.index("--seeds") + 1], "1", *args[args.index("--seeds") + 2:]])
     assert [r["step"] for r in read_jsonl(stale / "metrics.jsonl")] == [1, 2]
-

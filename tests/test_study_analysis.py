@@ -1,17 +1,20 @@
-"""The study tables on a hand-made study whose outcomes are known: a collapsing PG-IS, a steady DPPO."""
+"""The study tables on a hand-made study whose outcomes are known: a collapsing PG-IS, a steady DPPO, on paired
+seeds, scored by the pre-registered contrasts."""
 
 import json
-import math
 from dataclasses import asdict
 
 import numpy as np
 import pytest
 
-from dppo_oat.analysis.study import load_study, paper_claims, probe_table, run_outcomes, study_table
+from dppo_oat.analysis.study import (CONTRASTS, Contrast, condition_of, contrast_table, load_study, probe_table,
+                                     run_outcomes, study_table, summary_lines)
 from dppo_oat.runlog import to_jsonable
 from dppo_oat.trust_region import TrustRegion
 
 STEPS = 40
+RISE = np.linspace(0.3, 0.9, STEPS)
+COLLAPSE = np.concatenate([np.linspace(0.3, 0.8, 20), np.zeros(20)])
 
 
 def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"):
@@ -23,6 +26,7 @@ def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"
     rows = []
     for step in range(1, STEPS + 1):
         rows.append({"step": step, "success": success[step - 1], "mismatch/abs_diff_mean": mismatch[step - 1],
+                     "mismatch/first_abs_diff_mean": mismatch[step - 1] / 2,
                      "bad_update/fraction": 0.01 if algo == "pg_is" else 0.0, "mask/fraction": 0.0,
                      "is/truncated_fraction": 0.0, "shadow/ppo/mask_fraction_mu_lt_0.1": 0.2,
                      "shadow/ppo/mask_fraction_mu_ge_0.5": 0.01, "probe/binary_tv_mean": 0.01,
@@ -34,51 +38,83 @@ def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"
 
 @pytest.fixture
 def study(tmp_path):
-    rise = np.linspace(0.3, 0.9, STEPS)
-    collapse = np.concatenate([np.linspace(0.3, 0.8, 20), np.zeros(20)])
-    for seed in (0, 1):
-        write_run(tmp_path / "sudoku" / f"dppo_binary_tv-bf16-s{seed}", "dppo_binary_tv", seed, rise,
+    for seed in range(5):
+        shift = 0.01 * seed  # seeds differ; within a seed DPPO is always ahead
+        write_run(tmp_path / "sudoku" / f"dppo_binary_tv-mb1-bf16-s{seed}", "dppo_binary_tv", seed, RISE - shift,
                   np.full(STEPS, 0.01))
-        write_run(tmp_path / "sudoku" / f"pg_is-bf16-s{seed}", "pg_is", seed, collapse, np.linspace(0.01, 0.1, STEPS))
-    write_run(tmp_path / "sudoku" / "pg_is-none-s0", "pg_is", 0, rise, np.full(STEPS, 0.001), "float32")
+        write_run(tmp_path / "sudoku" / f"pg_is-mb1-bf16-s{seed}", "pg_is", seed, COLLAPSE - shift,
+                  np.linspace(0.01, 0.1, STEPS))
+    write_run(tmp_path / "sudoku" / "pg_is-mb1-fp32-s0", "pg_is", 0, RISE, np.full(STEPS, 0.001), "float32")
     return tmp_path
+
+
+def test_run_names_carry_the_condition():
+    assert condition_of("dppo_binary_tv-mb4-fp32-lr1e-4-s3") == "mb4-fp32-lr1e-4"
+    assert condition_of("pg_is-mb1-int8-s0") == "mb1-int8" and condition_of("my-run") == "default"
 
 
 def test_outcomes_of_known_runs(study):
     df = load_study(study)
-    assert set(df["mismatch"]) == {"bf16", "none"} and set(df["task"]) == {"sudoku"}
+    assert set(df["condition"]) == {"mb1-bf16", "mb1-fp32"} and set(df["mismatch"]) == {"bf16", "fp32"}
     outcomes = run_outcomes(df, threshold=0.6).set_index("run")
-    dppo, pg_is = outcomes.loc["dppo_binary_tv-bf16-s0"], outcomes.loc["pg_is-bf16-s0"]
+    dppo, pg_is = outcomes.loc["dppo_binary_tv-mb1-bf16-s0"], outcomes.loc["pg_is-mb1-bf16-s0"]
     assert not dppo["collapsed"] and pg_is["collapsed"]
-    assert not outcomes.loc["dppo_binary_tv-bf16-s1", "collapsed"]
-    assert dppo["final"] == pytest.approx(np.linspace(0.3, 0.9, STEPS)[-4:].mean())
-    assert 20 <= dppo["steps_to_threshold"] <= 22  # the smoothed line crosses 0.6 half way
+    assert dppo["final"] == pytest.approx(RISE[-4:].mean()) and dppo["auc"] == pytest.approx(RISE.mean())
+    assert 20 <= dppo["steps_to_threshold"] <= 22 and dppo["last_step"] == STEPS  # crosses 0.6 half way
     assert pg_is["eval_before"] == 0.3 and pg_is["eval_after"] == 0.0
-    assert pg_is["mismatch_end"] / pg_is["mismatch_start"] > 5
-    assert outcomes.loc["pg_is-none-s0", "steps_to_threshold"] > 0  # the fp32 PG-IS run rises too
+    assert pg_is["mismatch_growth"] > 5 and pg_is["engine_mismatch_end"] == pytest.approx(pg_is["mismatch_end"] / 2)
 
     table = study_table(run_outcomes(df, threshold=0.95))
-    assert table.loc[("sudoku", "DPPO-Binary-TV", "bf16"), "seeds"] == 2
-    assert table.loc[("sudoku", "DPPO-Binary-TV", "bf16"), "reached"] == 0  # nobody reaches 0.95
-    assert table.loc[("sudoku", "PG-IS", "bf16"), "collapses"] == 2
+    row = table.loc[("sudoku", "DPPO-Binary-TV", "mb1-bf16")]
+    assert row["seeds"] == 5 and row["reached"] == 0 and np.isnan(row["KM median steps"])  # nobody reaches 0.95
+    assert row["mean steps (restricted)"] == STEPS  # all censored at the last step
+    assert row["AUC ± std"] == pytest.approx(np.std(0.01 * np.arange(5), ddof=1))  # the sample std
+    assert table.loc[("sudoku", "PG-IS", "mb1-bf16"), "collapses"] == 5
 
 
-def test_claims_on_known_runs(study):
-    df = load_study(study)
-    claims = paper_claims(run_outcomes(df, threshold=0.6), df).set_index("claim")["holds"]
-    assert claims["no trust region → mismatch grows (Takeaway 1)"] is True
-    assert claims["no trust region → collapse, DPPO stable (Takeaway 1)"] is True
-    assert claims["DPPO ends higher than PG-IS/CISPO (fig:sanity_test)"] is True
-    assert claims["ratio clipping hits low-probability tokens"] is True
-    assert claims["binary ≤ top-K ≤ exact divergence"] is True
-    assert claims["recompute anchor (MiniRL) → more mismatch (Takeaway 2)"] is None  # no MiniRL run here
+def test_contrasts_are_paired_by_seed_and_scored_against_their_margin(study):
+    outcomes = run_outcomes(load_study(study), threshold=0.6)
+    ahead = Contrast("DPPO beats PG-IS", "test", ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16"))
+    behind = Contrast("PG-IS beats DPPO", "test", ("pg_is", "mb1-bf16"), ("dppo_binary_tv", "mb1-bf16"))
+    huge_margin = Contrast("DPPO beats PG-IS by 0.5", "test", ahead.left, ahead.right, margin=0.5)
+    one_pair = Contrast("fp32 vs bf16", "test", ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16"))
+    table = contrast_table(outcomes, (ahead, behind, huge_margin, one_pair)).set_index("claim")
+    gap = RISE.mean() - COLLAPSE.mean()
+    assert table.loc["DPPO beats PG-IS", "difference"] == pytest.approx(gap)  # the seed shifts cancel in pairs
+    assert table.loc["DPPO beats PG-IS", "pairs"] == 5
+    assert list(table["verdict"]) == ["holds", "refuted", "inconclusive", "not run"]
+    lines = summary_lines(table.reset_index())
+    assert lines[0].startswith("- DPPO beats PG-IS (test): **holds** — auc") and "5 paired seeds" in lines[0]
+    assert lines[3] == "- fp32 vs bf16 (test): not run yet"
+
+
+def test_the_study_contrasts_all_score_on_a_partial_study(study):
+    table = contrast_table(run_outcomes(load_study(study), threshold=0.6))
+    assert len(table) == len(CONTRASTS)
+    growth = table.set_index("claim").loc[CONTRASTS[4].claim]
+    assert CONTRASTS[4].metric == "engine_mismatch_growth" and growth["verdict"] == "holds"
+    assert set(table["verdict"]) <= {"holds", "refuted", "inconclusive", "not run"}
 
 
 def test_probe_table(study):
     table = probe_table(load_study(study))
-    assert table.loc[("sudoku", "bf16"), "binary TV"] == pytest.approx(0.01)
-    assert table.loc[("sudoku", "bf16"), "binary/exact TV"] == pytest.approx(1 / 3)
-    assert table.loc[("sudoku", "bf16"), "topk/exact TV"] == pytest.approx(2 / 3)  # from the means
+    assert table.loc[("sudoku", "mb1-bf16"), "binary TV"] == pytest.approx(0.01)
+    assert table.loc[("sudoku", "mb1-bf16"), "binary/exact TV"] == pytest.approx(1 / 3)
+    assert table.loc[("sudoku", "mb1-bf16"), "topk/exact TV"] == pytest.approx(2 / 3)  # from the means
+
+
+def test_a_packed_study_reads_as_the_study(study, tmp_path):
+    """``*.jsonl.gz`` stand in for the plain logs (the committed form of a study)."""
+    import gzip
+    import shutil
+
+    packed = tmp_path / "packed"
+    shutil.copytree(study / "sudoku", packed / "sudoku")
+    for path in packed.glob("*/*/*.jsonl"):
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    plain, compressed = run_outcomes(load_study(study), 0.6), run_outcomes(load_study(packed), 0.6)
+    assert compressed.drop(columns="run").equals(plain.drop(columns="run"))
 
 
 def test_an_empty_folder_says_what_to_do(tmp_path):
@@ -90,8 +126,8 @@ def test_noise_at_low_success_is_not_a_collapse(tmp_path):
     """Halving a success of a few % is within one rollout's noise: a collapse also needs an absolute drop of 0.1."""
     low = np.concatenate([np.linspace(0.05, 0.15, 20), np.linspace(0.15, 0.05, 20)])
     high = np.concatenate([np.linspace(0.3, 0.6, 20), np.linspace(0.6, 0.1, 20)])
-    write_run(tmp_path / "countdown" / "cispo-bf16-s0", "cispo", 0, low, np.full(STEPS, 0.01))
-    write_run(tmp_path / "countdown" / "cispo-bf16-s1", "cispo", 1, high, np.full(STEPS, 0.01))
+    write_run(tmp_path / "sudoku" / "cispo-mb4-fp32-s0", "cispo", 0, low, np.full(STEPS, 0.01))
+    write_run(tmp_path / "sudoku" / "cispo-mb4-fp32-s1", "cispo", 1, high, np.full(STEPS, 0.01))
     outcomes = run_outcomes(load_study(tmp_path), threshold=0.5).set_index("run")
-    assert outcomes.loc["cispo-bf16-s0", "final"] < 0.5 * outcomes.loc["cispo-bf16-s0", "peak"]
-    assert not outcomes.loc["cispo-bf16-s0", "collapsed"] and outcomes.loc["cispo-bf16-s1", "collapsed"]
+    assert outcomes.loc["cispo-mb4-fp32-s0", "final"] < 0.5 * outcomes.loc["cispo-mb4-fp32-s0", "peak"]
+    assert not outcomes.loc["cispo-mb4-fp32-s0", "collapsed"] and outcomes.loc["cispo-mb4-fp32-s1", "collapsed"]

@@ -65,6 +65,10 @@ PANELS: dict[str, Panel] = {
                          description="mean return on the evaluation episodes"),
     "mismatch": Panel("Mean |π − μ|", (Series("mismatch/abs_diff_mean"),), "training-inference mismatch",
                       description="mean |π_θ − μ| over response tokens (sec:stability)"),
+    "engine_mismatch": Panel("First-minibatch |π − μ|", (Series("mismatch/first_abs_diff_mean"),),
+                             "engine mismatch",
+                             description="mean |π_θ − μ| on each step's first minibatch, before any update on it: "
+                                         "the rollout engine's mismatch without staleness"),
     "entropy": Panel("Entropy", (Series("entropy"),), "nats per token",
                      description="the policy's mean token entropy"),
     "response_length": Panel("Response length", (Series("response_length"),), "tokens",

@@ -1,14 +1,15 @@
 """Tables of a study: many methods × conditions × seeds, as ``scripts/cpu_study.py`` writes them.
 
-A study directory holds one folder per task, each with one run directory per (method, mismatch, seed)::
+A study directory holds one folder per task, each with one run directory per (method, condition, seed)::
 
-    <study>/study.json                 the plan and each run's state
-    <study>/<task>/<method>-<mismatch>-s<seed>/{config.json, metrics.jsonl, eval.jsonl}
+    <study>/study.json                      the plan and each run's state
+    <study>/<task>/<method>-<condition>-s<seed>/{config.json, metrics.jsonl, eval.jsonl}   (or *.jsonl.gz, packed)
 
-:func:`load_study` reads it into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with two more run
-columns, ``task`` and ``mismatch``; the functions below reduce it to the numbers of the paper's stability and
-efficiency claims (sec:stability, sec:training_efficiency): steps to a success threshold, final success, collapses,
-the trend of |π − μ|, bad updates, and the binary vs top-K vs exact divergence probe.
+:func:`load_study` reads it into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with three more run
+columns, ``task`` (its folder), ``condition`` (from the run's name) and ``mismatch`` (the rollout's precision or
+log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are scored
+on, :func:`contrast_table` scores the pre-registered :data:`CONTRASTS` by paired seeds (bootstrap CI, permutation
+p-value, verdict against the margin), and :func:`summary_lines` writes the README's summary from that table.
 """
 
 from __future__ import annotations
@@ -22,33 +23,42 @@ import pandas as pd
 
 from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
+from dppo_oat.analysis.stats import paired_difference, sample_std, time_to_threshold, verdict
 
-GROUP = ["task", "variant", "mismatch"]
-"""One row of a study table: a method (the preset's paper name) under one mismatch condition on one task."""
+GROUP = ["task", "variant", "condition"]
+"""One row of a study table: a method (the preset's paper name) under one condition on one task."""
 COLLAPSE_RATIO = 0.5
 COLLAPSE_MIN_DROP = 0.1
 """A run *collapses* when its final training success is below ``COLLAPSE_RATIO`` of its smoothed peak and at least
 ``COLLAPSE_MIN_DROP`` (absolute) under it: at a success of a few %, halving is within the noise of one rollout."""
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
 
 
 def load_study(study_dir: PathLike) -> pd.DataFrame:
-    """Every run of the study as one long table, with ``task`` (its folder) and ``mismatch`` (``bf16`` when the
-    rollout ran in bfloat16 or log-probs were perturbed, else ``none``) columns; ``method`` is the variant."""
+    """Every run of the study as one long table, with ``task``, ``condition`` and ``mismatch`` run columns;
+    ``method`` is the variant."""
     run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
     if not run_dirs:
         raise FileNotFoundError(f"no study runs under {study_dir!r}: run scripts/cpu_study.py first")
     df = load_runs([str(path.parent) for path in run_dirs])
     configs = {str(path.parent): json.loads(path.read_text()) for path in run_dirs}
     df["task"] = df["path"].map(lambda p: Path(p).parent.name)
+    df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
     df["mismatch"] = df["path"].map(lambda p: mismatch_of(configs[p]))
     return label_runs(df)
 
 
+def condition_of(run_name: str) -> str:
+    """``<method>-<condition>-s<seed>`` → ``<condition>`` (preset names have no ``-``)."""
+    parts = run_name.split("-", 1)
+    return parts[1].rsplit("-s", 1)[0] if len(parts) == 2 and "-s" in parts[1] else "default"
+
+
 def mismatch_of(config: dict) -> str:
-    """The injected training-inference mismatch of a run's config: ``bf16``, ``noise`` or ``none``."""
-    if config.get("rollout_dtype", "float32") != "float32":
-        return "bf16"
-    return "noise" if config.get("logprob_noise", 0.0) else "none"
+    """The injected training-inference mismatch of a run's config: the rollout precision (``fp32``, ``bf16``,
+    ``fp16``, ``int8``), with ``+noise`` when log-probs were perturbed."""
+    precision = PRECISION_NAMES.get(config.get("rollout_dtype", "float32"), config.get("rollout_dtype"))
+    return f"{precision}+noise" if config.get("logprob_noise", 0.0) else precision
 
 
 def study_progress(study_dir: PathLike) -> pd.DataFrame:
@@ -67,20 +77,26 @@ def per_run_curve(df: pd.DataFrame, metric: str, sigma: float = 2.0) -> pd.DataF
 
 def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", sigma: float = 2.0,
                  tail: float = 0.1) -> pd.DataFrame:
-    """One row per run: its study columns, first step where smoothed ``metric`` ≥ ``threshold`` (NaN if never),
-    initial/peak/final (mean of the last ``tail`` share) ``metric``, whether it collapsed, held-out success before and
-    after, |π − μ| at the start and the end, and its mean bad-update, masked and IS-truncated fractions."""
+    """One row per run: its study columns; ``auc`` (mean ``metric`` over all steps: the area under its curve per
+    step); first step where smoothed ``metric`` ≥ ``threshold`` (NaN if never) and ``last_step`` (where a run that
+    never reached it is censored); initial/peak/final (mean of the last ``tail`` share) ``metric`` and whether it
+    collapsed; held-out success before and after; |π − μ| (all minibatches, and the first minibatch alone: the
+    engine's share) at the start and the end; the mean bad-update, masked and IS-truncated fractions."""
     curve = per_run_curve(df, metric, sigma)
-    runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "mismatch", "seed"]]
+    runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "condition", "mismatch", "seed"]]
     grouped = curve.groupby("run")
+    runs["auc"] = grouped["value"].mean()
     runs["steps_to_threshold"] = grouped.apply(lambda r: _first_step_at(r, threshold))
+    runs["last_step"] = grouped["step"].max()
     runs["initial"] = grouped["value"].apply(lambda v: _head(v, tail))
     runs["peak"] = grouped["smooth"].max()
     runs["final"] = grouped["value"].apply(lambda v: _tail(v, tail))
     runs["collapsed"] = (runs["final"] < COLLAPSE_RATIO * runs["peak"]) & (runs["peak"] - runs["final"] >= COLLAPSE_MIN_DROP)
-    mismatch = per_run_curve(df, "mismatch/abs_diff_mean", 0).groupby("run")["value"]
-    runs["mismatch_start"] = mismatch.apply(lambda v: _head(v, tail))
-    runs["mismatch_end"] = mismatch.apply(lambda v: _tail(v, tail))
+    for name, column in (("mismatch", "mismatch/abs_diff_mean"), ("engine_mismatch", "mismatch/first_abs_diff_mean")):
+        values = per_run_curve(df, column, 0).groupby("run")["value"]
+        runs[f"{name}_start"] = values.apply(lambda v: _head(v, tail))
+        runs[f"{name}_end"] = values.apply(lambda v: _tail(v, tail))
+        runs[f"{name}_growth"] = runs[f"{name}_end"] / runs[f"{name}_start"].replace(0, np.nan)
     evals = df[df["metric"] == "eval/success"].sort_values("step").groupby("run")["value"]
     runs["eval_before"], runs["eval_after"] = evals.first(), evals.last()
     for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
@@ -103,21 +119,28 @@ def _tail(values: pd.Series, share: float) -> float:
 
 
 def study_table(outcomes: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, method, mismatch): seeds, median steps to threshold (and how many seeds reached it),
-    final training success mean ± std, collapses, held-out success before → after, |π − μ| start → end, and the
-    mean bad-update / masked / IS-truncated shares in %."""
+    """One row per (task, method, condition): seeds; training success as AUC and final, each mean ± sample std
+    (ddof = 1); the Kaplan-Meier median and restricted mean steps to threshold (runs that never reach it censored,
+    not dropped) and how many reached it; collapses; held-out success before → after; |π − μ| start → end, overall
+    and first-minibatch; the mean bad-update / masked / IS-truncated shares in %."""
     groups = outcomes.groupby(GROUP, sort=False)
+    survival = groups.apply(lambda g: time_to_threshold(g["steps_to_threshold"].to_numpy(), g["last_step"].to_numpy()))
     table = pd.DataFrame({
         "seeds": groups.size(),
-        "reached": groups["steps_to_threshold"].apply(lambda s: int(s.notna().sum())),
-        "steps to threshold": groups["steps_to_threshold"].median(),
+        "AUC": groups["auc"].mean(),
+        "AUC ± std": groups["auc"].apply(sample_std),
         "final success": groups["final"].mean(),
-        "± std": groups["final"].std(ddof=0),
+        "final ± std": groups["final"].apply(sample_std),
+        "reached": survival.map(lambda t: t.reached),
+        "KM median steps": survival.map(lambda t: t.median),
+        "mean steps (restricted)": survival.map(lambda t: t.restricted_mean),
         "collapses": groups["collapsed"].sum().astype(int),
         "eval before": groups["eval_before"].mean(),
         "eval after": groups["eval_after"].mean(),
         "|π−μ| start": groups["mismatch_start"].mean(),
         "|π−μ| end": groups["mismatch_end"].mean(),
+        "engine |π−μ| start": groups["engine_mismatch_start"].mean(),
+        "engine |π−μ| end": groups["engine_mismatch_end"].mean(),
         "bad updates %": 100 * groups["bad_update"].mean(),
         "masked %": 100 * groups["masked"].mean(),
         "IS truncated %": 100 * groups["is_truncated"].mean(),
@@ -127,12 +150,12 @@ def study_table(outcomes: pd.DataFrame) -> pd.DataFrame:
 
 def probe_table(df: pd.DataFrame) -> pd.DataFrame:
     """Binary vs top-K vs exact divergence on the study's real batches (the ``probe/*`` metrics), per task and
-    mismatch: mean D_TV and D_KL of each estimate, what share of the exact one each bound recovers, and the share of
+    condition: mean D_TV and D_KL of each estimate, what share of the exact one each bound recovers, and the share of
     tokens each estimate puts above δ (means over the probes of every run)."""
     rows = df[df["metric"].str.startswith("probe/")]
     if rows.empty:
         return pd.DataFrame()
-    means = rows.groupby(["task", "mismatch", "metric"])["value"].mean().unstack("metric")
+    means = rows.groupby(["task", "condition", "metric"])["value"].mean().unstack("metric")
     columns = {}
     for divergence in ("tv", "kl"):
         for estimate in ("binary", "topk", "exact"):
@@ -149,118 +172,6 @@ def probe_table(df: pd.DataFrame) -> pd.DataFrame:
     percent = [c for c in table.columns if c.endswith("(%)")]
     table[percent] = 100 * table[percent]
     return table
-
-
-def compare(outcomes: pd.DataFrame, column: str, left: list[str], right: list[str], task: str,
-            mismatch: str) -> tuple[float, float]:
-    """Mean ``column`` over the runs of presets ``left`` and of ``right`` on ``task`` under ``mismatch``."""
-    rows = outcomes[(outcomes["task"] == task) & (outcomes["mismatch"] == mismatch)]
-    return (float(rows[rows["algo"].isin(left)][column].mean()),
-            float(rows[rows["algo"].isin(right)][column].mean()))
-
-
-def mismatch_growth(outcomes: pd.DataFrame) -> pd.Series:
-    """|π − μ| at the end over at the start, per run (how much the training-inference mismatch grew)."""
-    return outcomes["mismatch_end"] / outcomes["mismatch_start"].replace(0, np.nan)
-
-
-UNCONSTRAINED = ["pg_is", "cispo"]
-DPPO = ["dppo_binary_tv", "dppo_binary_kl", "dppo_topk_tv"]
-
-
-def paper_claims(outcomes: pd.DataFrame, df: pd.DataFrame, mismatch: str = "bf16") -> pd.DataFrame:
-    """The paper's stability and efficiency claims, each checked on the study's runs of every task under
-    ``mismatch``: one row per (claim, task) with ``holds`` (True/False, None when the runs needed are missing) and
-    the numbers behind it."""
-    rows = []
-    for task in outcomes["task"].unique():
-        for claim, check in CLAIMS.items():
-            holds, evidence = check(outcomes, df, task, mismatch)
-            rows.append({"claim": claim, "task": task, "mismatch": mismatch, "holds": holds, "evidence": evidence})
-    return pd.DataFrame(rows)
-
-
-def _verdict(left: float, right: float, holds_if_left_greater: bool) -> bool | None:
-    if np.isnan(left) or np.isnan(right):
-        return None
-    return bool(left > right) if holds_if_left_greater else bool(left < right)
-
-
-def _claim_mismatch_grows(outcomes, df, task, mismatch):
-    """Takeaway 1: without a trust region the training-inference mismatch accumulates; DPPO keeps it low."""
-    rows = outcomes.assign(growth=mismatch_growth(outcomes))
-    left, right = compare(rows, "growth", UNCONSTRAINED, DPPO, task, mismatch)
-    return _verdict(left, right, True), f"|π−μ| end/start: PG-IS & CISPO {left:.2f}× vs DPPO {right:.2f}×"
-
-
-def _claim_collapse(outcomes, df, task, mismatch):
-    """Takeaway 1: PG-IS and CISPO collapse, DPPO does not."""
-    rows = outcomes[(outcomes["task"] == task) & (outcomes["mismatch"] == mismatch)]
-    unconstrained, dppo = rows[rows["algo"].isin(UNCONSTRAINED)], rows[rows["algo"].isin(DPPO)]
-    if unconstrained.empty or dppo.empty:
-        return None, "runs missing"
-    holds = bool(unconstrained["collapsed"].sum() > 0 and dppo["collapsed"].sum() == 0)
-    return holds, (f"collapses: PG-IS & CISPO {int(unconstrained['collapsed'].sum())}/{len(unconstrained)}, "
-                   f"DPPO {int(dppo['collapsed'].sum())}/{len(dppo)}")
-
-
-def _claim_final_success(outcomes, df, task, mismatch):
-    """fig:sanity_test: DPPO ends with higher training success than PG-IS and CISPO."""
-    left, right = compare(outcomes, "final", DPPO, UNCONSTRAINED, task, mismatch)
-    return _verdict(left, right, True), f"final training success: DPPO {left:.3f} vs PG-IS & CISPO {right:.3f}"
-
-
-def _claim_recompute_anchor(outcomes, df, task, mismatch):
-    """Takeaway 2: MiniRL (anchored on the recomputed π_θ') controls the mismatch worse than DPPO (anchored on μ)."""
-    left, right = compare(outcomes, "mismatch_end", ["minirl"], DPPO, task, mismatch)
-    return _verdict(left, right, True), f"|π−μ| at the end: MiniRL {left:.4f} vs DPPO {right:.4f}"
-
-
-def _claim_efficiency(outcomes, df, task, mismatch):
-    """sec:training_efficiency: DPPO learns faster than ratio clipping (GRPO-ClipHigher)."""
-    left, right = compare(outcomes, "final", DPPO, ["grpo_clip_higher"], task, mismatch)
-    return _verdict(left, right, True), f"final training success: DPPO {left:.3f} vs GRPO-ClipHigher {right:.3f}"
-
-
-def _claim_negative_updates(outcomes, df, task, mismatch):
-    """Takeaway 3: the instability comes from negative samples; masking only them (mask_negative) is as stable as
-    DPPO, and the unconstrained methods make more bad updates (A < 0, μ − π ≥ 0.5)."""
-    left, right = compare(outcomes, "bad_update", UNCONSTRAINED, DPPO + ["mask_negative"], task, mismatch)
-    return _verdict(left, right, True), (f"bad updates: PG-IS & CISPO {100 * left:.3f}% vs DPPO & mask-negative "
-                                         f"{100 * right:.3f}%")
-
-
-def _claim_low_probability_clipping(outcomes, df, task, mismatch):
-    """sec:training_efficiency: ratio clipping falls mostly on low-probability tokens (μ < 0.1)."""
-    runs = outcomes[(outcomes["task"] == task) & (outcomes["mismatch"] == mismatch)]["run"]
-    rows = df[df["run"].isin(runs)]
-    low = rows[rows["metric"] == "shadow/ppo/mask_fraction_mu_lt_0.1"]["value"].mean()
-    high = rows[rows["metric"] == "shadow/ppo/mask_fraction_mu_ge_0.5"]["value"].mean()
-    return _verdict(low, high, True), f"PPO would clip {100 * low:.2f}% of μ < 0.1 tokens vs {100 * high:.2f}% of μ ≥ 0.5"
-
-
-def _claim_divergence_bounds(outcomes, df, task, mismatch):
-    """app:divergence_lower_bounds: binary ≤ top-K ≤ exact, the top-K estimate the closer to the exact one."""
-    runs = outcomes[(outcomes["task"] == task) & (outcomes["mismatch"] == mismatch)]["run"]
-    rows = df[df["run"].isin(runs)]
-    means = {e: rows[rows["metric"] == f"probe/{e}_tv_mean"]["value"].mean() for e in ("binary", "topk", "exact")}
-    if any(np.isnan(v) for v in means.values()):
-        return None, "no probe/* metrics (--probe-every)"
-    holds = bool(means["binary"] <= means["topk"] <= means["exact"])
-    return holds, "mean D_TV: binary {binary:.4f} ≤ top-K {topk:.4f} ≤ exact {exact:.4f}".format(**means)
-
-
-CLAIMS = {
-    "no trust region → mismatch grows (Takeaway 1)": _claim_mismatch_grows,
-    "no trust region → collapse, DPPO stable (Takeaway 1)": _claim_collapse,
-    "DPPO ends higher than PG-IS/CISPO (fig:sanity_test)": _claim_final_success,
-    "recompute anchor (MiniRL) → more mismatch (Takeaway 2)": _claim_recompute_anchor,
-    "DPPO beats ratio clipping (sec:training_efficiency)": _claim_efficiency,
-    "bad updates come without a trust region (Takeaway 3)": _claim_negative_updates,
-    "ratio clipping hits low-probability tokens": _claim_low_probability_clipping,
-    "binary ≤ top-K ≤ exact divergence": _claim_divergence_bounds,
-}
-"""Each claim: ``check(outcomes, df, task, mismatch) -> (holds, evidence)``."""
 
 
 # ---------------------------------------------------------------------------------------------------- study v2
@@ -315,3 +226,45 @@ CONTRASTS = (
 )
 """The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
 the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
+
+
+def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str) -> pd.Series:
+    """``metric`` of the runs of one arm ``(method, condition)``, indexed by (task, seed)."""
+    method, condition = arm
+    rows = outcomes[(outcomes["algo"] == method) & (outcomes["condition"] == condition)]
+    return rows.set_index(["task", "seed"])[metric].dropna()
+
+
+def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
+    """One pre-registered contrast on the study's runs: both arms' means, the paired difference's mean, 95% CI and
+    permutation p-value over the seeds both arms have, and the verdict (``not run`` under 2 pairs)."""
+    left, right = arm_values(outcomes, contrast.left, contrast.metric), arm_values(outcomes, contrast.right,
+                                                                                   contrast.metric)
+    pairs = left.index.intersection(right.index)
+    row = {"claim": contrast.claim, "source": contrast.source, "metric": contrast.metric, "margin": contrast.margin,
+           "pairs": len(pairs), "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
+           "right": float(right.loc[pairs].mean()) if len(pairs) else np.nan}
+    if len(pairs) < 2:
+        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan, "verdict": "not run"}
+    difference = paired_difference(left.loc[pairs].to_numpy(), right.loc[pairs].to_numpy())
+    return {**row, "difference": difference.mean, "ci_low": difference.low, "ci_high": difference.high,
+            "p": difference.p_value, "verdict": verdict(difference, contrast.margin)}
+
+
+def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
+    """Every contrast scored (:func:`score_contrast`), in the order they were written down."""
+    return pd.DataFrame([score_contrast(outcomes, contrast) for contrast in contrasts])
+
+
+def summary_lines(table: pd.DataFrame) -> list[str]:
+    """The contrast table as Markdown bullets, one per claim: the README's summary and the notebook's last cell
+    print these same lines."""
+    lines = []
+    for row in table.itertuples():
+        if row.verdict == "not run":
+            lines.append(f"- {row.claim} ({row.source}): not run yet")
+            continue
+        lines.append(f"- {row.claim} ({row.source}): **{row.verdict}** — {row.metric} {row.left:.3g} vs "
+                     f"{row.right:.3g}, difference {row.difference:+.3g}, 95% CI [{row.ci_low:+.3g}, "
+                     f"{row.ci_high:+.3g}], p = {row.p:.2g}, {row.pairs} paired seeds, margin {row.margin:g}")
+    return lines

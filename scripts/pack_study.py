@@ -1,0 +1,81 @@
+"""Copy a CPU study's run logs into the repository, compressed, so its report re-executes from a fresh clone.
+
+For every finished run of ``--study`` (``scripts/cpu_study.py``'s output), writes ``config.json``,
+``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``notebooks/data/cpu_study`` by default), in the same
+``<task>/<run>/`` layout; checkpoints, token samples and logs stay behind. The gzip files carry no timestamp, so
+packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
+plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
+
+    python scripts/pack_study.py                       # runs/cpu_study → notebooks/data/cpu_study
+    python scripts/pack_study.py --study other/study --out notebooks/data/other
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import tyro
+
+from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+
+MAX_BYTES = 40 * 2**20
+"""The packed data of one study stays under 40 MB."""
+MANIFEST_KEYS = ("task", "method", "condition", "seed", "name", "state", "seconds")
+
+
+@dataclass
+class PackConfig:
+    study: str = "runs/cpu_study"
+    """The study folder (``scripts/cpu_study.py --out-dir``)."""
+    out: str = "notebooks/data/cpu_study"
+    """Where the packed runs go; replaced as a whole."""
+
+
+def finished_runs(study: Path) -> list[Path]:
+    """The run folders of ``study`` whose manifest state is ``done``."""
+    manifest = json.loads((study / "study.json").read_text())
+    return [study / run["task"] / run["name"] for run in manifest["runs"] if run["state"] == "done"]
+
+
+def pack_run(run_dir: Path, out_dir: Path) -> int:
+    """One run's config and logs into ``out_dir``; returns the bytes written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run_dir / CONFIG_FILE, out_dir / CONFIG_FILE)
+    written = (out_dir / CONFIG_FILE).stat().st_size
+    for name in (METRICS_FILE, EVAL_FILE):
+        data = gzip.compress((run_dir / name).read_bytes(), compresslevel=9, mtime=0)
+        (out_dir / f"{name}.gz").write_bytes(data)
+        written += len(data)
+    return written
+
+
+def pack_manifest(study: Path, out: Path) -> None:
+    """``study.json`` without machine-specific fields (log paths, timings of a sitting are kept as seconds)."""
+    manifest = json.loads((study / "study.json").read_text())
+    runs = [{key: run[key] for key in MANIFEST_KEYS if key in run} for run in manifest["runs"]]
+    settings = {key: value for key, value in manifest["config"].items() if key not in ("out_dir", "dry_run")}
+    (out / "study.json").write_text(json.dumps({"config": settings, "runs": runs}, indent=1) + "\n")
+
+
+def main(argv=None) -> None:
+    config = tyro.cli(PackConfig, args=argv, description=__doc__)
+    study, out = Path(config.study), Path(config.out)
+    if not (study / "study.json").is_file():
+        raise SystemExit(f"error: {study} has no study.json: run scripts/cpu_study.py --out-dir {study} first")
+    runs = finished_runs(study)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    total = sum(pack_run(run, out / run.parent.name / run.name) for run in runs)
+    pack_manifest(study, out)
+    if total > MAX_BYTES:
+        raise SystemExit(f"error: the packed study is {total / 2**20:.1f} MB, over {MAX_BYTES / 2**20:.0f} MB")
+    print(f"packed {len(runs)} finished runs into {out} ({total / 2**20:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()

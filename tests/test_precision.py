@@ -1,0 +1,85 @@
+"""The rollout copy's precision (a real training-inference mismatch): int8 weight rounding, the copies each
+precision makes and keeps in sync, and the first-minibatch |π − μ| that measures it without staleness."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from dppo_oat.models import build_tiny_policy, toy_corpus
+from dppo_oat.models.scoring import teacher_forced_logprobs
+from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.rollout.precision import INT8_LEVELS, quantize_int8, rollout_copy, rollout_state_dict
+from dppo_oat.update import summarize_steps
+
+
+@settings(max_examples=50, deadline=None)
+@given(arrays("float32", st.tuples(st.integers(1, 6), st.integers(1, 40)),
+              elements=st.floats(-10, 10, width=32, allow_subnormal=False)))
+def test_int8_rounding_keeps_each_row_on_255_levels_within_half_a_step(weight):
+    weight = torch.from_numpy(weight)
+    quantized = quantize_int8(weight)
+    step = weight.abs().amax(dim=-1, keepdim=True) / INT8_LEVELS
+    assert ((quantized - weight).abs() <= step / 2 + 1e-6).all()
+    for row, row_step in zip(quantized, step.squeeze(-1)):
+        if row_step > 0:
+            levels = torch.round(row / row_step)
+            assert torch.allclose(levels * row_step, row, atol=1e-5) and levels.abs().max() <= INT8_LEVELS
+        else:
+            assert (row == 0).all()
+    assert torch.allclose(quantize_int8(quantized), quantized, atol=1e-6)  # idempotent
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_tiny_policy(toy_corpus(), seed=0)
+
+
+def test_each_precision_makes_its_own_copy_and_leaves_the_learner_alone(policy):
+    model, _ = policy
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert rollout_copy(model, "float32") is model
+    for precision, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16), ("int8", torch.float32)):
+        copy = rollout_copy(model, precision)
+        assert copy is not model and next(copy.parameters()).dtype == dtype
+    int8 = rollout_copy(model, "int8").state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name])
+        if tensor.dim() >= 2:
+            assert torch.equal(int8[name], quantize_int8(tensor)) and not torch.equal(int8[name], tensor)
+        else:  # norms and biases keep full precision
+            assert torch.equal(int8[name], tensor)
+
+
+def test_a_synced_int8_copy_holds_the_learners_new_weights_rounded(policy):
+    model, tokenizer = policy
+    learner = rollout_copy(model, "bfloat16").float()  # a learner to change without touching the fixture
+    generator = HFGenerator(rollout_copy(learner, "int8"), tokenizer)
+    with torch.no_grad():
+        for parameter in learner.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    generator.update_weights(rollout_state_dict(learner.state_dict(), "int8"))
+    for name, tensor in learner.state_dict().items():
+        expected = quantize_int8(tensor) if tensor.dim() >= 2 else tensor
+        assert torch.equal(generator.model.state_dict()[name], expected), name
+
+
+def test_lower_precision_copies_sample_from_a_measurably_different_mu(policy):
+    """fp32 ≪ fp16 < bf16 on the same tokens; int8 weights more than fp16."""
+    model, tokenizer = policy
+    ids = tokenizer("the cat sat on the mat and the dog ran to the cat")["input_ids"]
+    prompt, completion = ids[:3], ids[3:]
+    reference = teacher_forced_logprobs(model, prompt, completion).exp()
+    gaps = {p: (teacher_forced_logprobs(rollout_copy(model, p), prompt, completion).exp() - reference).abs().mean()
+            .item() for p in ("float32", "float16", "bfloat16", "int8")}
+    assert gaps["float32"] == 0 and 0 < gaps["float16"] < gaps["bfloat16"] and gaps["int8"] > gaps["float16"], gaps
+
+
+def test_the_first_minibatch_mismatch_is_reported_apart():
+    history = [{"mismatch/abs_diff_mean": 0.001, "mismatch/abs_diff_max": 0.01, "loss": 1.0},
+               {"mismatch/abs_diff_mean": 0.005, "mismatch/abs_diff_max": 0.2, "loss": 3.0}]
+    summary = summarize_steps(history)
+    assert summary["mismatch/abs_diff_mean"] == pytest.approx(0.003) and summary["mismatch/abs_diff_max"] == 0.2
+    assert summary["mismatch/first_abs_diff_mean"] == 0.001 and summary["mismatch/first_abs_diff_max"] == 0.01
+    assert "first_loss" not in str(summary) and summarize_steps([]) == {}
