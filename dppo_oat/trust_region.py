@@ -277,9 +277,10 @@ def ratio_keep(ratio, advantages, eps_low, eps_high) -> torch.Tensor:
 def divergence_keep(ratio, advantages, divergence, delta) -> torch.Tensor:
     """DPPO's mask (eq:dppo_obj): block A>0 & r>1 & D>δ and A<0 & r<1 & D>δ.
 
-    An update that moves r back toward 1 is never blocked. With ``D = |r − 1|`` this is PPO's mask.
+    An update that moves r back toward 1 is never blocked. With ``D = |r − 1|`` this is PPO's mask. A NaN D counts
+    as outside: an unknown divergence is no licence to move further.
     """
-    outside = divergence > delta
+    outside = ~(divergence <= delta)
     blocked = ((advantages > 0) & (ratio > 1) & outside) | ((advantages < 0) & (ratio < 1) & outside)
     return ~blocked
 

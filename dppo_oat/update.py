@@ -208,14 +208,17 @@ class DivergenceGuard:
 
 
 def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
-                    response_mask: torch.Tensor) -> str | None:
+                    response_mask: torch.Tensor, topk: TopK | None = None) -> str | None:
     """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs mean the weights
-    themselves diverged: nothing later can recover, so that raises at once."""
+    themselves diverged: nothing later can recover, so that raises at once. μ on the top-K set may be −inf (its
+    padding slots, an underflowed tail token), never NaN."""
     mask = response_mask.bool()
     if not torch.isfinite(logp.detach()[mask]).all():
         raise TrainingDiverged("π_θ's log-probs are non-finite: the policy's weights diverged (lower --lr and "
                                "start a new run from the last checkpoint's settings)")
     if not torch.isfinite(behavior_logp[mask]).all():
+        return "guard/nonfinite_mu"
+    if topk is not None and torch.isnan(topk.behavior_logp[mask]).any():
         return "guard/nonfinite_mu"
     if not torch.isfinite(loss.detach()).all():
         return "guard/nonfinite_loss"
@@ -339,7 +342,7 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
         )
         loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
-        cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask)
+        cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk)
         if cause is not None:
             poisoned.add(cause)
         elif token_sampler is not None:

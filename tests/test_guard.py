@@ -13,13 +13,14 @@ from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.spec import RolloutSettings, RunSpec, SamplingSettings, UpdateSettings, AdvantageSettings
-from dppo_oat.trust_region import TrustRegion
+from dppo_oat.trust_region import TopK, TrustRegion
 from dppo_oat.update import (
     SKIPPED,
     DivergenceGuard,
     causal_lm_forward,
     clip_and_step,
     minibatch_step,
+    nonfinite_cause,
     summarize_steps,
     update_policy,
 )
@@ -165,3 +166,19 @@ def test_a_checkpoint_never_holds_non_finite_weights(policy, tmp_path):
     with pytest.raises(TrainingDiverged, match="non-finite"):
         atomic_torch_save({"model": state}, tmp_path / "checkpoint.pt", weights=state)
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_a_nan_in_mus_top_k_set_trips_the_guard_but_an_empty_slot_does_not():
+    logp = torch.log(torch.full((1, 3), 0.5))
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    ids = torch.tensor([[[0, 1], [0, 1], [0, -1]]])
+    valid = ids >= 0
+    clean = torch.log(torch.tensor([[[0.5, 0.2], [0.5, 0.2], [0.5, 0.0]]]))  # −inf in the empty slot: fine
+    damaged = clean.clone()
+    damaged[0, 2, 0] = float("nan")
+    loss = torch.tensor(0.1)
+    assert nonfinite_cause(logp, logp, loss, mask, TopK(ids, clean, clean, valid)) is None
+    assert nonfinite_cause(logp, logp, loss, mask, TopK(ids, damaged, clean, valid)) == "guard/nonfinite_mu"
+    damaged_off_response = clean.clone()
+    damaged_off_response[0, 0, 0] = float("nan")
+    assert nonfinite_cause(logp, logp, loss, mask, TopK(ids, damaged_off_response, clean, valid)) is None

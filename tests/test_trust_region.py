@@ -320,3 +320,11 @@ def test_missing_inputs_raise():
         policy_loss(logp, mu, adv, mask, TrustRegion.preset("dppo_topk_kl"))
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logp, mu, adv[:, :2], mask, TrustRegion.preset("ppo"))
+
+
+def test_an_unknown_divergence_blocks_a_move_away_but_not_a_move_back():
+    """A NaN D (e.g. from a damaged μ) is no licence to move further from μ."""
+    ratio = torch.tensor([0.2, 1.5, 0.2, 1.5])
+    advantages = torch.tensor([-1.0, 1.0, 1.0, -1.0])  # away, away, back, back
+    keep = divergence_keep(ratio, advantages, torch.full((4,), float("nan")), delta=0.15)
+    assert keep.tolist() == [False, False, True, True]

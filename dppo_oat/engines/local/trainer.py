@@ -37,11 +37,16 @@ from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
 
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
-    """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob)."""
+    """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob), in the
+    token's slot of the top-K set too, so binary and top-K rules see the same μ(a_t)."""
     rng = np.random.default_rng(seed)
     for sample in rollout.samples:
         noise = rng.normal(0.0, sigma, size=len(sample.behavior_logprobs))
-        sample.behavior_logprobs = np.minimum(np.asarray(sample.behavior_logprobs) + noise, 0.0).tolist()
+        noisy = np.minimum(np.asarray(sample.behavior_logprobs) + noise, 0.0)
+        sample.behavior_logprobs = noisy.tolist()
+        if sample.topk_ids is not None:
+            slot = sample.topk_ids == np.asarray(sample.response_ids)[:, None]
+            sample.topk_logprobs = np.where(slot, noisy[:, None], sample.topk_logprobs)
 
 
 class LocalTrainer:
