@@ -79,7 +79,8 @@ mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-
 
 @dataclass(frozen=True)
 class Experiment:
-    """Methods × conditions, each run for every seed."""
+    """Methods × conditions, each run for every seed. A method is a preset, or ``preset@name=value,...``: the preset
+    with ``--tr-<name> value`` overrides (e.g. ``mask_negative@delta=0.8``)."""
 
     methods: Tuple[str, ...]
     conditions: Tuple[str, ...]
@@ -97,6 +98,14 @@ EXPERIMENTS: Dict[str, Experiment] = {
                             "binary TV"),
     "lr": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv", "dppo_topk_tv"), ("mb4-fp32-lr1e-4",),
                      "the same at lr 1e-4, where staleness alone should be harmless"),
+    "recompute": Experiment(("dppo_binary_kl", "dppo_binary_kl_recompute", "minirl_tis"), ("mb1-bf16", "mb4-fp32"),
+                            "Takeaway 2 with its own variants: the DPPO-KL mask anchored on μ or on the recomputed "
+                            "π_θ', and MiniRL with truncated IS"),
+    "takeaway3": Experiment(("mask_negative", "mask_negative@delta=0.8", "pg_is", "dppo_binary_tv"), ("mb4-fp32",),
+                            "Takeaway 3: masking only negative samples that fell far (δ 0.5 and 0.8)"),
+    "efficiency": Experiment(("relax_low", "relax_high", "relax_both", "relax_both@alpha=0.3", "grpo_clip_higher",
+                              "dppo_binary_tv"), ("mb4-fp32",),
+                             "sec:training_efficiency: which side of the ratio clip on low-μ tokens slows learning"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
@@ -186,9 +195,19 @@ def shared_args(task: str, config: StudyConfig) -> list[str]:
             "--warm-start.seed", str(config.warm_start_seed), *shlex.split(config.extra_args)]
 
 
+def method_args(method: str) -> list[str]:
+    """``preset`` or ``preset@name=value,...`` (a preset with its ``--tr-*`` overrides) as trainer flags."""
+    preset, _, overrides = method.partition("@")
+    flags = ["--trust-region", preset]
+    for override in filter(None, overrides.split(",")):
+        name, _, value = override.partition("=")
+        flags += [f"--tr-{name.replace('_', '-')}", value]
+    return flags
+
+
 def train_args(run: StudyRun, config: StudyConfig, resume: bool) -> list[str]:
     """The ``python -m dppo_oat.train`` flags of ``run``."""
-    return [*shared_args(run.task, config), "--trust-region", run.method, *CONDITIONS[run.condition].args(),
+    return [*shared_args(run.task, config), *method_args(run.method), *CONDITIONS[run.condition].args(),
             "--seed", str(run.seed), "--threads", "1", "--run-dir", str(Path(config.out_dir) / run.task),
             "--run-name", run.name, *(["--resume"] if resume else [])]
 

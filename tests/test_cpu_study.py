@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 import tyro
 
@@ -14,8 +15,9 @@ import pack_study  # noqa: E402
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.engines.local.validation import validate_config  # noqa: E402
-from dppo_oat.analysis.study import CONTRASTS, condition_of  # noqa: E402
+from dppo_oat.analysis.study import CONTRASTS, condition_of, readme_summary, summary_block  # noqa: E402
 from dppo_oat.runlog import read_jsonl  # noqa: E402
+from dppo_oat.trust_region import TrustRegion  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
 
 TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -33,10 +35,18 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
         spec, resume_step = validate_config(train_config)
         condition = cpu_study.CONDITIONS[run.condition]
-        assert spec.trust_region.name == run.method and resume_step is None
+        assert spec.trust_region.name == run.method.partition("@")[0] and resume_step is None
         assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
         assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
         assert condition_of(run.name) == run.condition
+
+
+def test_a_method_variant_is_its_preset_with_overrides(tmp_path):
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path))
+    run = cpu_study.StudyRun("sudoku", "mask_negative@delta=0.8", "mb4-fp32", 0)
+    spec, _ = validate_config(tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False)))
+    assert spec.trust_region.rule == TrustRegion.preset("mask_negative").rule and spec.trust_region.delta == 0.8
+    assert condition_of(run.name) == "mb4-fp32"
 
 
 def test_every_preregistered_contrast_compares_arms_of_the_study():
@@ -98,3 +108,24 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     (stale / "metrics.jsonl").write_text('{"step": 1}\n')
     cpu_study.main([*args[: args.index("--seeds") + 1], "1", *args[args.index("--seeds") + 2:]])
     assert [r["step"] for r in read_jsonl(stale / "metrics.jsonl")] == [1, 2]
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu_study"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_summary_is_written_from_the_committed_study():
+    """One reading: the README's claims, CIs and verdicts are those the committed runs give."""
+    assert summary_block(README.read_text()) == readme_summary(COMMITTED)
+
+
+def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPPO_STUDY", raising=False)
+    notebook = execute("cpu_study.ipynb", tmp_path, monkeypatch, tmp_path)
+    assert_clean(notebook)
+    text = printed(notebook)
+    assert "runs with data in data/cpu_study" in text
+    for line in summary_block(README.read_text()):
+        assert line in text
+    committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
+    assert all(line in printed(committed) for line in summary_block(README.read_text()))  # the committed outputs too

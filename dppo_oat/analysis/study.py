@@ -35,8 +35,9 @@ PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "in
 
 
 def load_study(study_dir: PathLike) -> pd.DataFrame:
-    """Every run of the study as one long table, with ``task``, ``condition`` and ``mismatch`` run columns;
-    ``method`` is the variant."""
+    """Every run of the study as one long table, with ``task``, ``condition``, ``mismatch`` and ``arm_method`` (the
+    study's name of the method: a preset, or ``preset@name=value`` with overrides) run columns; ``method`` is the
+    variant."""
     run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
     if not run_dirs:
         raise FileNotFoundError(f"no study runs under {study_dir!r}: run scripts/cpu_study.py first")
@@ -44,6 +45,7 @@ def load_study(study_dir: PathLike) -> pd.DataFrame:
     configs = {str(path.parent): json.loads(path.read_text()) for path in run_dirs}
     df["task"] = df["path"].map(lambda p: Path(p).parent.name)
     df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
+    df["arm_method"] = df["path"].map(lambda p: Path(p).name.split("-", 1)[0])
     df["mismatch"] = df["path"].map(lambda p: mismatch_of(configs[p]))
     return label_runs(df)
 
@@ -83,7 +85,8 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     collapsed; held-out success before and after; |π − μ| (all minibatches, and the first minibatch alone: the
     engine's share) at the start and the end; the mean bad-update, masked and IS-truncated fractions."""
     curve = per_run_curve(df, metric, sigma)
-    runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "condition", "mismatch", "seed"]]
+    runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "arm_method", "condition",
+                                                          "mismatch", "seed"]]
     grouped = curve.groupby("run")
     runs["auc"] = grouped["value"].mean()
     runs["steps_to_threshold"] = grouped.apply(lambda r: _first_step_at(r, threshold))
@@ -223,6 +226,23 @@ CONTRASTS = (
              ("dppo_binary_tv", "mb1-bf16"), ("grpo_clip_higher", "mb1-bf16")),
     Contrast("DPPO-TopK-TV is worse than DPPO-Binary-TV (the first study's collapse)", "sec:method_topk",
              ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32")),
+    # Added before the runs of the ``recompute``, ``takeaway3`` and ``efficiency`` experiments.
+    Contrast("under engine mismatch (bf16), the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'",
+             "Takeaway 2", ("dppo_binary_kl", "mb1-bf16"), ("dppo_binary_kl_recompute", "mb1-bf16")),
+    Contrast("with staleness, the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'",
+             "Takeaway 2", ("dppo_binary_kl", "mb4-fp32"), ("dppo_binary_kl_recompute", "mb4-fp32")),
+    Contrast("under engine mismatch (bf16), truncated IS (MiniRL-TIS) beats MiniRL", "Takeaway 2",
+             ("minirl_tis", "mb1-bf16"), ("minirl", "mb1-bf16")),
+    Contrast("masking only negative samples that fell far (mask-negative, δ 0.5) stabilises PG-IS", "Takeaway 3",
+             ("mask_negative", "mb4-fp32"), ("pg_is", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV beats mask-negative (the paper: comparable)", "fig:ablation_mask_negative",
+             ("dppo_binary_tv", "mb4-fp32"), ("mask_negative", "mb4-fp32")),
+    Contrast("mask-negative at δ 0.5 beats δ 0.8", "Takeaway 3",
+             ("mask_negative", "mb4-fp32"), ("mask_negative@delta=0.8", "mb4-fp32")),
+    Contrast("relaxing both clip ends for μ < 0.1 (Relax-both) learns faster than GRPO-ClipHigher",
+             "fig:low_prob_sweep", ("relax_both", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32")),
+    Contrast("Relax-low learns faster than Relax-high", "fig:clip_direction",
+             ("relax_low", "mb4-fp32"), ("relax_high", "mb4-fp32")),
 )
 """The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
 the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
@@ -231,7 +251,7 @@ the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below 
 def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str) -> pd.Series:
     """``metric`` of the runs of one arm ``(method, condition)``, indexed by (task, seed)."""
     method, condition = arm
-    rows = outcomes[(outcomes["algo"] == method) & (outcomes["condition"] == condition)]
+    rows = outcomes[(outcomes["arm_method"] == method) & (outcomes["condition"] == condition)]
     return rows.set_index(["task", "seed"])[metric].dropna()
 
 
@@ -268,3 +288,26 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
                      f"{row.right:.3g}, difference {row.difference:+.3g}, 95% CI [{row.ci_low:+.3g}, "
                      f"{row.ci_high:+.3g}], p = {row.p:.2g}, {row.pairs} paired seeds, margin {row.margin:g}")
     return lines
+
+
+SUMMARY_MARKER = "<!-- cpu-study:summary -->"
+"""The README's summary of the study sits between two of these lines."""
+
+
+def readme_summary(study_dir: PathLike) -> list[str]:
+    """The summary lines of the study in ``study_dir``, scored as the report notebook scores them."""
+    return summary_lines(contrast_table(run_outcomes(load_study(study_dir), THRESHOLD)))
+
+
+def summary_block(text: str) -> list[str]:
+    """The lines between the two :data:`SUMMARY_MARKER` lines of ``text``."""
+    parts = text.split(SUMMARY_MARKER + "\n")
+    if len(parts) != 3:
+        raise ValueError(f"expected exactly two {SUMMARY_MARKER!r} lines")
+    return parts[1].splitlines()
+
+
+def replace_summary(text: str, lines: list[str]) -> str:
+    """``text`` with its summary block replaced by ``lines``."""
+    before, _, after = text.split(SUMMARY_MARKER + "\n")
+    return before + SUMMARY_MARKER + "\n" + "".join(line + "\n" for line in lines) + SUMMARY_MARKER + "\n" + after
