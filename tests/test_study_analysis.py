@@ -131,3 +131,17 @@ def test_noise_at_low_success_is_not_a_collapse(tmp_path):
     outcomes = run_outcomes(load_study(tmp_path), threshold=0.5).set_index("run")
     assert outcomes.loc["cispo-mb4-fp32-s0", "final"] < 0.5 * outcomes.loc["cispo-mb4-fp32-s0", "peak"]
     assert not outcomes.loc["cispo-mb4-fp32-s0", "collapsed"] and outcomes.loc["cispo-mb4-fp32-s1", "collapsed"]
+
+
+def test_bad_updates_before_drops_correlate_negatively(tmp_path):
+    from dppo_oat.analysis.study import bad_update_drops
+
+    rng = np.random.default_rng(0)
+    bad = rng.uniform(0, 0.01, STEPS)
+    success = 0.5 + np.cumsum(np.r_[0.0, -5 * bad[:-1]])  # each bad step lowers success on the next
+    write_run(tmp_path / "sudoku" / "pg_is-mb4-fp32-s0", "pg_is", 0, success, np.full(STEPS, 0.01))
+    path = tmp_path / "sudoku" / "pg_is-mb4-fp32-s0" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad)))
+    result = bad_update_drops(load_study(tmp_path), horizon=1).set_index("run").loc["pg_is-mb4-fp32-s0"]
+    assert result["rho"] < -0.9 and result["p"] < 1e-6 and result["steps"] == STEPS - 1

@@ -311,3 +311,24 @@ def replace_summary(text: str, lines: list[str]) -> str:
     """``text`` with its summary block replaced by ``lines``."""
     before, _, after = text.split(SUMMARY_MARKER + "\n")
     return before + SUMMARY_MARKER + "\n" + "".join(line + "\n" for line in lines) + SUMMARY_MARKER + "\n" + after
+
+
+def bad_update_drops(df: pd.DataFrame, horizon: int = 3) -> pd.DataFrame:
+    """Takeaway 3, per run: Spearman's ρ between the step's bad-update share (A < 0, μ − π ≥ 0.5) and the change of
+    training success over the next ``horizon`` steps (ρ < 0: bad updates come before drops), with its p-value."""
+    from scipy.stats import spearmanr
+
+    bad = per_run_curve(df, "bad_update/fraction", 0).set_index(["run", "step"])["value"]
+    success = per_run_curve(df, "success", 0).set_index(["run", "step"])["value"]
+    rows = []
+    for run, values in success.groupby(level="run"):
+        values = values.droplevel("run")
+        change = values.shift(-horizon) - values
+        pairs = pd.concat([bad.loc[run] if run in bad.index.get_level_values(0) else pd.Series(dtype=float),
+                           change], axis=1, keys=["bad", "change"]).dropna()
+        if len(pairs) < 5 or pairs["bad"].nunique() < 2:
+            rows.append({"run": run, "rho": np.nan, "p": np.nan, "steps": len(pairs)})
+            continue
+        result = spearmanr(pairs["bad"], pairs["change"])
+        rows.append({"run": run, "rho": float(result.statistic), "p": float(result.pvalue), "steps": len(pairs)})
+    return pd.DataFrame(rows)
