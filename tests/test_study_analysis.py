@@ -78,12 +78,15 @@ def test_contrasts_are_paired_by_seed_and_scored_against_their_margin(study):
     behind = Contrast("PG-IS beats DPPO", "test", ("pg_is", "mb1-bf16"), ("dppo_binary_tv", "mb1-bf16"))
     huge_margin = Contrast("DPPO beats PG-IS by 0.5", "test", ahead.left, ahead.right, margin=0.5)
     one_pair = Contrast("fp32 vs bf16", "test", ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16"))
-    table = contrast_table(outcomes, (ahead, behind, huge_margin, one_pair)).set_index("claim")
+    itself = Contrast("DPPO beats itself", "test", ahead.left, ahead.left)
+    table = contrast_table(outcomes, (ahead, behind, huge_margin, one_pair, itself)).set_index("claim")
     gap = RISE.mean() - COLLAPSE.mean()
     assert table.loc["DPPO beats PG-IS", "difference"] == pytest.approx(gap)  # the seed shifts cancel in pairs
     assert table.loc["DPPO beats PG-IS", "pairs"] == 5
-    assert list(table["verdict"]) == ["holds", "refuted", "inconclusive", "not run"]
+    assert list(table["verdict"]) == ["holds", "refuted", "inconclusive", "not run", "inconclusive"]
+    assert list(table["within_margin"]) == [False, False, True, False, True]  # identical arms: no difference at all
     lines = summary_lines(table.reset_index())
+    assert lines[4].startswith("- DPPO beats itself (test): **inconclusive** (CI within ±0.02) — auc")
     assert lines[0].startswith("- DPPO beats PG-IS (test): **holds** — auc") and "5 paired seeds" in lines[0]
     assert lines[3] == "- fp32 vs bf16 (test): not run yet"
 

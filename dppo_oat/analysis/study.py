@@ -257,7 +257,9 @@ def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str) -> pd.
 
 def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     """One pre-registered contrast on the study's runs: both arms' means, the paired difference's mean, 95% CI and
-    permutation p-value over the seeds both arms have, and the verdict (``not run`` under 2 pairs)."""
+    permutation p-value over the seeds both arms have, the verdict (``not run`` under 2 pairs), and
+    ``within_margin``: the whole CI inside ±margin, i.e. no difference as large as the margin (an inconclusive
+    verdict that still says something)."""
     left, right = arm_values(outcomes, contrast.left, contrast.metric), arm_values(outcomes, contrast.right,
                                                                                    contrast.metric)
     pairs = left.index.intersection(right.index)
@@ -265,10 +267,12 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
            "pairs": len(pairs), "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
            "right": float(right.loc[pairs].mean()) if len(pairs) else np.nan}
     if len(pairs) < 2:
-        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan, "verdict": "not run"}
+        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan, "verdict": "not run",
+                "within_margin": False}
     difference = paired_difference(left.loc[pairs].to_numpy(), right.loc[pairs].to_numpy())
     return {**row, "difference": difference.mean, "ci_low": difference.low, "ci_high": difference.high,
-            "p": difference.p_value, "verdict": verdict(difference, contrast.margin)}
+            "p": difference.p_value, "verdict": verdict(difference, contrast.margin),
+            "within_margin": bool(-contrast.margin < difference.low and difference.high < contrast.margin)}
 
 
 def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
@@ -284,7 +288,8 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
         if row.verdict == "not run":
             lines.append(f"- {row.claim} ({row.source}): not run yet")
             continue
-        lines.append(f"- {row.claim} ({row.source}): **{row.verdict}** — {row.metric} {row.left:.3g} vs "
+        verdict_text = f"**{row.verdict}**" + (f" (CI within ±{row.margin:g})" if row.within_margin else "")
+        lines.append(f"- {row.claim} ({row.source}): {verdict_text} — {row.metric} {row.left:.3g} vs "
                      f"{row.right:.3g}, difference {row.difference:+.3g}, 95% CI [{row.ci_low:+.3g}, "
                      f"{row.ci_high:+.3g}], p = {row.p:.2g}, {row.pairs} paired seeds, margin {row.margin:g}")
     return lines
