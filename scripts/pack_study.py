@@ -6,6 +6,10 @@ For every finished run of ``--study`` (``scripts/cpu_study.py``'s output), write
 packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
 plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
 
+With ``--readme README.md`` it also rewrites the README's summary of the study (between the
+``<!-- cpu-study:summary -->`` markers) from the packed runs: the pre-registered claims, each with its paired
+difference, 95% CI and verdict, as the report notebook prints them.
+
     python scripts/pack_study.py                       # runs/cpu_study → notebooks/data/cpu_study
     python scripts/pack_study.py --study other/study --out notebooks/data/other
 """
@@ -17,9 +21,11 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import tyro
 
+from dppo_oat.analysis.study import readme_summary, replace_summary
 from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 
 MAX_BYTES = 40 * 2**20
@@ -33,6 +39,8 @@ class PackConfig:
     """The study folder (``scripts/cpu_study.py --out-dir``)."""
     out: str = "notebooks/data/cpu_study"
     """Where the packed runs go; replaced as a whole."""
+    readme: Optional[str] = None
+    """A Markdown file whose ``<!-- cpu-study:summary -->`` block is rewritten from the packed runs."""
 
 
 def finished_runs(study: Path) -> list[Path]:
@@ -75,6 +83,10 @@ def main(argv=None) -> None:
     if total > MAX_BYTES:
         raise SystemExit(f"error: the packed study is {total / 2**20:.1f} MB, over {MAX_BYTES / 2**20:.0f} MB")
     print(f"packed {len(runs)} finished runs into {out} ({total / 2**20:.2f} MB)")
+    if config.readme:
+        readme = Path(config.readme)
+        readme.write_text(replace_summary(readme.read_text(), readme_summary(out)))
+        print(f"{readme}: the study's summary rewritten from {out}")
 
 
 if __name__ == "__main__":
