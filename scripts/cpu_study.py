@@ -249,14 +249,18 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
 
 
 def write_manifest(config: StudyConfig, runs: list[StudyRun], results: dict) -> None:
-    """``study.json``: the settings, and per run its state and, when played in this sitting, how it went."""
-    manifest = {"config": asdict(config), "runs": [
-        {**asdict(run), "name": run.name, "dir": str(run.run_dir(config)), "state": run_state(run.run_dir(config),
-                                                                                              config.steps),
-         **results.get(f"{run.task}/{run.name}", {})} for run in runs]}
+    """``study.json``: the settings, and per run its state and how its last sitting went. Runs of earlier sittings
+    that this one does not plan (other experiments or seeds) keep their entries, so a study played in parts has
+    one manifest."""
     path = Path(config.out_dir) / "study.json"
+    earlier = json.loads(path.read_text())["runs"] if path.is_file() else []
+    entries = {f"{entry['task']}/{entry['name']}": entry for entry in earlier}
+    for run in runs:
+        key = f"{run.task}/{run.name}"
+        entries[key] = {**entries.get(key, {}), **asdict(run), "name": run.name, "dir": str(run.run_dir(config)),
+                        "state": run_state(run.run_dir(config), config.steps), **results.get(key, {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps(manifest, indent=1).encode())
+    atomic_write_bytes(path, json.dumps({"config": asdict(config), "runs": list(entries.values())}, indent=1).encode())
 
 
 def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], console: Console) -> dict:

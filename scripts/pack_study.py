@@ -75,6 +75,8 @@ def main(argv=None) -> None:
     if not (study / "study.json").is_file():
         raise SystemExit(f"error: {study} has no study.json: run scripts/cpu_study.py --out-dir {study} first")
     runs = finished_runs(study)
+    if not runs:
+        raise SystemExit(f"error: {study} has no finished run yet: nothing to pack")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -85,7 +87,10 @@ def main(argv=None) -> None:
     print(f"packed {len(runs)} finished runs into {out} ({total / 2**20:.2f} MB)")
     if config.readme:
         readme = Path(config.readme)
-        readme.write_text(replace_summary(readme.read_text(), readme_summary(out)))
+        try:
+            readme.write_text(replace_summary(readme.read_text(), readme_summary(out)))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"error: --readme {readme}: {error} (the runs are packed in {out})") from None
         print(f"{readme}: the study's summary rewritten from {out}")
 
 

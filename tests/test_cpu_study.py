@@ -108,6 +108,17 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     (stale / "metrics.jsonl").write_text('{"step": 1}\n')
     cpu_study.main([*args[: args.index("--seeds") + 1], "1", *args[args.index("--seeds") + 2:]])
     assert [r["step"] for r in read_jsonl(stale / "metrics.jsonl")] == [1, 2]
+    manifest = json.loads((out / "study.json").read_text())  # one manifest for a study played in parts
+    assert sorted((r["seed"], r["state"]) for r in manifest["runs"]) == [(0, "done"), (0, "done"), (1, "done"),
+                                                                         (1, "done")]
+    pack_study.main(["--study", str(out), "--out", str(packed)])
+    assert len(list(packed.glob("sudoku/*/config.json"))) == 4
+
+    no_markers = tmp_path / "NOTES.md"
+    no_markers.write_text("# notes\n")
+    with pytest.raises(SystemExit, match="expected exactly two .* lines, found 0"):
+        pack_study.main(["--study", str(out), "--out", str(packed), "--readme", str(no_markers)])
+    assert no_markers.read_text() == "# notes\n"
 
 
 COMMITTED = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu_study"

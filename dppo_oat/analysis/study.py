@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
 
 from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
@@ -304,25 +305,27 @@ def readme_summary(study_dir: PathLike) -> list[str]:
     return summary_lines(contrast_table(run_outcomes(load_study(study_dir), THRESHOLD)))
 
 
-def summary_block(text: str) -> list[str]:
-    """The lines between the two :data:`SUMMARY_MARKER` lines of ``text``."""
+def _summary_parts(text: str) -> list[str]:
     parts = text.split(SUMMARY_MARKER + "\n")
     if len(parts) != 3:
-        raise ValueError(f"expected exactly two {SUMMARY_MARKER!r} lines")
-    return parts[1].splitlines()
+        raise ValueError(f"expected exactly two {SUMMARY_MARKER!r} lines, found {len(parts) - 1}")
+    return parts
+
+
+def summary_block(text: str) -> list[str]:
+    """The lines between the two :data:`SUMMARY_MARKER` lines of ``text``."""
+    return _summary_parts(text)[1].splitlines()
 
 
 def replace_summary(text: str, lines: list[str]) -> str:
     """``text`` with its summary block replaced by ``lines``."""
-    before, _, after = text.split(SUMMARY_MARKER + "\n")
+    before, _, after = _summary_parts(text)
     return before + SUMMARY_MARKER + "\n" + "".join(line + "\n" for line in lines) + SUMMARY_MARKER + "\n" + after
 
 
 def bad_update_drops(df: pd.DataFrame, horizon: int = 3) -> pd.DataFrame:
     """Takeaway 3, per run: Spearman's ρ between the step's bad-update share (A < 0, μ − π ≥ 0.5) and the change of
     training success over the next ``horizon`` steps (ρ < 0: bad updates come before drops), with its p-value."""
-    from scipy.stats import spearmanr
-
     bad = per_run_curve(df, "bad_update/fraction", 0).set_index(["run", "step"])["value"]
     success = per_run_curve(df, "success", 0).set_index(["run", "step"])["value"]
     rows = []
