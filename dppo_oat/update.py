@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingDiverged
 from dppo_oat.fused_head import FusedHeadUnsupported, TokenGrad, fused_head_logprobs, head_of, last_hidden_states
 from dppo_oat.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
+from dppo_oat.runlog import nonfinite_tensors
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler
@@ -180,9 +181,32 @@ DiscardStepFn = Callable[[], "dict[str, float] | None"]
 
 SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+NONFINITE_PI = "guard/nonfinite_pi"
+"""π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
 NONFINITE_CAUSES = {"guard/nonfinite_loss": "the policy loss", "guard/nonfinite_mu": "μ's log-probs (the rollout's)",
-                    "guard/nonfinite_grad": "the gradient norm"}
+                    "guard/nonfinite_grad": "the gradient norm", NONFINITE_PI: "π_θ's log-probs"}
 """The guard's per-step metrics (1.0 when that value was non-finite) and what each names in an error."""
+
+HEALTHY, SKIP, DIVERGED = 0, 1, 2
+"""The state of a minibatch (or of the weights after an update), ordered so that the worst one wins."""
+
+AnyLearner = Callable[[int], int]
+"""The largest of one value over every learner (an all-reduce MAX over oat's ranks; one learner: the value itself).
+Every decision that is followed by a collective or by the end of the run (step, skip, stop) is taken on the agreed
+state, so that no learner goes on alone into a collective the others never reach, which would hang until the
+communication timeout."""
+
+
+def one_learner(state: int) -> int:
+    """:data:`AnyLearner` of a single learner (the local engine)."""
+    return state
+
+
+def diverged_error(here: bool) -> TrainingDiverged:
+    """The stop of a run whose weights diverged, on this learner or on another one."""
+    where = "" if here else " on another learner"
+    return TrainingDiverged(f"π_θ's log-probs are non-finite{where}: the policy's weights diverged (lower --lr and "
+                            "start a new run from the last checkpoint's settings)")
 
 
 @dataclass
@@ -209,13 +233,13 @@ class DivergenceGuard:
 
 def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
                     response_mask: torch.Tensor, topk: TopK | None = None) -> str | None:
-    """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs mean the weights
-    themselves diverged: nothing later can recover, so that raises at once. μ on the top-K set may be −inf (its
-    padding slots, an underflowed tail token), never NaN."""
+    """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs (:data:`NONFINITE_PI`)
+    mean the weights themselves diverged: the minibatch ends the run once every learner has finished it (see
+    :func:`finish_minibatch`). μ on the top-K set may be −inf (its padding slots, an underflowed tail token), never
+    NaN."""
     mask = response_mask.bool()
     if not torch.isfinite(logp.detach()[mask]).all():
-        raise TrainingDiverged("π_θ's log-probs are non-finite: the policy's weights diverged (lower --lr and "
-                               "start a new run from the last checkpoint's settings)")
+        return NONFINITE_PI
     if not torch.isfinite(behavior_logp[mask]).all():
         return "guard/nonfinite_mu"
     if topk is not None and torch.isnan(topk.behavior_logp[mask]).any():
@@ -226,7 +250,8 @@ def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch
 
 
 def zero_surrogate(logp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """A loss whose gradient is exactly zero but which runs the same backward (finite π_θ log-probs only)."""
+    """A loss whose gradient is exactly zero but which runs the same backward, collectives included (with
+    non-finite π_θ log-probs the gradient is not finite either: the minibatch is discarded all the same)."""
     return (logp * response_mask).sum() * 0.0
 
 
@@ -242,14 +267,27 @@ def clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.opt
 
 
 @torch.no_grad()
-def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4) -> None:
-    """After an update: π_θ's log-probs on the first ``rows`` samples are finite, or the weights diverged (raise),
-    before any checkpoint of them is written."""
+def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4,
+                        any_learner: AnyLearner = one_learner) -> None:
+    """After an update: π_θ's log-probs on the first ``rows`` samples are finite on every learner, or the weights
+    diverged (every learner raises), before any checkpoint of them is written."""
     first = batch.select(torch.arange(min(rows, len(batch))))
     logp = forward(first, False).logp
-    if not torch.isfinite(logp[first.response_mask.bool()]).all():
-        raise TrainingDiverged("the update left π_θ's log-probs non-finite: the weights diverged (lower --lr and "
-                               "start a new run)")
+    here = not torch.isfinite(logp[first.response_mask.bool()]).all()
+    if any_learner(DIVERGED if here else HEALTHY) == DIVERGED:
+        where = "" if here else " on another learner"
+        raise TrainingDiverged(f"the update left π_θ's log-probs non-finite{where}: the weights diverged (lower --lr "
+                               "and start a new run)")
+
+
+def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
+                         any_learner: AnyLearner = one_learner) -> None:
+    """Every weight (each learner's own shard of it) is finite on every learner, or every learner raises: run
+    before weights are saved or sent to the rollout engine, so that neither ever holds a NaN."""
+    broken = nonfinite_tensors(dict(named_weights))
+    if any_learner(DIVERGED if broken else HEALTHY) == DIVERGED:
+        where = f" (e.g. {broken[0]})" if broken else " on another learner"
+        raise TrainingDiverged(f"weights are non-finite{where}: the update diverged (lower --lr and start a new run)")
 
 
 @torch.no_grad()
@@ -280,12 +318,14 @@ def update_policy(
     discard_step: DiscardStepFn | None = None,
     guard: DivergenceGuard | None = None,
     token_sampler: TokenSampler | None = None,
+    any_learner: AnyLearner = one_learner,
 ) -> list[dict[str, float]]:
     """All optimizer steps of one rollout batch; returns one metrics dict per step.
 
     ``discard_step`` lets the guard skip a minibatch with a non-finite loss or μ (without it such a minibatch stops
     the run at once); ``guard`` carries the count of skips in a row across rollout batches; ``token_sampler`` sees
-    every token of the first epoch with π_θ of its forward pass (the ``tokens.jsonl`` sample).
+    every token of the first epoch with π_θ of its forward pass (the ``tokens.jsonl`` sample); ``any_learner``
+    agrees every step, skip and stop with the other learners (:data:`AnyLearner`).
     """
     guard = guard or DivergenceGuard()
     micro = settings.micro_batch_size or settings.minibatch_size
@@ -298,27 +338,40 @@ def update_policy(
         for index in minibatch_indices(len(batch), settings.minibatch_size, generator):
             sampler = token_sampler if epoch == 0 else None
             metrics = minibatch_step(batch, index, tr, forward, backward, settings, sampler)
-            metrics.update(_finish_minibatch(metrics, optimizer_step, discard_step))
+            metrics.update(finish_minibatch(metrics, optimizer_step, discard_step, any_learner))
             metrics["epoch"] = float(epoch)
             guard.observe(metrics)
             history.append(metrics)
             if on_step is not None:
                 on_step()
-    check_policy_finite(batch, forward)
+    check_policy_finite(batch, forward, any_learner=any_learner)
     return history
 
 
-def _finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn,
-                      discard_step: DiscardStepFn | None) -> dict[str, float]:
-    """The optimizer step of a healthy minibatch, the discard of a poisoned one; every guard metric, 0 or 1."""
+def minibatch_state(poisoned: Sequence[str]) -> int:
+    """:data:`DIVERGED` when π_θ itself is non-finite, :data:`SKIP` for any other guard metric, else :data:`HEALTHY`."""
+    if NONFINITE_PI in poisoned:
+        return DIVERGED
+    return SKIP if poisoned else HEALTHY
+
+
+def finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn, discard_step: DiscardStepFn | None,
+                     any_learner: AnyLearner = one_learner) -> dict[str, float]:
+    """The optimizer step of a minibatch that is healthy on every learner, else the discard of it everywhere (a
+    skip), and the end of the run everywhere when π_θ diverged on any learner; every guard metric, 0 or 1."""
     out = {SKIPPED: 0.0, **{key: 0.0 for key in NONFINITE_CAUSES}}
     poisoned = [key for key in NONFINITE_CAUSES if metrics.get(key)]
-    if not poisoned:
+    state = any_learner(minibatch_state(poisoned))
+    if state == HEALTHY:
         out.update(optimizer_step() or {})
         return out
+    if discard_step is not None:
+        out.update(discard_step() or {})
+    if state == DIVERGED:
+        raise diverged_error(here=NONFINITE_PI in poisoned)
     if discard_step is None:
-        raise TrainingDiverged(f"{NONFINITE_CAUSES[poisoned[0]]} non-finite, and this engine cannot skip a step")
-    out.update(discard_step() or {})
+        cause = NONFINITE_CAUSES[poisoned[0]] if poisoned else "a value on another learner"
+        raise TrainingDiverged(f"{cause} non-finite, and this engine cannot skip a step")
     out.update({SKIPPED: 1.0, **{key: 1.0 for key in poisoned}})
     return out
 

@@ -213,3 +213,75 @@ def test_a_poisoned_minibatch_is_skipped_through_deepspeed(zero_stage, tiny_poli
     assert infos["dppo/guard/skipped"].item() == 0.0 and learner.model.model.skipped_steps == 4
     moved = max((v - start[k]).abs().max().item() for k, v in learner.model.model.module.state_dict().items())
     assert moved > 1e-4
+
+
+def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu,
+                                                                   gpu_node, monkeypatch):
+    """π_θ non-finite (a NaN weight): the minibatch is discarded through DeepSpeed's skip and the learning step
+    raises, through the core's agreement (one learner here: its own state)."""
+    from dppo_oat.errors import TrainingDiverged
+
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 1, 1e-3)
+    learner = oat_learner(args, "adamw", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    with torch.no_grad():
+        learner.model.model.module.model.norm.weight[0] = float("nan")
+    learner.model.train()
+    with pytest.raises(TrainingDiverged, match="weights diverged"):
+        learner.learning_step(oat_trajectory(learner, transitions))
+    assert learner.model.model.skipped_steps == 1
+
+
+def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu,
+                                                                  gpu_node, monkeypatch):
+    """A non-finite weight that the update's π_θ check does not see (it reads the first rows of the batch only; here
+    it is switched off, and the last optimizer step breaks a weight) is found by the scan of every learner's weight
+    shards at the end of the learning step, before oat's save or its weight sync to vLLM."""
+    import dppo_oat.update
+    from dppo_oat.errors import TrainingDiverged
+
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 2, 1e-3)
+    learner = oat_learner(args, "adamw", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    step = learner._optimizer_step
+    target = dict(learner.model.model.module.named_parameters())["model.layers.1.mlp.down_proj.weight"]
+
+    steps = []
+
+    def step_then_break_a_weight():  # the last of 2 epochs × 2 minibatches
+        out = step()
+        steps.append(1)
+        if len(steps) == 4:
+            with torch.no_grad():
+                target[0, 0] = float("inf")
+        return out
+
+    monkeypatch.setattr(dppo_oat.update, "check_policy_finite", lambda *args, **kwargs: None)
+    monkeypatch.setattr(learner, "_optimizer_step", step_then_break_a_weight)
+    learner.model.train()
+    with pytest.raises(TrainingDiverged, match="weights are non-finite .*down_proj"):
+        learner.learning_step(oat_trajectory(learner, transitions))
+
+
+def test_a_divergence_ends_the_program_with_one_line(capsys, monkeypatch):
+    """DPPOLearner.run: a TrainingDiverged (raised on every learner together) prints one line on rank 0 and asks
+    launchpad to stop the program (here the test stand-in for launchpad records the request)."""
+    import launchpad as lp
+    from oat.algorithms.ppo import PPOLearner
+
+    from dppo_oat.errors import TrainingDiverged
+
+    stops = []
+    monkeypatch.setattr(lp, "stop", lambda: stops.append(True))
+
+    def diverge(self):
+        raise TrainingDiverged("weights are non-finite: lower --lr")
+
+    monkeypatch.setattr(PPOLearner, "run", diverge)
+    learner = DPPOLearner.__new__(DPPOLearner)
+    learner.strategy = type("Rank0", (), {"is_rank_0": staticmethod(lambda: True)})()
+    learner.run()
+    err = capsys.readouterr().err
+    assert err == "error: training diverged: weights are non-finite: lower --lr\n" and stops == [True]

@@ -10,8 +10,11 @@ set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run 
 share of each learning round's tokens, :mod:`~dppo_oat.token_samples`).
 
 Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries
-advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds) and
-``learning_step``. Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling;
+advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders,
+and held-out evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line).
+Every step, skip and stop of the update is agreed over the learners (an all-reduce MAX,
+:data:`~dppo_oat.update.AnyLearner`), and after each learning round every learner's shard of the weights is checked
+finite before oat may save them or send them to vLLM. Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling;
 ``rebn`` returns are normalised here, over every learner's batch (Gem's ``norm_return``).
 """
 
@@ -19,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+import sys
+from typing import Iterator, Sequence
 
 import torch
 from oat.algorithms.ppo import PPOLearner
@@ -31,7 +35,8 @@ from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.errors import TrainingDiverged
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import SKIPPED, DivergenceGuard, causal_lm_forward, summarize_steps, update_policy
+from dppo_oat.update import (SKIPPED, DivergenceGuard, causal_lm_forward, check_weights_finite, summarize_steps,
+                              update_policy)
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -110,6 +115,23 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def weight_shards(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter as this learner holds it: under ZeRO-3 its own partition (``ds_tensor``; the parameter itself
+    is an empty placeholder there), else the parameter."""
+    for name, parameter in model.named_parameters():
+        yield name, getattr(parameter, "ds_tensor", parameter)
+
+
+def stop_program(error: TrainingDiverged, rank_0: bool) -> None:
+    """End the whole launchpad program after a divergence every learner agreed on: one line (rank 0's), no
+    traceback; the last checkpoint oat saved stays (it was checked finite when it was written)."""
+    import launchpad as lp
+
+    if rank_0:
+        print(f"error: training diverged: {error}", file=sys.stderr, flush=True)
+    lp.stop()
+
+
 def summarize_history(history: Sequence[dict], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """The core's per-optimizer-step metrics as oat's learner infos (0-d tensors): every metric under ``dppo/``,
     plus oat's own names for the loss, entropy, gradient norm and advantages."""
@@ -142,6 +164,13 @@ class DPPOLearner(PPOLearner):
                       "trust_region": dataclasses.asdict(self.trust_region)}
             self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n)
 
+    def run(self) -> None:
+        """oat's run; a divergence (raised on every learner at once) ends the program with one line."""
+        try:
+            super().run()
+        except TrainingDiverged as error:
+            stop_program(error, self.strategy.is_rank_0())
+
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
         self.prompts_dataset = PlaceholderPrompts(args.max_train)
@@ -171,8 +200,9 @@ class DPPOLearner(PPOLearner):
         history = update_policy(
             batch, tr, forward, self._backward, self._optimizer_step, self.update_settings,
             generator=self.shuffle_generator, discard_step=self._discard_step, guard=self.guard,
-            token_sampler=sampler,
+            token_sampler=sampler, any_learner=self._any_learner,
         )
+        check_weights_finite(weight_shards(self.model.model.module), self._any_learner)
         if self.strategy.is_rank_0():
             rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
             self._wandb.log_tokens(rows)
@@ -187,12 +217,10 @@ class DPPOLearner(PPOLearner):
             self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
 
     def _optimizer_step(self) -> dict[str, float]:
-        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless another learner skips this
-        minibatch or the gradient norm is non-finite (DeepSpeed applies bf16 gradients unchecked)."""
-        if self._any_learner_skips(False):
-            skip_deepspeed_step(self.model.model)
-            return {SKIPPED: 1.0}
-        grad_norm = float(self.strategy.get_gradient_norm(self.model))  # all-reduced: every learner agrees
+        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless the gradient norm is non-finite
+        (DeepSpeed applies bf16 gradients unchecked). The core calls it only when every learner's minibatch is
+        healthy, and the norm is all-reduced: every learner takes the same branch."""
+        grad_norm = float(self.strategy.get_gradient_norm(self.model))
         if not math.isfinite(grad_norm):
             skip_deepspeed_step(self.model.model)
             return {"policy_grad_norm": grad_norm, SKIPPED: 1.0, "guard/nonfinite_grad": 1.0}
@@ -200,17 +228,16 @@ class DPPOLearner(PPOLearner):
         return {"policy_grad_norm": grad_norm}
 
     def _discard_step(self) -> dict[str, float]:
-        self._any_learner_skips(True)
         skip_deepspeed_step(self.model.model)
         return {}
 
-    def _any_learner_skips(self, skip: bool) -> bool:
-        """Every learner skips a minibatch when one must (a non-finite μ usually reaches one learner only): the
-        ZeRO step's collectives must line up on all of them."""
-        flag = torch.tensor([float(skip)], device=model_device(self.model))
+    def _any_learner(self, state: int) -> int:
+        """The worst ``state`` over the learners (:data:`~dppo_oat.update.AnyLearner`): a non-finite μ or π_θ
+        usually reaches one learner's batch only, and ZeRO's collectives must line up on all of them."""
+        flag = torch.tensor([float(state)], device=model_device(self.model))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return int(flag.item())
 
 
 def skip_deepspeed_step(engine) -> None:
