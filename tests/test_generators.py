@@ -179,3 +179,41 @@ def test_sampling_loop_draws_from_mu(policy):
     mu = {token: np.exp(c.logprobs[0]) for token, c in zip(first, completions)}
     for token, probability in sorted(mu.items(), key=lambda item: -item[1])[:5]:
         assert abs((first == token).mean() - probability) < 4 * np.sqrt(probability * (1 - probability) / 4000)
+
+
+def test_shared_prefix_length_leaves_every_row_a_token_of_its_own():
+    from dppo_oat.rollout.decode import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter keeps its last token
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 9, 3], [1, 2, 3]]) == 0  # under the minimum
+    assert shared_prefix_length([[1, 2, 3, 4]]) == 0
+
+
+def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, monkeypatch):
+    """Prompts that start alike (a template's header): the header goes through the model once (a batch-1 forward),
+    μ is still the model's distribution (teacher forcing), and draws and log-probs are those of the plain prefill."""
+    import dppo_oat.rollout.hf_generator as hf_generator
+
+    model, tokenizer = policy
+    header = tokenizer.encode(toy_corpus(1, seed=21)[0])[:9]
+    shared = [header + prompt for prompt in prompts]
+    settings = SamplingSettings(max_new_tokens=10, temperature=1.0, seed=4, top_k_logprobs=3)
+    widths = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
+    with_prefix = HFGenerator(model, tokenizer).generate(shared, settings)
+    monkeypatch.setattr(model, "forward", forward)
+    assert widths[0][0] == 1 and widths[0][1] >= len(header) and widths[1][0] == len(prompts)
+    assert max_logprob_error(model, shared, with_prefix) <= TOLERANCE
+
+    monkeypatch.setattr(hf_generator, "shared_prefix_length", lambda prompts: 0)
+    widths.clear()
+    monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
+    plain = HFGenerator(model, tokenizer).generate(shared, settings)
+    assert widths[0][0] == len(prompts)
+    assert [c.token_ids for c in with_prefix] == [c.token_ids for c in plain]
+    for a, b in zip(with_prefix, plain):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        np.testing.assert_array_equal(a.topk_ids, b.topk_ids)

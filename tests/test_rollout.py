@@ -267,3 +267,13 @@ def test_prompts_start_with_bos_when_the_tokenizer_adds_one(tiny_policy):
     collector = EpisodeCollector([COMPACT_ENV_ID], 1, 1, llama_like, RolloutSettings(template="plain"))
     rollout = collector.collect(ScriptedGenerator(llama_like, lambda p: "\\boxed{1 2 3}"), SamplingSettings(8), [1])
     assert all(s.prompt_ids[0] == bos_id and s.prompt_ids[1] != bos_id for s in rollout.samples)
+
+
+def test_prompts_are_tokenized_in_one_call_as_one_by_one(tiny_policy):
+    from dppo_oat.rollout.episodes import prompt_token_ids, prompts_token_ids
+
+    _, tokenizer = tiny_policy
+    texts = ["Sudoku 4x4\n1 . 3 4\nMove:", "", "abc def", "Move:"]
+    assert prompts_token_ids(tokenizer, texts, with_bos=False) == [prompt_token_ids(tokenizer, t, with_bos=False)
+                                                                   for t in texts]
+    assert prompts_token_ids(tokenizer, [], with_bos=False) == []

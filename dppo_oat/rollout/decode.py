@@ -7,11 +7,18 @@ rollout — the loop below does only what the rollout needs: one forward per tok
 log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded
 prompts get position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the
 pad token.
+
+Two things of a prefill are not done twice (as vLLM's prefix cache does not): the tokens every prompt of the batch
+starts with (a chat template's system prompt, a game's header) go through the model once, and their KV cache is
+copied to every row (:func:`shared_prefix_length`); and only the last position of the prefill goes through the LM
+head (``logits_to_keep``), the only one sampled from.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -32,17 +39,78 @@ def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return positions.masked_fill(attention_mask == 0, 1)
 
 
+MIN_SHARED_PREFIX = 2
+"""A common prefix shorter than this is prefilled with each row (a separate forward would cost more than it saves)."""
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
+    """The number of leading tokens all ``prompts`` share, leaving each at least one token of its own (its last
+    position's logits come from the row's own prefill); 0 when that is under ``minimum`` or there is one prompt."""
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(len(prompt) for prompt in prompts) - 1
+    length = 0
+    while length < limit and all(prompt[length] == first[length] for prompt in prompts):
+        length += 1
+    return length if length >= minimum else 0
+
+
+def shares_prefixes(model) -> bool:
+    """Whether a shared prefix may be cached for ``model``: every layer attends to the whole past (a sliding window
+    would count the padding between the prefix and a row's own tokens as positions)."""
+    config = getattr(model, "config", None)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(kind == "full_attention" for kind in layer_types) and not getattr(config, "use_sliding_window", False)
+
+
+def last_logits_only(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: the LM head on the last position only."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+@dataclass
+class Prefilled:
+    """The state after a prefill: the last position's ``logits [B, V]``, the KV ``cache``, the ``attention_mask`` it
+    covers and each row's ``next_position [B, 1]``."""
+
+    logits: torch.Tensor
+    cache: object
+    attention_mask: torch.Tensor
+    next_position: torch.Tensor
+
+
+def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            prefix_ids: torch.Tensor | None = None) -> Prefilled:
+    """Run the prompts (``prefix_ids`` [P] shared by every row, then each row's left-padded rest) through the model.
+    The shared prefix is one forward of batch 1 whose cache is repeated over the rows; the rows' padding then sits
+    between the prefix and their own tokens, masked, and positions continue from P."""
+    keep = last_logits_only(model)
+    prefix_length = 0 if prefix_ids is None else int(prefix_ids.numel())
+    cache = None
+    if prefix_length:
+        cache = model(input_ids=prefix_ids.view(1, -1), use_cache=True, **keep).past_key_values
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        attention_mask_all = torch.cat([attention_mask.new_ones((input_ids.shape[0], prefix_length)), attention_mask],
+                                       dim=-1)
+    else:
+        attention_mask_all = attention_mask
+    positions = prefix_length + left_padded_positions(attention_mask)
+    output = model(input_ids=input_ids, attention_mask=attention_mask_all, position_ids=positions,
+                   past_key_values=cache, use_cache=True, **keep)
+    return Prefilled(output.logits[:, -1], output.past_key_values, attention_mask_all, positions[:, -1:] + 1)
+
+
 @torch.inference_mode()
 def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-                      temperature: float, stop_ids: torch.Tensor, pad_id: int, keep_logprobs: bool) -> Decoded:
+                      temperature: float, stop_ids: torch.Tensor, pad_id: int, keep_logprobs: bool,
+                      prefix_ids: torch.Tensor | None = None) -> Decoded:
     """Sample up to ``max_new_tokens`` tokens per row from ``softmax(logits / temperature)``; a row stops after its
-    first token in ``stop_ids``. The caller seeds torch's RNG."""
+    first token in ``stop_ids``. Each row's prompt is ``prefix_ids`` (shared, optional) followed by its row of the
+    left-padded ``input_ids``. The caller seeds torch's RNG."""
     if not temperature > 0:
         raise ValueError(f"the sampling loop needs a temperature > 0, got {temperature}")
-    positions = left_padded_positions(attention_mask)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
-    cache, logits = output.past_key_values, output.logits[:, -1]
-    next_position = positions[:, -1:] + 1
+    state = prefill(model, input_ids, attention_mask, prefix_ids)
+    cache, logits, attention_mask, next_position = state.cache, state.logits, state.attention_mask, state.next_position
     stopped = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     tokens, action_logprobs, all_logprobs = [], [], []
     for step in range(max_new_tokens):

@@ -122,11 +122,17 @@ def adds_bos(tokenizer) -> bool:
 def prompt_token_ids(tokenizer, text: str, *, with_bos: bool) -> list[int]:
     """``text`` as prompt ids, led by the BOS token when ``with_bos`` (see :func:`adds_bos`). A BOS that a chat
     template already wrote is not doubled (oat's actor strips it the same way before vLLM adds its own)."""
+    return prompts_token_ids(tokenizer, [text], with_bos=with_bos)[0]
+
+
+def prompts_token_ids(tokenizer, texts: Sequence[str], *, with_bos: bool) -> list[list[int]]:
+    """:func:`prompt_token_ids` of every text, in one call of the tokenizer (a fast tokenizer encodes the batch
+    at once)."""
     bos = tokenizer.bos_token
-    if with_bos and bos and text.startswith(bos):
-        text = text[len(bos):]
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return [tokenizer.bos_token_id, *ids] if with_bos else ids
+    if with_bos and bos:
+        texts = [text[len(bos):] if text.startswith(bos) else text for text in texts]
+    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    return [[tokenizer.bos_token_id, *ids] for ids in encoded] if with_bos else [list(ids) for ids in encoded]
 
 
 def env_action(completion: Completion) -> str:
@@ -243,7 +249,8 @@ class EpisodeCollector:
     def _play_turn(self, generator, sampling, slots: list[_Slot], turn: int) -> None:
         """One generator call for every running episode, then one vector-env step."""
         running = [i for i, slot in enumerate(slots) if slot.running]
-        prompt_ids = {i: self._tokenize(slots[i].prompt) for i in running}
+        prompt_ids = dict(zip(running, prompts_token_ids(self.tokenizer, [slots[i].prompt for i in running],
+                                                         with_bos=self.with_bos)))
         for i in running:
             if len(prompt_ids[i]) > self.settings.max_prompt_tokens:
                 self._end(slots[i], "prompt_too_long", penalty=self.settings.penalty)

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.rollout.decode import sample_with_cache
+from dppo_oat.rollout.decode import sample_with_cache, shared_prefix_length, shares_prefixes
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.samples import TOPK_PAD_ID
 from dppo_oat.spec import SamplingSettings
@@ -182,19 +182,9 @@ class HFGenerator:
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
         """Sample one batch and turn HF's output into completions in one vectorized pass."""
-        input_ids, attention_mask = left_pad(prompts, self.pad_token_id, self.device)
-        eos = torch.as_tensor(self.eos_token_ids, device=input_ids.device)
-        if uses_sampling_loop(settings):
-            decoded = sample_with_cache(self.model, input_ids, attention_mask, max_new_tokens=settings.max_new_tokens,
-                                        temperature=settings.temperature, stop_ids=eos, pad_id=self.pad_token_id,
-                                        keep_logprobs=settings.top_k_logprobs > 0)
-            new_ids, action_logprobs, logprobs = decoded.new_ids, decoded.action_logprobs, decoded.logprobs
-        else:
-            kwargs = generate_kwargs(settings, self.eos_token_ids, self.pad_token_id)
-            output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-            new_ids = output.sequences[:, input_ids.shape[1] :]
-            logprobs = processed_logprobs(output.scores)
-            action_logprobs = sampled_logprobs(logprobs, new_ids)
+        eos = torch.as_tensor(self.eos_token_ids, device=self.device)
+        sample = self._sample_loop if uses_sampling_loop(settings) else self._sample_generate
+        new_ids, action_logprobs, logprobs = sample(prompts, settings, eos)
         lengths, stopped = completion_lengths(new_ids, eos)
         topk = None
         if settings.top_k_logprobs > 0:
@@ -204,6 +194,26 @@ class HFGenerator:
             self.tokenizer, new_ids.cpu().numpy(), action_logprobs.cpu().numpy(),
             lengths.cpu().numpy(), stopped.cpu().numpy(), topk,
         )
+
+    def _sample_loop(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
+        """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop; the prompts' shared prefix is prefilled
+        once."""
+        shared = shared_prefix_length(prompts) if shares_prefixes(self.model) else 0
+        input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id, self.device)
+        prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device) if shared else None
+        decoded = sample_with_cache(self.model, input_ids, attention_mask, max_new_tokens=settings.max_new_tokens,
+                                    temperature=settings.temperature, stop_ids=eos, pad_id=self.pad_token_id,
+                                    keep_logprobs=settings.top_k_logprobs > 0, prefix_ids=prefix_ids)
+        return decoded.new_ids, decoded.action_logprobs, decoded.logprobs
+
+    def _sample_generate(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
+        """``(new_ids, log μ(a_t), log μ)`` from ``model.generate`` and its processed scores."""
+        input_ids, attention_mask = left_pad(prompts, self.pad_token_id, self.device)
+        kwargs = generate_kwargs(settings, self.eos_token_ids, self.pad_token_id)
+        output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        new_ids = output.sequences[:, input_ids.shape[1] :]
+        logprobs = processed_logprobs(output.scores)
+        return new_ids, sampled_logprobs(logprobs, new_ids), logprobs
 
     def update_weights(self, state_dict: dict) -> None:
         """Copy new weights into the model in place; only tied aliases (e.g. ``lm_head.weight``) may be missing."""
