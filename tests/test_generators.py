@@ -202,8 +202,9 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
     settings = SamplingSettings(max_new_tokens=10, temperature=1.0, seed=4, top_k_logprobs=3)
     widths = []
     forward = model.forward
+    generator = HFGenerator(model, tokenizer)
     monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
-    with_prefix = HFGenerator(model, tokenizer).generate(shared, settings)
+    with_prefix = generator.generate(shared, settings)
     monkeypatch.setattr(model, "forward", forward)
     assert widths[0][0] == 1 and widths[0][1] >= len(header) and widths[1][0] == len(prompts)
     assert max_logprob_error(model, shared, with_prefix) <= TOLERANCE
@@ -211,9 +212,23 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
     monkeypatch.setattr(hf_generator, "shared_prefix_length", lambda prompts: 0)
     widths.clear()
     monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
-    plain = HFGenerator(model, tokenizer).generate(shared, settings)
+    plain = generator.generate(shared, settings)
     assert widths[0][0] == len(prompts)
     assert [c.token_ids for c in with_prefix] == [c.token_ids for c in plain]
     for a, b in zip(with_prefix, plain):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
+
+
+def test_prefixes_are_shared_only_where_every_layer_sees_the_whole_past(policy):
+    """A sliding window (Mistral-style config, or Qwen-style ``layer_types``) would count the padding between the
+    cached prefix and a row's tokens as positions: such models prefill every row whole."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from dppo_oat.rollout.decode import shares_prefixes
+
+    assert shares_prefixes(policy[0])
+    small = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    assert not shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=12, **small)))
+    assert shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=None, **small)))

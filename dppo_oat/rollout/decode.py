@@ -57,10 +57,24 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SH
 
 def shares_prefixes(model) -> bool:
     """Whether a shared prefix may be cached for ``model``: every layer attends to the whole past (a sliding window
-    would count the padding between the prefix and a row's own tokens as positions)."""
+    or attention chunks would count the padding between the prefix and a row's own tokens as positions) and its
+    cache is a plain ``DynamicCache`` whose rows can be repeated (checked on a two-token forward)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
     config = getattr(model, "config", None)
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return all(kind == "full_attention" for kind in layer_types) and not getattr(config, "use_sliding_window", False)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        full_attention = all(kind == "full_attention" for kind in layer_types)
+    else:
+        full_attention = getattr(config, "sliding_window", None) is None or getattr(config, "use_sliding_window",
+                                                                                   True) is False
+    if not full_attention or getattr(config, "attention_chunk_size", None):
+        return False
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        cache = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=True).past_key_values
+    return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def last_logits_only(model) -> dict:

@@ -164,6 +164,7 @@ class HFGenerator:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
+        self.shares_prefixes = shares_prefixes(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -198,7 +199,7 @@ class HFGenerator:
     def _sample_loop(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
         """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop; the prompts' shared prefix is prefilled
         once."""
-        shared = shared_prefix_length(prompts) if shares_prefixes(self.model) else 0
+        shared = shared_prefix_length(prompts) if self.shares_prefixes else 0
         input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id, self.device)
         prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device) if shared else None
         decoded = sample_with_cache(self.model, input_ids, attention_mask, max_new_tokens=settings.max_new_tokens,

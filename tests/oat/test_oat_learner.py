@@ -265,23 +265,54 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
         learner.learning_step(oat_trajectory(learner, transitions))
 
 
-def test_a_divergence_ends_the_program_with_one_line(capsys, monkeypatch):
-    """DPPOLearner.run: a TrainingDiverged (raised on every learner together) prints one line on rank 0 and asks
-    launchpad to stop the program (here the test stand-in for launchpad records the request)."""
+def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkeypatch, tmp_path):
+    """DPPOLearner.run: a TrainingDiverged (raised on every learner together) makes rank 0 close its logs and hand
+    the reason to the launcher, and asks launchpad to stop the program (the test stand-in for launchpad records
+    it); the launcher then prints one line and exits 1."""
     import launchpad as lp
     from oat.algorithms.ppo import PPOLearner
 
+    from dppo_oat.engines.oat import launch
+    from dppo_oat.engines.oat.status import STATUS_FILE_ENV
     from dppo_oat.errors import TrainingDiverged
 
-    stops = []
+    stops, finished = [], []
     monkeypatch.setattr(lp, "stop", lambda: stops.append(True))
 
     def diverge(self):
         raise TrainingDiverged("weights are non-finite: lower --lr")
 
-    monkeypatch.setattr(PPOLearner, "run", diverge)
-    learner = DPPOLearner.__new__(DPPOLearner)
-    learner.strategy = type("Rank0", (), {"is_rank_0": staticmethod(lambda: True)})()
-    learner.run()
-    err = capsys.readouterr().err
-    assert err == "error: training diverged: weights are non-finite: lower --lr\n" and stops == [True]
+    def learner_process(*args, **kwargs):  # what the learner's process does inside the launched program
+        monkeypatch.setattr(PPOLearner, "run", diverge)
+        learner = DPPOLearner.__new__(DPPOLearner)
+        learner.strategy = type("Rank0", (), {"is_rank_0": staticmethod(lambda: True)})()
+        learner._wandb = type("Logs", (), {"finish": staticmethod(lambda: finished.append(True))})()
+        learner.run()
+
+    monkeypatch.delenv(STATUS_FILE_ENV, raising=False)
+    monkeypatch.setattr(launch, "checked_plan", lambda argv: (type("Args", (), {"dry_run": False,
+                                                                             "launch_type": "local_mp"})(), None))
+    monkeypatch.setattr("dppo_oat.engines.oat.plan.render_plan", lambda plan: "plan")
+    monkeypatch.setattr(launch, "build_program", lambda args: (None, {}))
+    monkeypatch.setattr(lp, "launch", learner_process)
+    with pytest.raises(SystemExit) as stopped:
+        launch.main([])
+    assert stopped.value.code == 1 and stops == [True] and finished == [True]
+    assert capsys.readouterr().err == "error: training diverged: weights are non-finite: lower --lr\n"
+
+
+def test_a_zero3_shard_is_checked_without_its_padding(monkeypatch):
+    """ZeRO-3 pads each partition up to a multiple of the world size with uninitialised memory: only the valid
+    elements of this learner's partition are checked (here rank 1 of 2 holds 2 of 5 elements, then padding)."""
+    from dppo_oat.engines.oat.learner import local_shard
+
+    parameter = torch.nn.Parameter(torch.empty(0))
+    parameter.ds_numel = 5
+    parameter.ds_tensor = torch.tensor([1.0, 2.0, float("nan")])  # elements 3 and 4, then one padding slot
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    assert local_shard(parameter).tolist() == [1.0, 2.0]
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    assert local_shard(parameter).numel() == 3  # rank 0: a full partition, no padding
+    plain = torch.nn.Parameter(torch.ones(2, 2))
+    assert local_shard(plain) is plain

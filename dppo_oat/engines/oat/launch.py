@@ -6,7 +6,8 @@ actor classes, and ``launchpad.launch`` runs it on this node. Before that, every
 the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` stops there, so a plan can be
 checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
 
-A mistake in the arguments ends the program with one line on stderr and exit status 2.
+A mistake in the arguments ends the program with one line on stderr and exit status 2; a run whose training
+diverged (every learner stops together, :mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -91,10 +92,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(render_plan(plan), flush=True)
     if args.dry_run:
         return
+    reason = launch_and_wait(args)
+    if reason:
+        _fail(f"training diverged: {reason}", status=1)
+
+
+def launch_and_wait(args) -> Optional[str]:
+    """Launch the program on this node and wait until its workers are gone (``lp.stop``: the end of the run, or a
+    divergence); the reason a learner reported for a divergence, else None."""
     import launchpad as lp
 
-    program, local_resources = build_program(args)
-    lp.launch(program, launch_type=args.launch_type, local_resources=local_resources, terminal="current_terminal")
+    from dppo_oat.engines.oat.status import divergence_reporting, read_divergence
+
+    with divergence_reporting() as status:
+        program, local_resources = build_program(args)
+        manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources,
+                            terminal="current_terminal")
+        if callable(getattr(manager, "wait", None)):
+            manager.wait()  # launchpad's worker manager
+        return read_divergence(status)
 
 
 def _fail(message: str, status: int = 2) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from typing import Iterator, Sequence
 
 import torch
@@ -32,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
+from dppo_oat.engines.oat.status import report_divergence
 from dppo_oat.errors import TrainingDiverged
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
@@ -115,20 +115,36 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def local_shard(parameter: torch.Tensor) -> torch.Tensor:
+    """The part of ``parameter`` this learner holds: under ZeRO-3 the valid elements of its partition
+    (``ds_tensor``, padded up to a multiple of the world size with uninitialised memory, which may hold anything),
+    else the parameter itself."""
+    shard = getattr(parameter, "ds_tensor", None)
+    if shard is None:
+        return parameter
+    size = shard.numel()
+    rank = 0
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank(group=getattr(parameter, "ds_process_group", None))
+    valid = max(0, min(size, int(parameter.ds_numel) - rank * size))
+    return shard.reshape(-1).narrow(0, 0, valid)
+
+
 def weight_shards(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each parameter as this learner holds it: under ZeRO-3 its own partition (``ds_tensor``; the parameter itself
-    is an empty placeholder there), else the parameter."""
+    """Each parameter as this learner holds it (:func:`local_shard`)."""
     for name, parameter in model.named_parameters():
-        yield name, getattr(parameter, "ds_tensor", parameter)
+        yield name, local_shard(parameter)
 
 
-def stop_program(error: TrainingDiverged, rank_0: bool) -> None:
-    """End the whole launchpad program after a divergence every learner agreed on: one line (rank 0's), no
-    traceback; the last checkpoint oat saved stays (it was checked finite when it was written)."""
+def stop_program(error: TrainingDiverged, rank_0: bool, finish_logs) -> None:
+    """End the whole launchpad program after a divergence every learner agreed on: rank 0 closes its logs and hands
+    the reason to the launcher (which prints it as one line and exits 1); the last checkpoint oat saved stays (it
+    was checked finite when it was written)."""
     import launchpad as lp
 
     if rank_0:
-        print(f"error: training diverged: {error}", file=sys.stderr, flush=True)
+        finish_logs()
+        report_divergence(str(error))
     lp.stop()
 
 
@@ -169,7 +185,7 @@ class DPPOLearner(PPOLearner):
         try:
             super().run()
         except TrainingDiverged as error:
-            stop_program(error, self.strategy.is_rank_0())
+            stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
