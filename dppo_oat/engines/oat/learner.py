@@ -262,8 +262,8 @@ def skip_deepspeed_step(engine) -> None:
     sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step."""
     optimizer = engine.optimizer
     if not hasattr(optimizer, "overflow"):
-        raise TrainingDiverged("non-finite values in a minibatch, and this DeepSpeed optimizer cannot skip a step "
-                               "(use --zero_stage 1, 2 or 3)")
+        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
+                               "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation)")
     optimizer.overflow = True
     try:
         engine.step()
