@@ -202,11 +202,15 @@ def one_learner(state: int) -> int:
     return state
 
 
+def where(here: bool) -> str:
+    """Where a learner's error happened, for its message: nothing for this learner, else on another one."""
+    return "" if here else " on another learner"
+
+
 def diverged_error(here: bool) -> TrainingDiverged:
     """The stop of a run whose weights diverged, on this learner or on another one."""
-    where = "" if here else " on another learner"
-    return TrainingDiverged(f"π_θ's log-probs are non-finite{where}: the policy's weights diverged (lower --lr and "
-                            "start a new run from the last checkpoint's settings)")
+    return TrainingDiverged(f"π_θ's log-probs are non-finite{where(here)}: the policy's weights diverged (lower --lr "
+                            "and start a new run from the last checkpoint's settings)")
 
 
 @dataclass
@@ -275,9 +279,8 @@ def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4,
     logp = forward(first, False).logp
     here = not torch.isfinite(logp[first.response_mask.bool()]).all()
     if any_learner(DIVERGED if here else HEALTHY) == DIVERGED:
-        where = "" if here else " on another learner"
-        raise TrainingDiverged(f"the update left π_θ's log-probs non-finite{where}: the weights diverged (lower --lr "
-                               "and start a new run)")
+        raise TrainingDiverged(f"the update left π_θ's log-probs non-finite{where(here)}: the weights diverged (lower "
+                               "--lr and start a new run)")
 
 
 def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
@@ -286,8 +289,8 @@ def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
     before weights are saved or sent to the rollout engine, so that neither ever holds a NaN."""
     broken = nonfinite_tensors(dict(named_weights))
     if any_learner(DIVERGED if broken else HEALTHY) == DIVERGED:
-        where = f" (e.g. {broken[0]})" if broken else " on another learner"
-        raise TrainingDiverged(f"weights are non-finite{where}: the update diverged (lower --lr and start a new run)")
+        named = f" (e.g. {broken[0]})" if broken else where(False)
+        raise TrainingDiverged(f"weights are non-finite{named}: the update diverged (lower --lr and start a new run)")
 
 
 @torch.no_grad()
@@ -349,7 +352,8 @@ def update_policy(
 
 
 def minibatch_state(poisoned: Sequence[str]) -> int:
-    """:data:`DIVERGED` when π_θ itself is non-finite, :data:`SKIP` for any other guard metric, else :data:`HEALTHY`."""
+    """:data:`DIVERGED` when π_θ itself is non-finite, :data:`SKIP` for any other guard metric, else
+    :data:`HEALTHY`."""
     if NONFINITE_PI in poisoned:
         return DIVERGED
     return SKIP if poisoned else HEALTHY

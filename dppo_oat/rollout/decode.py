@@ -8,14 +8,15 @@ log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``
 prompts get position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the
 pad token.
 
-Two things of a prefill are not done twice (as vLLM's prefix cache does not): the tokens every prompt of the batch
-starts with (a chat template's system prompt, a game's header) go through the model once, and their KV cache is
-copied to every row (:func:`shared_prefix_length`); and only the last position of the prefill goes through the LM
-head (``logits_to_keep``), the only one sampled from.
+The prefill spares two kinds of work, as vLLM's does: the tokens every prompt of the batch starts with (a chat
+template's system prompt, a game's header) go through the model once and their KV cache is copied to every row
+(:func:`shared_prefix_length`), and only the last position, the one sampled from, goes through the LM head
+(``logits_to_keep``).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
@@ -79,7 +80,13 @@ def shares_prefixes(model) -> bool:
 
 def last_logits_only(model) -> dict:
     """``logits_to_keep=1`` where the model's forward takes it: the LM head on the last position only."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_logits_to_keep(model_class: type) -> bool:
+    """Whether ``model_class.forward`` has a ``logits_to_keep`` argument (read once per class, off the hot path)."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 @dataclass

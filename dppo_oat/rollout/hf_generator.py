@@ -201,7 +201,9 @@ class HFGenerator:
         once."""
         shared = shared_prefix_length(prompts) if self.shares_prefixes else 0
         input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id, self.device)
-        prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device) if shared else None
+        prefix_ids = None
+        if shared:
+            prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device)
         decoded = sample_with_cache(self.model, input_ids, attention_mask, max_new_tokens=settings.max_new_tokens,
                                     temperature=settings.temperature, stop_ids=eos, pad_id=self.pad_token_id,
                                     keep_logprobs=settings.top_k_logprobs > 0, prefix_ids=prefix_ids)

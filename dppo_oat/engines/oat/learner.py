@@ -14,8 +14,9 @@ advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episode
 and held-out evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line).
 Every step, skip and stop of the update is agreed over the learners (an all-reduce MAX,
 :data:`~dppo_oat.update.AnyLearner`), and after each learning round every learner's shard of the weights is checked
-finite before oat may save them or send them to vLLM. Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling;
-``rebn`` returns are normalised here, over every learner's batch (Gem's ``norm_return``).
+finite before oat may save them or send them to vLLM. Group advantages are computed by the actor, over whole GRPO
+groups, before any sub-sampling; ``rebn`` returns are normalised here, over every learner's batch (Gem's
+``norm_return``).
 """
 
 from __future__ import annotations
