@@ -9,6 +9,7 @@ They supply demonstrations for a supervised warm start and a ceiling for tests. 
 - ``rg:arc_1d`` and ``rg:acre``: ``\\boxed{<env.unwrapped.data["answer"]>}`` (reward 1.0).
 - local math (``local-math:*``, or any Gem MathEnv): the row's reference answer in ``\\boxed{}``.
 - ``example:Countdown-v0``: the first move of a solution found by search.
+- Guess The Number (``game:GuessTheNumber-v0-*``, the compact id included): binary search on what the hints tell.
 
 :func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer
 can format them with any prompt template. An env of one's own (a plugin, see ``envs/plugins.py``) registers its oracle
@@ -30,6 +31,8 @@ from gem.envs.math_env import MathEnv
 from dppo_oat.rollout.episodes import observation_text as observation_with_suffix
 from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
 from envs.example_countdown import CountdownEnv, countdown_oracle_action
+from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
+from envs.guess_compact import guess_mistake_action, guess_oracle_action
 from envs.math_local import LOCAL_MATH_PREFIX, math_oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, COMPACT_WRONG_ENV_ID
 
@@ -79,11 +82,14 @@ ORACLES: Dict[str, Oracle] = {
     "rg:arc_1d": reasoning_gym_oracle_action,
     "rg:acre": reasoning_gym_oracle_action,
     COUNTDOWN_ENV_ID: countdown_oracle_action,
+    GUESS_ENV_ID: guess_oracle_action,
+    "game:GuessTheNumber-v0-hard": guess_oracle_action,
+    "game:GuessTheNumber-v0-easy": guess_oracle_action,
     f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
 }
 """Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
 
-MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action}
+MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUESS_ENV_ID: guess_mistake_action}
 """Mistake makers, for envs whose observation shows a failed move: demonstrations with ``mistake_rate > 0`` then
 also show the oracle recovering from one (the mistake itself is played, never recorded as a turn)."""
 

@@ -24,6 +24,7 @@ from envs.math_local import (
     register_math_folder,
     strip_chat_template,
 )
+from envs import guess_compact
 from envs.oracles import oracle_action
 from envs.sudoku_compact import (
     CompactSudokuObservation,
@@ -319,3 +320,71 @@ def test_the_format_error_penalty_is_gems():
     from dppo_oat.spec import FORMAT_ERROR_PENALTY
 
     assert FORMAT_ERROR_PENALTY == LanguageGameReward.format_error_reward
+
+
+# --- compact Guess The Number ----------------------------------------------------------------------------------
+
+
+def play(env, actions):
+    return [env.step(action) for action in actions]
+
+
+def test_compact_guess_has_gems_rewards_and_ends_and_shows_every_hint():
+    for seed in range(8):
+        base, compact = gem.make("game:GuessTheNumber-v0-hard"), gem.make("game:GuessTheNumber-v0-hard-compact")
+        base.reset(seed=seed)
+        observation, info = compact.reset(seed=seed)
+        assert observation == "Guess 1-50\nGuess:" and "suffix" not in info
+        target = base.unwrapped.game_number
+        assert compact.unwrapped.game_number == target
+        wrong = 1 if target != 1 else 2
+        actions = [f"\\boxed{{{wrong}}}", f"\\boxed{{{wrong}}}", "\\boxed{99}", f"say \\boxed{{{target}}}"]
+        for action, expected in zip(actions, play(base, actions)):
+            observed = compact.step(action)
+            assert observed[1:4] == expected[1:4]
+        assert guess_compact.parse_compact_guess(observed[0]) == (
+            1, 50, [(wrong, "higher" if wrong < target else "lower"), (wrong, "again"), (99, "outside"),
+                    (target, "right")])
+        assert observed[1] == 1.0 and observed[2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 50), st.lists(st.integers(1, 50), max_size=6))
+def test_compact_guess_text_round_trips_and_the_interval_holds_the_number(target, guesses):
+    hints = [(g, guess_compact.hint_for(g, target, 1, 50, guesses[:i])) for i, g in enumerate(guesses) if g != target]
+    text = guess_compact.compact_guess_text(1, 50, hints)
+    assert guess_compact.parse_compact_guess(text) == (1, 50, hints)
+    low, high = guess_compact.interval_left(1, 50, hints)
+    assert low <= target <= high
+
+
+def test_guess_oracle_is_binary_search_and_mistakes_stay_in_the_interval():
+    env = gem.make("game:GuessTheNumber-v0-hard-compact")
+    rng = random.Random(0)
+    for seed in range(60):
+        observation, _ = env.reset(seed=seed)
+        for turn in range(1, 8):
+            low, high = guess_compact.interval_left(*guess_compact.parse_compact_guess(observation))
+            mistake = guess_compact.parse_guess(guess_compact.guess_mistake_action(env, rng))
+            assert low <= mistake <= high and mistake != env.unwrapped.game_number or low == high
+            action = oracle_action(env, rng)
+            assert guess_compact.parse_guess(action) == (low + high) // 2
+            observation, reward, terminated, truncated, _ = env.step(action)
+            if terminated:
+                break
+        assert reward == 1.0 and turn <= 6
+
+
+@pytest.mark.parametrize("partial_credit", [False, True])
+def test_compact_guess_scores_a_lost_game_zero_unless_partial_credit(partial_credit):
+    base = gem.make("game:GuessTheNumber-v0-hard")
+    compact = guess_compact.make_compact_guess(partial_credit=partial_credit)
+    base.reset(seed=3)
+    compact.reset(seed=3)
+    target = base.unwrapped.game_number
+    misses = [n for n in range(1, 51) if n != target][:7]
+    for number in misses:
+        expected, observed = base.step(f"\\boxed{{{number}}}"), compact.step(f"\\boxed{{{number}}}")
+        assert observed[2:4] == expected[2:4]
+    assert observed[3] and 0 < expected[1] < 1
+    assert observed[1] == (expected[1] if partial_credit else 0.0)
