@@ -4,7 +4,7 @@ The paper's premise is a training-inference mismatch: the rollout engine's μ di
 because the engines compute differently, and the gap accumulates without a trust region anchored on μ. With
 several gradient steps per rollout, policy drift across minibatches (staleness) adds to it, so this study keeps the
 two causes apart (see ``CONDITIONS``): one gradient step per rollout with a genuinely lower-precision rollout copy
-(bf16, int8 weights; fp16 and log-prob-noise conditions are defined for an experiment to use), against four
+(bf16, fp16, int8 weights) or noise on the reported log μ, against four
 gradient steps per rollout at two learning rates. The arms are grouped into ``EXPERIMENTS``; the claims each is scored on, with their margins, were written
 down before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
 
@@ -68,13 +68,16 @@ CONDITIONS: Dict[str, Condition] = {
     "mb1-fp16": Condition(precision="float16"),
     "mb1-int8": Condition(precision="int8"),
     "mb1-noise0.1": Condition(logprob_noise=0.1),
+    "mb1-noise0.5": Condition(logprob_noise=0.5),
     "mb4-fp32": Condition(minibatches=4),
     "mb4-fp32-lr1e-4": Condition(minibatches=4, lr=1e-4),
     "mb4-bf16": Condition(precision="bfloat16", minibatches=4),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
-``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy drift."""
+``mb1-noise*``: Gaussian noise of that σ on every reported log μ (the sampled token's and its top-K), a mismatch far
+larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
+seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy drift."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ EXPERIMENTS: Dict[str, Experiment] = {
                             "π_θ', and MiniRL with truncated IS"),
     "takeaway3": Experiment(("mask_negative", "mask_negative@delta=0.8", "pg_is", "dppo_binary_tv"), ("mb4-fp32",),
                             "Takeaway 3: masking only negative samples that fell far (δ 0.5 and 0.8)"),
+    "noise": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-fp16", "mb1-noise0.1", "mb1-noise0.5"),
+                        "larger engine mismatch without staleness: an fp16 rollout copy, and noise on the reported "
+                        "log μ at two levels; does it hurt PG-IS, and does the mask on μ help or cost?"),
     "efficiency": Experiment(("relax_low", "relax_high", "relax_both", "relax_both@alpha=0.3", "grpo_clip_higher",
                               "dppo_binary_tv"), ("mb4-fp32",),
                              "sec:training_efficiency: which side of the ratio clip on low-μ tokens slows learning"),

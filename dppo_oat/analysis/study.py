@@ -244,6 +244,19 @@ CONTRASTS = (
              "fig:low_prob_sweep", ("relax_both", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32")),
     Contrast("Relax-low learns faster than Relax-high", "fig:clip_direction",
              ("relax_low", "mb4-fp32"), ("relax_high", "mb4-fp32")),
+    # Added before the runs of the ``noise`` experiment.
+    Contrast("engine mismatch alone (fp16 rollout) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-fp16")),
+    Contrast("under engine mismatch (fp16), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-fp16"), ("pg_is", "mb1-fp16")),
+    Contrast("noise on log μ (σ 0.5) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-noise0.5")),
+    Contrast("under noise on log μ (σ 0.1), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-noise0.1"), ("pg_is", "mb1-noise0.1")),
+    Contrast("under noise on log μ (σ 0.5), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-noise0.5"), ("pg_is", "mb1-noise0.5")),
+    Contrast("noise on log μ (σ 0.5) hurts DPPO-Binary-TV (its mask then fires on noise)", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-fp32"), ("dppo_binary_tv", "mb1-noise0.5")),
 )
 """The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
 the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
