@@ -5,8 +5,8 @@ Importing ``envs`` registers with Gem (``gem.register``):
 - ``example:Countdown-v0``: a small multi-turn game, the template for new envs (``envs/example_countdown.py``);
 - ``game:Sudoku-v0-easy-compact`` and ``game:Sudoku-v0-easy-compact-wrong``: Gem's Sudoku-easy with a ~25-token
   observation (``envs/sudoku_compact.py``);
-- ``game:GuessTheNumber-v0-hard-compact``: Gem's Guess The Number (1-50, 7 turns) with the guesses and hints so far
-  as the observation (``envs/guess_compact.py``);
+- ``game:GuessTheNumber-v0-hard-compact`` and ``game:GuessTheNumber-v0-easy-compact``: Gem's Guess The Number
+  (1-50 in 7 turns, 1-10 in 4) with the guesses and hints so far as the observation (``envs/guess_compact.py``);
 - ``local-math:<name>`` for every math set under the folder named by ``DPPO_MATH_DATA``, when that variable is set
   (``envs/math_local.py``; register other sets with :func:`register_math_dataset` / :func:`register_math_folder`).
 
@@ -47,6 +47,7 @@ PROJECT_ENV_IDS = (
     sudoku_compact.COMPACT_ENV_ID,
     sudoku_compact.COMPACT_WRONG_ENV_ID,
     guess_compact.COMPACT_ENV_ID,
+    guess_compact.EASY_COMPACT_ENV_ID,
 )
 """Ids this package registers on import (besides the ``local-math:*`` ids)."""
 

@@ -2,8 +2,8 @@
 
 Gem's ``game:GuessTheNumber-v0-hard`` hides a number in 1-50 and answers each ``\\boxed{n}`` guess with whether the
 number is higher or lower; the episode succeeds when the guess is right within 7 turns (reward 1), and otherwise
-Gem ends it with a partial reward (1 - distance / range) at the turn limit. Gem's observation is its rules, then only the
-last hint. The compact observation keeps what a guess needs, the whole history in one line per guess::
+Gem ends it with a partial reward (1 - distance / range) at the turn limit. Gem's observation is its rules, then
+only the last hint. The compact observation keeps what a guess needs, the whole history in one line per guess::
 
     Guess 1-50
     25 lower
@@ -11,16 +11,20 @@ last hint. The compact observation keeps what a guess needs, the whole history i
     Guess:
 
 ``25 lower`` reads "the number is lower than 25"; a guess outside the range or guessed before shows ``outside`` or
-``again``, and the last observation of a won game ends in ``<number> right``. A policy has to infer the interval that is left from the lines, which binary search (the oracle,
-:func:`guess_oracle_action`) always solves in 6 guesses. It is a pure function of the history, so it is
-deterministic and parses back (:func:`parse_compact_guess`).
+``again``, and the last observation of a won game ends in ``<number> right``. A policy has to infer the interval
+that is left from the lines; binary search on it (the oracle, :func:`guess_oracle_action`) always wins, in at most
+6 guesses here. The observation is a pure function of the history, so it is deterministic and parses back
+(:func:`parse_compact_guess`).
 
 :class:`CompactGuessObservation` wraps the env: termination and the hidden number are Gem's, and so are the
 rewards, but for one change: a game lost at the turn limit scores 0 (Gem's ``fail_reward``) instead of Gem's
 partial credit. With it, a policy that hovers one away from the number scores 0.98 against 1 for a win, so a
 group-normalised advantage barely tells them apart: RL from a warm start raised the return and lowered the success
-rate (0.37 → 0.1-0.2 in 50 steps). ``partial_credit=True`` keeps Gem's reward. Registered id (``import envs``):
-``game:GuessTheNumber-v0-hard-compact``.
+rate (0.37 → 0.1-0.2 in 50 steps). ``partial_credit=True`` keeps Gem's reward. Registered ids (``import envs``):
+
+- ``game:GuessTheNumber-v0-hard-compact``: Gem's hard game (1-50, 7 turns);
+- ``game:GuessTheNumber-v0-easy-compact``: Gem's easy game (1-10, 4 turns: binary search needs all four), the
+  CPU study's second task.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ from gem.utils.constants import LanguageGameReward
 
 BASE_ENV_ID = "game:GuessTheNumber-v0-hard"
 COMPACT_ENV_ID = "game:GuessTheNumber-v0-hard-compact"
+EASY_BASE_ENV_ID = "game:GuessTheNumber-v0-easy"
+EASY_COMPACT_ENV_ID = "game:GuessTheNumber-v0-easy-compact"
 GUESS_PROMPT = "Guess:"
 # Gem's Guess The Number reads the last \boxed{<digits>}; the wrapper reads guesses the same way.
 GUESS_PATTERN = re.compile(r"\\boxed{(\d+)}")
 
 Hint = Tuple[int, str]
-"""A played guess and what it told: ``lower``/``higher`` (than the guess), ``outside`` the range, ``again``, ``right``."""
+"""A played guess and what it told: ``lower``/``higher`` (than the guess), ``outside`` the range, ``again``,
+``right``."""
 
 
 def parse_guess(action: str) -> Optional[int]:
@@ -151,3 +158,5 @@ def make_compact_guess(base_env_id: str = BASE_ENV_ID, partial_credit: bool = Fa
 
 if COMPACT_ENV_ID not in ENV_REGISTRY:
     register(COMPACT_ENV_ID, make_compact_guess)
+if EASY_COMPACT_ENV_ID not in ENV_REGISTRY:
+    register(EASY_COMPACT_ENV_ID, make_compact_guess, base_env_id=EASY_BASE_ENV_ID)

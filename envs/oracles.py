@@ -32,6 +32,7 @@ from dppo_oat.rollout.episodes import observation_text as observation_with_suffi
 from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
 from envs.example_countdown import CountdownEnv, countdown_oracle_action
 from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
+from envs.guess_compact import EASY_COMPACT_ENV_ID as GUESS_EASY_ENV_ID
 from envs.guess_compact import guess_mistake_action, guess_oracle_action
 from envs.math_local import LOCAL_MATH_PREFIX, math_oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, COMPACT_WRONG_ENV_ID
@@ -83,13 +84,15 @@ ORACLES: Dict[str, Oracle] = {
     "rg:acre": reasoning_gym_oracle_action,
     COUNTDOWN_ENV_ID: countdown_oracle_action,
     GUESS_ENV_ID: guess_oracle_action,
+    GUESS_EASY_ENV_ID: guess_oracle_action,
     "game:GuessTheNumber-v0-hard": guess_oracle_action,
     "game:GuessTheNumber-v0-easy": guess_oracle_action,
     f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
 }
 """Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
 
-MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUESS_ENV_ID: guess_mistake_action}
+MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUESS_ENV_ID: guess_mistake_action,
+                               GUESS_EASY_ENV_ID: guess_mistake_action}
 """Mistake makers, for envs whose observation shows a failed move: demonstrations with ``mistake_rate > 0`` then
 also show the oracle recovering from one (the mistake itself is played, never recorded as a turn)."""
 

@@ -24,13 +24,21 @@ TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--
         "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300")
 
 
+def study_arms():
+    """Every (task, method, condition) of the study's experiments."""
+    return {(t, m, c) for e in cpu_study.EXPERIMENTS.values() for t in e.tasks for c in e.conditions for m in e.methods}
+
+
 def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(tmp_path):
     config = cpu_study.StudyConfig(out_dir=str(tmp_path))
     runs = cpu_study.plan(config)
-    arms = {(m, c) for e in cpu_study.EXPERIMENTS.values() for c in e.conditions for m in e.methods}
+    arms = study_arms()
+    assert {(r.task, r.method, r.condition) for r in runs} == arms
     assert len(runs) == len(arms) * 5 and len({(r.task, r.name) for r in runs}) == len(runs)
-    assert {r.seed for r in runs} == {0, 1, 2, 3, 4}
-    assert runs[: len(arms)] == [r for r in runs if r.seed == 0]  # seed-major: a partial study has whole seeds
+    assert {r.seed for r in runs} == {0, 1, 2, 3, 4} and {r.task for r in runs} == set(cpu_study.TASKS)
+    for task in cpu_study.TASKS:  # seed-major within a task: a partial study has whole seeds
+        task_runs = [r for r in runs if r.task == task]
+        assert task_runs[: len(task_runs) // 5] == [r for r in task_runs if r.seed == 0]
     for run in runs[:: 3]:  # the flags parse and validate as the trainer's (no model is built)
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
         spec, resume_step = validate_config(train_config)
@@ -50,9 +58,21 @@ def test_a_method_variant_is_its_preset_with_overrides(tmp_path):
 
 
 def test_every_preregistered_contrast_compares_arms_of_the_study():
-    arms = {(m, c) for e in cpu_study.EXPERIMENTS.values() for c in e.conditions for m in e.methods}
+    arms = study_arms()
     for contrast in CONTRASTS:
-        assert contrast.left in arms and contrast.right in arms and contrast.left != contrast.right, contrast.claim
+        left, right = (contrast.task, *contrast.left), (contrast.task, *contrast.right)
+        assert left in arms and right in arms and left != right, contrast.claim
+
+
+def test_a_task_overrides_the_study_settings_it_needs(tmp_path):
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path))
+    guess = tyro.cli(TrainConfig, args=cpu_study.train_args(cpu_study.StudyRun("guess", "pg_is", "mb4-fp32", 0),
+                                                            config, resume=False))
+    sudoku = tyro.cli(TrainConfig, args=cpu_study.train_args(cpu_study.StudyRun("sudoku", "pg_is", "mb4-fp32", 0),
+                                                             config, resume=False))
+    assert guess.env_ids == ("game:GuessTheNumber-v0-easy-compact",) and guess.gamma == 1.0
+    assert guess.groups_per_step == 32 and sudoku.groups_per_step == config.groups_per_step == 8
+    assert sudoku.gamma == 0.0 and guess.train_pool == sudoku.train_pool == config.train_pool
 
 
 def test_bad_study_settings_fail_before_anything_runs(tmp_path, capsys):

@@ -57,7 +57,7 @@ def test_outcomes_of_known_runs(study):
     df = load_study(study)
     assert set(df["condition"]) == {"mb1-bf16", "mb1-fp32"} and set(df["mismatch"]) == {"bf16", "fp32"}
     outcomes = run_outcomes(df, threshold=0.6).set_index("run")
-    dppo, pg_is = outcomes.loc["dppo_binary_tv-mb1-bf16-s0"], outcomes.loc["pg_is-mb1-bf16-s0"]
+    dppo, pg_is = outcomes.loc["sudoku/dppo_binary_tv-mb1-bf16-s0"], outcomes.loc["sudoku/pg_is-mb1-bf16-s0"]
     assert not dppo["collapsed"] and pg_is["collapsed"]
     assert dppo["final"] == pytest.approx(RISE[-4:].mean()) and dppo["auc"] == pytest.approx(RISE.mean())
     assert 20 <= dppo["steps_to_threshold"] <= 22 and dppo["last_step"] == STEPS  # crosses 0.6 half way
@@ -132,8 +132,9 @@ def test_noise_at_low_success_is_not_a_collapse(tmp_path):
     write_run(tmp_path / "sudoku" / "cispo-mb4-fp32-s0", "cispo", 0, low, np.full(STEPS, 0.01))
     write_run(tmp_path / "sudoku" / "cispo-mb4-fp32-s1", "cispo", 1, high, np.full(STEPS, 0.01))
     outcomes = run_outcomes(load_study(tmp_path), threshold=0.5).set_index("run")
-    assert outcomes.loc["cispo-mb4-fp32-s0", "final"] < 0.5 * outcomes.loc["cispo-mb4-fp32-s0", "peak"]
-    assert not outcomes.loc["cispo-mb4-fp32-s0", "collapsed"] and outcomes.loc["cispo-mb4-fp32-s1", "collapsed"]
+    assert outcomes.loc["sudoku/cispo-mb4-fp32-s0", "final"] < 0.5 * outcomes.loc["sudoku/cispo-mb4-fp32-s0", "peak"]
+    assert not outcomes.loc["sudoku/cispo-mb4-fp32-s0", "collapsed"]
+    assert outcomes.loc["sudoku/cispo-mb4-fp32-s1", "collapsed"]
 
 
 def test_bad_updates_before_drops_correlate_negatively(tmp_path):
@@ -146,5 +147,21 @@ def test_bad_updates_before_drops_correlate_negatively(tmp_path):
     path = tmp_path / "sudoku" / "pg_is-mb4-fp32-s0" / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad)))
-    result = bad_update_drops(load_study(tmp_path), horizon=1).set_index("run").loc["pg_is-mb4-fp32-s0"]
+    result = bad_update_drops(load_study(tmp_path), horizon=1).set_index("run").loc["sudoku/pg_is-mb4-fp32-s0"]
     assert result["rho"] < -0.9 and result["p"] < 1e-6 and result["steps"] == STEPS - 1
+
+
+def test_a_contrast_compares_runs_of_its_own_task_only(study):
+    outcomes = run_outcomes(load_study(study), threshold=0.6)
+    on_sudoku = Contrast("DPPO beats PG-IS", "test", ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16"))
+    on_guess = Contrast("DPPO beats PG-IS on guess", "test", on_sudoku.left, on_sudoku.right, task="guess")
+    table = contrast_table(outcomes, (on_sudoku, on_guess)).set_index("claim")
+    assert list(table["pairs"]) == [5, 0] and list(table["verdict"]) == ["holds", "not run"]
+
+
+def test_runs_of_two_tasks_keep_their_own_names(study):
+    write_run(study / "guess" / "pg_is-mb1-bf16-s0", "pg_is", 0, RISE, np.full(STEPS, 0.01))
+    outcomes = run_outcomes(load_study(study), threshold=0.6).set_index("run")
+    assert outcomes.loc["guess/pg_is-mb1-bf16-s0", "task"] == "guess"
+    assert outcomes.loc["sudoku/pg_is-mb1-bf16-s0", "collapsed"]
+    assert not outcomes.loc["guess/pg_is-mb1-bf16-s0", "collapsed"]

@@ -36,14 +36,15 @@ PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "in
 
 
 def load_study(study_dir: PathLike) -> pd.DataFrame:
-    """Every run of the study as one long table, with ``task``, ``condition``, ``mismatch`` and ``arm_method`` (the
-    study's name of the method: a preset, or ``preset@name=value`` with overrides) run columns; ``method`` is the
-    variant."""
+    """Every run of the study as one long table (``run``: ``<task>/<run name>``), with ``task``, ``condition``,
+    ``mismatch`` and ``arm_method`` (the study's name of the method: a preset, or ``preset@name=value`` with
+    overrides) run columns; ``method`` is the variant."""
     run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
     if not run_dirs:
         raise FileNotFoundError(f"no study runs under {study_dir!r}: run scripts/cpu_study.py first")
     df = load_runs([str(path.parent) for path in run_dirs])
     configs = {str(path.parent): json.loads(path.read_text()) for path in run_dirs}
+    df["run"] = df["path"].map(lambda p: f"{Path(p).parent.name}/{Path(p).name}")  # tasks share run names
     df["task"] = df["path"].map(lambda p: Path(p).parent.name)
     df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
     df["arm_method"] = df["path"].map(lambda p: Path(p).name.split("-", 1)[0])
@@ -194,7 +195,8 @@ with the whole 95% CI of the paired difference beyond it, for a verdict either w
 
 @dataclass(frozen=True)
 class Contrast:
-    """The claim ``left − right > margin`` on ``metric``, paired by seed; arms are ``(method, condition)``."""
+    """The claim ``left − right > margin`` on ``metric``, paired by seed; arms are ``(method, condition)`` of
+    ``task``."""
 
     claim: str
     source: str
@@ -202,6 +204,7 @@ class Contrast:
     right: tuple[str, str]
     metric: str = "auc"
     margin: float = AUC_MARGIN
+    task: str = "sudoku"
 
 
 CONTRASTS = (
@@ -257,16 +260,26 @@ CONTRASTS = (
              ("dppo_binary_tv", "mb1-noise0.5"), ("pg_is", "mb1-noise0.5")),
     Contrast("noise on log μ (σ 0.5) hurts DPPO-Binary-TV (its mask then fires on noise)", "Takeaway 1",
              ("dppo_binary_tv", "mb1-fp32"), ("dppo_binary_tv", "mb1-noise0.5")),
+    # Added before the runs of the ``guess`` experiment (the second task).
+    Contrast("Guess: with staleness (4 steps per rollout, lr 5e-4), DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32"), ("pg_is", "mb4-fp32"), task="guess"),
+    Contrast("Guess: with staleness, anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-fp32"), ("minirl", "mb4-fp32"), task="guess"),
+    Contrast("Guess: DPPO-Binary-TV learns faster than GRPO-ClipHigher (staleness)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32"), task="guess"),
+    Contrast("Guess: DPPO-TopK-TV is worse than DPPO-Binary-TV", "sec:method_topk",
+             ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32"), task="guess"),
 )
 """The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
 the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
 
 
-def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str) -> pd.Series:
-    """``metric`` of the runs of one arm ``(method, condition)``, indexed by (task, seed)."""
+def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str, task: str = "sudoku") -> pd.Series:
+    """``metric`` of the runs of one arm ``(method, condition)`` of ``task``, indexed by seed."""
     method, condition = arm
-    rows = outcomes[(outcomes["arm_method"] == method) & (outcomes["condition"] == condition)]
-    return rows.set_index(["task", "seed"])[metric].dropna()
+    rows = outcomes[(outcomes["arm_method"] == method) & (outcomes["condition"] == condition)
+                    & (outcomes["task"] == task)]
+    return rows.set_index("seed")[metric].dropna()
 
 
 def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
@@ -274,8 +287,8 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     permutation p-value over the seeds both arms have, the verdict (``not run`` under 2 pairs), and
     ``within_margin``: the whole CI inside ±margin, i.e. no difference as large as the margin (an inconclusive
     verdict that still says something)."""
-    left, right = arm_values(outcomes, contrast.left, contrast.metric), arm_values(outcomes, contrast.right,
-                                                                                   contrast.metric)
+    left = arm_values(outcomes, contrast.left, contrast.metric, contrast.task)
+    right = arm_values(outcomes, contrast.right, contrast.metric, contrast.task)
     pairs = left.index.intersection(right.index)
     row = {"claim": contrast.claim, "source": contrast.source, "metric": contrast.metric, "margin": contrast.margin,
            "pairs": len(pairs), "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
