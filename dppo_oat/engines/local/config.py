@@ -51,8 +51,8 @@ class TrainConfig(spec.DPPOFlags):
     """DPPO (or any preset of the paper) on Gem environments, in one process.
 
     Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
-    game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0,
-    local-math:<name or path>, or any registered Gem id.
+    game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, game:GuessTheNumber-v0-easy-compact, rg:arc_1d, rg:acre,
+    example:Countdown-v0, local-math:<name or path>, or any registered Gem id.
     """
 
     engine: Literal["local", "oat"] = "local"
