@@ -36,6 +36,8 @@ from gem.core import Env, EnvWrapper
 from gem.envs.registration import ENV_REGISTRY, make, register
 from gem.utils.constants import LanguageGameReward
 
+from envs.sudoku_compact import without_suffix
+
 BASE_ENV_ID = "game:GuessTheNumber-v0-hard"
 COMPACT_ENV_ID = "game:GuessTheNumber-v0-hard-compact"
 EASY_BASE_ENV_ID = "game:GuessTheNumber-v0-easy"
@@ -119,7 +121,7 @@ class CompactGuessObservation(EnvWrapper):
         guess = parse_guess(action)
         played = sorted(game.previous_guesses)
         _, reward, terminated, truncated, info = self.env.step(action)
-        if guess is not None:
+        if guess:  # Gem reads no guess, or 0, as a format error and ends the game
             hint = hint_for(guess, game.game_number, game.min_number, game.max_number, played)
             self.hints.append((guess, hint))
             if truncated and hint in ("lower", "higher", "again") and not self.partial_credit:
@@ -127,26 +129,26 @@ class CompactGuessObservation(EnvWrapper):
         return self.observation(), reward, terminated, truncated, without_suffix(info)
 
 
-def without_suffix(info: Dict[str, Any]) -> Dict[str, Any]:
-    """A copy of ``info`` without its ``suffix`` entry."""
-    return {key: value for key, value in info.items() if key != "suffix"}
+def interval_told(env: Env) -> Tuple[int, int]:
+    """The interval the hints given so far allow (only what the player was told: every valid guess was a miss)."""
+    game = env.unwrapped
+    hints = [(guess, "lower" if guess > game.game_number else "higher") for guess in sorted(game.previous_guesses)]
+    return interval_left(game.min_number, game.max_number, hints)
 
 
 def guess_oracle_action(env: Env, rng: Any = None) -> str:
-    """Binary search: the middle of the interval the hints still allow (reads only what the player was told)."""
-    game = env.unwrapped
-    played = sorted(game.previous_guesses)
-    hints = [(guess, "lower" if guess > game.game_number else "higher") for guess in played]
-    low, high = interval_left(game.min_number, game.max_number, hints)
+    """Binary search: the middle of the interval the hints still allow."""
+    low, high = interval_told(env)
     return f"\\boxed{{{(low + high) // 2}}}"
 
 
 def guess_mistake_action(env: Env, rng: Any) -> str:
-    """A learner's typical mistake: a guess inside the interval left, but not its middle (shown in the history)."""
+    """A learner's typical mistake, shown in the history: a guess inside the interval left but not its middle, or,
+    where every such guess would win, one outside the range (a wasted turn)."""
     game = env.unwrapped
-    hints = [(guess, "lower" if guess > game.game_number else "higher") for guess in sorted(game.previous_guesses)]
-    low, high = interval_left(game.min_number, game.max_number, hints)
-    choices = [n for n in range(low, high + 1) if n != (low + high) // 2 and n != game.game_number] or [low]
+    low, high = interval_told(env)
+    choices = [n for n in range(low, high + 1) if n not in ((low + high) // 2, game.game_number)]
+    choices = choices or [game.max_number + 1]
     return f"\\boxed{{{choices[int(rng.random() * len(choices))]}}}"
 
 

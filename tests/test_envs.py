@@ -358,21 +358,26 @@ def test_compact_guess_text_round_trips_and_the_interval_holds_the_number(target
     assert low <= target <= high
 
 
-def test_guess_oracle_is_binary_search_and_mistakes_stay_in_the_interval():
-    env = gem.make("game:GuessTheNumber-v0-hard-compact")
+@pytest.mark.parametrize("env_id", ["game:GuessTheNumber-v0-easy-compact", "game:GuessTheNumber-v0-hard-compact"])
+def test_guess_oracle_is_binary_search_and_mistakes_stay_in_the_interval(env_id):
+    env = gem.make(env_id)
     rng = random.Random(0)
     for seed in range(60):
         observation, _ = env.reset(seed=seed)
         for turn in range(1, 8):
             low, high = guess_compact.interval_left(*guess_compact.parse_compact_guess(observation))
             mistake = guess_compact.parse_guess(guess_compact.guess_mistake_action(env, rng))
-            assert low <= mistake <= high and mistake != env.unwrapped.game_number or low == high
+            avoid = ((low + high) // 2, env.unwrapped.game_number)
+            if mistake == env.unwrapped.max_number + 1:  # every guess left would win: a wasted turn instead
+                assert all(n in avoid for n in range(low, high + 1))
+            else:
+                assert low <= mistake <= high and mistake not in avoid
             action = oracle_action(env, rng)
             assert guess_compact.parse_guess(action) == (low + high) // 2
             observation, reward, terminated, truncated, _ = env.step(action)
             if terminated:
                 break
-        assert reward == 1.0 and turn <= 6
+        assert reward == 1.0 and turn <= env.unwrapped.max_turns
 
 
 @pytest.mark.parametrize("partial_credit", [False, True])
