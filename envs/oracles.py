@@ -9,7 +9,7 @@ They supply demonstrations for a supervised warm start and a ceiling for tests. 
 - ``rg:arc_1d`` and ``rg:acre``: ``\\boxed{<env.unwrapped.data["answer"]>}`` (reward 1.0).
 - local math (``local-math:*``, or any Gem MathEnv): the row's reference answer in ``\\boxed{}``.
 - ``example:Countdown-v0``: the first move of a solution found by search.
-- Guess The Number (``game:GuessTheNumber-v0-*``, the compact id included): binary search on what the hints tell.
+- Guess The Number (any Gem GuessTheNumber env, the compact ids included): binary search on what the hints told.
 
 :func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer
 can format them with any prompt template. An env of one's own (a plugin, see ``envs/plugins.py``) registers its oracle
@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gem
 from gem.core import Env
+from gem.envs.game_env.guess_the_number import GuessTheNumberEnv
 from gem.envs.game_env.sudoku import SudokuEnv
 from gem.envs.registration import ENV_REGISTRY
 from gem.envs.math_env import MathEnv
@@ -85,8 +86,6 @@ ORACLES: Dict[str, Oracle] = {
     COUNTDOWN_ENV_ID: countdown_oracle_action,
     GUESS_ENV_ID: guess_oracle_action,
     GUESS_EASY_ENV_ID: guess_oracle_action,
-    "game:GuessTheNumber-v0-hard": guess_oracle_action,
-    "game:GuessTheNumber-v0-easy": guess_oracle_action,
     f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
 }
 """Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
@@ -100,6 +99,7 @@ ORACLES_BY_ENV_CLASS: Tuple[Tuple[type, Oracle], ...] = (
     (SudokuEnv, sudoku_oracle_action),
     (MathEnv, math_oracle_action),
     (CountdownEnv, countdown_oracle_action),
+    (GuessTheNumberEnv, guess_oracle_action),
 )
 """Fallback for envs whose id has no oracle (or that were built without ``gem.make``)."""
 

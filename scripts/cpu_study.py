@@ -12,6 +12,8 @@ down before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
   default), from the shipped tiny policy (warm-started to partial success; every run starts from it), trained on a
   fixed pool of puzzles (the sanity test's fixed problem set) and evaluated on held-out puzzles at the start and
   the end;
+- task: ``guess`` (``game:GuessTheNumber-v0-easy-compact``, the ``guess`` experiment), from its own tiny policy,
+  warm-started once on binary-search moves, with the flags of ``TASKS["guess"]`` (they override the study's);
 - every arm on the same seeds (0–4 by default): paired comparisons;
 - every ``--probe-every`` steps, binary vs top-K vs exact divergence on the step's real batch.
 
@@ -90,6 +92,7 @@ class Experiment:
     conditions: Tuple[str, ...]
     question: str
     tasks: Tuple[str, ...] = ("sudoku",)
+    """The tasks (``TASKS``) it runs on."""
 
 
 EXPERIMENTS: Dict[str, Experiment] = {
@@ -135,7 +138,7 @@ TASKS: Dict[str, Task] = {
                                                           "--groups-per-step", "32")),
 }
 """``sudoku`` rewards every correct cell, so each turn is credited with its own reward (γ 0). ``guess`` (1-10 in
-4 turns) rewards only a win, so a turn is credited with the episode's outcome (γ 1), and an episode is about 2.5
+4 turns) rewards only a win, so a turn is credited with the episode's outcome (γ 1), and an episode is about 3
 turns against Sudoku's 13, so 32 groups per step give each minibatch a similar number of turn samples (with 8, a
 four-way split left about 20 per Adam step and DPPO-Binary-TV fell from 0.47 to 0.21 held-out success)."""
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
@@ -174,6 +177,8 @@ class StudyConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not (self.tasks and self.experiments and self.seeds):
             raise ValueError("the study needs at least one task, experiment and seed")
+        if not any(task in self.tasks for name in self.experiments for task in EXPERIMENTS[name].tasks):
+            raise ValueError(f"none of the experiments {list(self.experiments)} runs on the tasks {list(self.tasks)}")
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def prepare_policies(config: StudyConfig, console: Console) -> None:
     from dppo_oat.engines.local.config import TrainConfig
     from dppo_oat.engines.local.policy import load_or_build_tiny_policy
 
-    for task in config.tasks:
+    for task in dict.fromkeys(run.task for run in plan(config)):
         train_config = tyro.cli(TrainConfig, args=shared_args(task, config))
         load_or_build_tiny_policy(train_config, console)
 

@@ -160,3 +160,10 @@ def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_su
         assert line in text
     committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
     assert all(line in printed(committed) for line in summary_block(README.read_text()))  # the committed outputs too
+
+
+def test_a_study_whose_experiments_run_on_none_of_its_tasks_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cpu_study.main(["--out-dir", str(tmp_path), "--tasks", "guess", "--experiments", "staleness"])
+    assert exit_info.value.code == 2 and "none of the experiments ['staleness']" in capsys.readouterr().err
+    assert not (tmp_path / "study.json").exists()
