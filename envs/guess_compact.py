@@ -11,9 +11,9 @@ only the last hint. The compact observation keeps what a guess needs, the whole 
     Guess:
 
 ``25 lower`` reads "the number is lower than 25"; a guess outside the range or guessed before shows ``outside`` or
-``again``, and in the last observation of a won game the winning guess shows ``right``. A policy has to infer the interval
-that is left from the lines; binary search on it (the oracle, :func:`guess_oracle_action`) always wins, in at most
-6 guesses here. The observation is a pure function of the history, so it is deterministic and parses back
+``again``, and in the last observation of a won game the winning guess shows ``right``. A policy has to infer the
+interval that is left from the lines; binary search on it (the oracle, :func:`guess_oracle_action`) always wins, in
+at most 6 guesses here. The observation is a pure function of the history, so it is deterministic and parses back
 (:func:`parse_compact_guess`).
 
 :class:`CompactGuessObservation` wraps the env: termination and the hidden number are Gem's, and so are the

@@ -4,9 +4,9 @@ The paper's premise is a training-inference mismatch: the rollout engine's μ di
 because the engines compute differently, and the gap accumulates without a trust region anchored on μ. With
 several gradient steps per rollout, policy drift across minibatches (staleness) adds to it, so this study keeps the
 two causes apart (see ``CONDITIONS``): one gradient step per rollout with a genuinely lower-precision rollout copy
-(bf16, fp16, int8 weights) or noise on the reported log μ, against four
-gradient steps per rollout at two learning rates. The arms are grouped into ``EXPERIMENTS``; the claims each is scored on, with their margins, were written
-down before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
+(bf16, fp16, int8 weights) or noise on the reported log μ, against four gradient steps per rollout at two learning
+rates. The arms are grouped into ``EXPERIMENTS``; the claims each is scored on, with their margins, were written down
+before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
 
 - task: ``sudoku`` (``game:Sudoku-v0-easy``, compact observation with the last wrong move, the local engine's
   default), from the shipped tiny policy (warm-started to partial success; every run starts from it), trained on a
