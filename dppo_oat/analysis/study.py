@@ -274,7 +274,7 @@ CONTRASTS = (
 the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
 
 
-def arm_values(outcomes: pd.DataFrame, arm: tuple[str, str], metric: str, task: str = "sudoku") -> pd.Series:
+def arm_values(outcomes: pd.DataFrame, task: str, arm: tuple[str, str], metric: str) -> pd.Series:
     """``metric`` of the runs of one arm ``(method, condition)`` of ``task``, indexed by seed."""
     method, condition = arm
     rows = outcomes[(outcomes["arm_method"] == method) & (outcomes["condition"] == condition)
@@ -287,8 +287,8 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     permutation p-value over the seeds both arms have, the verdict (``not run`` under 2 pairs), and
     ``within_margin``: the whole CI inside ±margin, i.e. no difference as large as the margin (an inconclusive
     verdict that still says something)."""
-    left = arm_values(outcomes, contrast.left, contrast.metric, contrast.task)
-    right = arm_values(outcomes, contrast.right, contrast.metric, contrast.task)
+    left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
+    right = arm_values(outcomes, contrast.task, contrast.right, contrast.metric)
     pairs = left.index.intersection(right.index)
     row = {"claim": contrast.claim, "source": contrast.source, "metric": contrast.metric, "margin": contrast.margin,
            "pairs": len(pairs), "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
