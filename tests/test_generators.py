@@ -101,6 +101,7 @@ def test_seeded_sampling_is_deterministic_and_leaves_global_rng(policy, prompts)
     before = torch.get_rng_state()
     first = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=7))
     assert torch.equal(before, torch.get_rng_state())
+    generator.forget_prefixes()  # as every rollout starts: nothing cached by an earlier call is reused
     second = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=7))
     other = generator.generate(prompts, SamplingSettings(max_new_tokens=10, seed=8))
     assert [c.token_ids for c in first] == [c.token_ids for c in second]
@@ -210,6 +211,7 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
     assert max_logprob_error(model, shared, with_prefix) <= TOLERANCE
 
     monkeypatch.setattr(hf_generator, "shared_prefix_length", lambda prompts: 0)
+    generator.forget_prefixes()
     widths.clear()
     monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
     plain = generator.generate(shared, settings)
@@ -232,3 +234,17 @@ def test_prefixes_are_shared_only_where_every_layer_sees_the_whole_past(policy):
                  num_key_value_heads=1)
     assert not shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=12, **small)))
     assert shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=None, **small)))
+
+
+def test_inverse_cdf_sampling_draws_from_the_distribution_and_never_a_zero_probability_token():
+    from dppo_oat.rollout.decode import inverse_cdf_sample
+
+    probabilities = torch.tensor([0.1, 0.0, 0.25, 0.65, 0.0])  # zero-probability tokens inside and at the end
+    logprobs = probabilities.log().expand(100_000, -1)
+    torch.manual_seed(0)
+    counts = torch.bincount(inverse_cdf_sample(logprobs), minlength=5).double()
+    assert counts[1] == 0 and counts[4] == 0
+    expected = probabilities.double() * len(logprobs)
+    chi_square = float((((counts - expected) ** 2)[expected > 0] / expected[expected > 0]).sum())
+    assert chi_square < 13.8  # χ²(2 dof) at p = 0.001
+    assert inverse_cdf_sample(torch.tensor([[0.0, float("-inf")]])).item() == 0  # all mass on one token

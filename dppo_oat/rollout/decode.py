@@ -3,15 +3,17 @@
 ``model.generate`` spends a good part of each step of a small model on machinery a rollout does not use (logits
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training
 rollout — the loop below does only what the rollout needs: one forward per token on the cache, ``log_softmax`` of
-``logits / temperature`` (μ exactly, the distribution the token is drawn from), one ``torch.multinomial`` draw, and
-log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded
+``logits / temperature`` (μ exactly, the distribution the token is drawn from), one draw by inverting its cumulative sum
+(:func:`inverse_cdf_sample`, cheaper than ``torch.multinomial``), and log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded
 prompts get position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the
 pad token.
 
 The prefill spares two kinds of work, as vLLM's does: the tokens every prompt of the batch starts with (a chat
 template's system prompt, a game's header) go through the model once and their KV cache is copied to every row
 (:func:`shared_prefix_length`), and only the last position, the one sampled from, goes through the LM head
-(``logits_to_keep``).
+(``logits_to_keep``). Across calls, :func:`prefill_after_past` starts each row after a past of its own (the cached
+prefix of :mod:`dppo_oat.rollout.prefix_cache`), and :func:`merge_prefilled` joins batches prefilled apart into one
+that decodes together.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Decoded:
     new_ids: torch.Tensor
     action_logprobs: torch.Tensor
     logprobs: torch.Tensor | None
+    cache: object = None
+    """The KV cache at the end: the prompts' columns, then one column per fed token (``fed`` of them)."""
+    fed: int = 0
 
 
 def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -89,6 +94,16 @@ def _takes_logits_to_keep(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
+def inverse_cdf_sample(logprobs: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logprobs [B, V]``, drawn from ``exp(logprobs)`` by inverting its cumulative sum at a
+    uniform draw: the first token whose cumulative probability exceeds ``u`` (a token of probability 0 never is).
+    The same distribution as ``torch.multinomial``, at a fraction of its cost on a CPU."""
+    cumulative = logprobs.exp().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    uniform = torch.minimum(torch.rand_like(total) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, uniform, right=True).squeeze(-1)
+
+
 @dataclass
 class Prefilled:
     """The state after a prefill: the last position's ``logits [B, V]``, the KV ``cache``, the ``attention_mask`` it
@@ -121,6 +136,56 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return Prefilled(output.logits[:, -1], output.past_key_values, attention_mask_all, positions[:, -1:] + 1)
 
 
+def prefill_after_past(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, past, past_mask: torch.Tensor,
+                       past_lengths: torch.Tensor) -> Prefilled:
+    """Run each row's left-padded rest ``input_ids`` through the model after a past of its own: per layer
+    ``(keys, values)`` of ``[B, H, R, D]`` holding ``past_lengths[b]`` tokens right-aligned (``past_mask [B, R]``).
+    The rest's positions continue from ``past_lengths``, so a row is computed as if prefilled whole."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = None
+    if past_mask.shape[1]:
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(past):
+            cache.update(keys, values, layer)
+    attention = torch.cat([past_mask, attention_mask], dim=-1)
+    positions = past_lengths[:, None] + left_padded_positions(attention_mask)
+    output = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                   use_cache=True, **last_logits_only(model))
+    return Prefilled(output.logits[:, -1], output.past_key_values, attention, positions[:, -1:] + 1)
+
+
+def merge_prefilled(parts: Sequence[Prefilled], rows: Sequence[Sequence[int]]) -> Prefilled:
+    """One batch from batches prefilled apart: part ``p`` holds rows ``rows[p]`` of the result. Narrower parts are
+    padded on the left with masked columns."""
+    from transformers.cache_utils import DynamicCache
+
+    width = max(part.attention_mask.shape[1] for part in parts)
+    device = parts[0].logits.device
+    indices = [torch.as_tensor(list(part_rows), device=device) for part_rows in rows]
+    batch = sum(len(part_rows) for part_rows in rows)
+
+    def joined(tensors: Sequence[torch.Tensor], dim: int | None) -> torch.Tensor:
+        """The parts' rows in their places; along ``dim`` (if any) each part right-aligned in ``width``."""
+        shape = list(tensors[0].shape)
+        shape[0] = batch
+        if dim is not None:
+            shape[dim] = width
+        out = tensors[0].new_zeros(shape)
+        for tensor, index in zip(tensors, indices):
+            place = out if dim is None else out.narrow(dim, width - tensor.shape[dim], tensor.shape[dim])
+            place[index] = tensor
+        return out
+
+    cache = DynamicCache()
+    for layer in range(len(parts[0].cache.layers)):
+        cache.update(joined([part.cache.layers[layer].keys for part in parts], 2),
+                     joined([part.cache.layers[layer].values for part in parts], 2), layer)
+    return Prefilled(joined([part.logits for part in parts], None), cache,
+                     joined([part.attention_mask for part in parts], 1),
+                     joined([part.next_position for part in parts], None))
+
+
 @torch.inference_mode()
 def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
                       temperature: float, stop_ids: torch.Tensor, pad_id: int, keep_logprobs: bool,
@@ -130,13 +195,23 @@ def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     left-padded ``input_ids``. The caller seeds torch's RNG."""
     if not temperature > 0:
         raise ValueError(f"the sampling loop needs a temperature > 0, got {temperature}")
-    state = prefill(model, input_ids, attention_mask, prefix_ids)
+    return decode(model, prefill(model, input_ids, attention_mask, prefix_ids), max_new_tokens=max_new_tokens,
+                  temperature=temperature, stop_ids=stop_ids, pad_id=pad_id, keep_logprobs=keep_logprobs)
+
+
+@torch.inference_mode()
+def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, stop_ids: torch.Tensor, pad_id: int,
+           keep_logprobs: bool) -> Decoded:
+    """Sample from a prefilled batch, one forward per token on the cache (see :func:`sample_with_cache`)."""
+    if not temperature > 0:
+        raise ValueError(f"the sampling loop needs a temperature > 0, got {temperature}")
     cache, logits, attention_mask, next_position = state.cache, state.logits, state.attention_mask, state.next_position
-    stopped = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    fed = 0
+    stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens, action_logprobs, all_logprobs = [], [], []
     for step in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-        token = torch.multinomial(logprobs.exp(), num_samples=1).squeeze(-1)
+        token = inverse_cdf_sample(logprobs)
         token = torch.where(stopped, torch.full_like(token, pad_id), token)
         tokens.append(token)
         action_logprobs.append(logprobs.gather(-1, token.unsqueeze(-1)).squeeze(-1))
@@ -148,6 +223,6 @@ def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1)
         output = model(input_ids=token.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_position,
                        past_key_values=cache, use_cache=True)
-        cache, logits, next_position = output.past_key_values, output.logits[:, -1], next_position + 1
+        cache, logits, next_position, fed = output.past_key_values, output.logits[:, -1], next_position + 1, fed + 1
     return Decoded(torch.stack(tokens, dim=1), torch.stack(action_logprobs, dim=1),
-                   torch.stack(all_logprobs, dim=1) if keep_logprobs else None)
+                   torch.stack(all_logprobs, dim=1) if keep_logprobs else None, cache, fed)

@@ -218,6 +218,9 @@ class EpisodeCollector:
         if len(group_seeds) * self.group_size != self.num_slots:
             raise ValueError(f"need {self.num_slots // self.group_size} group seeds, got {len(group_seeds)}")
         slot_seeds = [int(seed) for seed in group_seeds for _ in range(self.group_size)]
+        forget_prefixes = getattr(generator, "forget_prefixes", None)  # a generator caching prefixes across calls
+        if forget_prefixes is not None:
+            forget_prefixes()  # reuses them within this rollout only: it never depends on calls before it
         observations, infos = self.vec_env.reset(seed=slot_seeds)
         slots = [self._new_slot(i, seed) for i, seed in enumerate(slot_seeds)]
         for i, slot in enumerate(slots):

@@ -16,8 +16,11 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.rollout.decode import sample_with_cache, shared_prefix_length, shares_prefixes
+from dppo_oat.rollout.decode import (Prefilled, decode, merge_prefilled, prefill, prefill_after_past,
+                                     shared_prefix_length, shares_prefixes)
 from dppo_oat.rollout.generation import Completion
+from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
+                                           pack_rows, weights_version)
 from dppo_oat.samples import TOPK_PAD_ID
 from dppo_oat.spec import SamplingSettings
 
@@ -152,10 +155,13 @@ class HFGenerator:
     the plain sampling loop, else ``model.generate``).
 
     μ is the processed (temperature / top-p) distribution, so any :class:`SamplingSettings` is honest. ``max_topk``
-    is the vocabulary size. The EOS token, when sampled, is part of ``token_ids`` with its log-prob.
+    is the vocabulary size. The EOS token, when sampled, is part of ``token_ids`` with its log-prob. With
+    ``reuse_prefixes`` (and a model whose cache allows it), the sampling loop keeps the KV cache of the last call's
+    rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     """
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None):
+    def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
+                 reuse_prefixes: bool = True):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model.eval()
@@ -165,6 +171,8 @@ class HFGenerator:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
         self.shares_prefixes = shares_prefixes(self.model)
+        self.prefix_cache = PrefixCache() if reuse_prefixes and self.shares_prefixes else None
+        self._cached_parts: list[CachedRows] = []
 
     @property
     def device(self) -> torch.device:
@@ -176,9 +184,13 @@ class HFGenerator:
         if settings.top_k_logprobs > self.max_topk:
             raise ValueError(f"top_k_logprobs={settings.top_k_logprobs} exceeds the vocabulary ({self.max_topk})")
         completions: list[Completion] = []
+        self._cached_parts = []
         with seeded(settings.seed, self.device), torch.inference_mode():
             for start in range(0, len(prompts), self.batch_size):
                 completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings))
+        if self.prefix_cache is not None and self._cached_parts:
+            self.prefix_cache.store(concat_rows(self._cached_parts), weights_version(self.model))
+            self._cached_parts = []
         return completions
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
@@ -197,17 +209,51 @@ class HFGenerator:
         )
 
     def _sample_loop(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
-        """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop; the prompts' shared prefix is prefilled
-        once."""
-        shared = shared_prefix_length(prompts) if self.shares_prefixes else 0
-        input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id, self.device)
-        prefix_ids = None
-        if shared:
-            prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device)
-        decoded = sample_with_cache(self.model, input_ids, attention_mask, max_new_tokens=settings.max_new_tokens,
-                                    temperature=settings.temperature, stop_ids=eos, pad_id=self.pad_token_id,
-                                    keep_logprobs=settings.top_k_logprobs > 0, prefix_ids=prefix_ids)
+        """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop, after the prefill of :meth:`_prefill`;
+        the batch's keys and values are then cached for the next call."""
+        state = self._prefill(prompts)
+        decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                         stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0)
+        if self.prefix_cache is not None:
+            self._cached_parts.append(self._rows_to_cache(prompts, state, decoded, eos))
         return decoded.new_ids, decoded.action_logprobs, decoded.logprobs
+
+    def _prefill(self, prompts) -> Prefilled:
+        """Prompts with a cached prefix start after it, in one or two length buckets; otherwise the batch's shared
+        prefix (a template's header) is prefilled once for every row."""
+        version = weights_version(self.model) if self.prefix_cache is not None else None
+        found = [self.prefix_cache.lookup(prompt, version) for prompt in prompts] if version is not None else []
+        if not any(length for _, length in found):
+            shared = shared_prefix_length(prompts) if self.shares_prefixes else 0
+            input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id,
+                                                 self.device)
+            prefix_ids = None
+            if shared:
+                prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device)
+            return prefill(self.model, input_ids, attention_mask, prefix_ids)
+        sources = torch.as_tensor([row for row, _ in found])
+        reuse = torch.as_tensor([length for _, length in found])
+        suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found)]
+        buckets = length_buckets([len(suffix) for suffix in suffixes])
+        parts = []
+        for bucket in buckets:
+            index = torch.as_tensor(bucket)
+            past, past_mask = gather_past(self.prefix_cache.rows, sources[index], reuse[index])
+            input_ids, attention_mask = left_pad([suffixes[i] for i in bucket], self.pad_token_id, self.device)
+            parts.append(prefill_after_past(self.model, input_ids, attention_mask, past, past_mask.to(self.device),
+                                            reuse[index].to(self.device)))
+        return parts[0] if len(parts) == 1 else merge_prefilled(parts, buckets)
+
+    @staticmethod
+    def _rows_to_cache(prompts, state: Prefilled, decoded, eos: torch.Tensor) -> CachedRows:
+        """Each row's prompt and fed response tokens, with their keys and values, packed for the prefix cache."""
+        lengths, _ = completion_lengths(decoded.new_ids, eos)
+        fed = torch.clamp(lengths, max=decoded.fed)
+        steps = torch.arange(decoded.fed, device=lengths.device)
+        valid = torch.cat([state.attention_mask.bool(), steps[None, :] < fed[:, None]], dim=1)
+        new_ids = decoded.new_ids.cpu().tolist()
+        tokens = [tuple(prompt) + tuple(new_ids[row][: int(fed[row])]) for row, prompt in enumerate(prompts)]
+        return pack_rows(decoded.cache, valid, tokens)
 
     def _sample_generate(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
         """``(new_ids, log μ(a_t), log μ)`` from ``model.generate`` and its processed scores."""
@@ -218,8 +264,15 @@ class HFGenerator:
         logprobs = processed_logprobs(output.scores)
         return new_ids, sampled_logprobs(logprobs, new_ids), logprobs
 
+    def forget_prefixes(self) -> None:
+        """Drop the cached rows: the next call prefills every prompt whole (the rollout collector calls this first,
+        so that a rollout never depends on calls made before it, and a resumed run draws the same tokens)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
     def update_weights(self, state_dict: dict) -> None:
         """Copy new weights into the model in place; only tied aliases (e.g. ``lm_head.weight``) may be missing."""
+        self.forget_prefixes()
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         really_missing = set(missing) - tied_keys(self.model)
         if really_missing or unexpected:
