@@ -24,11 +24,16 @@ wrapped env's, only the observation text changes. Registered ids (``import envs`
 
 from __future__ import annotations
 
+import copy
+import random
 import re
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from gem.core import Env, EnvWrapper
+from gem.envs.game_env.sudoku import SudokuEnv
 from gem.envs.registration import ENV_REGISTRY, make, register
+from gem.utils import seeding
 
 BASE_ENV_ID = "game:Sudoku-v0-easy"
 COMPACT_ENV_ID = "game:Sudoku-v0-easy-compact"
@@ -102,8 +107,13 @@ class CompactSudokuObservation(EnvWrapper):
         return compact_sudoku_observation(self.env, wrong)
 
     def reset(self, seed: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
-        """Reset the wrapped env and return the compact observation of the new board."""
-        _, info = self.env.reset(seed=seed)
+        """Reset the wrapped env and return the compact observation of the new board (a seeded reset of Gem's
+        Sudoku that was done before, by any env of this process, is replayed: :func:`replay_sudoku_reset`)."""
+        if replay_sudoku_reset(self.env, seed):
+            info: Dict[str, Any] = {}
+        else:
+            _, info = self.env.reset(seed=seed)
+            remember_sudoku_reset(self.env, seed)
         self.last_wrong_move = None
         return self.observation(), without_suffix(info)
 
@@ -116,6 +126,46 @@ class CompactSudokuObservation(EnvWrapper):
             board_changed = self.env.unwrapped.board != board_before
             self.last_wrong_move = None if board_changed else move
         return self.observation(), reward, terminated, truncated, without_suffix(info)
+
+
+SEEDED_BOARDS: "OrderedDict[tuple, tuple]" = OrderedDict()
+"""What a seeded reset of Gem's Sudoku left behind (solution, board, ``random``'s state), by settings and seed."""
+SEEDED_BOARDS_KEPT = 4096
+"""The most recent resets kept (a rollout's groups share their seed; evaluation repeats its puzzles)."""
+
+
+def _seeded_board_key(env: Env, seed: Optional[int]) -> Optional[tuple]:
+    """The memo key of a seeded reset of exactly Gem's fixed-size Sudoku, else None (never replayed)."""
+    if seed is None or type(env) is not SudokuEnv or env._is_random:
+        return None
+    return env.scale, env.clues, env.max_turns, int(seed)
+
+
+def remember_sudoku_reset(env: Env, seed: Optional[int]) -> None:
+    """Record the state Gem's ``reset(seed)`` just left in ``env``, for :func:`replay_sudoku_reset`."""
+    key = _seeded_board_key(env, seed)
+    if key is not None:
+        SEEDED_BOARDS[key] = (copy.deepcopy(env.full_grid), copy.deepcopy(env.board), random.getstate())
+        while len(SEEDED_BOARDS) > SEEDED_BOARDS_KEPT:
+            SEEDED_BOARDS.popitem(last=False)
+
+
+def replay_sudoku_reset(env: Env, seed: Optional[int]) -> bool:
+    """Put ``env`` in the state Gem's ``reset(seed)`` would, without generating the board again (Gem's Sudoku
+    builds it by randomized search: the group members of a rollout share a seed, evaluation repeats its puzzles).
+    The global RNGs end where the real reset leaves them: seeded as Gem seeds them, then ``random`` advanced past
+    the board's generation. False when the reset was never seen (or is not Gem's fixed-size Sudoku)."""
+    key = _seeded_board_key(env, seed)
+    if key is None or key not in SEEDED_BOARDS:
+        return False
+    full_grid, board, random_state = SEEDED_BOARDS[key]
+    SEEDED_BOARDS.move_to_end(key)
+    seeding.set_seed(seed)  # numpy's state as after Gem's reset (the board generation draws from ``random`` only)
+    random.setstate(random_state)
+    env.full_grid, env.board = copy.deepcopy(full_grid), copy.deepcopy(board)
+    env.init_num_empty = sum(row.count(0) for row in env.board)
+    env.turn_count = 0
+    return True
 
 
 def without_suffix(info: Dict[str, Any]) -> Dict[str, Any]:

@@ -393,3 +393,28 @@ def test_compact_guess_scores_a_lost_game_zero_unless_partial_credit(partial_cre
         assert observed[2:4] == expected[2:4]
     assert observed[3] and 0 < expected[1] < 1
     assert observed[1] == (expected[1] if partial_credit else 0.0)
+
+
+def test_a_seeded_sudoku_reset_seen_before_is_replayed_exactly(monkeypatch):
+    """The group members of a rollout share a seed: the board is generated once, and a replayed reset leaves the env
+    and the global RNGs exactly as Gem's own reset does."""
+    import numpy as np
+
+    from envs import sudoku_compact
+    from gem.envs.game_env.sudoku import SudokuEnv
+
+    sudoku_compact.SEEDED_BOARDS.clear()
+    first, second = gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID), gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID)
+    for seed in (3, 17, 123456):
+        observation, _ = first.reset(seed=seed)
+        state = copy.deepcopy(vars(first.unwrapped)), random.getstate(), np.random.get_state()
+        random.seed(999)  # whatever happened between the two resets
+        np.random.seed(999)
+        with monkeypatch.context() as patch:
+            patch.setattr(SudokuEnv, "_generate_board", lambda self: pytest.fail("the board was generated again"))
+            replayed, info = second.reset(seed=seed)
+        assert replayed == observation and info == {}
+        assert vars(second.unwrapped) == state[0]
+        assert random.getstate() == state[1]
+        np.testing.assert_equal(np.random.get_state(), state[2])
+    assert sudoku_compact.replay_sudoku_reset(first.unwrapped, None) is False  # unseeded: always generated
