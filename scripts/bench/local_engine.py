@@ -7,6 +7,8 @@
   prompts (the generator's ceiling: what env steps, tokenisation and shrinking turn batches cost).
 - ``update_vs_raw_fwd_bwd``: update tokens/s (the core's update loop: policy_loss, metrics, aggregation, AdamW)
   ÷ tokens/s of a raw forward + log-softmax gather + backward + AdamW step on the same minibatches. Target ≥ 0.9.
+- Every RL step is followed by one raw ``generate``, one raw sampling loop and one raw update, and each ratio is the
+  median over steps of that step's own ratio, so that a machine's drift (other work, frequency) cancels in pairs.
 - ``default_run_seconds`` (with ``--default-run``): wall time of ``python -m dppo_oat.train`` with no arguments
   in a fresh run directory (the tiny policy is built unless it is already cached in ``--cache-dir``).
 
@@ -16,6 +18,7 @@ Usage: ``python scripts/bench/local_engine.py [--steps 5] [--cache-dir DIR] [--d
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import subprocess
@@ -44,43 +47,36 @@ def first_turn_batch(trainer: LocalTrainer):
     return left_pad(prompts, trainer.tokenizer.pad_token_id, trainer.generator.model.device)
 
 
-def raw_generate_tokens_per_s(trainer: LocalTrainer, repeats: int = 3) -> float:
+def raw_generate_tokens_per_s(trainer: LocalTrainer, input_ids, attention_mask) -> float:
     """Plain ``model.generate`` on the first-turn prompts of a rollout batch (same model, same lengths)."""
     model, tok, c = trainer.generator.model, trainer.tokenizer, trainer.config
-    input_ids, attention_mask = first_turn_batch(trainer)
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True, top_k=0,
-                                 max_new_tokens=c.max_new_tokens, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)
-        new = out[:, input_ids.shape[1]:]
-        produced = int(((new != tok.pad_token_id) | (new == tok.eos_token_id)).sum())
-        rates.append(produced / (time.perf_counter() - start))
-    return statistics.median(rates)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True, top_k=0,
+                             max_new_tokens=c.max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+    new = out[:, input_ids.shape[1]:]
+    produced = int(((new != tok.pad_token_id) | (new == tok.eos_token_id)).sum())
+    return produced / (time.perf_counter() - start)
 
 
-def raw_sampling_loop_tokens_per_s(trainer: LocalTrainer, repeats: int = 3) -> float:
+def raw_sampling_loop_tokens_per_s(trainer: LocalTrainer, input_ids, attention_mask) -> float:
     """The rollout's own sampling loop (:mod:`dppo_oat.rollout.decode`) on one full batch of first-turn prompts:
     what the rollout would reach if every call were a full first turn (no env, no tokenisation, no shrinking)."""
     model, tok, c = trainer.generator.model, trainer.tokenizer, trainer.config
-    input_ids, attention_mask = first_turn_batch(trainer)
     stop_ids = torch.as_tensor([tok.eos_token_id])
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        decoded = sample_with_cache(model, input_ids, attention_mask, max_new_tokens=c.max_new_tokens,
-                                    temperature=c.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
-                                    keep_logprobs=False)
-        lengths, _ = completion_lengths(decoded.new_ids, stop_ids)
-        rates.append(int(lengths.sum()) / (time.perf_counter() - start))
-    return statistics.median(rates)
+    start = time.perf_counter()
+    decoded = sample_with_cache(model, input_ids, attention_mask, max_new_tokens=c.max_new_tokens,
+                                temperature=c.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
+                                keep_logprobs=False)
+    lengths, _ = completion_lengths(decoded.new_ids, stop_ids)
+    return int(lengths.sum()) / (time.perf_counter() - start)
 
 
 def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
-    """Forward + gather + backward + AdamW on the same minibatches, without the core's loss and metrics."""
-    model, optimizer = trainer.model, trainer.optimizer
+    """Forward + gather + backward + AdamW on the same minibatches, without the core's loss and metrics (on a copy
+    of the model and optimizer: the run itself goes on from where it was)."""
+    model, optimizer = copy.deepcopy((trainer.model, trainer.optimizer))  # one copy: the optimizer steps the model's
     model.train()
     start = time.perf_counter()
     tokens = 0
@@ -96,17 +92,28 @@ def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def measure_steps(trainer: LocalTrainer, steps: int) -> dict:
-    """Run ``steps`` RL steps; keep the last rollout's batch for the raw-update comparison."""
+def last_update_batch(trainer: LocalTrainer):
+    """The update batch of a fresh rollout of the current policy (for the raw-update comparison)."""
     from dppo_oat.advantages import sample_advantages
     from dppo_oat.samples import build_update_batch
 
-    rows = [trainer.rl_step() for _ in range(steps)]
-    seeds = train_group_seeds(trainer.config.seed, 20_000, trainer.config.groups_per_step)
-    rollout = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds)
-    s = rollout.samples
-    batch = build_update_batch(s, sample_advantages(s, trainer.spec.advantages), trainer.tokenizer.pad_token_id)
-    return {"rows": rows, "batch": batch}
+    seeds = train_group_seeds(trainer.config.seed, 20_000 + trainer.step, trainer.config.groups_per_step)
+    samples = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds).samples
+    return build_update_batch(samples, sample_advantages(samples, trainer.spec.advantages), trainer.tokenizer.pad_token_id)
+
+
+def measure_steps(trainer: LocalTrainer, steps: int) -> list[dict]:
+    """``steps`` RL steps, each followed by its raw counterparts: one row of rates per step."""
+    rows = []
+    for _ in range(steps):
+        row = trainer.rl_step()
+        input_ids, attention_mask = first_turn_batch(trainer)
+        rows.append({"seconds": row["time/rollout"] + row["time/update"],
+                     "rollout": row["tokens_per_s/rollout"], "update": row["tokens_per_s/update"],
+                     "raw_generate": raw_generate_tokens_per_s(trainer, input_ids, attention_mask),
+                     "raw_loop": raw_sampling_loop_tokens_per_s(trainer, input_ids, attention_mask),
+                     "raw_update": raw_update_tokens_per_s(trainer, last_update_batch(trainer))})
+    return rows
 
 
 def default_run_seconds(cache_dir: str | None) -> float:
@@ -128,23 +135,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(run_dir=run_dir, cache_dir=args.cache_dir, steps=args.steps)
         trainer = LocalTrainer(config, Console(stderr=True))
-        measured = measure_steps(trainer, args.steps)
-        rows = measured["rows"]
-        rollout_rate = statistics.median(r["tokens_per_s/rollout"] for r in rows)
-        update_rate = statistics.median(r["tokens_per_s/update"] for r in rows)
-        raw_generate = raw_generate_tokens_per_s(trainer)
-        raw_loop = raw_sampling_loop_tokens_per_s(trainer)
-        raw_update = raw_update_tokens_per_s(trainer, measured["batch"])
+        rows = measure_steps(trainer, args.steps)
+
+        def median(key: str) -> float:
+            return statistics.median(row[key] for row in rows)
+
+        def paired(numerator: str, denominator: str) -> float:
+            return statistics.median(row[numerator] / row[denominator] for row in rows)
+
         report = {
-            "seconds_per_rl_step": statistics.median(r["time/rollout"] + r["time/update"] for r in rows),
-            "rollout_tokens_per_s": rollout_rate,
-            "raw_generate_tokens_per_s": raw_generate,
-            "rollout_vs_raw_generate": rollout_rate / raw_generate,
-            "raw_sampling_loop_tokens_per_s": raw_loop,
-            "rollout_vs_raw_sampling_loop": rollout_rate / raw_loop,
-            "update_tokens_per_s": update_rate,
-            "raw_fwd_bwd_tokens_per_s": raw_update,
-            "update_vs_raw_fwd_bwd": update_rate / raw_update,
+            "seconds_per_rl_step": median("seconds"),
+            "rollout_tokens_per_s": median("rollout"),
+            "raw_generate_tokens_per_s": median("raw_generate"),
+            "rollout_vs_raw_generate": paired("rollout", "raw_generate"),
+            "raw_sampling_loop_tokens_per_s": median("raw_loop"),
+            "rollout_vs_raw_sampling_loop": paired("rollout", "raw_loop"),
+            "update_tokens_per_s": median("update"),
+            "raw_fwd_bwd_tokens_per_s": median("raw_update"),
+            "update_vs_raw_fwd_bwd": paired("update", "raw_update"),
+            "steps": args.steps,
             "threads": torch.get_num_threads(),
             "targets": {"rollout_vs_raw_generate": ">= 0.9", "update_vs_raw_fwd_bwd": ">= 0.9",
                         "default_run_seconds": "<= 360"},
