@@ -137,8 +137,11 @@ def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimi
     trained = learner.model.model.module.state_dict()
     moved = max((trained[k] - start[k]).abs().max().item() for k in start)
     assert moved > 1e-3, "the learning step did not change the weights"
+    # Adam divides by √v: where a weight's gradient is near 0, float-level differences between ZeRO's flat fp32
+    # buffers and the plain optimizer's move it by a few percent of one lr-sized step (2.1e-5 at lr 1e-3 seen).
+    atol = 5e-5 if optimizer == "adamw" else 2e-5
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(trained[name], value, atol=2e-5, rtol=1e-4, msg=f"{name} differs from the core's")
+        torch.testing.assert_close(trained[name], value, atol=atol, rtol=1e-4, msg=f"{name} differs from the core's")
     assert len(history) == 4  # 2 epochs × 2 minibatches of 4 samples
     local_fraction = sum(h["mask/fraction"] for h in history) / len(history)
     assert infos["dppo/mask/fraction"].item() == pytest.approx(local_fraction, abs=1e-6)
