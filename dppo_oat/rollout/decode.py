@@ -3,10 +3,10 @@
 ``model.generate`` spends a good part of each step of a small model on machinery a rollout does not use (logits
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training
 rollout — the loop below does only what the rollout needs: one forward per token on the cache, ``log_softmax`` of
-``logits / temperature`` (μ exactly, the distribution the token is drawn from), one draw by inverting its cumulative sum
-(:func:`inverse_cdf_sample`, cheaper than ``torch.multinomial``), and log μ(a_t); when asked, μ's whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded
-prompts get position ids from their attention mask, as ``generate`` gives them; rows that have stopped receive the
-pad token.
+``logits / temperature`` (μ exactly, the distribution the token is drawn from), one draw by inverting its
+cumulative sum (:func:`inverse_cdf_sample`, cheaper than ``torch.multinomial``), and log μ(a_t); when asked, μ's
+whole log-probs, from which the generator takes ``TopK(μ, K) ∪ {a_t}``. Left-padded prompts get position ids from
+their attention mask, as ``generate`` gives them; rows that have stopped receive the pad token.
 
 The prefill spares two kinds of work, as vLLM's does: the tokens every prompt of the batch starts with (a chat
 template's system prompt, a game's header) go through the model once and their KV cache is copied to every row
@@ -155,27 +155,29 @@ def prefill_after_past(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     return Prefilled(output.logits[:, -1], output.past_key_values, attention, positions[:, -1:] + 1)
 
 
+def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[int]],
+                       dim: int | None) -> torch.Tensor:
+    """One tensor from batches: tensor ``p``'s rows go to rows ``rows[p]`` of the result, and along ``dim`` (if any)
+    each is right-aligned in the widest, zeros on its left (masked columns of a left-padded batch)."""
+    shape = list(tensors[0].shape)
+    shape[0] = sum(len(part_rows) for part_rows in rows)
+    if dim is not None:
+        shape[dim] = max(tensor.shape[dim] for tensor in tensors)
+    out = tensors[0].new_zeros(shape)
+    for tensor, part_rows in zip(tensors, rows):
+        index = torch.as_tensor(list(part_rows), device=out.device)
+        place = out if dim is None else out.narrow(dim, shape[dim] - tensor.shape[dim], tensor.shape[dim])
+        place[index] = tensor
+    return out
+
+
 def merge_prefilled(parts: Sequence[Prefilled], rows: Sequence[Sequence[int]]) -> Prefilled:
     """One batch from batches prefilled apart: part ``p`` holds rows ``rows[p]`` of the result. Narrower parts are
     padded on the left with masked columns."""
     from transformers.cache_utils import DynamicCache
 
-    width = max(part.attention_mask.shape[1] for part in parts)
-    device = parts[0].logits.device
-    indices = [torch.as_tensor(list(part_rows), device=device) for part_rows in rows]
-    batch = sum(len(part_rows) for part_rows in rows)
-
     def joined(tensors: Sequence[torch.Tensor], dim: int | None) -> torch.Tensor:
-        """The parts' rows in their places; along ``dim`` (if any) each part right-aligned in ``width``."""
-        shape = list(tensors[0].shape)
-        shape[0] = batch
-        if dim is not None:
-            shape[dim] = width
-        out = tensors[0].new_zeros(shape)
-        for tensor, index in zip(tensors, indices):
-            place = out if dim is None else out.narrow(dim, width - tensor.shape[dim], tensor.shape[dim])
-            place[index] = tensor
-        return out
+        return rows_right_aligned(tensors, rows, dim)
 
     cache = DynamicCache()
     for layer in range(len(parts[0].cache.layers)):
@@ -193,8 +195,6 @@ def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     """Sample up to ``max_new_tokens`` tokens per row from ``softmax(logits / temperature)``; a row stops after its
     first token in ``stop_ids``. Each row's prompt is ``prefix_ids`` (shared, optional) followed by its row of the
     left-padded ``input_ids``. The caller seeds torch's RNG."""
-    if not temperature > 0:
-        raise ValueError(f"the sampling loop needs a temperature > 0, got {temperature}")
     return decode(model, prefill(model, input_ids, attention_mask, prefix_ids), max_new_tokens=max_new_tokens,
                   temperature=temperature, stop_ids=stop_ids, pad_id=pad_id, keep_logprobs=keep_logprobs)
 

@@ -22,7 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
+
+from dppo_oat.rollout.decode import rows_right_aligned
 
 MIN_REUSE = 2
 """A cached prefix shorter than this is prefilled again (gathering it would cost more than it saves)."""
@@ -88,11 +91,11 @@ def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     width = int(reuse.max())
     columns = torch.arange(width, device=reuse.device)
     mask = (columns[None, :] >= (width - reuse)[:, None]).long()
-    lengths = rows.lengths.to(reuse.device)[sources.clamp(min=0)]
+    source_rows = sources.clamp(min=0)  # a row reusing nothing reads row 0, all masked
+    lengths = rows.lengths.to(reuse.device)[source_rows]
     packed_width = rows.keys[0].shape[2]
     index = (packed_width - lengths[:, None] + columns[None, :] - (width - reuse)[:, None]).clamp(0, packed_width - 1)
-    source_rows = sources.clamp(min=0)[:, None].to(rows.keys[0].device)
-    index = index.to(rows.keys[0].device)
+    source_rows, index = source_rows[:, None].to(rows.keys[0].device), index.to(rows.keys[0].device)
     past = [(keys[source_rows, :, index].transpose(1, 2), values[source_rows, :, index].transpose(1, 2))
             for keys, values in zip(rows.keys, rows.values)]  # [B, R, H, D] -> [B, H, R, D]
     return past, mask
@@ -116,11 +119,11 @@ def concat_rows(parts: Sequence[CachedRows]) -> CachedRows:
     """The rows of several batches as one (narrower batches padded on the left)."""
     if len(parts) == 1:
         return parts[0]
-    width = max(part.keys[0].shape[2] for part in parts)
+    starts = np.cumsum([0] + [len(part.tokens) for part in parts])
+    rows = [range(start, start + len(part.tokens)) for start, part in zip(starts, parts)]
 
     def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([torch.cat([t.new_zeros((*t.shape[:2], width - t.shape[2], t.shape[3])), t], dim=2)
-                          for t in tensors])
+        return rows_right_aligned(tensors, rows, dim=2)
 
     layers = range(len(parts[0].keys))
     return CachedRows([tokens for part in parts for tokens in part.tokens],
