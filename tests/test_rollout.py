@@ -277,3 +277,27 @@ def test_prompts_are_tokenized_in_one_call_as_one_by_one(tiny_policy):
     assert prompts_token_ids(tokenizer, texts, with_bos=False) == [prompt_token_ids(tokenizer, t, with_bos=False)
                                                                    for t in texts]
     assert prompts_token_ids(tokenizer, [], with_bos=False) == []
+
+
+def test_a_rollout_encodes_each_distinct_prompt_once(tiny_policy, monkeypatch):
+    """A group's members share their first board, and a wrong move leaves the board as it was: such a prompt is
+    encoded once per rollout, and every sample still carries the ids that encoding it alone gives."""
+    import dppo_oat.rollout.episodes as episodes
+
+    _, tokenizer = tiny_policy
+    encoded, encode = [], episodes.prompts_token_ids
+
+    def counting(tok, texts, *, with_bos):
+        encoded.extend(texts)
+        return encode(tok, texts, with_bos=with_bos)
+
+    monkeypatch.setattr(episodes, "prompts_token_ids", counting)
+    collector = sudoku_collector(tokenizer, groups=2, group_size=3)
+    wrong = ScriptedGenerator(tokenizer, lambda prompt: "\\boxed{9 9 9}")  # out of bounds: the board stays
+    rollout = collector.collect(wrong, SamplingSettings(8), [11, 12])
+    assert len(rollout.samples) == 6 * 15 and len(encoded) == len(set(encoded)) == 2
+    for sample in rollout.samples:
+        text = tokenizer.decode(sample.prompt_ids)
+        assert sample.prompt_ids == encode(tokenizer, [text], with_bos=False)[0]
+    collector.collect(wrong, SamplingSettings(8), [11, 12])  # a new rollout encodes again
+    assert len(encoded) == 4

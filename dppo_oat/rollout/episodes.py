@@ -208,6 +208,7 @@ class EpisodeCollector:
         # step's info (e.g. ``env_error``) instead of replacing it with a fresh reset's
         self.vec_env.autoreset_mode = AutoresetMode.NEXT_STEP
         self._next_episode_id = 0
+        self._encoded: dict[str, list[int]] = {}  # prompt text -> token ids, within one rollout
 
     @property
     def num_slots(self) -> int:
@@ -221,6 +222,7 @@ class EpisodeCollector:
         forget_prefixes = getattr(generator, "forget_prefixes", None)  # a generator caching prefixes across calls
         if forget_prefixes is not None:
             forget_prefixes()  # reuses them within this rollout only: it never depends on calls before it
+        self._encoded = {}  # a fresh memo of prompt ids for every rollout
         observations, infos = self.vec_env.reset(seed=slot_seeds)
         slots = [self._new_slot(i, seed) for i, seed in enumerate(slot_seeds)]
         for i, slot in enumerate(slots):
@@ -252,8 +254,7 @@ class EpisodeCollector:
     def _play_turn(self, generator, sampling, slots: list[_Slot], turn: int) -> None:
         """One generator call for every running episode, then one vector-env step."""
         running = [i for i, slot in enumerate(slots) if slot.running]
-        prompt_ids = dict(zip(running, prompts_token_ids(self.tokenizer, [slots[i].prompt for i in running],
-                                                         with_bos=self.with_bos)))
+        prompt_ids = dict(zip(running, self._prompts_ids([slots[i].prompt for i in running])))
         for i in running:
             if len(prompt_ids[i]) > self.settings.max_prompt_tokens:
                 self._end(slots[i], "prompt_too_long", penalty=self.settings.penalty)
@@ -304,6 +305,14 @@ class EpisodeCollector:
         for slot in slots:
             if slot.running:
                 self._end(slot, "max_turns")
+
+    def _prompts_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The prompt ids of ``texts``; a text already encoded in this rollout (a group's shared first board, a
+        board that a move left as it was) is not encoded again. The lists are shared: read, never modified."""
+        missing = list(dict.fromkeys(text for text in texts if text not in self._encoded))
+        if missing:
+            self._encoded.update(zip(missing, prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)))
+        return [self._encoded[text] for text in texts]
 
     def _tokenize(self, text: str) -> list[int]:
         return prompt_token_ids(self.tokenizer, text, with_bos=self.with_bos)
