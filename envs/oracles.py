@@ -2,10 +2,11 @@
 
 They supply demonstrations for a supervised warm start and a ceiling for tests. An oracle is a function
 ``oracle(env, rng) -> action_text``: ``env`` may be wrapped (state is read through ``env.unwrapped``), ``rng`` is a
-``random.Random`` or a ``numpy.random.Generator`` used for any choice the oracle makes (e.g. which Sudoku cell).
+``random.Random`` or a ``numpy.random.Generator`` used for any choice the oracle makes (e.g. which Countdown solution).
 
-- Sudoku (any Gem Sudoku id, compact ids included): a random empty cell and its solution digit,
-  ``\\boxed{row col num}`` (1-based), from ``env.unwrapped.board`` / ``.full_grid``; every move is correct.
+- Sudoku (any Gem Sudoku id, compact ids included): the first most-constrained empty cell (fewest candidates) and
+  its solution digit, ``\\boxed{row col num}`` (1-based), from ``env.unwrapped.board`` / ``.full_grid``; every move
+  is correct.
 - ``rg:arc_1d`` and ``rg:acre``: ``\\boxed{<env.unwrapped.data["answer"]>}`` (reward 1.0).
 - local math (``local-math:*``, or any Gem MathEnv): the row's reference answer in ``\\boxed{}``.
 - ``example:Countdown-v0``: the first move of a solution found by search.
@@ -51,13 +52,33 @@ def choose_index(rng: Any, size: int) -> int:
     return rng.randrange(size)
 
 
-def sudoku_oracle_action(env: Env, rng: Any) -> str:
-    """A random empty cell and its correct digit, as ``\\boxed{row col num}`` (1-based)."""
-    game = env.unwrapped
-    empty = [(r, c) for r, row in enumerate(game.board) for c, cell in enumerate(row) if cell == 0]
-    if not empty:
+def sudoku_candidates(board: List[List[int]], row: int, col: int) -> set:
+    """The digits not yet in the row, column or box of cell ``(row, col)`` (0-based; boxes of √scale × √scale)."""
+    scale = len(board)
+    box = int(round(scale ** 0.5))
+    top, left = row - row % box, col - col % box
+    seen = set(board[row]) | {board[r][col] for r in range(scale)}
+    seen |= {board[r][c] for r in range(top, top + box) for c in range(left, left + box)}
+    return set(range(1, scale + 1)) - seen
+
+
+def most_constrained_cells(board: List[List[int]]) -> List[Tuple[int, int]]:
+    """The empty cells with the fewest candidates (:func:`sudoku_candidates`), in reading order."""
+    counts = {(r, c): len(sudoku_candidates(board, r, c))
+              for r, row in enumerate(board) for c, cell in enumerate(row) if cell == 0}
+    if not counts:
         raise ValueError("the Sudoku board has no empty cell left")
-    row, col = empty[choose_index(rng, len(empty))]
+    fewest = min(counts.values())
+    return [cell for cell, count in counts.items() if count == fewest]
+
+
+def sudoku_oracle_action(env: Env, rng: Any = None) -> str:
+    """The first most-constrained empty cell (fewest candidates; reading order breaks ties) and its correct digit,
+    as ``\\boxed{row col num}`` (1-based). A person fills a cell whose digit the board forces; so do the
+    demonstrations, and a tiny policy learns them several times faster than moves on a random empty cell (its digit
+    then often needs more than one row, column or box to be read)."""
+    game = env.unwrapped
+    row, col = most_constrained_cells(game.board)[0]
     return f"\\boxed{{{row + 1} {col + 1} {game.full_grid[row][col]}}}"
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.policy import policy_cache_key
 from dppo_oat.engines.local.seeds import VALIDATION_SEED
 from dppo_oat.runlog import EVAL_FILE, read_jsonl
 
@@ -42,6 +43,7 @@ TRIALS: dict[str, dict] = {
     "turn-epochs2": {"turn_baseline": True, "num_epochs": 2},
     "turn-lr5e-4": {"turn_baseline": True, "lr": 5e-4},
     "gamma1-turn": {"gamma": 1.0, "turn_baseline": True},
+    "linear": {"lr_schedule": "linear"},
 }
 
 
@@ -56,8 +58,9 @@ def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
         trainer.run()
         seconds = time.perf_counter() - started
         curve = [(row["step"], row["eval/success"]) for row in read_jsonl(config.run_path() / EVAL_FILE)]
-    return {"trial": name, "overrides": TRIALS[name], "seed": seed, "steps": steps, "seconds": seconds,
-            "threads": torch.get_num_threads(), "selection_success": curve}
+    policy = policy_cache_key(config.env_ids[0], config.template, config.warm_start, config.warm_start_seed)
+    return {"trial": name, "overrides": TRIALS[name], "policy": policy, "seed": seed, "steps": steps,
+            "seconds": seconds, "threads": torch.get_num_threads(), "selection_success": curve}
 
 
 def main() -> None:

@@ -14,11 +14,13 @@ from envs.math_local import register_math_folder
 from envs.oracles import (
     ORACLES,
     find_oracle,
+    most_constrained_cells,
     observation_with_suffix,
     oracle_action,
     play_oracle_episode,
     raw_observation,
     register_oracle,
+    sudoku_candidates,
     sudoku_oracle_action,
 )
 
@@ -46,6 +48,39 @@ def test_sudoku_oracle_move_is_correct_and_one_based():
     action = sudoku_oracle_action(env, random.Random(0))
     row, col, num = (int(part) for part in action[len("\\boxed{"):-1].split())
     assert env.unwrapped.board[row - 1][col - 1] == 0 and env.unwrapped.full_grid[row - 1][col - 1] == num
+
+
+BOARD = [[1, 0, 3, 0],
+         [0, 4, 0, 2],
+         [2, 0, 0, 3],
+         [0, 3, 2, 0]]
+
+
+def test_sudoku_candidates_by_hand():
+    """(0, 1): row {1, 3}, column {4, 3} and box {1, 4} leave 2; (2, 2): row, column and box {2, 3} leave 1 and 4."""
+    assert sudoku_candidates(BOARD, 0, 1) == {2}
+    assert sudoku_candidates(BOARD, 2, 2) == {1, 4}
+    assert sudoku_candidates(BOARD, 1, 0) == {3}
+
+
+def test_most_constrained_cells_are_the_forced_ones_in_reading_order():
+    empty = [(r, c) for r in range(4) for c in range(4) if BOARD[r][c] == 0]
+    forced = [(r, c) for r, c in empty if len(sudoku_candidates(BOARD, r, c)) == 1]
+    assert most_constrained_cells(BOARD) == forced and forced[0] == (0, 1)
+    with pytest.raises(ValueError, match="no empty cell"):
+        most_constrained_cells([[1, 2], [2, 1]])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sudoku_oracle_fills_a_forced_cell_first(seed):
+    """On Gem's easy boards the oracle's cell has a single candidate, which is its digit, and no empty cell before it
+    in reading order has fewer candidates."""
+    env = gem.make("game:Sudoku-v0-easy-compact")
+    env.reset(seed=seed)
+    board = env.unwrapped.board
+    row, col, num = (int(part) for part in sudoku_oracle_action(env)[len("\\boxed{"):-1].split())
+    assert sudoku_candidates(board, row - 1, col - 1) == {num} == {env.unwrapped.full_grid[row - 1][col - 1]}
+    assert (row - 1, col - 1) == most_constrained_cells(board)[0]
 
 
 @pytest.mark.parametrize("env_id", ["rg:arc_1d", "rg:acre"])

@@ -34,7 +34,7 @@ def test_the_default_run_finds_the_shipped_policy(tmp_path):
 
 @pytest.mark.slow
 def test_the_shipped_policy_solves_what_its_record_says(tmp_path):
-    """Its recorded held-out success (the warm start's last check) is reproduced on the same validation puzzles."""
+    """Its recorded validation success (the warm start's last check) is reproduced on the same validation puzzles."""
     config = TrainConfig(cache_dir=str(tmp_path))
     record = json.loads((SHIPPED_POLICIES / default_key(config) / "warm_start.json").read_text())
     assert record["success"] >= config.warm_start.target_success

@@ -8,7 +8,7 @@ import tyro
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
-from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.engines.local.trainer import LocalTrainer, scheduled_lr
 from dppo_oat.train import main
 
 TINY_WARM_START = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every",
@@ -70,13 +70,15 @@ def test_a_one_step_run_writes_token_samples(tmp_path):
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
-    common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, *SHORT]
+    """With a linear learning-rate decay too: the rate comes from the step, so a resumed run gets the same ones."""
+    common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--lr-schedule", "linear", *SHORT]
     main(["--steps", "2", "--run-name", "straight", *common])
     main(["--steps", "1", "--run-name", "killed", *common])  # stops after step 1, as a kill after its checkpoint
     main(["--steps", "2", "--run-name", "killed", "--resume", *common])
     straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
     resumed = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2]
+    assert [r["lr"] for r in straight] == pytest.approx([3e-4, 1.5e-4])
     for a, b in zip(straight, resumed):
         for key, value in a.items():
             if not key.startswith(TIMING_KEYS):
@@ -85,6 +87,13 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir)
     resumed_tokens = read_jsonl(tmp_path / "killed" / "tokens.jsonl")  # step 2 once, the same tokens
     assert [(t["step"], t["token_id"], t["position"]) for t in resumed_tokens] == \
         [(t["step"], t["token_id"], t["position"]) for t in straight_tokens]
+
+
+def test_learning_rate_schedules():
+    assert [scheduled_lr(1e-3, "constant", t, 4) for t in (1, 4)] == [1e-3, 1e-3]
+    assert [scheduled_lr(1e-3, "linear", t, 4) for t in (1, 2, 3, 4)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    with pytest.raises(ValueError, match="schedule"):
+        scheduled_lr(1e-3, "cosine", 1, 4)
 
 
 def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):

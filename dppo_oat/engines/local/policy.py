@@ -30,7 +30,7 @@ from dppo_oat.rollout.templates import render_prompt
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.update import causal_lm_forward
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""
 SHIPPED_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 """Warm-started policies that come with the package (the default run's: no warm start on a fresh machine), under
@@ -79,7 +79,8 @@ def supervised_step(model, optimizer, samples, pad_token_id: int) -> float:
 
 def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object], float], seed: int,
                console=None) -> WarmStartReport:
-    """Supervised training until the first check with held-out success ≥ ``settings.target_success``."""
+    """Supervised training until the first check whose validation success (puzzles apart from the held-out ones)
+    is ≥ ``settings.target_success``."""
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
     start, checks, success, step = time.perf_counter(), [], 0.0, 0
@@ -94,7 +95,7 @@ def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object],
                 success = evaluate(model)
                 checks.append({"step": step, "loss": loss, "success": success})
                 if console is not None:
-                    console.print(f"  warm start step {step}: loss {loss:.3f}, held-out success {success:.2f}")
+                    console.print(f"  warm start step {step}: loss {loss:.3f}, validation success {success:.2f}")
                 if success >= settings.target_success:
                     break
     return WarmStartReport(step, time.perf_counter() - start, success, checks)
@@ -131,7 +132,7 @@ def load_or_build_tiny_policy(config, console) -> tuple:
     samples = demonstration_samples(demos, tokenizer, template)
     report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer), seed, console)
     console.print(f"tiny policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
-                  f"held-out success {report.success:.2f}")
+                  f"validation success {report.success:.2f}")
     _save_atomically(model.eval(), tokenizer, report, path)
     return model, tokenizer
 

@@ -36,6 +36,16 @@ from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
 
+def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
+    """The learning rate of RL step ``step`` (1-based) of ``steps``: ``lr``, or for ``linear`` ``lr`` decayed linearly
+    to 0 (``lr · (steps − step + 1) / steps``: the full rate at step 1, ``lr / steps`` at the last)."""
+    if schedule == "constant":
+        return lr
+    if schedule == "linear":
+        return lr * (steps - step + 1) / steps
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+
+
 def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
     """Injected mismatch: log μ ← min(log μ + N(0, σ²), 0) on every reported token (documented knob), in the
     token's slot of the top-K set too, so binary and top-K rules see the same μ(a_t)."""
@@ -139,6 +149,8 @@ class LocalTrainer:
         probing = c.probe_every > 0 and step % c.probe_every == 0
         behavior_logits = response_logits(self.generator.model, batch, temperature=c.temperature) if probing else None
         update_started = time.perf_counter()
+        for group in self.optimizer.param_groups:  # from the step alone: a resumed run gets the same rates
+            group["lr"] = scheduled_lr(c.lr, c.lr_schedule, step, c.steps)
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
@@ -197,6 +209,7 @@ class LocalTrainer:
         metrics.update(summarize_steps(history))
         metrics.update({
             "optimizer_steps": float(len(history)),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
             "time/rollout": rollout_seconds,
             "time/update": update_seconds,
             "tokens_per_s/rollout": stats["generated_tokens"] / max(rollout_seconds, 1e-9),
