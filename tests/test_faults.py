@@ -148,6 +148,16 @@ def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, caps
     assert [row["step"] for row in read_jsonl(runs / "one" / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_run_logged_before_the_lr_schedule_flag_resumes_only_at_its_constant_rate(finished_run, tmp_path, capsys,
+                                                                                     cache_dir):
+    runs = copy_run(finished_run, tmp_path)
+    config = json.loads((runs / "one" / "config.json").read_text())
+    del config["lr_schedule"]  # as written by earlier versions, whose rate was constant
+    (runs / "one" / "config.json").write_text(json.dumps(config))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                       "--steps", "2", *TINY], 2, "other settings", "lr_schedule: 'constant' → 'linear'")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
 def test_a_damaged_checkpoint_is_one_line_naming_it(damage, finished_run, tmp_path, capsys, cache_dir, no_model):
     runs = copy_run(finished_run, tmp_path)

@@ -84,7 +84,8 @@ class TrainConfig(spec.DPPOFlags):
     lr: float = 3e-4
     lr_schedule: Literal["constant", "linear"] = "linear"
     """linear: --lr decayed linearly to 0 over --steps (the rate at step t is lr · (steps − t + 1) / steps), so the
-    run ends on small updates instead of oscillating; constant: --lr at every step."""
+    run ends on small updates instead of oscillating; constant: --lr at every step. The rate follows the step alone,
+    so --resume continues it exactly; a resume that extends --steps re-plans the decay over the new total."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     gamma: float = 0.0
