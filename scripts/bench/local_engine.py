@@ -7,12 +7,14 @@
   prompts (the generator's ceiling: what env steps, tokenisation and shrinking turn batches cost).
 - ``update_vs_raw_fwd_bwd``: update tokens/s (the core's update loop: policy_loss, metrics, aggregation, AdamW)
   ÷ tokens/s of a raw forward + log-softmax gather + backward + AdamW step on the same minibatches. Target ≥ 0.9.
-- Every RL step is followed by one raw ``generate``, one raw sampling loop and one raw update, and each ratio is the
-  median over steps of that step's own ratio, so that a machine's drift (other work, frequency) cancels in pairs.
+- Every RL step is followed by its raw counterparts (``generate`` and the sampling loop: the median of
+  :data:`RAW_REPEATS` calls, as one call lasts a tenth of a rollout and one slow call would decide the pair; one raw
+  update), and each ratio is the median over steps of that step's own ratio, so that a machine's drift (other work,
+  frequency) cancels in pairs.
 - ``default_run_seconds`` (with ``--default-run``): wall time of ``python -m dppo_oat.train`` with no arguments
   in a fresh run directory (the tiny policy is built unless it is already cached in ``--cache-dir``).
 
-Usage: ``python scripts/bench/local_engine.py [--steps 5] [--cache-dir DIR] [--default-run]``
+Usage: ``python scripts/bench/local_engine.py [--steps 10] [--cache-dir DIR] [--default-run]``
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from dppo_oat.engines.local.trainer import LocalTrainer
 from dppo_oat.rollout.decode import sample_with_cache
 from dppo_oat.rollout.hf_generator import completion_lengths, left_pad
 from dppo_oat.update import minibatch_indices
+
+
+RAW_REPEATS = 3
+"""Raw ``generate`` and sampling-loop calls per RL step (their median is the step's raw rate)."""
 
 
 def first_turn_batch(trainer: LocalTrainer):
@@ -110,8 +116,10 @@ def measure_steps(trainer: LocalTrainer, steps: int) -> list[dict]:
         input_ids, attention_mask = first_turn_batch(trainer)
         rows.append({"seconds": row["time/rollout"] + row["time/update"],
                      "rollout": row["tokens_per_s/rollout"], "update": row["tokens_per_s/update"],
-                     "raw_generate": raw_generate_tokens_per_s(trainer, input_ids, attention_mask),
-                     "raw_loop": raw_sampling_loop_tokens_per_s(trainer, input_ids, attention_mask),
+                     "raw_generate": statistics.median(raw_generate_tokens_per_s(trainer, input_ids, attention_mask)
+                                                       for _ in range(RAW_REPEATS)),
+                     "raw_loop": statistics.median(raw_sampling_loop_tokens_per_s(trainer, input_ids, attention_mask)
+                                                   for _ in range(RAW_REPEATS)),
                      "raw_update": raw_update_tokens_per_s(trainer, last_update_batch(trainer))})
     return rows
 
@@ -128,7 +136,7 @@ def default_run_seconds(cache_dir: str | None) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--default-run", action="store_true")
     args = parser.parse_args()
