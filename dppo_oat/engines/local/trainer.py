@@ -36,6 +36,7 @@ from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
 
+
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
     """The learning rate of RL step ``step`` (1-based) of ``steps``: ``lr``, or for ``linear`` ``lr`` decayed linearly
     to 0 (``lr · (steps − step + 1) / steps``: the full rate at step 1, ``lr / steps`` at the last)."""
