@@ -9,6 +9,7 @@ from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_f
 from dppo_oat.rollout.generation import Generator
 from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
+from tests.test_prefix_cache import recording_forward
 
 TOLERANCE = 1e-4
 
@@ -201,19 +202,16 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
     header = tokenizer.encode(toy_corpus(1, seed=21)[0])[:9]
     shared = [header + prompt for prompt in prompts]
     settings = SamplingSettings(max_new_tokens=10, temperature=1.0, seed=4, top_k_logprobs=3)
-    widths = []
-    forward = model.forward
     generator = HFGenerator(model, tokenizer)
-    monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
+    widths = recording_forward(model, monkeypatch)
     with_prefix = generator.generate(shared, settings)
-    monkeypatch.setattr(model, "forward", forward)
+    monkeypatch.undo()
     assert widths[0][0] == 1 and widths[0][1] >= len(header) and widths[1][0] == len(prompts)
     assert max_logprob_error(model, shared, with_prefix) <= TOLERANCE
 
     monkeypatch.setattr(hf_generator, "shared_prefix_length", lambda prompts: 0)
     generator.forget_prefixes()
-    widths.clear()
-    monkeypatch.setattr(model, "forward", lambda *a, **k: widths.append(tuple(k["input_ids"].shape)) or forward(*a, **k))
+    widths = recording_forward(model, monkeypatch)
     plain = generator.generate(shared, settings)
     assert widths[0][0] == len(prompts)
     assert [c.token_ids for c in with_prefix] == [c.token_ids for c in plain]
@@ -222,18 +220,69 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
         np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
 
 
-def test_prefixes_are_shared_only_where_every_layer_sees_the_whole_past(policy):
-    """A sliding window (Mistral-style config, or Qwen-style ``layer_types``) would count the padding between the
-    cached prefix and a row's tokens as positions: such models prefill every row whole."""
-    from transformers import MistralConfig, MistralForCausalLM
+SMALL = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=8)
 
-    from dppo_oat.rollout.decode import shares_prefixes
 
-    assert shares_prefixes(policy[0])
-    small = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1)
-    assert not shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=12, **small)))
-    assert shares_prefixes(MistralForCausalLM(MistralConfig(sliding_window=None, **small)))
+def small_model(name: str, **overrides):
+    """A randomly initialised two-layer model of a Hugging Face architecture (fp32, eval)."""
+    import transformers
+
+    config = getattr(transformers, f"{name}Config")(**{**SMALL, **overrides})
+    torch.manual_seed(0)
+    return getattr(transformers, f"{name}ForCausalLM")(config).eval()
+
+
+@pytest.mark.parametrize("name", ["Qwen3", "Qwen2", "Llama", "Mistral", "Gemma"])
+def test_direct_forward_is_the_models_own_forward_on_padded_rows_after_a_past(name):
+    """Two left-padded rows, prefilled in three calls (a past, a chunk, one token): every next-token logit equals
+    the model's own forward on the whole sequence (up to float rounding of other shapes)."""
+    from dppo_oat.rollout.decode import left_padded_positions
+    from dppo_oat.rollout.direct_forward import KVBuffer, direct_forward, runs_direct
+
+    model = small_model(name, **({"sliding_window": None} if name == "Mistral" else {}))
+    assert runs_direct(model)
+    input_ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :3] = 0
+    positions = left_padded_positions(attention_mask)
+    with torch.inference_mode():
+        expected = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
+        buffer = KVBuffer(2, 4, input_ids.device)  # too small: the buffer grows
+        for start, end in [(0, 5), (5, 8), (8, 9)]:
+            logits = direct_forward(model, buffer, input_ids[:, start:end], positions[:, start:end],
+                                    attention_mask[:, start:end].bool())
+            torch.testing.assert_close(logits, expected[:, end - 1], atol=1e-5, rtol=1e-5)
+    assert buffer.width == 9 and torch.equal(buffer.valid[:, :9], attention_mask.bool())
+
+
+def test_models_whose_forward_does_more_are_sampled_with_generate(policy, prompts):
+    """A sliding window, eager attention or a forward that changes the logits after the LM head fail
+    :func:`runs_direct`; the generator then samples with ``generate`` and caches no prefixes, and μ is still the
+    model's."""
+    from transformers import Qwen3ForCausalLM
+
+    from dppo_oat.rollout.direct_forward import runs_direct
+
+    class CappedLogits(Qwen3ForCausalLM):
+        def forward(self, *args, **kwargs):
+            output = super().forward(*args, **kwargs)
+            output.logits = 3.0 * torch.tanh(output.logits / 3.0)
+            return output
+
+    assert not runs_direct(small_model("Mistral", sliding_window=12))
+    capped = CappedLogits(small_model("Qwen3").config).eval()
+    assert not runs_direct(capped)
+    eager = small_model("Qwen3")
+    eager.config._attn_implementation = "eager"
+    assert not runs_direct(eager)
+
+    tokenizer = policy[1]
+    model = small_model("Mistral", sliding_window=12, vocab_size=len(tokenizer))
+    generator = HFGenerator(model, tokenizer, batch_size=4)
+    assert not generator.runs_direct and generator.prefix_cache is None
+    completions = generator.generate(prompts, SamplingSettings(temperature=1.0, max_new_tokens=6, seed=0))
+    assert max_logprob_error(model, prompts, completions, temperature=1.0) <= TOLERANCE
 
 
 def test_inverse_cdf_sampling_draws_from_the_distribution_and_never_a_zero_probability_token():

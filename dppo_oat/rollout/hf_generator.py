@@ -16,8 +16,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.rollout.decode import (Prefilled, decode, merge_prefilled, prefill, prefill_after_past,
-                                     shared_prefix_length, shares_prefixes)
+from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
+from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
                                            pack_rows, weights_version)
@@ -151,12 +151,13 @@ def uses_sampling_loop(settings: SamplingSettings) -> bool:
 
 
 class HFGenerator:
-    """Samples in batches of ``batch_size`` prompts, left-padded, with the KV cache (:func:`uses_sampling_loop`:
-    the plain sampling loop, else ``model.generate``).
+    """Samples in batches of ``batch_size`` prompts, left-padded, with the KV cache: the plain sampling loop of
+    :mod:`~dppo_oat.rollout.decode` for the settings of :func:`uses_sampling_loop` on a model that
+    :func:`~dppo_oat.rollout.direct_forward.runs_direct`, else ``model.generate``.
 
     μ is the processed (temperature / top-p) distribution, so any :class:`SamplingSettings` is honest. ``max_topk``
     is the vocabulary size. The EOS token, when sampled, is part of ``token_ids`` with its log-prob. With
-    ``reuse_prefixes`` (and a model whose cache allows it), the sampling loop keeps the KV cache of the last call's
+    ``reuse_prefixes``, the sampling loop keeps the keys and values of the last call's
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     """
 
@@ -170,8 +171,10 @@ class HFGenerator:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
-        self.shares_prefixes = shares_prefixes(self.model)
-        self.prefix_cache = PrefixCache() if reuse_prefixes and self.shares_prefixes else None
+        self.runs_direct = runs_direct(self.model)
+        self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
+        self._version: tuple[int, ...] | None = None
+        self._draws: torch.Generator | None = None
         self._cached_parts: list[CachedRows] = []
 
     @property
@@ -185,18 +188,23 @@ class HFGenerator:
             raise ValueError(f"top_k_logprobs={settings.top_k_logprobs} exceeds the vocabulary ({self.max_topk})")
         completions: list[Completion] = []
         self._cached_parts = []
-        with seeded(settings.seed, self.device), torch.inference_mode():
+        self._version = weights_version(self.model) if self.prefix_cache is not None else None
+        loop = self.runs_direct and uses_sampling_loop(settings)
+        self._draws = None  # the sampling loop's own generator: the global RNG is left alone, at no fork's cost
+        if loop and settings.seed is not None:
+            self._draws = torch.Generator(self.device).manual_seed(settings.seed)
+        with contextlib.nullcontext() if loop else seeded(settings.seed, self.device), torch.inference_mode():
             for start in range(0, len(prompts), self.batch_size):
                 completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings))
         if self.prefix_cache is not None and self._cached_parts:
-            self.prefix_cache.store(concat_rows(self._cached_parts), weights_version(self.model))
+            self.prefix_cache.store(concat_rows(self._cached_parts), self._version)
             self._cached_parts = []
         return completions
 
     def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
         """Sample one batch and turn HF's output into completions in one vectorized pass."""
         eos = torch.as_tensor(self.eos_token_ids, device=self.device)
-        sample = self._sample_loop if uses_sampling_loop(settings) else self._sample_generate
+        sample = self._sample_loop if self.runs_direct and uses_sampling_loop(settings) else self._sample_generate
         new_ids, action_logprobs, logprobs = sample(prompts, settings, eos)
         lengths, stopped = completion_lengths(new_ids, eos)
         topk = None
@@ -209,40 +217,59 @@ class HFGenerator:
         )
 
     def _sample_loop(self, prompts, settings: SamplingSettings, eos: torch.Tensor):
-        """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop, after the prefill of :meth:`_prefill`;
-        the batch's keys and values are then cached for the next call."""
-        state = self._prefill(prompts)
+        """``(new_ids, log μ(a_t), log μ or None)`` from the sampling loop, after the prefill of :meth:`_prefill`
+        (whose rows may be in another order: every row draws its prompt's uniforms, and the results come back in
+        prompt order); the batch's keys and values are then cached for the next call."""
+        order, state = self._prefill(prompts, settings.max_new_tokens)
+        draw_order = torch.as_tensor(order, device=self.device)
         decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                         stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0)
+                         stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0,
+                         draw_order=draw_order, generator=self._draws)
         if self.prefix_cache is not None:
-            self._cached_parts.append(self._rows_to_cache(prompts, state, decoded, eos))
-        return decoded.new_ids, decoded.action_logprobs, decoded.logprobs
+            self._cached_parts.append(self._rows_to_cache([prompts[i] for i in order], state, decoded, eos))
+        prompt_order = torch.argsort(draw_order)
+        logprobs = None if decoded.logprobs is None else decoded.logprobs[prompt_order]
+        return decoded.new_ids[prompt_order], decoded.action_logprobs[prompt_order], logprobs
 
-    def _prefill(self, prompts) -> Prefilled:
-        """Prompts with a cached prefix start after it, in one or two length buckets; otherwise the batch's shared
-        prefix (a template's header) is prefilled once for every row."""
-        version = weights_version(self.model) if self.prefix_cache is not None else None
-        found = [self.prefix_cache.lookup(prompt, version) for prompt in prompts] if version is not None else []
+    def _prefill(self, prompts, room: int) -> tuple[list[int], Prefilled]:
+        """``(order, state)``: the batch prefilled with its rows in ``order`` (prompt indices), ``room`` columns
+        left for sampling. Prompts with a cached prefix start after it, in a few length buckets that fill
+        consecutive rows of one buffer; otherwise the batch's shared prefix (a template's header) is prefilled once
+        for every row."""
+        found = self.prefix_cache.lookup_all(prompts, self._version) if self.prefix_cache is not None else []
         if not any(length for _, length in found):
-            shared = shared_prefix_length(prompts) if self.shares_prefixes else 0
+            shared = shared_prefix_length(prompts)
             input_ids, attention_mask = left_pad([prompt[shared:] for prompt in prompts], self.pad_token_id,
                                                  self.device)
             prefix_ids = None
             if shared:
                 prefix_ids = torch.as_tensor(list(prompts[0][:shared]), dtype=torch.long, device=self.device)
-            return prefill(self.model, input_ids, attention_mask, prefix_ids)
+            return list(range(len(prompts))), prefill(self.model, input_ids, attention_mask, prefix_ids, room)
+        return self._prefill_after_cached(prompts, found, room)
+
+    def _prefill_after_cached(self, prompts, found: list[tuple[int, int]], room: int) -> tuple[list[int], Prefilled]:
+        """Each bucket gathers its rows' cached pasts into its rows of the buffer, right-aligned with the others,
+        and prefills the rest of its prompts there."""
         sources = torch.as_tensor([row for row, _ in found])
         reuse = torch.as_tensor([length for _, length in found])
         suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found)]
         buckets = length_buckets([len(suffix) for suffix in suffixes])
-        parts = []
-        for bucket in buckets:
+        spans = [int(reuse[bucket].max()) + max(len(suffixes[i]) for i in bucket) for bucket in buckets]
+        width = max(spans)
+        cached = self.prefix_cache.rows
+        buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys)
+        parts, start = [], 0
+        for bucket, span in zip(buckets, spans):
             index = torch.as_tensor(bucket)
-            past, past_mask = gather_past(self.prefix_cache.rows, sources[index], reuse[index])
+            part = buffer.rows(start, start + len(bucket), width - span)
+            part.fill(*gather_past(cached, sources[index], reuse[index]))
             input_ids, attention_mask = left_pad([suffixes[i] for i in bucket], self.pad_token_id, self.device)
-            parts.append(prefill_after_past(self.model, input_ids, attention_mask, past, past_mask.to(self.device),
-                                            reuse[index].to(self.device)))
-        return parts[0] if len(parts) == 1 else merge_prefilled(parts, buckets)
+            parts.append(prefill_after_past(self.model, part, input_ids, attention_mask, reuse[index].to(self.device)))
+            start += len(bucket)
+        buffer.width = width
+        return [row for bucket in buckets for row in bucket], Prefilled(
+            torch.cat([part.logits for part in parts]), buffer, buffer.valid[:, :width],
+            torch.cat([part.next_position for part in parts]))
 
     @staticmethod
     def _rows_to_cache(prompts, state: Prefilled, decoded, eos: torch.Tensor) -> CachedRows:

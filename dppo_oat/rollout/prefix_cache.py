@@ -6,10 +6,11 @@ cell, or not at all after a wrong move. As vLLM's automatic prefix caching does 
 the keys and values of its last call's rows (prompt and fed response tokens) and prefills a new prompt from the end
 of its longest cached prefix:
 
-- :class:`PrefixCache` finds, for a prompt, the cached row sharing its longest prefix (a token trie);
+- :class:`PrefixCache` finds, for each prompt, the cached row sharing its longest prefix (every prompt against every
+  row at once);
 - :func:`gather_past` copies those keys and values into a left-padded past of a batch;
 - :func:`length_buckets` splits a batch by the length still to prefill, so that a few long suffixes do not pad every
-  row to their length.
+  row to their length; the buckets fill consecutive rows of one buffer and decode together.
 
 A key or value of a causal model depends only on the tokens up to it, their positions and the weights, so a
 reused prefix is what a full prefill computes (up to float rounding of another batch shape). The cache is keyed on
@@ -25,12 +26,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from dppo_oat.rollout.decode import rows_right_aligned
+from dppo_oat.rollout.direct_forward import KVBuffer
 
 MIN_REUSE = 2
 """A cached prefix shorter than this is prefilled again (gathering it would cost more than it saves)."""
-SPLIT_SAVING = 0.25
-"""A batch is prefilled in two length buckets when that spares at least this share of its padded suffix tokens."""
+SPLIT_SAVING = 0.1
+"""A batch is prefilled in one length bucket more when that spares at least this share of its padded suffix tokens
+(padded to its longest row in one bucket)."""
+MAX_BUCKETS = 3
+"""The most length buckets a batch is prefilled in."""
 
 
 @dataclass
@@ -50,38 +54,45 @@ def weights_version(model) -> tuple[int, ...]:
 
 
 class PrefixCache:
-    """The last call's rows, found by prefix: ``lookup(prompt)`` gives the cached row and the number of leading
-    tokens it shares with ``prompt`` (leaving the prompt at least its last token to prefill)."""
+    """The last call's rows, found by prefix: :meth:`lookup_all` gives, for each prompt, the cached row sharing its
+    longest prefix and that prefix's length (leaving the prompt at least its last token to prefill), compared at
+    once against every row (``[prompts, rows, tokens]`` in numpy)."""
 
     def __init__(self) -> None:
         self.rows: CachedRows | None = None
-        self._trie: dict = {}
+        self._tokens = np.zeros((0, 0), dtype=np.int64)
         self._version: tuple[int, ...] | None = None
 
     def store(self, rows: CachedRows, version: tuple[int, ...]) -> None:
         """Replace the cache by ``rows``, computed under the weights of ``version``."""
-        self.rows, self._version, self._trie = rows, version, {}
+        self.rows, self._version = rows, version
+        self._tokens = np.full((len(rows.tokens), max(map(len, rows.tokens), default=0)), -1, dtype=np.int64)
         for index, tokens in enumerate(rows.tokens):
-            node = self._trie
-            for token in tokens:
-                node = node.setdefault(token, {})
-                node.setdefault(None, index)  # the key None holds the first row through this node
+            self._tokens[index, : len(tokens)] = tokens
 
     def clear(self) -> None:
-        self.rows, self._trie, self._version = None, {}, None
+        self.rows, self._tokens, self._version = None, np.zeros((0, 0), dtype=np.int64), None
+
+    def lookup_all(self, prompts: Sequence[Sequence[int]], version: tuple[int, ...]) -> list[tuple[int, int]]:
+        """Per prompt ``(row, length)``: the first cached row sharing the longest prefix with it and that prefix's
+        length, at most ``len(prompt) - 1``; ``(-1, 0)`` when it is under :data:`MIN_REUSE` or the weights
+        changed."""
+        width = min(self._tokens.shape[1], max((len(prompt) for prompt in prompts), default=1) - 1)
+        if version != self._version or self.rows is None or width < MIN_REUSE:
+            return [(-1, 0)] * len(prompts)
+        queries = np.full((len(prompts), width), -2, dtype=np.int64)  # -2: no token (cached rows pad with -1)
+        for index, prompt in enumerate(prompts):
+            head = prompt[: min(len(prompt) - 1, width)]
+            queries[index, : len(head)] = head
+        same = queries[:, None, :] == self._tokens[None, :, :width]  # [prompts, rows, width]
+        shared = np.where(same.all(axis=2), width, np.argmin(same, axis=2))  # length of the common prefix
+        best = shared.argmax(axis=1)
+        lengths = shared[np.arange(len(prompts)), best]
+        return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0) for row, length in zip(best, lengths)]
 
     def lookup(self, prompt: Sequence[int], version: tuple[int, ...]) -> tuple[int, int]:
-        """``(row, length)``: the cached row sharing the longest prefix with ``prompt`` and that prefix's length,
-        at most ``len(prompt) - 1``; ``(-1, 0)`` when it is under :data:`MIN_REUSE` or the weights changed."""
-        if version != self._version:
-            return -1, 0
-        node, row, length = self._trie, -1, 0
-        for depth, token in enumerate(prompt[: len(prompt) - 1], start=1):
-            node = node.get(token)
-            if node is None:
-                break
-            row, length = node[None], depth
-        return (row, length) if length >= MIN_REUSE else (-1, 0)
+        """:meth:`lookup_all` for one prompt."""
+        return self.lookup_all([prompt], version)[0]
 
 
 def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
@@ -101,18 +112,34 @@ def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     return past, mask
 
 
-def pack_rows(cache, valid: torch.Tensor, tokens: list[tuple[int, ...]]) -> CachedRows:
-    """Pack the columns of ``cache`` (a ``DynamicCache`` over ``[B, ·, W, ·]``) that ``valid [B, W]`` marks as each
-    row's tokens, in order, to the right of a narrower copy."""
+def pack_rows(cache: KVBuffer, valid: torch.Tensor, tokens: list[tuple[int, ...]]) -> CachedRows:
+    """Pack the filled columns of ``cache`` (``[B, ·, W, ·]``) that ``valid [B, W]`` marks as each row's tokens, in
+    order, to the right of a narrower copy."""
     lengths = valid.sum(dim=1)
     width = int(lengths.max())
     order = torch.sort(valid.int(), dim=1, stable=True).indices[:, -width:]  # invalid first, valid in order last
     keys, values = [], []
-    for layer in cache.layers:
-        expanded = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-        keys.append(layer.keys.gather(2, expanded.to(layer.keys.device)))
-        values.append(layer.values.gather(2, expanded.to(layer.values.device)))
+    for layer_keys, layer_values in cache.filled():
+        expanded = order[:, None, :, None].expand(-1, layer_keys.shape[1], -1, layer_keys.shape[3])
+        keys.append(layer_keys.gather(2, expanded.to(layer_keys.device)))
+        values.append(layer_values.gather(2, expanded.to(layer_values.device)))
     return CachedRows(tokens, keys, values, lengths.cpu())
+
+
+def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[int]],
+                       dim: int | None) -> torch.Tensor:
+    """One tensor from batches: tensor ``p``'s rows go to rows ``rows[p]`` of the result, and along ``dim`` (if any)
+    each is right-aligned in the widest, zeros on its left (masked columns of a left-padded batch)."""
+    shape = list(tensors[0].shape)
+    shape[0] = sum(len(part_rows) for part_rows in rows)
+    if dim is not None:
+        shape[dim] = max(tensor.shape[dim] for tensor in tensors)
+    out = tensors[0].new_zeros(shape)
+    for tensor, part_rows in zip(tensors, rows):
+        index = torch.as_tensor(list(part_rows), device=out.device)
+        place = out if dim is None else out.narrow(dim, shape[dim] - tensor.shape[dim], tensor.shape[dim])
+        place[index] = tensor
+    return out
 
 
 def concat_rows(parts: Sequence[CachedRows]) -> CachedRows:
@@ -132,17 +159,30 @@ def concat_rows(parts: Sequence[CachedRows]) -> CachedRows:
                       torch.cat([part.lengths for part in parts]))
 
 
-def length_buckets(suffix_lengths: Sequence[int], min_saving: float = SPLIT_SAVING) -> list[list[int]]:
-    """Row indices in one or two buckets by the number of tokens each row still prefills: two when padding each
-    bucket to its own longest row spares at least ``min_saving`` of padding every row to the longest one."""
+def padded_costs(lengths: Sequence[int], max_buckets: int) -> list[tuple[int, list[int]]]:
+    """For ``k = 1 … max_buckets``: the fewest padded tokens of the sorted ``lengths`` cut into ``k`` consecutive
+    buckets, each padded to its longest (cuts fall between distinct lengths), and the bucket ends (indices into
+    the sorted lengths)."""
+    values = sorted(set(lengths))
+    ends = np.cumsum([sum(1 for length in lengths if length == value) for value in values]).tolist()
+    best = [(ends[j] * values[j], [ends[j]]) for j in range(len(values))]  # one bucket over values[: j + 1]
+    costs = [best[-1]]
+    for _ in range(1, max_buckets):
+        best = [min(((best[i][0] + (ends[j] - ends[i]) * values[j], best[i][1] + [ends[j]]) for i in range(j)),
+                    default=best[j]) for j in range(len(values))]
+        costs.append(best[-1])
+    return costs
+
+
+def length_buckets(suffix_lengths: Sequence[int], min_saving: float = SPLIT_SAVING,
+                   max_buckets: int = MAX_BUCKETS) -> list[list[int]]:
+    """Row indices in up to ``max_buckets`` buckets by the number of tokens each row still prefills: each bucket
+    more is taken only when it spares at least ``min_saving`` of the padded tokens of one bucket (a forward more
+    costs its own overhead)."""
     order = sorted(range(len(suffix_lengths)), key=lambda i: suffix_lengths[i])
-    ordered = [suffix_lengths[i] for i in order]
-    whole = len(ordered) * ordered[-1]
-    best, split = whole, 0
-    for k in range(1, len(ordered)):
-        cost = k * ordered[k - 1] + (len(ordered) - k) * ordered[-1]
-        if cost < best:
-            best, split = cost, k
-    if split == 0 or whole - best < min_saving * whole:
-        return [list(range(len(suffix_lengths)))]
-    return [sorted(order[:split]), sorted(order[split:])]
+    costs = padded_costs(suffix_lengths, max_buckets)
+    chosen = 0
+    while chosen + 1 < len(costs) and costs[chosen][0] - costs[chosen + 1][0] >= min_saving * costs[0][0]:
+        chosen += 1
+    starts = [0] + costs[chosen][1][:-1]
+    return [sorted(order[start:end]) for start, end in zip(starts, costs[chosen][1])]

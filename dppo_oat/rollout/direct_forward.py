@@ -1,0 +1,187 @@
+"""A decoder-only model's forward on a preallocated KV buffer, without the model's top-level wrapper.
+
+Each ``model(...)`` call of Hugging Face builds a 4D mask from the 2D one, appends every layer's new keys and values
+to its ``DynamicCache`` with a ``torch.cat`` (a copy of the whole past, per layer and per token) and wraps the
+result in output dataclasses. A rollout turn of a compact game samples about eight tokens, one forward each, on
+batches of a few to 64 rows, so that bookkeeping is a quarter of a decode step. As vLLM runs its own model executor
+over a preallocated KV cache, :func:`direct_forward` runs the model's *own modules* (token embedding, rotary
+embedding, decoder layers, final norm, LM head) on a :class:`KVBuffer`: every layer writes its new keys and values
+in place into tensors sized for the whole call, and the mask is built once per forward from the buffer's valid
+columns. The decoder layers, and with them all the attention and MLP arithmetic, are the model's; what this module
+replaces is the wrapper around them. :func:`runs_direct` checks on a small batch, once per model, that the result
+is the model's own forward (a model whose wrapper does more, e.g. scales its embeddings or caps its logits, fails
+the check and is sampled with ``generate``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+MATCH_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+"""Largest relative logit difference :func:`runs_direct` accepts per parameter dtype (others: 2e-2, half precision)."""
+
+
+class KVBuffer:
+    """Keys and values of a batch in tensors ``[B, H, capacity, D]`` per layer, filled from the left: columns
+    ``[0, width)`` hold the tokens seen so far, and ``valid [B, capacity]`` marks which of them a row attends to
+    (False for left padding). The decoder layers call :meth:`update` as they would a Hugging Face cache."""
+
+    def __init__(self, batch: int, capacity: int, device: torch.device):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.valid = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
+        self.width = 0
+        self._is_view = False
+
+    @classmethod
+    def allocate(cls, batch: int, capacity: int, layers: Sequence[torch.Tensor]) -> "KVBuffer":
+        """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``layers[l]`` (``[·, H, ·, D]``)."""
+        buffer = cls(batch, capacity, layers[0].device)
+        for like in layers:
+            buffer.keys.append(buffer._columns_like(like))
+            buffer.values.append(buffer._columns_like(like))
+        return buffer
+
+    @classmethod
+    def from_past(cls, past: Sequence[tuple[torch.Tensor, torch.Tensor]], past_mask: torch.Tensor,
+                  capacity: int) -> "KVBuffer":
+        """A buffer whose first columns are ``past`` (per layer ``(keys, values)`` of ``[B, H, R, D]``), valid where
+        ``past_mask [B, R]`` is, with room for ``capacity`` columns in all."""
+        buffer = cls.allocate(past_mask.shape[0], capacity, [keys for keys, _ in past]) if past else cls(
+            past_mask.shape[0], capacity, past_mask.device)
+        buffer.fill(past, past_mask)
+        return buffer
+
+    def fill(self, past: Sequence[tuple[torch.Tensor, torch.Tensor]], past_mask: torch.Tensor) -> None:
+        """Write ``past`` (per layer ``[B, H, R, D]``, valid where ``past_mask [B, R]`` is) into the first ``R``
+        columns of this empty buffer."""
+        width = past_mask.shape[1]
+        for layer, (keys, values) in enumerate(past):
+            self.keys[layer][:, :, :width] = keys
+            self.values[layer][:, :, :width] = values
+        self.valid[:, :width] = past_mask.bool()
+        self.width = width
+
+    def rows(self, start: int, stop: int, first_column: int) -> "KVBuffer":
+        """An empty buffer on rows ``[start, stop)`` and columns ``first_column …`` of this one (views: what it is
+        filled with lands here). The columns before ``first_column`` become zeros, masked, so that batches of
+        different widths end together, right-aligned, and decode as one."""
+        view = KVBuffer.__new__(KVBuffer)
+        view.keys, view.values = [], []
+        for keys, values in zip(self.keys, self.values):
+            keys[start:stop, :, :first_column] = 0
+            values[start:stop, :, :first_column] = 0
+            view.keys.append(keys[start:stop, :, first_column:])
+            view.values.append(values[start:stop, :, first_column:])
+        self.valid[start:stop, :first_column] = False
+        view.valid, view.width, view._is_view = self.valid[start:stop, first_column:], 0, True
+        return view
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+    def _columns_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Uninitialised ``[B, H, capacity, D]`` storage for a layer whose keys look like ``tensor`` (a column is
+        written before :meth:`update` first returns it)."""
+        return tensor.new_empty((self.valid.shape[0], tensor.shape[1], self.capacity, tensor.shape[3]))
+
+    def filled(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` of the filled columns (views)."""
+        return [(keys[:, :, : self.width], values[:, :, : self.width]) for keys, values in zip(self.keys, self.values)]
+
+    def reserve(self, columns: int) -> None:
+        """Make room for ``columns`` more tokens (a copy into larger tensors, only when the room runs out)."""
+        if self.width + columns <= self.capacity:
+            return
+        if self._is_view:
+            raise RuntimeError("a view of a KVBuffer's rows cannot grow: allocate the buffer with room for them")
+        capacity = max(self.width + columns, 2 * self.capacity)
+        grown = KVBuffer.from_past(self.filled(), self.valid[:, : self.width], capacity)
+        self.keys, self.values, self.valid = grown.keys, grown.values, grown.valid
+
+    def repeat_rows(self, batch: int, capacity: int) -> "KVBuffer":
+        """A buffer of ``batch`` rows, each a copy of this one-row buffer's filled columns."""
+        past = [(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)) for keys, values in self.filled()]
+        return KVBuffer.from_past(past, self.valid[:, : self.width].expand(batch, -1), capacity)
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, cache_kwargs=None):
+        """Write a layer's new keys and values after the filled columns; return the layer's keys and values up to
+        them (the Hugging Face cache interface; the width moves on in :func:`direct_forward`, after every layer)."""
+        if layer_idx == len(self.keys):
+            self.keys.append(self._columns_like(keys))
+            self.values.append(self._columns_like(values))
+        end = self.width + keys.shape[2]
+        self.keys[layer_idx][:, :, self.width : end] = keys
+        self.values[layer_idx][:, :, self.width : end] = values
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+
+def causal_mask(valid: torch.Tensor, start: int) -> torch.Tensor:
+    """The boolean mask ``[B, 1, S, K]`` of ``S`` new tokens at columns ``start …`` over keys ``valid [B, K]``: a
+    query sees the valid keys up to its own column, and always itself (so that a padding query has a key, and no
+    row of the softmax is empty; padding is never a key of a real token)."""
+    new = valid.shape[1] - start
+    query_columns = start + torch.arange(new, device=valid.device)[:, None]
+    key_columns = torch.arange(valid.shape[1], device=valid.device)[None, :]
+    allowed = valid[:, None, :] & (key_columns <= query_columns)[None]
+    return (allowed | (key_columns == query_columns)[None])[:, None]
+
+
+def direct_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: torch.Tensor,
+                   valid: torch.Tensor) -> torch.Tensor:
+    """The next-token logits ``[B, V]`` (last position) of ``input_ids [B, S]`` at ``positions [B, S]`` after the
+    buffer's columns; their keys and values join the buffer, valid where ``valid [B, S]`` is."""
+    body, new = model.model, input_ids.shape[1]
+    buffer.reserve(new)
+    start = buffer.width
+    buffer.valid[:, start : start + new] = valid
+    mask = causal_mask(buffer.valid[:, : start + new], start)
+    hidden = body.embed_tokens(input_ids)
+    position_embeddings = body.rotary_emb(hidden, positions)
+    for layer in body.layers:
+        hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=buffer, use_cache=True,
+                       position_embeddings=position_embeddings)
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    buffer.width = start + new
+    return model.lm_head(body.norm(hidden[:, -1:]))[:, -1]
+
+
+def _has_plain_structure(model) -> bool:
+    """The modules :func:`direct_forward` calls, SDPA attention, and full attention in every layer (a sliding
+    window or attention chunks would need their own masks)."""
+    body, config = getattr(model, "model", None), getattr(model, "config", None)
+    if body is None or config is None or not hasattr(model, "lm_head"):
+        return False
+    if not all(hasattr(body, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        full_attention = all(kind == "full_attention" for kind in layer_types)
+    else:
+        full_attention = getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window",
+                                                                                       True)
+    return (full_attention and not getattr(config, "attention_chunk_size", None)
+            and getattr(config, "_attn_implementation", None) == "sdpa")
+
+
+@torch.inference_mode()
+def runs_direct(model) -> bool:
+    """Whether :func:`direct_forward` computes ``model``'s own forward: the plain structure, and the same next-token
+    logits as ``model(...)`` on two left-padded rows, prefilled in two calls (a past, then the rest)."""
+    if not _has_plain_structure(model):
+        return False
+    device, vocab = next(model.parameters()).device, model.config.vocab_size
+    input_ids = (torch.arange(12, device=device).view(2, 6) * 7 + 3) % vocab
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :2] = 0
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    expected = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, -1]
+    buffer = KVBuffer(2, 6, device)
+    direct_forward(model, buffer, input_ids[:, :3], positions[:, :3], attention_mask[:, :3].bool())
+    logits = direct_forward(model, buffer, input_ids[:, 3:], positions[:, 3:], attention_mask[:, 3:].bool())
+    tolerance = MATCH_TOLERANCE.get(logits.dtype, 2e-2)
+    scale = float(expected.abs().max()) + 1.0
+    return bool((logits.float() - expected.float()).abs().max() <= tolerance * scale)
