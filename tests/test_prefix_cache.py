@@ -198,7 +198,7 @@ def test_lookup_all_finds_the_first_row_with_the_longest_shared_prefix(cached, p
     from dppo_oat.rollout.prefix_cache import CachedRows
 
     cache = PrefixCache()
-    cache.store(CachedRows([tuple(tokens) for tokens in cached], [], [], torch.zeros(len(cached))), (1,))
+    cache.store(CachedRows([tuple(tokens) for tokens in cached], [], [], torch.zeros(len(cached)), torch.zeros(0)), (1,))
     for prompt, found in zip(prompts, cache.lookup_all(prompts, (1,))):
         shared = [next((k for k in range(len(prompt) - 1) if k >= len(row) or row[k] != prompt[k]),
                        min(len(prompt) - 1, len(row))) for row in cached]

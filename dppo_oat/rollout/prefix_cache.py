@@ -39,13 +39,15 @@ MAX_BUCKETS = 3
 
 @dataclass
 class CachedRows:
-    """Keys and values of the rows of one call, packed to the right: in layer ``l``, row ``n``'s tokens are the last
-    ``lengths[n]`` columns of ``keys[l][n]`` (``[N, H, W, D]``), in order, at positions 0, 1, …"""
+    """Keys and values of the rows of one call, where the call left them: in layer ``l``, row ``n``'s tokens are the
+    columns ``columns[n, -lengths[n]:]`` of ``keys[l][n]`` (``[N, H, W, D]``), in order, at positions 0, 1, …
+    (``columns [N, C]`` lists each row's columns right-aligned; a row's padding and unfed tokens are skipped)."""
 
     tokens: list[tuple[int, ...]]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
+    columns: torch.Tensor
 
 
 def weights_version(model) -> tuple[int, ...]:
@@ -104,26 +106,25 @@ def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     mask = (columns[None, :] >= (width - reuse)[:, None]).long()
     source_rows = sources.clamp(min=0)  # a row reusing nothing reads row 0, all masked
     lengths = rows.lengths.to(reuse.device)[source_rows]
-    packed_width = rows.keys[0].shape[2]
-    index = (packed_width - lengths[:, None] + columns[None, :] - (width - reuse)[:, None]).clamp(0, packed_width - 1)
-    source_rows, index = source_rows[:, None].to(rows.keys[0].device), index.to(rows.keys[0].device)
+    listed = rows.columns.shape[1]
+    index = (listed - lengths[:, None] + columns[None, :] - (width - reuse)[:, None]).clamp(0, listed - 1)
+    device = rows.keys[0].device
+    source_rows = source_rows[:, None].to(device)
+    index = rows.columns.to(device)[source_rows, index.to(device)]  # the cached tokens' columns in the keys
     past = [(keys[source_rows, :, index].transpose(1, 2), values[source_rows, :, index].transpose(1, 2))
             for keys, values in zip(rows.keys, rows.values)]  # [B, R, H, D] -> [B, H, R, D]
     return past, mask
 
 
 def pack_rows(cache: KVBuffer, valid: torch.Tensor, tokens: list[tuple[int, ...]]) -> CachedRows:
-    """Pack the filled columns of ``cache`` (``[B, ·, W, ·]``) that ``valid [B, W]`` marks as each row's tokens, in
-    order, to the right of a narrower copy."""
+    """The rows of ``cache`` (its filled columns, not copied: the buffer is the call's own and is not written
+    again) whose tokens ``valid [B, W]`` marks, listed in order."""
     lengths = valid.sum(dim=1)
     width = int(lengths.max())
-    order = torch.sort(valid.int(), dim=1, stable=True).indices[:, -width:]  # invalid first, valid in order last
-    keys, values = [], []
-    for layer_keys, layer_values in cache.filled():
-        expanded = order[:, None, :, None].expand(-1, layer_keys.shape[1], -1, layer_keys.shape[3])
-        keys.append(layer_keys.gather(2, expanded.to(layer_keys.device)))
-        values.append(layer_values.gather(2, expanded.to(layer_values.device)))
-    return CachedRows(tokens, keys, values, lengths.cpu())
+    columns = torch.sort(valid.int(), dim=1, stable=True).indices[:, -width:]  # invalid first, valid in order last
+    filled = cache.filled()
+    return CachedRows(tokens, [keys for keys, _ in filled], [values for _, values in filled], lengths.cpu(),
+                      columns.cpu())
 
 
 def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[int]],
@@ -143,20 +144,22 @@ def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[
 
 
 def concat_rows(parts: Sequence[CachedRows]) -> CachedRows:
-    """The rows of several batches as one (narrower batches padded on the left)."""
+    """The rows of several batches as one (narrower batches padded on the left, their columns shifted with them)."""
     if len(parts) == 1:
         return parts[0]
     starts = np.cumsum([0] + [len(part.tokens) for part in parts])
     rows = [range(start, start + len(part.tokens)) for start, part in zip(starts, parts)]
 
-    def joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        return rows_right_aligned(tensors, rows, dim=2)
+    def joined(tensors: Sequence[torch.Tensor], dim: int = 2) -> torch.Tensor:
+        return rows_right_aligned(tensors, rows, dim=dim)
 
+    width = max(part.keys[0].shape[2] for part in parts)
     layers = range(len(parts[0].keys))
     return CachedRows([tokens for part in parts for tokens in part.tokens],
                       [joined([part.keys[layer] for part in parts]) for layer in layers],
                       [joined([part.values[layer] for part in parts]) for layer in layers],
-                      torch.cat([part.lengths for part in parts]))
+                      torch.cat([part.lengths for part in parts]),
+                      joined([part.columns + (width - part.keys[0].shape[2]) for part in parts], dim=1))
 
 
 def padded_costs(lengths: Sequence[int], max_buckets: int) -> list[tuple[int, list[int]]]:
