@@ -262,7 +262,7 @@ def test_models_whose_forward_does_more_are_sampled_with_generate(policy, prompt
     model's."""
     from transformers import Qwen3ForCausalLM
 
-    from dppo_oat.rollout.direct_forward import runs_direct
+    from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 
     class CappedLogits(Qwen3ForCausalLM):
         def forward(self, *args, **kwargs):
@@ -276,6 +276,16 @@ def test_models_whose_forward_does_more_are_sampled_with_generate(policy, prompt
     eager = small_model("Qwen3")
     eager.config._attn_implementation = "eager"
     assert not runs_direct(eager)
+    refusing = small_model("Qwen3")  # a layer that does not take the buffer (another library version's signature)
+    layer_forward = refusing.model.layers[0].forward
+
+    def old_signature(hidden, *args, past_key_values=None, **kwargs):
+        if isinstance(past_key_values, KVBuffer):
+            raise TypeError("forward() got an unexpected keyword argument 'past_key_values'")
+        return layer_forward(hidden, *args, past_key_values=past_key_values, **kwargs)
+
+    refusing.model.layers[0].forward = old_signature
+    assert not runs_direct(refusing)
 
     tokenizer = policy[1]
     model = small_model("Mistral", sliding_window=12, vocab_size=len(tokenizer))

@@ -13,8 +13,9 @@ The prefill spares two kinds of work, as vLLM's does: the tokens every prompt of
 template's system prompt, a game's header) go through the model once and their keys and values are copied to every
 row (:func:`shared_prefix_length`), and only the last position, the one sampled from, goes through the LM head.
 Across calls, :func:`prefill_after_past` starts each row after a past of its own (the cached prefix of
-:mod:`dppo_oat.rollout.prefix_cache`), and :func:`merge_prefilled` joins batches prefilled apart into one that
-decodes together. Every function here needs a model that :func:`~dppo_oat.rollout.direct_forward.runs_direct`.
+:mod:`dppo_oat.rollout.prefix_cache`); batches of rows prefilled apart (length buckets) share one buffer, each in
+its own rows, and decode together. Every function here needs a model that
+:func:`~dppo_oat.rollout.direct_forward.runs_direct` accepts.
 """
 
 from __future__ import annotations

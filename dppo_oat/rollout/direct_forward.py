@@ -37,7 +37,8 @@ class KVBuffer:
 
     @classmethod
     def allocate(cls, batch: int, capacity: int, layers: Sequence[torch.Tensor]) -> "KVBuffer":
-        """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``layers[l]`` (``[·, H, ·, D]``)."""
+        """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``layers[l]``
+        (``[·, H, ·, D]``)."""
         buffer = cls(batch, capacity, layers[0].device)
         for like in layers:
             buffer.keys.append(buffer._columns_like(like))
@@ -170,7 +171,8 @@ def _has_plain_structure(model) -> bool:
 @torch.inference_mode()
 def runs_direct(model) -> bool:
     """Whether :func:`direct_forward` computes ``model``'s own forward: the plain structure, and the same next-token
-    logits as ``model(...)`` on two left-padded rows, prefilled in two calls (a past, then the rest)."""
+    logits as ``model(...)`` on two left-padded rows, prefilled in two calls (a past, then the rest). A layer that
+    refuses the call (another library version's signature) counts as a no."""
     if not _has_plain_structure(model):
         return False
     device, vocab = next(model.parameters()).device, model.config.vocab_size
@@ -180,8 +182,11 @@ def runs_direct(model) -> bool:
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     expected = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, -1]
     buffer = KVBuffer(2, 6, device)
-    direct_forward(model, buffer, input_ids[:, :3], positions[:, :3], attention_mask[:, :3].bool())
-    logits = direct_forward(model, buffer, input_ids[:, 3:], positions[:, 3:], attention_mask[:, 3:].bool())
+    try:
+        direct_forward(model, buffer, input_ids[:, :3], positions[:, :3], attention_mask[:, :3].bool())
+        logits = direct_forward(model, buffer, input_ids[:, 3:], positions[:, 3:], attention_mask[:, 3:].bool())
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
+        return False
     tolerance = MATCH_TOLERANCE.get(logits.dtype, 2e-2)
     scale = float(expected.abs().max()) + 1.0
     return bool((logits.float() - expected.float()).abs().max() <= tolerance * scale)

@@ -5,7 +5,7 @@ from, so ``log_softmax`` of them is μ exactly: this generator supports any temp
 (tokens cut by top-k or top-p have μ = 0, log-prob ``-inf``). Log-probs and the top-K set are computed for the whole
 batch in one vectorized pass after ``generate`` returns. Untruncated sampling at a temperature > 0 (every training
 rollout) takes the plain sampling loop of :mod:`dppo_oat.rollout.decode` instead, which gives the same μ with less
-per-token overhead.
+per-token overhead, on any model that :func:`~dppo_oat.rollout.direct_forward.runs_direct` accepts.
 """
 
 from __future__ import annotations
