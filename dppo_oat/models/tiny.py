@@ -144,6 +144,9 @@ def save_policy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, dir
 
 def load_policy(directory: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
     """Open a directory written by :func:`save_policy` (fp32, eval mode)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar over a tiny model's 24 tensors would only clutter the trainer's output
     model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     return model.eval(), tokenizer
