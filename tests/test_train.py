@@ -69,6 +69,19 @@ def test_a_one_step_run_writes_token_samples(tmp_path):
     assert all(t["advantage"] != 0 and t["token"] and t["turn"] >= 0 for t in tokens)
 
 
+def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(tmp_path, monkeypatch, capsys):
+    """A model (or transformers version) whose layers the sampling loop cannot run itself: one note, then a run
+    sampled with ``model.generate`` whose μ is π (the first minibatch, before any update, at rounding level)."""
+    import dppo_oat.rollout.hf_generator as hf_generator
+
+    monkeypatch.setattr(hf_generator, "runs_direct", lambda model: False)
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "generate", "--cache-dir", str(tmp_path / "cache"),
+          *SHIPPED])
+    assert "rollouts sample with model.generate" in " ".join(capsys.readouterr().out.split())
+    row = read_jsonl(tmp_path / "generate" / "metrics.jsonl")[0]
+    assert row["mismatch/first_abs_diff_mean"] < 1e-4 and row["tokens_per_s/rollout"] > 0  # before any update
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
     """With a linear learning-rate decay too: the rate comes from the step, so a resumed run gets the same ones."""
     common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--lr-schedule", "linear", *SHORT]

@@ -15,6 +15,8 @@ the check and is sampled with ``generate``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Sequence
 
 import torch
@@ -108,9 +110,10 @@ class KVBuffer:
         past = [(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)) for keys, values in self.filled()]
         return KVBuffer.from_past(past, self.valid[:, : self.width].expand(batch, -1), capacity)
 
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, cache_kwargs=None):
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write a layer's new keys and values after the filled columns; return the layer's keys and values up to
-        them (the Hugging Face cache interface; the width moves on in :func:`direct_forward`, after every layer)."""
+        them (the Hugging Face cache interface, whose further arguments differ between versions and are not needed
+        here; the width moves on in :func:`direct_forward`, after every layer)."""
         if layer_idx == len(self.keys):
             self.keys.append(self._columns_like(keys))
             self.values.append(self._columns_like(values))
@@ -143,11 +146,18 @@ def direct_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: 
     hidden = body.embed_tokens(input_ids)
     position_embeddings = body.rotary_emb(hidden, positions)
     for layer in body.layers:
-        hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=buffer, use_cache=True,
-                       position_embeddings=position_embeddings)
+        hidden = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
+                       position_embeddings=position_embeddings, **{cache_keyword(type(layer)): buffer})
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
     buffer.width = start + new
     return model.lm_head(body.norm(hidden[:, -1:]))[:, -1]
+
+
+@functools.lru_cache(maxsize=None)
+def cache_keyword(layer_class: type) -> str:
+    """The name under which a decoder layer takes its KV cache: ``cache`` from transformers 5.24 on (where
+    ``past_key_values`` still works, through a deprecation wrapper on every call), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(layer_class.forward).parameters else "past_key_values"
 
 
 def _has_plain_structure(model) -> bool:

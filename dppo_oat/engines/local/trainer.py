@@ -106,7 +106,11 @@ class LocalTrainer:
 
             return make_vllm_generator(self.model, self.tokenizer, c)
         rollout_model = rollout_copy(self.model, c.rollout_dtype)  # a lower precision: training-inference mismatch
-        return HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
+        generator = HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
+        if not generator.runs_direct:
+            self.console.print("note: the sampling loop cannot run this model's layers itself (its architecture or "
+                               "transformers version); rollouts sample with model.generate, which is slower")
+        return generator
 
     def _sync_generator(self) -> None:
         """The rollout copy takes the learner's new weights, at its own precision."""
