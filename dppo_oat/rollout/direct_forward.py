@@ -9,8 +9,8 @@ embedding, decoder layers, final norm, LM head) on a :class:`KVBuffer`: every la
 in place into tensors sized for the whole call, and the mask is built once per forward from the buffer's valid
 columns. The decoder layers, and with them all the attention and MLP arithmetic, are the model's; what this module
 replaces is the wrapper around them. :func:`runs_direct` checks on a small batch, once per model, that the result
-is the model's own forward (a model whose wrapper does more, e.g. scales its embeddings or caps its logits, fails
-the check and is sampled with ``generate``).
+is the model's own forward (a model whose wrapper does more, e.g. caps its logits after the head, fails the check
+and is sampled with ``generate``; Gemma's scaled embeddings pass, as its embedding module scales them itself).
 """
 
 from __future__ import annotations
