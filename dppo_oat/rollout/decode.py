@@ -99,12 +99,13 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix
     batch, width = input_ids.shape
     prefix_length = 0 if prefix_ids is None else int(prefix_ids.numel())
     capacity = prefix_length + width + room
-    buffer = KVBuffer(batch, capacity, input_ids.device)
     if prefix_length:
         one_row = KVBuffer(1, prefix_length, input_ids.device)
         prefix_positions = torch.arange(prefix_length, device=input_ids.device).view(1, -1)
         direct_forward(model, one_row, prefix_ids.view(1, -1), prefix_positions, prefix_positions >= 0)
         buffer = one_row.repeat_rows(batch, capacity)
+    else:
+        buffer = KVBuffer(batch, capacity, input_ids.device)
     positions = prefix_length + left_padded_positions(attention_mask)
     logits = direct_forward(model, buffer, input_ids, positions, attention_mask.bool())
     return Prefilled(logits, buffer, buffer.valid[:, : buffer.width], positions[:, -1:] + 1)
