@@ -46,13 +46,18 @@ TRIALS: dict[str, dict] = {
     "linear": {"lr_schedule": "linear"},
 }
 
+TRIAL_BASE = {"lr_schedule": "constant"}
+"""What every trial starts from, under its overrides: the constant rate that every committed trial before ``linear``
+ran with (the default run's rate decays linearly since), so that ``base`` still means what its rows measured."""
+
 
 def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
     """One trial from the shipped policy; held-out evaluation replaced by the selection puzzles."""
     trainer_module.EVAL_SEED = SELECTION_SEED  # the trainer's evaluate() reads this module constant
     with tempfile.TemporaryDirectory() as run_dir:
+        settings = {**TRIAL_BASE, **TRIALS[name]}  # every seed starts from the shipped policy (warm-start seed 0)
         config = TrainConfig(run_dir=run_dir, seed=seed, steps=steps, eval_every=eval_every, token_samples=0,
-                             **TRIALS[name])  # every seed starts from the shipped policy (warm-start seed 0)
+                             **settings)
         started = time.perf_counter()
         trainer = trainer_module.LocalTrainer(config, Console(stderr=True, quiet=True))
         trainer.run()
