@@ -194,17 +194,19 @@ class HFGenerator:
         if loop and settings.seed is not None:
             self._draws = torch.Generator(self.device).manual_seed(settings.seed)
         with contextlib.nullcontext() if loop else seeded(settings.seed, self.device), torch.inference_mode():
+            sample = self._sample_loop if loop else self._sample_generate
             for start in range(0, len(prompts), self.batch_size):
-                completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings))
+                completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings, sample))
         if self.prefix_cache is not None and self._cached_parts:
             self.prefix_cache.store(concat_rows(self._cached_parts), self._version)
             self._cached_parts = []
         return completions
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
-        """Sample one batch and turn HF's output into completions in one vectorized pass."""
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings,
+                        sample) -> list[Completion]:
+        """Sample one batch with ``sample`` (:meth:`_sample_loop` or :meth:`_sample_generate`) and turn its output
+        into completions in one vectorized pass."""
         eos = torch.as_tensor(self.eos_token_ids, device=self.device)
-        sample = self._sample_loop if self.runs_direct and uses_sampling_loop(settings) else self._sample_generate
         new_ids, action_logprobs, logprobs = sample(prompts, settings, eos)
         lengths, stopped = completion_lengths(new_ids, eos)
         topk = None

@@ -127,19 +127,16 @@ def pack_rows(cache: KVBuffer, valid: torch.Tensor, tokens: list[tuple[int, ...]
                       columns.cpu())
 
 
-def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[int]],
-                       dim: int | None) -> torch.Tensor:
-    """One tensor from batches: tensor ``p``'s rows go to rows ``rows[p]`` of the result, and along ``dim`` (if any)
-    each is right-aligned in the widest, zeros on its left (masked columns of a left-padded batch)."""
+def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[int]], dim: int) -> torch.Tensor:
+    """One tensor from batches: tensor ``p``'s rows go to rows ``rows[p]`` of the result, and along ``dim`` each is
+    right-aligned in the widest, zeros on its left (masked columns of a left-padded batch)."""
     shape = list(tensors[0].shape)
     shape[0] = sum(len(part_rows) for part_rows in rows)
-    if dim is not None:
-        shape[dim] = max(tensor.shape[dim] for tensor in tensors)
+    shape[dim] = max(tensor.shape[dim] for tensor in tensors)
     out = tensors[0].new_zeros(shape)
     for tensor, part_rows in zip(tensors, rows):
         index = torch.as_tensor(list(part_rows), device=out.device)
-        place = out if dim is None else out.narrow(dim, shape[dim] - tensor.shape[dim], tensor.shape[dim])
-        place[index] = tensor
+        out.narrow(dim, shape[dim] - tensor.shape[dim], tensor.shape[dim])[index] = tensor
     return out
 
 
@@ -166,8 +163,8 @@ def padded_costs(lengths: Sequence[int], max_buckets: int) -> list[tuple[int, li
     """For ``k = 1 … max_buckets``: the fewest padded tokens of the sorted ``lengths`` cut into ``k`` consecutive
     buckets, each padded to its longest (cuts fall between distinct lengths), and the bucket ends (indices into
     the sorted lengths)."""
-    values = sorted(set(lengths))
-    ends = np.cumsum([sum(1 for length in lengths if length == value) for value in values]).tolist()
+    distinct, counts = np.unique(np.asarray(lengths), return_counts=True)
+    values, ends = distinct.tolist(), np.cumsum(counts).tolist()
     best = [(ends[j] * values[j], [ends[j]]) for j in range(len(values))]  # one bucket over values[: j + 1]
     costs = [best[-1]]
     for _ in range(1, max_buckets):
