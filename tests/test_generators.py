@@ -11,7 +11,7 @@ from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_f
 from dppo_oat.rollout.generation import Generator
 from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
-from tests.test_prefix_cache import recording_forward
+from forward_probe import recording_forward
 
 TOLERANCE = 1e-4
 

@@ -16,6 +16,7 @@ from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.prefix_cache import (MAX_BUCKETS, MIN_REUSE, SPLIT_SAVING, PrefixCache, length_buckets,
                                            padded_costs)
 from dppo_oat.spec import SamplingSettings
+from forward_probe import recording_forward
 
 TOLERANCE = 1e-4
 
@@ -42,15 +43,6 @@ def next_turn(prompts, completions, tokenizer) -> list[list[int]]:
         else:
             turn.append(observation + prompt)
     return turn
-
-
-def recording_forward(model, monkeypatch) -> list[tuple[int, int]]:
-    """The ``input_ids`` shapes of every forward of ``model`` from now on (what enters its token embedding, on
-    any path)."""
-    shapes, embed = [], model.model.embed_tokens
-    forward = embed.forward
-    monkeypatch.setattr(embed, "forward", lambda input_ids: shapes.append(tuple(input_ids.shape)) or forward(input_ids))
-    return shapes
 
 
 def test_a_turn_prefills_only_what_its_cached_prefix_does_not_cover(policy, monkeypatch):
