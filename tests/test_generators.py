@@ -311,3 +311,21 @@ def test_inverse_cdf_sampling_draws_from_the_distribution_and_never_a_zero_proba
     chi_square = float((((counts - expected) ** 2)[expected > 0] / expected[expected > 0]).sum())
     assert chi_square < 13.8  # χ²(2 dof) at p = 0.001
     assert inverse_cdf_sample(torch.tensor([[0.0, float("-inf")]])).item() == 0  # all mass on one token
+
+
+def test_inverse_cdf_sampling_draws_each_rare_token_of_a_large_vocabulary_on_its_own_interval(monkeypatch):
+    """Qwen's 151,936 tokens, one at 0.999 and the others sharing 0.001 (about 6.6e-9 each, under float32's step of
+    2^-24 near 1): a uniform in the middle of a rare token's interval of the exact cumulative draws that token. In
+    float32 most of them could never be drawn and others would be drawn at many times their μ."""
+    from dppo_oat.rollout.decode import inverse_cdf_sample
+
+    vocabulary, rows = 151_936, 64
+    logits = torch.zeros(1, vocabulary)
+    logits[0, 0] = float(np.log(0.999 * (vocabulary - 1) / 0.001))
+    logprobs = torch.log_softmax(logits, dim=-1).expand(rows, -1)
+    cumulative = np.cumsum(np.exp(logprobs[0].numpy().astype(np.float64)))
+    tokens = np.linspace(1, vocabulary - 1, rows).astype(np.int64)  # rare tokens across the whole tail
+    middles = (cumulative[tokens - 1] + cumulative[tokens]) / 2 / cumulative[-1]
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, dtype=None, device=None:
+                        torch.tensor(middles, dtype=dtype, device=device).reshape(shape))
+    np.testing.assert_array_equal(inverse_cdf_sample(logprobs).numpy(), tokens)

@@ -66,17 +66,28 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SH
 def inverse_cdf_sample(logprobs: torch.Tensor, draw_order: torch.Tensor | None = None,
                        generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of ``logprobs [B, V]``, drawn from ``exp(logprobs)`` by inverting its cumulative sum at a
-    uniform draw: the first token whose cumulative probability exceeds ``u`` (a token of probability 0 never is).
-    The same distribution as ``torch.multinomial``, at a fraction of its cost on a CPU. Row ``b`` takes the
-    ``draw_order[b]``-th uniform of the step (default: the ``b``-th), drawn from ``generator`` (default: torch's
-    global RNG)."""
-    cumulative = logprobs.exp().cumsum(dim=-1)
-    total = cumulative[:, -1:]
-    draws = torch.rand(total.shape, generator=generator, dtype=total.dtype, device=total.device)
+    uniform draw (:func:`invert_cumulative`). The same distribution as ``torch.multinomial``, at a fraction of its
+    cost on a CPU. Row ``b`` takes the ``draw_order[b]``-th uniform of the step (default: the ``b``-th), drawn from
+    ``generator`` (default: torch's global RNG).
+
+    The cumulative sum and the uniforms are float64 (float32 on MPS, which has no float64): in float32 both resolve
+    only 2^-24 near 1, so with a large vocabulary the tokens of probability under about 6e-8 would be drawn in lumps
+    (many never, others at several times their μ) and the reported μ would not be the distribution drawn from."""
+    exact = torch.float32 if logprobs.device.type == "mps" else torch.float64
+    cumulative = logprobs.exp().to(exact).cumsum(dim=-1)
+    draws = torch.rand((len(cumulative), 1), generator=generator, dtype=exact, device=cumulative.device)
     if draw_order is not None:
         draws = draws[draw_order]
-    uniform = torch.minimum(draws * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, uniform, right=True).squeeze(-1)
+    return invert_cumulative(cumulative, draws)
+
+
+def invert_cumulative(cumulative: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """For each row of ``cumulative [B, V]`` (an unnormalised cumulative sum) and its uniform ``uniforms [B, 1]`` in
+    [0, 1), the first token whose cumulative probability exceeds ``u`` times the row's total: token ``i`` is drawn
+    for ``u`` in ``[c_{i-1}, c_i) / c_V``, and a token of probability 0 never is."""
+    total = cumulative[:, -1:]
+    threshold = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, threshold, right=True).squeeze(-1)
 
 
 @dataclass
