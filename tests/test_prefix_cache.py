@@ -111,10 +111,12 @@ def test_a_grown_history_reuses_the_last_prompt_and_response(policy, monkeypatch
     assert max_logprob_error(model, turn, grown) <= TOLERANCE
 
 
-@pytest.mark.parametrize("change", ["optimizer step", "load_state_dict"])
+@pytest.mark.parametrize("change", ["optimizer step", "load_state_dict", "assign"])
 def test_rows_cached_under_other_weights_are_never_reused(policy, monkeypatch, change):
     model, tokenizer = policy
     settings = SamplingSettings(max_new_tokens=4, temperature=1.0, seed=3)
+    if change == "assign":  # fresh tensors: their version counters start at 0, as those of the next swap will
+        model.load_state_dict({name: tensor.clone() for name, tensor in model.state_dict().items()}, assign=True)
     generator = HFGenerator(model, tokenizer)
     prompts = first_turn(tokenizer)
     generator.generate(prompts, settings)
@@ -125,7 +127,8 @@ def test_rows_cached_under_other_weights_are_never_reused(policy, monkeypatch, c
         optimizer.step()
         model.eval()
     else:
-        model.load_state_dict({name: tensor + 0.01 for name, tensor in model.state_dict().items()})
+        weights = {name: tensor + 0.01 for name, tensor in model.state_dict().items()}
+        model.load_state_dict(weights, assign=change == "assign")
     shapes = recording_forward(model, monkeypatch)
     again = generator.generate(prompts, settings)
     assert shapes[0] == (len(prompts), max(map(len, prompts))) or shapes[0][0] == 1  # whole (or shared header)

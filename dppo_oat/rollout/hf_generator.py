@@ -173,7 +173,7 @@ class HFGenerator:
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
         self.runs_direct = runs_direct(self.model)
         self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
-        self._version: tuple[int, ...] | None = None
+        self._version: tuple | None = None
         self._draws: torch.Generator | None = None
         self._cached_parts: list[CachedRows] = []
 

@@ -14,8 +14,8 @@ of its longest cached prefix:
 
 A key or value of a causal model depends only on the tokens up to it, their positions and the weights, so a
 reused prefix is what a full prefill computes (up to float rounding of another batch shape). The cache is keyed on
-the weights' version counters (every in-place update bumps them: an optimizer step, ``load_state_dict``): rows
-cached under other weights are never reused.
+the weights' storage and version counters (:func:`weights_version`: an optimizer step, ``load_state_dict`` or a
+tensor swapped in changes them): rows cached under other weights are never reused.
 """
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ class CachedRows:
     columns: torch.Tensor
 
 
-def weights_version(model) -> tuple[int, ...]:
-    """The version counters of ``model``'s parameters: any in-place change of a weight changes this tuple."""
-    return tuple(parameter._version for parameter in model.parameters())
+def weights_version(model) -> tuple[tuple[int, int], ...]:
+    """Each parameter's storage address and version counter: an in-place change through the parameter (an optimizer
+    step, ``load_state_dict``, :meth:`HFGenerator.update_weights`) or a tensor swapped in (``load_state_dict(...,
+    assign=True)``, ``p.data = ...``) changes this tuple. A write through ``p.data`` into the same storage bumps no
+    counter: code that writes weights that way must call ``forget_prefixes()`` after it."""
+    return tuple((parameter.data_ptr(), parameter._version) for parameter in model.parameters())
 
 
 class PrefixCache:
@@ -63,7 +66,7 @@ class PrefixCache:
     def __init__(self) -> None:
         self.rows: CachedRows | None = None
         self._tokens = np.zeros((0, 0), dtype=np.int64)
-        self._version: tuple[int, ...] | None = None
+        self._version: tuple | None = None
 
     def store(self, rows: CachedRows, version: tuple[int, ...]) -> None:
         """Replace the cache by ``rows``, computed under the weights of ``version``."""
