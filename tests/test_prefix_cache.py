@@ -154,7 +154,7 @@ def test_lookup_leaves_a_token_to_prefill_and_ignores_short_or_stale_prefixes(po
     assert cache.lookup([5, 6, 7, 3], version)[1] == 3
     assert cache.lookup([5, 9, 9], version) == (-1, 0)  # one shared token is under MIN_REUSE
     assert MIN_REUSE == 2
-    assert cache.lookup([5, 6, 7, 8, 9], version[:-1] + (version[-1] + 1,)) == (-1, 0)
+    assert cache.lookup([5, 6, 7, 8, 9], version[:-1] + ((version[-1][0], version[-1][1] + 1),)) == (-1, 0)
     assert PrefixCache().lookup([5, 6, 7], version) == (-1, 0)
 
 
