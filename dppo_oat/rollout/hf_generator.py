@@ -20,7 +20,7 @@ from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_pa
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
-                                           pack_rows, weights_version)
+                                           pack_rows, weights_version, WeightsVersion)
 from dppo_oat.samples import TOPK_PAD_ID
 from dppo_oat.spec import SamplingSettings
 
@@ -173,7 +173,7 @@ class HFGenerator:
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
         self.runs_direct = runs_direct(self.model)
         self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
-        self._version: tuple | None = None
+        self._version: WeightsVersion | None = None
         self._draws: torch.Generator | None = None
         self._cached_parts: list[CachedRows] = []
 

@@ -50,7 +50,11 @@ class CachedRows:
     columns: torch.Tensor
 
 
-def weights_version(model) -> tuple[tuple[int, int], ...]:
+WeightsVersion = tuple[tuple[int, int], ...]
+"""What :func:`weights_version` returns: (storage address, version counter) per parameter."""
+
+
+def weights_version(model) -> WeightsVersion:
     """Each parameter's storage address and version counter: an in-place change through the parameter (an optimizer
     step, ``load_state_dict``, :meth:`HFGenerator.update_weights`) or a tensor swapped in (``load_state_dict(...,
     assign=True)``, ``p.data = ...``) changes this tuple. A write through ``p.data`` into the same storage bumps no
@@ -66,9 +70,9 @@ class PrefixCache:
     def __init__(self) -> None:
         self.rows: CachedRows | None = None
         self._tokens = np.zeros((0, 0), dtype=np.int64)
-        self._version: tuple | None = None
+        self._version: WeightsVersion | None = None
 
-    def store(self, rows: CachedRows, version: tuple[int, ...]) -> None:
+    def store(self, rows: CachedRows, version: WeightsVersion) -> None:
         """Replace the cache by ``rows``, computed under the weights of ``version``."""
         self.rows, self._version = rows, version
         self._tokens = np.full((len(rows.tokens), max(map(len, rows.tokens), default=0)), -1, dtype=np.int64)
@@ -78,7 +82,7 @@ class PrefixCache:
     def clear(self) -> None:
         self.rows, self._tokens, self._version = None, np.zeros((0, 0), dtype=np.int64), None
 
-    def lookup_all(self, prompts: Sequence[Sequence[int]], version: tuple[int, ...]) -> list[tuple[int, int]]:
+    def lookup_all(self, prompts: Sequence[Sequence[int]], version: WeightsVersion) -> list[tuple[int, int]]:
         """Per prompt ``(row, length)``: the first cached row sharing the longest prefix with it and that prefix's
         length, at most ``len(prompt) - 1``; ``(-1, 0)`` when it is under :data:`MIN_REUSE` or the weights
         changed."""
@@ -95,7 +99,7 @@ class PrefixCache:
         lengths = shared[np.arange(len(prompts)), best]
         return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0) for row, length in zip(best, lengths)]
 
-    def lookup(self, prompt: Sequence[int], version: tuple[int, ...]) -> tuple[int, int]:
+    def lookup(self, prompt: Sequence[int], version: WeightsVersion) -> tuple[int, int]:
         """:meth:`lookup_all` for one prompt."""
         return self.lookup_all([prompt], version)[0]
 
