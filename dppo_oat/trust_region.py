@@ -400,6 +400,7 @@ def policy_loss(
     *,
     recomputed_logp: torch.Tensor | None = None,
     topk: TopK | None = None,
+    with_metrics: bool = True,
 ) -> PolicyLossOutput:
     """Per-token loss of eq:unified_grad under trust region ``tr``.
 
@@ -411,6 +412,8 @@ def policy_loss(
             sequence-level rules (``decoupled_seq``, ``seq_geo``) aggregate over.
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
+        with_metrics: compute :func:`trust_region_metrics` (one host synchronisation); False gives the same loss
+            with ``metrics == {}`` (the fused head's announced gradient evaluates the loss once per chunk).
     """
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
     logp32 = logp.float()
@@ -430,7 +433,7 @@ def policy_loss(
     loss = -coefficient * surrogate
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated)
+    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated) if with_metrics else {}
     return PolicyLossOutput(loss=loss, keep=keep, divergence=divergence, metrics=metrics)
 
 

@@ -153,7 +153,7 @@ def announced_token_grad(micro: UpdateBatch, tr: TrustRegion, settings: UpdateSe
                 top.reshape(-1, top.shape[-1])[rows] = topk_logp
                 topk = TopK(micro.topk_ids, micro.topk_behavior_logp, top, micro.topk_valid)
             result = policy_loss(full, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
-                                 recomputed_logp=micro.recomputed_logp, topk=topk)
+                                 recomputed_logp=micro.recomputed_logp, topk=topk, with_metrics=False)
             loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
                                   norm_constant=settings.norm_constant)
             (grad,) = torch.autograd.grad(loss, full)

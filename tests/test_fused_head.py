@@ -22,7 +22,7 @@ from dppo_oat.logprobs import logits_logprobs, topk_of_logprobs
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
-from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
+from dppo_oat.trust_region import PRESETS, TopK, TrustRegion, policy_loss
 from dppo_oat.update import announced_token_grad, causal_lm_forward, minibatch_step, recompute_logprobs
 
 B, T, H, V, K = 3, 11, 16, 97, 4
@@ -116,6 +116,33 @@ def test_announced_gradients_follow_the_scale_of_the_backward(no_recompute):
     got = grads("announced", hidden, weight, batch, tr, 1.0, scale=0.25)
     assert_close_rel(got[3], expected[3], 1e-5)
     assert_close_rel(got[4], expected[4], 1e-5)
+
+
+def test_announcing_the_loss_computes_no_metrics(monkeypatch, no_recompute):
+    """Each chunk's announced gradient runs the loss on the micro-batch: the statistics (and their host sync) belong
+    to the one loss the learner reports, not to each of the chunks."""
+    import dppo_oat.trust_region as trust_region_module
+
+    calls = []
+    real = trust_region_module.trust_region_metrics
+    monkeypatch.setattr(trust_region_module, "trust_region_metrics", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hidden, weight, batch = head_batch()
+    grads("announced", hidden, weight, batch, TrustRegion.preset("dppo_topk_tv"), 1.0)
+    assert len(calls) == 1, f"{len(calls)} metric computations for {math.ceil(B * T / 7)} chunks and one loss"
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_metrics_free_loss_is_the_same_loss(preset):
+    hidden, weight, batch = head_batch()
+    tr = TrustRegion.preset(preset)
+    logp = logits_logprobs(hidden @ weight.T, batch.input_ids[:, 1:], topk_ids=batch.topk_ids)
+    topk = TopK(batch.topk_ids, batch.topk_behavior_logp, logp[2], batch.topk_valid) if tr.uses_topk else None
+    recomputed = batch.behavior_logp + 0.05 if tr.needs_recompute else None
+    args = (logp[0], batch.behavior_logp, batch.advantages, batch.response_mask, tr)
+    full = policy_loss(*args, recomputed_logp=recomputed, topk=topk)
+    bare = policy_loss(*args, recomputed_logp=recomputed, topk=topk, with_metrics=False)
+    assert bare.metrics == {} and full.metrics
+    assert torch.equal(bare.loss, full.loss) and torch.equal(bare.keep, full.keep)
 
 
 @pytest.mark.parametrize("other_loss", ["sum", "zero_surrogate"])
