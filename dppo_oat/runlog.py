@@ -181,6 +181,34 @@ def read_config(directory: Path) -> dict:
         raise ValueError(f"{path} is damaged ({error}): restore it, or start a new run with another --run-name") from None
 
 
+WANDB_KEYLESS_MODES = ("offline", "disabled", "dryrun")
+"""``WANDB_MODE`` values under which wandb logs without an API key."""
+
+
+def check_wandb(flag: str) -> None:
+    """Refuse ``flag`` (``--wandb``, ``--use_wb``) in one line, before any model loads, where wandb cannot log:
+    not installed, or no API key (``WANDB_API_KEY``, ``wandb login``'s netrc) outside an offline ``WANDB_MODE``.
+    Without a key, wandb would ask for one at the first log call, which a worker process cannot answer (oat calls
+    ``wandb.login(key=True)`` there)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError(f"{flag} needs wandb: pip install wandb (or leave {flag} out)") from None
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_KEYLESS_MODES:
+        return
+    if not wandb.api.api_key:
+        raise ValueError(f"{flag}: wandb has no API key here: run `wandb login`, or set WANDB_API_KEY, or "
+                         f"WANDB_MODE=offline (or leave {flag} out)")
+
+
+def check_tensorboard(flag: str) -> None:
+    """Refuse ``flag`` in one line where TensorBoard's writer cannot be imported."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{flag} needs tensorboard: pip install tensorboard (or leave {flag} out)") from None
+
+
 class RunLog:
     """Writes one run directory. ``resume_step`` truncates the logs to steps ≤ it (``None``: a new run)."""
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import CHECKPOINT_FILE, METRICS_FILE, check_can_write, config_differences, read_config
+from dppo_oat.runlog import (CHECKPOINT_FILE, METRICS_FILE, check_can_write, check_tensorboard, check_wandb,
+                             config_differences, read_config)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
@@ -22,6 +23,10 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     """The run's spec and the step to resume from (None for a new run); raises ``ValueError`` on bad input."""
     spec = run_spec(config)
     config.check_logging()
+    if config.wandb:
+        check_wandb("--wandb")
+    if config.tensorboard:
+        check_tensorboard("--tensorboard")
     _check_numbers(config, spec)
     _check_device(config.device)
     _check_envs(config)
