@@ -3,11 +3,12 @@ it refuses. Pure arithmetic on the arguments: no oat, GPU or model needed, so th
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
 
-from dppo_oat.engines.oat.plan import check_plan, plan_of, render_plan
+from dppo_oat.engines.oat.plan import check_plan, check_visible_gpus, plan_of, render_plan
 
 OAT_DEFAULTS = dict(
     gpus=8, collocate=True, num_gpus_per_actor=1, num_groups=1, rollout_batch_size=128,
@@ -102,3 +103,22 @@ def test_the_dry_run_says_which_head_holds_what(tmp_path):
     for changes in (dict(lm_head="fused", zero_stage=3), dict(lm_head="logits", zero_stage=2)):
         text = render_plan(plan_of(args(pretrain=str(tmp_path), **changes)))
         assert "logits per micro-batch: at most" in text and "LM head: fused" not in text
+
+
+@pytest.mark.parametrize("visible,gpus", [(None, 8), ("0", 1), ("4,5", 2), (" 0, 1 ", 2)])
+def test_visible_gpus_that_match_gpus_pass(visible, gpus):
+    check_visible_gpus(gpus, visible)
+
+
+@pytest.mark.parametrize("visible,gpus,message", [
+    ("0,1,2,3,4,5,6,7", 1, "lists 8 GPU(s) but --gpus is 1: oat starts an actor and a learner on every visible GPU; "
+                           "pass --gpus 8, or export CUDA_VISIBLE_DEVICES=0"),
+    ("2,3", 4, "lists 2 GPU(s) but --gpus is 4: oat starts an actor and a learner on every visible GPU; pass --gpus 2"),
+    ("GPU-8e6b2c4f,GPU-1a2b3c4d", 2, "GPU indices"),
+    ("", 1, "GPU indices"),
+])
+def test_visible_gpus_that_oat_would_misplace_are_refused(visible, gpus, message):
+    """oat 0.2.4 puts an actor and a learner on each GPU CUDA_VISIBLE_DEVICES lists (``int()`` of each entry)."""
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        check_visible_gpus(gpus, visible)
+    assert "\n" not in str(refused.value)

@@ -67,6 +67,7 @@ def gpu_node():
     def visible(n: int = 8):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(torch.cuda, "device_count", lambda: n)
+            patch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # n GPUs, none named by the environment
             yield
 
     return visible

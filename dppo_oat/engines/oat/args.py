@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, replace
 from typing import Literal, Optional, Tuple
 
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
-from dppo_oat.engines.oat.plan import check_plan, plan_of
+from dppo_oat.engines.oat.plan import check_plan, check_visible_gpus, plan_of
+from dppo_oat.runlog import check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
     DPPOFlags,
@@ -165,11 +167,16 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     _check_replaced_flags(args)
     _check_finite(args)
     args.check_logging()
+    if args.use_wb:
+        check_wandb("--use_wb")
     if args.fp16:
         raise ValueError("--fp16: DeepSpeed's loss scaling skips steps of its own, which the divergence guard would "
                          "count as divergence; use --bf16 (oat's default)")
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
+    if args.resume_dir:
+        raise ValueError(RESUME_REFUSED)
+    check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)
@@ -183,6 +190,14 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
         )
     _check_tasks(args)
     return spec
+
+
+RESUME_REFUSED = (
+    "--resume_dir: the oat engine cannot resume a run (oat 0.2.4 reloads DeepSpeed's state but restarts its prompt "
+    "loop, step count and schedule of evaluations, and vLLM would play the first round with --pretrain's weights); "
+    "continue in a new run from a saved model: --pretrain <run>/saved_models/step_NNNNN (fresh optimizer state)"
+)
+"""Why ``--resume_dir`` is refused, and what to do instead (the local engine's ``--resume`` is exact)."""
 
 
 FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "temperature", "gamma")

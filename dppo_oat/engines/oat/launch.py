@@ -6,8 +6,10 @@ actor classes, and ``launchpad.launch`` runs it on this node. Before that, every
 the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` stops there, so a plan can be
 checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
 
-A mistake in the arguments ends the program with one line on stderr and exit status 2; a run whose training
-diverged (every learner stops together, :mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1.
+A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
+(:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
+training diverged (every learner stops together, :mod:`~dppo_oat.engines.oat.status`), with one line and exit
+status 1.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         stand_in_for_missing_launchpad()
     try:
         from dppo_oat.engines.oat.plan import render_plan
+        from dppo_oat.engines.oat.toolkit import optimizer_toolkit, toolkit_line, toolkit_problem
 
         args, plan = checked_plan(argv)
     except ImportError as error:
@@ -89,9 +92,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _fail(str(error))
     except KeyboardInterrupt:
         _fail("interrupted before anything was launched", status=130)
-    print(render_plan(plan), flush=True)
+    toolkit = optimizer_toolkit(args.adam_offload)
+    print(render_plan(plan), toolkit_line(toolkit), sep="\n", flush=True)
     if args.dry_run:
         return
+    problem = toolkit_problem(toolkit)
+    if problem:
+        _fail(problem)
     reason = launch_and_wait(args)
     if reason:
         _fail(f"training diverged: {reason}", status=1)

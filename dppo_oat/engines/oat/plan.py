@@ -62,6 +62,27 @@ def topology(args) -> tuple[int, int, int]:
     return actor_gpus, learner_gpus, learner_gpus * args.num_groups
 
 
+def check_visible_gpus(gpus: int, cuda_visible_devices: Optional[str]) -> None:
+    """Refuse, in one line, a node whose ``CUDA_VISIBLE_DEVICES`` disagrees with ``--gpus``.
+
+    oat 0.2.4's ``get_program`` places one actor and one learner on every GPU that ``CUDA_VISIBLE_DEVICES`` lists
+    (``int()`` of each entry) and reads ``--gpus`` only when the variable is unset; the plan is made from ``--gpus``.
+    ``--gpus 1`` on a node that exports 8 GPUs (SLURM, Kubernetes) would start 8 learners that each fail oat's
+    divisibility assertion after the models have loaded.
+    """
+    if cuda_visible_devices is None:
+        return
+    entries = [entry.strip() for entry in cuda_visible_devices.split(",")]
+    if not all(entry.isdigit() for entry in entries):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}: oat reads it as a list of GPU indices "
+                         "(e.g. 0,1,2,3), not UUIDs or an empty value; export the indices of the GPUs to use")
+    if len(entries) != gpus:
+        narrower = f", or export CUDA_VISIBLE_DEVICES={','.join(entries[:gpus])}" if gpus < len(entries) else ""
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(entries)} GPU(s) but --gpus is "
+                         f"{gpus}: oat starts an actor and a learner on every visible GPU; pass --gpus "
+                         f"{len(entries)}{narrower}")
+
+
 def plan_of(args) -> Plan:
     """The plan of ``args`` (a :class:`~dppo_oat.engines.oat.args.DPPOOatArgs`); raises ValueError where oat's own
     arithmetic would fail (e.g. a zero-sized step)."""
