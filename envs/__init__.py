@@ -7,8 +7,10 @@ Importing ``envs`` registers with Gem (``gem.register``):
   observation (``envs/sudoku_compact.py``);
 - ``game:GuessTheNumber-v0-hard-compact`` and ``game:GuessTheNumber-v0-easy-compact``: Gem's Guess The Number
   (1-50 in 7 turns, 1-10 in 4) with the guesses and hints so far as the observation (``envs/guess_compact.py``);
-- ``local-math:<name>`` for every math set under the folder named by ``DPPO_MATH_DATA``, when that variable is set
-  (``envs/math_local.py``; register other sets with :func:`register_math_dataset` / :func:`register_math_folder`).
+- ``local-math:<name>`` for every math set under the folder named by ``DPPO_MATH_DATA``, when that variable is set,
+  and ``local-math:<folder>:<split>`` for every split of a saved ``DatasetDict`` (its bare ``<folder>`` is its
+  ``train`` split; ``envs/math_local.py``; register other sets with :func:`register_math_dataset` /
+  :func:`register_math_folder`).
 
 The paper's Gem tasks (:data:`PAPER_TASKS`) are Gem's own ids and need no registration. Oracle policies and
 demonstrations are in ``envs/oracles.py``. An environment of one's own lives in one's own file, a *plugin* that
@@ -18,7 +20,6 @@ registers it (and its oracle, :func:`register_oracle`) when imported: the engine
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import gem
@@ -30,6 +31,7 @@ from envs.example_countdown import CountdownEnv
 from envs.math_local import (
     LOCAL_MATH_PREFIX,
     load_math_dataset,
+    local_math_id_problem,
     math_dataset_size,
     register_math_dataset,
     register_math_folder,
@@ -57,28 +59,29 @@ LOCAL_MATH_IDS = tuple(register_math_folder_from_environment())
 
 EXAMPLE_ENV_IDS = (
     "game:Sudoku-v0-easy-compact, game:Sudoku-v0-easy, rg:arc_1d, rg:acre, example:Countdown-v0, "
-    "local-math:<name or path>"
+    "local-math:<name, folder:split or path>"
 )
 
 
 def check_env_id(env_id: str) -> str:
     """Raise one clear ``ValueError`` unless ``env_id`` is registered with Gem or names existing math data
-    (``local-math:<path>``); registers nothing (see :func:`ensure_registered`)."""
+    (``local-math:<path>`` or ``local-math:<path>:<split>``); registers nothing (see :func:`ensure_registered`).
+    An unknown ``local-math`` id's error lists the registered ones (:func:`local_math_id_problem`)."""
     if env_id in ENV_REGISTRY:
         return env_id
-    prefix = f"{LOCAL_MATH_PREFIX}:"
-    if env_id.startswith(prefix):
-        path = env_id[len(prefix):]
-        if not os.path.exists(path):
-            raise ValueError(f"math data {path!r} (from env id {env_id}) does not exist")
+    if env_id.startswith(f"{LOCAL_MATH_PREFIX}:"):
+        problem = local_math_id_problem(env_id)
+        if problem is not None:
+            raise ValueError(problem)
         return env_id
     raise ValueError(f"unknown env id {env_id!r}; examples: {EXAMPLE_ENV_IDS} (an env of your own: "
                      "--env-module path/to/file.py that registers it)")
 
 
 def ensure_registered(env_id: str) -> str:
-    """Check that Gem knows ``env_id``; ``local-math:<path>`` of an existing file or folder is registered on the fly,
-    so a data set can be named on a command line. Raises one clear ``ValueError`` otherwise."""
+    """Check that Gem knows ``env_id``; ``local-math:<path>`` of an existing file or folder (``<path>:<split>`` for a
+    split of a ``DatasetDict``) is registered on the fly, so a data set can be named on a command line. Raises one
+    clear ``ValueError`` otherwise."""
     check_env_id(env_id)
     if env_id in ENV_REGISTRY:
         return env_id

@@ -12,9 +12,21 @@ Rows need a question and an answer column: ``problem``/``answer``, or ``input``/
 of accepted strings.
 
 Ids: :func:`register_math_dataset` registers one set under any id; :func:`register_math_folder` finds every set under
-a folder and registers ``local-math:<name>`` for each (a ``DatasetDict`` with several splits gives one id per split).
-``import envs`` calls it on the folder named by the ``DPPO_MATH_DATA`` environment variable, when it is set. Hub ids
-are left as they are and still work where the hub is reachable.
+a folder and registers ``local-math:<name>`` for each. ``import envs`` calls it on the folder named by the
+``DPPO_MATH_DATA`` environment variable, when it is set. Hub ids are left as they are and still work where the hub is
+reachable. Names:
+
+- a ``Dataset`` folder or a JSON(L) file: its folder name or file stem (``local-math:gsm8k_test``);
+- every split of a ``DatasetDict`` folder: ``<folder>:<split>`` (``local-math:math_lvl3to5_8k:train``,
+  ``local-math:evaluation_suite:aime``);
+- the bare ``<folder>`` of a ``DatasetDict`` means its ``train`` split, and only that: a ``DatasetDict`` without a
+  ``train`` split has no bare name, and asking for one is an error that lists its ``<folder>:<split>`` ids. A name
+  that does not say which split it is must never train on a held-out split (oat's ``math_lvl3to5_8k`` has train and
+  eval splits; a copy holding only ``eval`` once registered that split under the folder's name);
+- a name found twice under the folder is replaced by its path relative to the folder (``a/math:train``).
+
+``local-math:<path>`` names a set on disk directly, with the same rule: ``<path>`` of a ``DatasetDict`` is its train
+split, ``<path>:<split>`` any split (a path that exists as written is never split at a colon).
 
 Two changes to Gem's MathEnv, in :class:`LocalMathEnv`:
 
@@ -33,7 +45,7 @@ import multiprocessing
 import os
 import threading
 import warnings
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from datasets import Dataset, DatasetDict, load_from_disk
 from gem.envs.math_env import MathEnv
@@ -41,6 +53,9 @@ from gem.envs.registration import ENV_REGISTRY, register
 from gem.utils.constants import TERMINAL_STATE
 
 LOCAL_MATH_PREFIX = "local-math"
+TRAIN_SPLIT = "train"
+"""The split of a ``DatasetDict`` that its bare name (no ``:<split>``) means."""
+SPLIT_SEPARATOR = ":"
 DATA_ENV_VAR = "DPPO_MATH_DATA"
 QUESTION_COLUMN = "problem"
 ANSWER_COLUMN = "answer"
@@ -82,15 +97,49 @@ def normalize_math_columns(dataset: Dataset) -> Dataset:
     return dataset
 
 
+def split_names(source: str, splits: Sequence[str]) -> str:
+    """``source:split`` for every split, comma-separated: the names a user may give instead."""
+    return ", ".join(f"{source}{SPLIT_SEPARATOR}{split}" for split in splits)
+
+
+def choose_split(splits: Sequence[str], split: Optional[str], source: str) -> str:
+    """The split of a ``DatasetDict`` with ``splits`` that ``split`` names; None names its ``train`` split.
+
+    Raises a one-line ValueError listing ``<source>:<split>`` for every split when ``split`` is not one of them, or
+    is None and there is no ``train`` split (a bare name never means a held-out split).
+    """
+    if split is None:
+        if TRAIN_SPLIT in splits:
+            return TRAIN_SPLIT
+        raise ValueError(f"{source} is a DatasetDict with no '{TRAIN_SPLIT}' split, the one its bare name would "
+                         f"mean: name a split: {split_names(source, splits)}")
+    if split not in splits:
+        raise ValueError(f"{source} has no split {split!r}; its splits: {split_names(source, splits)}")
+    return split
+
+
 def select_split(dataset: Union[Dataset, DatasetDict], split: Optional[str], source: str) -> Dataset:
-    """The ``split`` of a ``DatasetDict`` (its only split when ``split`` is None), or the ``Dataset`` itself."""
+    """The ``split`` of a ``DatasetDict`` (see :func:`choose_split`), or the ``Dataset`` itself (no split to name)."""
     if isinstance(dataset, Dataset):
+        if split is not None:
+            raise ValueError(f"{source} is not a DatasetDict: it has no split {split!r}")
         return dataset
-    if split is None and len(dataset) == 1:
-        return next(iter(dataset.values()))
-    if split not in dataset:
-        raise ValueError(f"{source}: choose a split among {list(dataset.keys())} (got {split!r})")
-    return dataset[split]
+    return dataset[choose_split(list(dataset.keys()), split, source)]
+
+
+def parse_math_source(spec: Union[str, os.PathLike]) -> Tuple[str, Optional[str]]:
+    """``(path, split)`` of ``PATH`` or ``PATH:SPLIT`` (a split of a saved ``DatasetDict``).
+
+    A ``spec`` that exists as written is a path (a colon in a file name is kept); otherwise the text after its last
+    colon is a split when the text before it exists. Anything else is returned whole, for the caller to report.
+    """
+    spec = os.fspath(spec)
+    if os.path.exists(spec):
+        return spec, None
+    path, separator, split = spec.rpartition(SPLIT_SEPARATOR)
+    if separator and path and split and "/" not in split and os.sep not in split and os.path.exists(path):
+        return path, split
+    return spec, None
 
 
 def read_json_rows(path: str) -> Dataset:
@@ -126,14 +175,20 @@ def _json_line(path: str, number: int, line: str) -> dict:
 def load_math_dataset(path: Union[str, os.PathLike], split: Optional[str] = None) -> Dataset:
     """Load a math set from a ``save_to_disk`` folder or a JSON(L) file, with ``problem``/``answer`` columns.
 
-    The set is held in memory, so MathEnv's shuffles write no cache files into the data folder.
+    ``path`` may be ``PATH:SPLIT`` when ``split`` is None (:func:`parse_math_source`); a ``DatasetDict`` without a
+    split named gives its ``train`` split (:func:`choose_split`). The set is held in memory, so MathEnv's shuffles
+    write no cache files into the data folder.
 
     Raises FileNotFoundError naming ``path`` when it does not exist, ValueError when it is not a usable set.
     """
     path = os.fspath(path)
+    if split is None:
+        path, split = parse_math_source(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"math data set not found: {path}")
     if os.path.isfile(path):
+        if split is not None:
+            raise ValueError(f"{path} is not a DatasetDict: it has no split {split!r}")
         if not path.endswith(JSON_SUFFIXES):
             raise ValueError(f"{path}: a math data file must end in {' or '.join(JSON_SUFFIXES)}")
         dataset = read_json_rows(path)
@@ -232,9 +287,11 @@ def register_math_dataset(
 ) -> str:
     """Register ``env_id`` as Gem's MathEnv over a local set; returns ``env_id``.
 
-    A path is checked now (FileNotFoundError naming it when missing) and loaded when the env is made; a
-    ``Dataset``/``DatasetDict`` is normalised now. ``overwrite`` replaces an existing registration of ``env_id``
-    (otherwise ValueError). ``env_kwargs`` are passed to MathEnv on every make.
+    A path (``PATH:SPLIT`` too, when ``split`` is None) is checked now (FileNotFoundError naming it when missing,
+    ValueError for a split it lacks) and loaded when the env is made; a ``Dataset``/``DatasetDict`` is normalised
+    now. A ``DatasetDict`` without ``split`` gives its ``train`` split (:func:`choose_split`). ``overwrite``
+    replaces an existing registration of ``env_id`` (otherwise ValueError). ``env_kwargs`` are passed to MathEnv on
+    every make.
     """
     if env_id in ENV_REGISTRY:
         if not overwrite:
@@ -245,9 +302,11 @@ def register_math_dataset(
         register(env_id, make_local_math_env, dataset=dataset, **env_kwargs)
         return env_id
     path = os.fspath(path_or_dataset)
+    if split is None:
+        path, split = parse_math_source(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"math data set not found: {path}")
-    register(env_id, make_local_math_env, data_path=path, split=split, **env_kwargs)
+    register(env_id, make_local_math_env, data_path=path, split=path_split(path, split, path), **env_kwargs)
     return env_id
 
 
@@ -260,14 +319,33 @@ def dataset_dict_splits(folder: str) -> Optional[List[str]]:
         return list(json.load(handle)["splits"])
 
 
+def path_split(path: str, split: Optional[str], source: str) -> Optional[str]:
+    """The split to load from the set at ``path`` (existing): :func:`choose_split` among a ``DatasetDict`` folder's
+    splits, None for any other set. Raises a one-line ValueError, naming ``source``, for a split it lacks."""
+    splits = dataset_dict_splits(path)
+    if splits is not None:
+        return choose_split(splits, split, source)
+    if split is not None:
+        raise ValueError(f"{source} is not a DatasetDict: it has no split {split!r}")
+    return None
+
+
+def dataset_dict_names(
+    name: str, qualified: str, folder: str, splits: Sequence[str]
+) -> List[Tuple[str, str, str, Optional[str]]]:
+    """``(name, qualified_name, path, split)`` of a ``DatasetDict`` folder: the bare name for its ``train`` split
+    (none without one, see the module's docstring), then ``<name>:<split>`` for every split, in saved order."""
+    bare = [(name, qualified, folder, TRAIN_SPLIT)] if TRAIN_SPLIT in splits else []
+    return bare + [(f"{name}{SPLIT_SEPARATOR}{s}", f"{qualified}{SPLIT_SEPARATOR}{s}", folder, s) for s in splits]
+
+
 def scan_math_folder(folder: str, relative: str = "") -> List[Tuple[str, str, str, Optional[str]]]:
-    """``(name, qualified_name, path, split)`` for every set at or below ``folder``, in sorted order."""
+    """``(name, qualified_name, path, split)`` for every set at or below ``folder``, in sorted order; the qualified
+    name is the set's path relative to the scan's root (with ``:<split>`` for a split of a ``DatasetDict``)."""
     splits = dataset_dict_splits(folder)
     own_name = os.path.basename(os.path.normpath(folder))
-    if splits is not None and len(splits) == 1:
-        return [(own_name, relative or own_name, folder, splits[0])]
     if splits is not None:
-        return [(s, f"{relative}/{s}" if relative else s, folder, s) for s in splits]
+        return dataset_dict_names(own_name, relative or own_name, folder, splits)
     if os.path.isfile(os.path.join(folder, "state.json")):
         return [(own_name, relative or own_name, folder, None)]
     found = []
@@ -285,8 +363,9 @@ def scan_math_folder(folder: str, relative: str = "") -> List[Tuple[str, str, st
 def find_math_datasets(root: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Optional[str]]]:
     """``{name: (path, split)}`` for every set under ``root``.
 
-    A set is named by its folder (or file stem, or split name for a multi-split ``DatasetDict``); names that
-    occur twice are replaced by their path relative to ``root``. Raises FileNotFoundError naming a missing ``root``.
+    A set is named by its folder or file stem; a ``DatasetDict``'s splits by ``<folder>:<split>``, and its bare
+    ``<folder>`` is its ``train`` split, when it has one (the module's docstring says why). Names that occur twice
+    are replaced by their path relative to ``root``. Raises FileNotFoundError naming a missing ``root``.
     """
     root = os.fspath(root)
     if not os.path.isdir(root):
@@ -306,6 +385,64 @@ def register_math_folder(
     for name, (path, split) in find_math_datasets(root).items():
         env_ids.append(register_math_dataset(f"{prefix}:{name}", path, split=split, overwrite=True, **env_kwargs))
     return env_ids
+
+
+MAX_LISTED_IDS = 40
+"""An unknown-id error lists at most this many registered ``local-math`` ids."""
+
+
+def registered_math_ids(prefix: str = LOCAL_MATH_PREFIX) -> List[str]:
+    """The registered ids that start with ``<prefix>:``, in registration order."""
+    return [env_id for env_id in ENV_REGISTRY if env_id.startswith(f"{prefix}{SPLIT_SEPARATOR}")]
+
+
+def listed_ids(env_ids: Sequence[str]) -> str:
+    """``env_ids`` comma-separated, at most :data:`MAX_LISTED_IDS` of them, or a hint when there are none."""
+    if not env_ids:
+        return f"none (set {DATA_ENV_VAR} to a folder of math sets, or give a path)"
+    more = len(env_ids) - MAX_LISTED_IDS
+    return ", ".join(env_ids[:MAX_LISTED_IDS]) + (f", … ({more} more)" if more > 0 else "")
+
+
+def registered_split_problem(env_id: str, registered: Sequence[str]) -> Optional[str]:
+    """Why ``env_id``, unregistered, names no set, when registered ids are splits of it or of the name before its
+    last colon: a ``DatasetDict`` without a ``train`` split named bare, or a split it lacks; else None."""
+    for name in (env_id, env_id.rpartition(SPLIT_SEPARATOR)[0]):
+        split_ids = [i for i in registered if i.startswith(f"{name}{SPLIT_SEPARATOR}")]
+        if not split_ids or SPLIT_SEPARATOR not in name:
+            continue
+        split = None if name == env_id else env_id[len(name) + 1:]
+        try:
+            choose_split([i[len(name) + 1:] for i in split_ids], split, name)
+        except ValueError as error:
+            return str(error)
+        return f"unknown env id {env_id!r}; registered splits of {name}: {', '.join(split_ids)}"
+    return None
+
+
+def local_math_id_problem(env_id: str, prefix: str = LOCAL_MATH_PREFIX) -> Optional[str]:
+    """Why ``<prefix>:<name or path>`` names no math set, in one line; None when it names one.
+
+    A registered id names one; so does an existing path, or ``PATH:SPLIT``, whose split exists (a ``DatasetDict``
+    path without a split needs a ``train`` split, :func:`choose_split`). A bare name whose ``<name>:<split>`` ids are
+    registered is a ``DatasetDict`` without a ``train`` split, and a ``<name>:<split>`` beside registered splits of
+    ``<name>`` a split it lacks: both errors list those ids. Any other name lists every registered ``<prefix>`` id.
+    Reads the registry and the file system only.
+    """
+    if env_id in ENV_REGISTRY:
+        return None
+    spec = env_id[len(prefix) + 1:]
+    path, split = parse_math_source(spec)
+    if os.path.exists(path):
+        try:
+            path_split(path, split, f"{prefix}{SPLIT_SEPARATOR}{path}")
+        except ValueError as error:
+            return str(error)
+        return None
+    registered = registered_math_ids(prefix)
+    return registered_split_problem(env_id, registered) or (
+        f"unknown env id {env_id!r}: math data {spec!r} does not exist and no local math set of that name is "
+        f"registered; registered: {listed_ids(registered)}")
 
 
 def register_math_folder_from_environment() -> List[str]:

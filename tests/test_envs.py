@@ -34,9 +34,10 @@ from envs.sudoku_compact import (
 )
 
 from shared_data import MATH_DATA, needs_math_data  # noqa: E402
-SHARED_SET_NAMES = {
-    "aime", "amc", "math", "minerva", "olympiad_bench", "gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k",
-}
+SHARED_SUITE_SPLITS = ("aime", "amc", "math", "minerva", "olympiad_bench")
+"""The splits of the shared ``evaluation_suite`` DatasetDict: ``local-math:evaluation_suite:<split>``."""
+SHARED_TRAIN_SETS = ("gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k")
+"""The shared ``train/<set>`` DatasetDicts (the shared math_lvl3to5_8k has only an ``eval`` split; oat's has both)."""
 
 
 def empty_cells(env):
@@ -154,6 +155,35 @@ def test_countdown_rules():
 # --- local math ----------------------------------------------------------------------------------------------------
 
 
+def save_math_dict(folder, **splits):
+    """A ``DatasetDict.save_to_disk`` folder with one two-question split per keyword (``split=tag``): every question
+    of a split carries its tag, so a test can tell which split an env serves."""
+    data = DatasetDict({split: Dataset.from_list([{"problem": f"{tag} question {i}", "answer": str(i)}
+                                                  for i in range(2)]) for split, tag in splits.items()})
+    data.save_to_disk(str(folder))
+    return folder
+
+
+def one_line_error(call):
+    """The message of the ValueError ``call()`` raises, checked to be one line."""
+    with pytest.raises(ValueError) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def math_folder(tmp_path):
+    """oat's layouts under one root: a train/eval DatasetDict, an eval-only one, an evaluation suite, a JSONL set."""
+    root = tmp_path / "math"
+    save_math_dict(root / "train" / "t32_both", train="TRAIN", eval="EVAL")
+    save_math_dict(root / "train" / "t32_evalonly", eval="EVAL")
+    save_math_dict(root / "t32_suite", aime="AIME", amc="AMC")
+    (root / "t32_plain.jsonl").write_text(json.dumps({"problem": "PLAIN question", "answer": "1"}) + "\n")
+    return root
+
+
 def test_missing_math_path_gives_clear_error(tmp_path):
     missing = tmp_path / "no_such_set"
     for call in (
@@ -182,7 +212,8 @@ def test_jsonl_math_set_scores_correct_and_wrong_answers(tmp_path):
 def test_input_gt_answer_columns_and_chat_template_are_mapped():
     prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant"
     data = DatasetDict({"eval": Dataset.from_list([{"input": prompt, "gt_answer": "4", "output": "4"}])})
-    env_id = register_math_dataset("local-math:test-mapped", data, overwrite=True, use_mp=False)
+    assert "no 'train' split" in one_line_error(lambda: register_math_dataset("local-math:test-mapped", data))
+    env_id = register_math_dataset("local-math:test-mapped", data, split="eval", overwrite=True, use_mp=False)
     env = gem.make(env_id)
     observation, _ = env.reset(seed=0)
     assert observation == "What is 2+2?" and strip_chat_template("plain") == "plain"
@@ -201,16 +232,78 @@ def test_missing_columns_are_reported():
         register_math_dataset("local-math:test-bad", Dataset.from_list([{"question": "?", "answer": "1"}]))
 
 
+def test_every_split_of_a_dataset_dict_is_named_folder_colon_split(math_folder):
+    found = find_math_datasets(math_folder)
+    assert set(found) == {"t32_both", "t32_both:train", "t32_both:eval", "t32_evalonly:eval",
+                          "t32_suite:aime", "t32_suite:amc", "t32_plain"}
+    assert found["t32_both"] == found["t32_both:train"] == (str(math_folder / "train" / "t32_both"), "train")
+    assert found["t32_suite:amc"] == (str(math_folder / "t32_suite"), "amc")
+
+
+def test_the_bare_name_of_a_dataset_dict_is_its_train_split(math_folder):
+    register_math_folder(math_folder, use_mp=False)
+    for name, tag in [("t32_both", "TRAIN"), ("t32_both:train", "TRAIN"), ("t32_both:eval", "EVAL"),
+                      ("t32_suite:aime", "AIME"), ("t32_plain", "PLAIN")]:
+        observation, _ = envs.make_env(f"local-math:{name}").reset(seed=0)
+        assert observation.startswith(f"{tag} question"), name
+
+
+def test_an_eval_only_dataset_dict_has_no_bare_name(math_folder):
+    """Its only split must not be trained on by a name that does not say "eval"."""
+    register_math_folder(math_folder, use_mp=False)
+    assert "local-math:t32_evalonly" not in ENV_REGISTRY and "local-math:t32_suite" not in ENV_REGISTRY
+    message = one_line_error(lambda: envs.check_env_id("local-math:t32_evalonly"))
+    assert "no 'train' split" in message and "local-math:t32_evalonly:eval" in message
+    message = one_line_error(lambda: envs.make_env("local-math:t32_suite"))
+    assert "local-math:t32_suite:aime, local-math:t32_suite:amc" in message
+
+
+def test_an_unknown_local_math_name_lists_the_registered_ones(math_folder):
+    register_math_folder(math_folder, use_mp=False)
+    message = one_line_error(lambda: envs.check_env_id("local-math:t32_no_such_set"))
+    assert "does not exist" in message and "local-math:t32_both:eval" in message
+    message = one_line_error(lambda: envs.check_env_id("local-math:t32_both:test"))
+    assert "no split 'test'" in message and "local-math:t32_both:train, local-math:t32_both:eval" in message
+
+
+def test_a_path_to_a_dataset_dict_names_its_train_split_or_path_colon_split(math_folder):
+    both, eval_only = math_folder / "train" / "t32_both", math_folder / "train" / "t32_evalonly"
+    for spec, tag in [(both, "TRAIN"), (f"{both}:eval", "EVAL"), (f"{eval_only}:eval", "EVAL")]:
+        assert load_math_dataset(spec)[0]["problem"].startswith(tag)
+        assert envs.make_env(f"local-math:{spec}").reset(seed=0)[0].startswith(tag)
+    message = one_line_error(lambda: envs.check_env_id(f"local-math:{eval_only}"))
+    assert f"local-math:{eval_only}:eval" in message and "no 'train' split" in message
+    assert f"{eval_only}:eval" in one_line_error(lambda: load_math_dataset(eval_only))
+    assert "no split 'test'" in one_line_error(lambda: envs.check_env_id(f"local-math:{both}:test"))
+    assert "not a DatasetDict" in one_line_error(lambda: load_math_dataset(f"{math_folder / 't32_plain.jsonl'}:x"))
+
+
+def test_names_found_twice_are_paths_relative_to_the_root(tmp_path):
+    for part in ("a", "b"):
+        save_math_dict(tmp_path / part / "t32_twice", train="TRAIN", eval="EVAL")
+    save_math_dict(tmp_path / "c" / "t32_once", eval="EVAL")
+    assert set(find_math_datasets(tmp_path)) == {
+        "a/t32_twice", "a/t32_twice:train", "a/t32_twice:eval",
+        "b/t32_twice", "b/t32_twice:train", "b/t32_twice:eval", "t32_once:eval",
+    }
+
+
 @needs_math_data
 def test_shared_math_sets_are_found_and_registered():
     found = find_math_datasets(MATH_DATA)
-    assert SHARED_SET_NAMES <= set(found)
+    suite = {f"evaluation_suite:{split}" for split in SHARED_SUITE_SPLITS}
+    assert suite <= set(found) and not set(SHARED_SUITE_SPLITS) & set(found)
+    for name in SHARED_TRAIN_SETS:
+        splits = [key.split(":")[1] for key in found if key.startswith(f"{name}:")]
+        assert splits and (name in found) == ("train" in splits), name
+    assert "math_lvl3to5_8k:eval" in found and "gsm_8k" in found and "gsm_8k:train" in found
     env_ids = register_math_folder(MATH_DATA, use_mp=False)
-    assert {f"local-math:{name}" for name in SHARED_SET_NAMES} <= set(env_ids)
+    assert {f"local-math:{name}" for name in found} == set(env_ids)
 
 
 @needs_math_data
-@pytest.mark.parametrize("name", ["gsm_8k", "math", "minerva", "math_lvl3to5_8k"])
+@pytest.mark.parametrize("name", ["gsm_8k", "evaluation_suite:math", "evaluation_suite:minerva",
+                                  "math_lvl3to5_8k:eval"])
 def test_shared_math_env_scores_boxed_answers(name):
     register_math_folder(MATH_DATA, use_mp=False)
     env = gem.make(f"local-math:{name}")

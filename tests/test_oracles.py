@@ -185,7 +185,7 @@ def test_oracle_lookup():
 @needs_math_data
 def test_local_math_oracle_and_demonstrations():
     register_math_folder(MATH_DATA, use_mp=False)
-    for name in ("aime", "gsm_8k", "math_lvl3to5_8k"):
+    for name in ("evaluation_suite:aime", "gsm_8k", "math_lvl3to5_8k:eval"):
         env = gem.make(f"local-math:{name}")
         for seed in range(5):
             assert play_oracle_episode(env, seed, None)[1] == 1.0

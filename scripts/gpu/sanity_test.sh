@@ -8,7 +8,8 @@
 #   DPPO_MATH_DATA=/path/to/math bash scripts/gpu/sanity_test.sh pg_is --gpus 4        # methods, then oat flags
 #
 # The paper trains on 1,460 MATH problems the initial model is known to solve; point SANITY_SET at such a set
-# (a save_to_disk folder or JSONL under DPPO_MATH_DATA, or a path). Default: math_lvl3to5_8k, unfiltered.
+# (the local-math name of a set under DPPO_MATH_DATA, <folder>:<split> for a split of a DatasetDict, or a path).
+# Default: math_lvl3to5_8k:train, unfiltered. Evaluation: evaluation_suite:aime (envs/README.md has the names).
 source "$(dirname "$0")/node.sh"
 
 : "${DPPO_MATH_DATA:?set DPPO_MATH_DATA to the folder of the math datasets}"
@@ -23,13 +24,14 @@ samples=512  # 64 prompts × 8 samples per rollout; minibatches of 128 samples: 
 for method in "${methods[@]}"; do
     "${TRAIN[@]}" "${NODE_FLAGS[@]}" --trust_region "$method" \
         --pretrain "${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}" --gpus "$gpus" \
-        --env_ids "local-math:${SANITY_SET:-math_lvl3to5_8k}" --prompt_template chat --num_samples 8 \
+        --env_ids "local-math:${SANITY_SET:-math_lvl3to5_8k:train}" --prompt_template chat --num_samples 8 \
         --advantage_mode drgrpo \
         --rollout_batch_size $samples --rollout_batch_size_per_device "$(per_device $samples "$gpus")" \
         --pi_buffer_maxlen_per_device "$(per_device $samples "$gpus")" \
         --train_batch_size 128 --train_batch_size_per_device 1 --num_ppo_epochs 1 \
         --prompt_max_length 1024 --generate_max_length 8000 --max_model_len 9024 \
-        --eval_env_ids local-math:aime --num_eval_seeds 0 --eval_n 32 --eval_temperature 0.6 --eval_top_p 0.95 \
+        --eval_env_ids local-math:evaluation_suite:aime --num_eval_seeds 0 --eval_n 32 \
+        --eval_temperature 0.6 --eval_top_p 0.95 \
         --eval_steps 10 --eval_generate_max_length 8000 \
         --max_train 200000 --wb_run_name "sanity-${method//_/-}" "$@"
 done
