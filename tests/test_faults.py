@@ -5,6 +5,7 @@ The runs here use the tiny policy with a minimal warm start (seconds), on real S
 """
 
 import json
+import sys
 import warnings
 
 import pytest
@@ -93,6 +94,30 @@ def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, ca
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
+@pytest.fixture
+def no_wandb_login(monkeypatch, tmp_path):
+    """A machine where wandb was never logged in: no WANDB_API_KEY, no netrc, online mode."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+
+
+def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, capsys, no_model, no_wandb_login):
+    """Without an API key wandb would prompt at the first log (a worker process cannot answer)."""
+    runs = tmp_path / "runs"
+    one_error(capsys, ["--run-dir", str(runs), "--wandb"], 2, "--wandb", "wandb login", "WANDB_API_KEY")
+    assert not runs.exists(), "a refused command left something behind"
+
+
+def test_a_missing_logging_package_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
+    runs = tmp_path / "runs"
+    monkeypatch.setitem(sys.modules, "wandb", None)  # Python's own way to make `import wandb` fail
+    one_error(capsys, ["--run-dir", str(runs), "--wandb"], 2, "--wandb needs wandb: pip install wandb")
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    one_error(capsys, ["--run-dir", str(runs), "--tensorboard"], 2, "--tensorboard needs tensorboard")
+    assert not runs.exists(), "a refused command left something behind"
+
+
 def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model):
     good = '{"problem": "1+1?", "answer": "2"}'
     env = write_math(tmp_path / "bad.jsonl", [good, good, '{"problem": "2+2?", "answer": }'])
@@ -100,6 +125,29 @@ def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model)
               "not valid JSON")
     env = write_math(tmp_path / "columns.jsonl", ['{"question": "1+1?", "answer": "2"}'])
     one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "columns.jsonl", "lacks column")
+
+
+def test_a_local_math_id_that_names_no_set_is_one_line_listing_the_ids(tmp_path, capsys, no_model):
+    """A DatasetDict without a train split has no bare name (never trained on unawares); an unknown name lists the
+    registered ids; ``local-math:<path>:<split>`` names a split and passes validation."""
+    from datasets import Dataset, DatasetDict
+
+    from dppo_oat.engines.local.validation import validate_config
+    from envs import register_math_folder
+
+    held_out = tmp_path / "data" / "t32_heldout"
+    DatasetDict({"eval": Dataset.from_list([{"problem": "1+1?", "answer": "2"}])}).save_to_disk(str(held_out))
+    register_math_folder(tmp_path / "data")
+    runs = str(tmp_path / "runs")
+    for env_id, fragments in [
+        ("local-math:t32_heldout", ["no 'train' split", "local-math:t32_heldout:eval"]),
+        ("local-math:t32_no_such_set", ["does not exist", "local-math:t32_heldout:eval"]),
+        (f"local-math:{held_out}", ["no 'train' split", f"local-math:{held_out}:eval"]),
+        (f"local-math:{held_out}:test", ["no split 'test'", f"local-math:{held_out}:eval"]),
+    ]:
+        one_error(capsys, ["--run-dir", runs, "--env-ids", env_id], 2, *fragments)
+    for env_id in ("local-math:t32_heldout:eval", f"local-math:{held_out}:eval"):
+        validate_config(TrainConfig(env_ids=(env_id,), run_dir=runs))
 
 
 def test_a_failed_resume_leaves_no_directory(tmp_path, capsys, no_model):

@@ -25,8 +25,13 @@ for arg in "$@"; do
 done
 set -- "${args[@]+"${args[@]}"}"
 
+# Gem plays 2 episodes at a time (num_envs 2). For multi-turn Sudoku that decides which turns a step's samples come
+# from, so it is kept. A single-turn task's episodes are independent draws however many are played together, so
+# there every episode of an actor step goes to vLLM in one batch (the default of --groups_per_step): only throughput
+# changes (2 prompts per generate call would serialise vLLM into 64 calls per step on 1 GPU).
 case $task in
-    sudoku) task_flags=(--env_ids game:Sudoku-v0-easy --prompt_template qwen3_game --wrappers concat --gamma 0.9) ;;
+    sudoku) task_flags=(--env_ids game:Sudoku-v0-easy --prompt_template qwen3_game --wrappers concat --gamma 0.9
+                        --groups_per_step 2) ;;
     arc1d) task_flags=(--env_ids rg:arc_1d --prompt_template qwen3_general --gamma 1.0) ;;
     acre) task_flags=(--env_ids rg:acre --prompt_template qwen3_general --gamma 1.0) ;;
     *) echo "gem.sh: unknown task '$task' (sudoku, arc1d or acre)" >&2; exit 2 ;;
@@ -35,9 +40,9 @@ esac
 gpus=$(gpus_of "$@")
 batch=128  # Gem's GRADIENT_BATCH_SIZE: turn samples per learning round, and per optimizer step
 if [[ $variant == gem ]]; then
-    group_flags=(--num_samples 1 --groups_per_step 2 --advantage_mode rebn)  # Gem: num_envs 2, norm_return
+    group_flags=(--num_samples 1 --advantage_mode rebn)  # Gem: norm_return
 else
-    group_flags=(--num_samples 8 --groups_per_step 2 --advantage_mode drgrpo --turn_baseline)
+    group_flags=(--num_samples 8 --advantage_mode drgrpo --turn_baseline)
 fi
 
 exec "${TRAIN[@]}" "${NODE_FLAGS[@]}" $(trust_region_flags "$trust_region") \

@@ -3,11 +3,12 @@
 #   PYTHON  the interpreter (default: python), with dppo_oat installed with its [oat] extra (README "On a GPU node")
 #   MODEL   the model (each script has the paper's)
 #   SEED    the run's seed (default 42)
-#   WANDB   0 to log to the run directory only (default 1: also to wandb, project dppo)
+#   WANDB   1 to also log to wandb, project dppo (default 0: the run directory only; wandb needs `wandb login` or
+#           WANDB_API_KEY first)
 #
-# Every script takes --gpus N (default 8) and sizes the per-device batches from it, as Gem's and oat's example
-# scripts do (GRADIENT_BATCH_SIZE / N_GPU). Any oat or DPPO flag given after a script's own arguments overrides the
-# script's; --dry-run prints the resolved plan and launches nothing.
+# Every script takes --gpus N (default: as many as CUDA_VISIBLE_DEVICES lists, else 8) and sizes the per-device batches
+# from it, as Gem's and oat's example scripts do (GRADIENT_BATCH_SIZE / N_GPU). Any oat or DPPO flag given after a
+# script's own arguments overrides the script's; --dry-run prints the resolved plan and launches nothing.
 set -euo pipefail
 
 TRAIN=(${PYTHON:-python} -m dppo_oat.train --engine oat)
@@ -18,11 +19,16 @@ NODE_FLAGS=(
     --temperature 1.0 --top_p 1.0 --top_k -1 --critic_type drgrpo
     --seed "${SEED:-42}" --save_steps 100 --max_save_num 30
 )
-if [[ ${WANDB:-1} != 0 ]]; then NODE_FLAGS+=(--use_wb --wb_project dppo); fi
+if [[ ${WANDB:-0} != 0 ]]; then NODE_FLAGS+=(--use_wb --wb_project dppo); fi
 
-# gpus_of ARGS...: the value of the last --gpus in ARGS (default 8)
+# gpus_of ARGS...: the value of the last --gpus in ARGS; default: as many as CUDA_VISIBLE_DEVICES lists, else 8
+# (oat starts an actor and a learner on every GPU that CUDA_VISIBLE_DEVICES lists)
 gpus_of() {
-    local gpus=8
+    local gpus=8 visible
+    if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+        IFS=, read -ra visible <<< "$CUDA_VISIBLE_DEVICES"
+        gpus=${#visible[@]}
+    fi
     while [[ $# -gt 0 ]]; do
         case $1 in
             --gpus) gpus=${2:?--gpus needs a value}; shift ;;

@@ -40,6 +40,10 @@ recorder_only = pytest.mark.skipif(
 )
 SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
          "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8", "--num_samples", "4"]
+def without_visible_gpus(environ) -> dict:
+    return {name: value for name, value in environ.items() if name != "CUDA_VISIBLE_DEVICES"}
+
+
 GEM_TASKS = {"sudoku": "game:Sudoku-v0-easy", "arc1d": "rg:arc_1d", "acre": "rg:acre"}
 SANITY_METHODS = ["pg_is", "cispo", "grpo_clip_higher", "minirl", "minirl_tis", "dppo_binary_tv", "dppo_binary_kl"]
 
@@ -51,15 +55,16 @@ GEM_RECIPE = {  # Gem's examples/train_oat/README.md, per task family (flags of 
                    collocate=True, vllm_sleep=True, vllm_gpu_ratio=0.45, enable_prefix_caching=True,
                    gradient_checkpointing=True, max_save_num=30, pretrain="Qwen/Qwen3-1.7B-Base"),
     "sudoku": dict(prompt_template="qwen3_game", wrappers=("concat",), gamma=0.9, groups_per_step=2),
-    "rg": dict(prompt_template="qwen3_general", wrappers=(), gamma=1.0, groups_per_step=2, zero_stage=2),
+    "rg": dict(prompt_template="qwen3_general", wrappers=(), gamma=1.0, zero_stage=2),
 }
-"""Gem's values. `--norm_return` is --advantage_mode rebn, `--num_envs 2` is --groups_per_step 2; the deviations
-(README, 'On a GPU node') are checked separately."""
+"""Gem's values. `--norm_return` is --advantage_mode rebn, `--num_envs 2` is --groups_per_step 2 (Sudoku; the
+single-turn tasks deviate, see below); the deviations (README, 'On a GPU node') are checked separately."""
 
 
-def script_commands(*script_args: str) -> list[list[str]]:
-    """The ``dppo_oat.train`` arguments a GPU-node script runs, read by running it with ``PYTHON=echo``."""
-    env = {**os.environ, "PYTHON": "echo", "DPPO_MATH_DATA": str(MATH_DATA)}
+def script_commands(*script_args: str, **environ: str) -> list[list[str]]:
+    """The ``dppo_oat.train`` arguments a GPU-node script runs, read by running it with ``PYTHON=echo`` (on a node
+    that exports no CUDA_VISIBLE_DEVICES, unless ``environ`` sets it)."""
+    env = {**without_visible_gpus(os.environ), "PYTHON": "echo", "DPPO_MATH_DATA": str(MATH_DATA), **environ}
     out = subprocess.run(["bash", str(SCRIPTS / script_args[0]), *script_args[1:]], env=env, check=True,
                          capture_output=True, text=True).stdout
     return [shlex.split(line)[len(PREFIX.split()):] for line in out.splitlines() if line.startswith(PREFIX)]
@@ -77,6 +82,8 @@ def test_gem_scripts_are_gems_recipe_with_only_the_trust_region_changed(task, ba
     assert {name: getattr(args, name) for name in recipe} == recipe
     assert args.env_ids == (GEM_TASKS[task],) and args.advantage_mode == "rebn"
     assert args.rollout_batch_size_per_device == args.pi_buffer_maxlen_per_device == 128 // gpus  # Gem: 128 / N_GPU
+    # Gem plays 2 episodes at a time; a single-turn task's whole step goes to vLLM at once (throughput only)
+    assert oat_args.groups_per_step(args) == (2 if task == "sudoku" else 128 // gpus)
     tr = spec_of(args).trust_region
     assert (tr.name, tr.rule, tr.anchor) == (("ppo", "ratio", "behavior") if baseline else
                                              ("dppo_binary_tv", "binary_tv", "behavior"))
@@ -106,10 +113,17 @@ def test_script_flags_can_be_overridden(gpu_node):
 
 @pytest.fixture
 def math_ids():
-    """The shared math sets as local-math:<name> ids, as DPPO_MATH_DATA registers them on a node."""
+    """The shared math sets as local-math ids, as DPPO_MATH_DATA registers them on a node, and the training set of
+    math.sh, local-math:math_lvl3to5_8k:train: oat's folder has a train split, the shared copy only eval, which
+    stands in for it here."""
     import envs
 
-    return envs.register_math_folder(MATH_DATA)
+    env_ids = envs.register_math_folder(MATH_DATA)
+    train_id = "local-math:math_lvl3to5_8k:train"
+    if train_id not in env_ids:
+        folder = MATH_DATA / "train" / "math_lvl3to5_8k"
+        env_ids.append(envs.register_math_dataset(train_id, folder, split="eval", overwrite=True))
+    return env_ids
 
 
 @needs_math_data
@@ -121,7 +135,7 @@ def test_math_script_is_oats_math_recipe_with_avg32_on_every_problem(gpu_node, m
         plan = plan_of(args)
         assert (args.num_samples, plan.samples_per_round, plan.optimizer_steps_per_round) == (8, 128, 8)
         assert args.num_eval_seeds == 0 and args.eval_n == 32
-        assert args.eval_env_ids == ("local-math:aime", "local-math:amc")
+        assert args.eval_env_ids == ("local-math:evaluation_suite:aime", "local-math:evaluation_suite:amc")
 
 
 @needs_math_data
@@ -199,6 +213,7 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--num_gpus_per_actor", "3"], "1, 2, 4 or 8"),
         (["--env_ids", "game:Sudoku-v9"], "unknown env id"),
         (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
+        (["--resume_dir", "oat-output/run/checkpoints"], r"cannot resume a run .* --pretrain <run>/saved_models/"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):
@@ -222,6 +237,18 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     assert f"`--{name}`" in (REPO / "README.md").read_text(), "the README lists every refused oat flag"
 
 
+def test_wandb_is_off_unless_asked_and_refused_without_a_login(gpu_node, monkeypatch, tmp_path):
+    """oat calls ``wandb.login(key=True)`` in the learner when no key is configured, after the models loaded."""
+    assert "--use_wb" not in script_commands("gem.sh", "sudoku", "--gpus", "1")[0]
+    [argv] = script_commands("gem.sh", "sudoku", "--gpus", "1", WANDB="1")
+    assert "--use_wb" in argv
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with gpu_node(1), pytest.raises(ValueError, match="--use_wb: wandb has no API key here: run `wandb login`"):
+        validate_args(launch.parse_args(argv))
+
+
 def test_oat_still_counts_gpus_unless_it_is_a_dry_run(gpu_node):
     with gpu_node(1), pytest.raises(AssertionError, match="GPUs available"):
         validate_args(launch.parse_args(SMALL))
@@ -230,10 +257,11 @@ def test_oat_still_counts_gpus_unless_it_is_a_dry_run(gpu_node):
     assert args.gpus == 2
 
 
-def run_dry(*script_args: str) -> subprocess.CompletedProcess:
-    """A GPU-node script with --dry-run in a fresh interpreter, which has no launchpad (no stub on its path)."""
-    env = {**os.environ, "PYTHON": sys.executable, "WANDB": "0", "DPPO_MATH_DATA": str(MATH_DATA),
-           "PYTHONPATH": str(REPO)}
+def run_dry(*script_args: str, **environ: str) -> subprocess.CompletedProcess:
+    """A GPU-node script with --dry-run in a fresh interpreter, which has no launchpad (no stub on its path), on a
+    node that exports no CUDA_VISIBLE_DEVICES unless ``environ`` sets it."""
+    env = {**without_visible_gpus(os.environ), "PYTHON": sys.executable, "DPPO_MATH_DATA": str(MATH_DATA),
+           "PYTHONPATH": str(REPO), **environ}
     return subprocess.run(["bash", str(SCRIPTS / script_args[0]), *script_args[1:], "--dry-run"], env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -253,6 +281,25 @@ def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "set --pi_buffer_maxlen_per_device 128" in errors[0]
     assert "Traceback" not in done.stderr and "node:" not in done.stdout
+
+
+EIGHT_GPUS = "0,1,2,3,4,5,6,7"
+
+
+def test_a_gpu_count_other_than_the_exported_one_is_refused_in_one_line():
+    """oat 0.2.4 starts an actor and a learner on every GPU CUDA_VISIBLE_DEVICES lists, whatever --gpus says."""
+    done = run_dry("gem.sh", "sudoku", "--gpus", "1", CUDA_VISIBLE_DEVICES=EIGHT_GPUS)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "lists 8 GPU(s) but --gpus is 1" in errors[0]
+    assert "pass --gpus 8, or export CUDA_VISIBLE_DEVICES=0" in errors[0]
+    assert "Traceback" not in done.stderr and "node:" not in done.stdout
+
+
+def test_the_scripts_default_to_the_exported_gpus():
+    done = run_dry("gem.sh", "sudoku", CUDA_VISIBLE_DEVICES="2,3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "node: 2 GPU(s)" in done.stdout and "64 samples per learner" in done.stdout
 
 
 @recorder_only
