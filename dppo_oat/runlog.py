@@ -14,6 +14,7 @@ the checkpoint's step (they are recomputed identically). wandb and TensorBoard m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -179,6 +180,50 @@ def read_config(directory: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is damaged ({error}): restore it, or start a new run with another --run-name") from None
+
+
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """The one writer of a run directory: an exclusive ``flock`` on ``<run>/.lock``, held until :meth:`release`.
+
+    A second run in the same directory would interleave its steps with the first's in ``metrics.jsonl`` and
+    overwrite its config and checkpoint; it is refused in one line naming the process that holds the lock. The
+    kernel drops the lock when that process ends, however it ends, so the lock of a killed run is never stale.
+    """
+
+    def __init__(self, directory: Path):
+        import fcntl
+
+        self.directory = Path(directory).absolute()
+        self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
+        make_writable_dir(self.directory)
+        self._file = open(self.directory / LOCK_FILE, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise ValueError(f"run directory {str(self.directory)!r} is in use by another run (process {holder}): "
+                             "give this run another --run-name (or wait for that run to end)") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"{os.getpid()}\n")
+        self._file.flush()
+
+    def release(self, *, unused: bool = False) -> None:
+        """Unlock (safe to call twice); the lock file stays. ``unused``: the run never started (it failed while
+        being built), so the lock file and every folder this lock created go too, when nothing else was written."""
+        if self._file.closed:
+            return
+        if unused and self._created:
+            (self.directory / LOCK_FILE).unlink(missing_ok=True)
+            for folder in self._created:  # deepest first
+                with contextlib.suppress(OSError):  # not empty: something else was written there
+                    folder.rmdir()
+        self._file.close()
 
 
 WANDB_KEYLESS_MODES = ("offline", "disabled", "dryrun")

@@ -5,6 +5,7 @@ The runs here use the tiny policy with a minimal warm start (seconds), on real S
 """
 
 import json
+import subprocess
 import sys
 import warnings
 
@@ -14,7 +15,7 @@ import torch
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.runlog import nonfinite_tensors, read_jsonl
+from dppo_oat.runlog import RunLock, nonfinite_tensors, read_jsonl
 from dppo_oat.train import main
 
 TINY = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -116,6 +117,40 @@ def test_a_missing_logging_package_is_one_line_before_any_model(tmp_path, capsys
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     one_error(capsys, ["--run-dir", str(runs), "--tensorboard"], 2, "--tensorboard needs tensorboard")
     assert not runs.exists(), "a refused command left something behind"
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from dppo_oat.runlog import RunLock
+lock = RunLock(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_taken_over(tmp_path, capsys,
+                                                                                            no_model):
+    """Two sweep arms under one run name used to interleave their steps in one metrics.jsonl and overwrite each
+    other's config and checkpoint, both exiting 0. The first writer is another process here."""
+    run_dir = tmp_path / "runs" / "arm"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        one_error(capsys, ["--run-dir", str(run_dir.parent), "--run-name", "arm"], 2,
+                  f"is in use by another run (process {holder.pid})", "another --run-name")
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"], "the refused run wrote into the directory"
+    finally:
+        holder.kill()
+        holder.wait()
+    RunLock(run_dir).release()  # the kernel dropped the killed process's lock: nothing stale to clean up
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", ".", "..", "a/b"])
+def test_a_run_name_is_one_folder_inside_the_run_dir(name, tmp_path, capsys, no_model):
+    runs = tmp_path / "runs"
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", name], 2, "must be one folder name inside --run-dir")
+    assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
 def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model):

@@ -30,7 +30,7 @@ from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
-from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLog, atomic_torch_save, read_jsonl
+from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLock, RunLog, atomic_torch_save, read_jsonl
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
@@ -66,6 +66,15 @@ class LocalTrainer:
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or Console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
+        self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
+        try:
+            self._build(config)
+        except BaseException:  # a failed start (a prompt too long, Ctrl-C) frees the directory and leaves no new one
+            self.lock.release(unused=True)
+            raise
+
+    def _build(self, config: TrainConfig) -> None:
+        """The policy, optimizer, generators, env collectors and run log, then the checkpoint when resuming."""
         self.tr = self.spec.trust_region
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -289,7 +298,9 @@ class LocalTrainer:
         return {"success_before": before, "success_after": after, "steps": self.step}
 
     def close(self) -> None:
-        """Release the log's mirrors and the envs (graders); safe to call twice and after a failure."""
+        """Release the log's mirrors, the envs (graders) and the run directory; safe to call twice and after a
+        failure."""
         self.log.close()
         self.collector.close()
         self.eval_collector.close()
+        self.lock.release()

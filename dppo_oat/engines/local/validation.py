@@ -174,8 +174,16 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
 
 
+def check_run_name(name: str) -> None:
+    """A run name is one folder inside ``--run-dir``: ``..``, ``.``, an empty name or a path would write elsewhere
+    (beside it, into it, or nested in another run)."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"--run-name {name!r} must be one folder name inside --run-dir (no '/', not '.' or '..')")
+
+
 def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     """The checkpoint step when resuming; refuses an unwritable directory and overwriting a finished log."""
+    check_run_name(c.resolved_run_name())
     path = c.run_path()
     check_can_write(path)
     checkpoint = path / CHECKPOINT_FILE
