@@ -2,6 +2,7 @@
 
 import math
 import random
+import warnings
 
 import gem
 import numpy as np
@@ -12,6 +13,7 @@ import envs
 from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.advantages import discounted_returns
+from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import INVALID_ACTION, EpisodeCollector, turn_sampling
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.spec import RolloutSettings, SamplingSettings
@@ -150,11 +152,54 @@ def test_env_exception_ends_only_that_episode(tiny_policy):
     )
     sudoku = oracle_for(collector)
     act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
-    rollout = collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
+    with pytest.warns(UserWarning, match="env test:Exploding-v0: step"):
+        rollout = collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
     broken, fine = rollout.episodes
     assert broken.end_reason == "env_error" and broken.total_reward == -0.1 and broken.turns == 1
+    assert broken.error == "env test:Exploding-v0: step() raised RuntimeError: the env broke"
     assert fine.end_reason == "max_turns" and fine.turns == 3
     assert rollout.stats()["end/env_error"] == 1.0
+
+
+def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
+    """An env that raises in step() used to be a silent penalty: only a count in the metrics said so."""
+    _, tokenizer = tiny_policy
+    gem.register("test:ExplodingShown-v0", entry_point=ExplodingEnv)
+    collector = EpisodeCollector(["test:ExplodingShown-v0", COMPACT_ENV_ID], 2, 1, tokenizer,
+                                 RolloutSettings(template="plain", max_turns=2))
+    sudoku = oracle_for(collector)
+    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+    with pytest.warns(UserWarning, match=r"env test:ExplodingShown-v0: step\(\) raised RuntimeError: the env broke"):
+        collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # shown once per env, not at every episode
+        collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [2, 3])
+
+
+def test_a_rollout_in_which_every_episode_errs_stops_the_run(tiny_policy):
+    _, tokenizer = tiny_policy
+    gem.register("test:ExplodingAll-v0", entry_point=ExplodingEnv)
+    collector = EpisodeCollector(["test:ExplodingAll-v0"], 2, 2, tokenizer, RolloutSettings(template="plain"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RunError, match=r"every episode of this rollout \(4\) ended in an env error; the first: "
+                                           r"env test:ExplodingAll-v0: step\(\) raised RuntimeError: the env broke"):
+            collector.collect(ScriptedGenerator(tokenizer, lambda prompt: "go"), SamplingSettings(8), [0, 1])
+
+
+class NonFiniteRewardEnv(ExplodingEnv):
+    def step(self, action):
+        return "again", float("nan"), False, False, {}
+
+
+def test_a_non_finite_reward_stops_the_run_naming_the_env(tiny_policy):
+    """NaN rewards used to pass: every update was skipped and the run stopped blaming the learning rate."""
+    _, tokenizer = tiny_policy
+    gem.register("test:NaNReward-v0", entry_point=NonFiniteRewardEnv)
+    collector = EpisodeCollector(["test:NaNReward-v0"], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))
+    with pytest.raises(RunError, match=r"env test:NaNReward-v0 returned the reward nan \(seed 5, turn 0\): "
+                                       r"rewards must be finite numbers"):
+        collector.collect(ScriptedGenerator(tokenizer, lambda prompt: "go"), SamplingSettings(8), [5])
 
 
 @pytest.mark.parametrize("env_id", [*PAPER_TASKS, "local-math"])

@@ -5,7 +5,9 @@ vector env: every turn, the observations of the running episodes are rendered in
 samples all actions, and each action's tokens become a :class:`~dppo_oat.samples.TurnSample` with μ's log-probs
 (and top-K set). The ``group_size`` slots of a group start from the same seed, so they form a GRPO group.
 Single-turn tasks are one-turn episodes. A prompt longer than the context or an env exception ends that episode
-with Gem's format-error penalty and is counted; an unparseable action is the env's own business (Gem games
+with Gem's format-error penalty and is counted (an env's first exception is also shown, with its id, and a rollout
+in which every episode erred stops the run: the env is broken, not the policy); a non-finite reward stops the run,
+naming the env. An unparseable action is the env's own business (Gem games
 penalise and end the episode). A response cut at the length limit is sent to the env as :data:`INVALID_ACTION`,
 as Gem's oat examples do: a cut answer is not an answer, whatever it happens to contain.
 
@@ -20,6 +22,8 @@ import contextlib
 import dataclasses
 import functools
 import io
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -28,6 +32,7 @@ import numpy as np
 from gem.core import EnvWrapper
 from gem.vector.vector_env import AutoresetMode
 
+from dppo_oat.errors import RunError
 from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
 from dppo_oat.samples import TurnSample
@@ -50,6 +55,8 @@ class EpisodeRecord:
     total_reward: float = 0.0
     end_reason: str = ""
     success: bool = False
+    error: str = ""
+    """The env's exception, when ``end_reason`` is ``env_error``."""
 
 
 @dataclass
@@ -209,6 +216,7 @@ class EpisodeCollector:
         self.vec_env.autoreset_mode = AutoresetMode.NEXT_STEP
         self._next_episode_id = 0
         self._encoded: dict[str, list[int]] = {}  # prompt text -> token ids, within one rollout
+        self._env_errors_shown: set[str] = set()  # env ids whose first step() exception was shown
 
     @property
     def num_slots(self) -> int:
@@ -271,6 +279,9 @@ class EpisodeCollector:
     def _record_turn(self, slot: _Slot, prompt_ids, completion: Completion, step, turn: int) -> None:
         observation, reward, terminated, truncated, info = step
         record = slot.record
+        if not math.isfinite(reward):
+            raise RunError(f"env {record.env_id} returned the reward {reward} (seed {record.seed}, turn {turn}): "
+                           "rewards must be finite numbers; fix the env's step()")
         slot.samples.append(
             TurnSample(
                 prompt_ids=list(prompt_ids), response_ids=list(completion.token_ids),
@@ -283,11 +294,20 @@ class EpisodeCollector:
         record.turns += 1
         record.total_reward += reward
         if "env_error" in info:
+            record.error = f"env {record.env_id}: step() raised {info['env_error']}"
+            self._show_env_error(record)
             self._end(slot, "env_error")
         elif terminated or truncated:  # Gem games report both at their turn limit: that is a truncation
             self._end(slot, "truncated" if truncated else "terminated")
         else:
             slot.prompt = self.render(self.observation_fn(observation, info))
+
+    def _show_env_error(self, record: EpisodeRecord) -> None:
+        """Warn once per env id: its episodes end with the penalty and are counted (``end/env_error``) from then on."""
+        if record.env_id not in self._env_errors_shown:
+            self._env_errors_shown.add(record.env_id)
+            warnings.warn(f"{record.error}; its episodes end with the format-error penalty ({self.settings.penalty}) "
+                          "and are counted in end/env_error", stacklevel=2)
 
     def _end(self, slot: _Slot, reason: str, penalty: float = 0.0) -> None:
         """End the episode; a penalty with no turn to carry it becomes the reward of its last turn, if any."""
@@ -320,6 +340,9 @@ class EpisodeCollector:
     def _finish(self, slots: list[_Slot]) -> Rollout:
         samples = [sample for slot in slots for sample in slot.samples]
         episodes = [slot.record for slot in slots]
+        if all(record.end_reason == "env_error" for record in episodes):
+            raise RunError(f"every episode of this rollout ({len(episodes)}) ended in an env error; the first: "
+                           f"{episodes[0].error}: fix the env, or leave it out of the env ids")
         for record in episodes:
             record.success = record.total_reward >= self.settings.success_threshold
         return Rollout(samples=samples, episodes=episodes)
