@@ -258,9 +258,17 @@ class DPPOFlags:
             raise ValueError(f"--token-samples must be >= 0 (0: no tokens.jsonl), got {self.token_samples}")
 
     def trust_region_spec(self) -> TrustRegion:
-        """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region)."""
+        """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
+        override the preset's rule never reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
-        return TrustRegion.preset(self.trust_region, **{k: v for k, v in overrides.items() if v is not None})
+        overrides = {name: value for name, value in overrides.items() if value is not None}
+        tr = TrustRegion.preset(self.trust_region, **overrides)
+        unread = [name for name in overrides if name not in tr.fields_read]
+        if unread:
+            flags = ", ".join(f"--tr-{name.replace('_', '-')}" for name in unread)
+            raise ValueError(f"{flags}: not read by the trust region {self.trust_region} (it reads "
+                             f"{', '.join(sorted(tr.fields_read))}): leave it out, or choose a preset that uses it")
+        return tr
 
 
 def topk_logprobs_of(trust_region: TrustRegion) -> int:

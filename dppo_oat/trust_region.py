@@ -122,6 +122,24 @@ class TrustRegion:
         return self.rule.startswith("topk")
 
     @property
+    def fields_read(self) -> frozenset[str]:
+        """The numeric fields this rule's loss reads: δ by the divergence rules and ``mask_negative``, ε by
+        ``ratio`` (α only when relaxed), K by top-K, C unless w_t is ``proximal``, the band by a mismatch mask, τ by
+        every rule. An override of any other field would change nothing."""
+        read = {"kl_tau"}
+        if self.rule not in ("none", "ratio"):
+            read.add("delta")
+        if self.rule == "ratio":
+            read.update(("eps_low", "eps_high", *(("alpha",) if self.relax != "none" else ())))
+        if self.uses_topk:
+            read.add("k")
+        if self.is_weight != "proximal":
+            read.add("is_cap")
+        if self.mismatch_mask != "none":
+            read.update(("mismatch_low", "mismatch_high"))
+        return frozenset(read)
+
+    @property
     def needs_recompute(self) -> bool:
         """True when the mask, the IS weight or the mismatch mask reads the recomputed π_θ' (one extra forward pass
         per rollout batch)."""

@@ -73,6 +73,8 @@ def write_math(path, lines):
 
 
 @pytest.mark.parametrize("flags, fragments", [
+    (["--trust-region", "ppo", "--tr-delta", "0.2"], ["--tr-delta: not read by the trust region ppo"]),
+    (["--trust-region", "cispo", "--tr-k", "5", "--tr-eps-low", "0.1"], ["--tr-eps-low, --tr-k: not read"]),
     (["--device", "cuda:7"], ["--device cuda:7"]),
     (["--device", "tpu9"], ["not a torch device"]),
     (["--threads", "-2"], ["--threads must be >= 1"]),

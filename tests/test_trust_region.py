@@ -328,3 +328,48 @@ def test_an_unknown_divergence_blocks_a_move_away_but_not_a_move_back():
     advantages = torch.tensor([-1.0, 1.0, 1.0, -1.0])  # away, away, back, back
     keep = divergence_keep(ratio, advantages, torch.full((4,), float("nan")), delta=0.15)
     assert keep.tolist() == [False, False, True, True]
+
+
+UNREAD_PERTURBATION = {"delta": 0.37, "eps_low": 0.05, "eps_high": 0.9, "is_cap": 1.5, "alpha": 0.8, "k": 3,
+                       "mismatch_low": 0.9, "mismatch_high": 1.05, "kl_tau": 0.3}
+"""Values far from every preset's, to change a loss that reads them."""
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_field_a_rule_does_not_read_changes_nothing(preset):
+    """``fields_read`` decides which ``--tr-*`` overrides are refused: every field outside it must leave the loss,
+    its gradient and the mask exactly as they were."""
+    gen = torch.Generator().manual_seed(3)
+    logp_all = torch.randn(4, 9, 32, generator=gen).log_softmax(-1)
+    ids = torch.randint(0, 32, (4, 9), generator=gen)
+    logp = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    mu_all = (logp_all + 0.6 * torch.randn(4, 9, 32, generator=gen)).log_softmax(-1)
+    mu = mu_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    recomputed = (logp + mu) / 2
+    advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.3]])
+    mask = torch.ones(4, 9, dtype=torch.bool)
+    base = TrustRegion.preset(preset)
+
+    def loss_of(tr):
+        lp = logp.clone().requires_grad_()
+        topk = None
+        if tr.uses_topk:
+            topk_ids, topk_mu = topk_of_logprobs(mu_all, ids, tr.k)
+            topk = TopK(topk_ids, topk_mu, logp_all.gather(-1, topk_ids.clamp(min=0)), topk_ids >= 0)
+        out = policy_loss(lp, mu, advantages, mask, tr, recomputed_logp=recomputed, topk=topk)
+        out.loss.sum().backward()
+        return out.loss.detach(), out.keep, lp.grad
+
+    expected = loss_of(base)
+    for name in sorted(set(UNREAD_PERTURBATION) - base.fields_read):
+        got = loss_of(TrustRegion.preset(preset, **{name: UNREAD_PERTURBATION[name]}))
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"{preset} reads {name} after all"
+
+
+def test_the_paper_knobs_are_read_where_the_paper_uses_them():
+    assert {"delta"} <= TrustRegion.preset("dppo_binary_tv").fields_read
+    assert {"delta", "k"} <= TrustRegion.preset("dppo_topk_kl").fields_read
+    assert {"eps_low", "eps_high"} <= TrustRegion.preset("ppo").fields_read
+    assert "delta" not in TrustRegion.preset("ppo").fields_read and "k" not in TrustRegion.preset("cispo").fields_read
+    assert "alpha" in TrustRegion.preset("relax_both").fields_read
+    assert {"mismatch_low", "mismatch_high"} <= TrustRegion.preset("icepop").fields_read

@@ -214,6 +214,7 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--env_ids", "game:Sudoku-v9"], "unknown env id"),
         (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
         (["--resume_dir", "oat-output/run/checkpoints"], r"cannot resume a run .* --pretrain <run>/saved_models/"),
+        (["--trust_region", "ppo", "--tr_delta", "0.2"], "not read by the trust region ppo"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):
