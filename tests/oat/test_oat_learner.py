@@ -294,7 +294,7 @@ def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkey
         learner.run()
 
     monkeypatch.delenv(STATUS_FILE_ENV, raising=False)
-    monkeypatch.setattr(launch, "checked_plan", lambda argv: (type("Args", (), {"dry_run": False,
+    monkeypatch.setattr(launch, "checked_plan", lambda argv: (type("Args", (), {"dry_run": False, "adam_offload": False,
                                                                              "launch_type": "local_mp"})(), None))
     monkeypatch.setattr("dppo_oat.engines.oat.plan.render_plan", lambda plan: "plan")
     monkeypatch.setattr(launch, "build_program", lambda args: (None, {}))
