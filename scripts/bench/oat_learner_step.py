@@ -1,0 +1,563 @@
+"""DPPO's learner step against oat's PPO learner step, on the same batch; prints one JSON object.
+
+Both sides are oat's real learners, set up by oat's own ``_init`` (DeepSpeed ZeRO-2 engine, optimizer, scheduler,
+tokenizer) with no actors, as ``tests/oat/test_oat_learner.py`` builds one, and both run their real
+``learning_step`` on ONE trajectory batch, collated by their own ``dataset_builder`` from the same transitions:
+
+- ``ppo``: oat's ``PPOLearner.learning_step`` (oat 0.2.4): a no-grad forward over the whole batch for π_θ', then per
+  micro-batch a forward with grad, the clipped loss with TIS (``tis_c`` 2, oat's ``PPOArgs`` default) and backward;
+  both passes take the model's ``[B, L, V]`` logits, every position (prompt included), and oat's entropy of them.
+- ``dppo``: :class:`~dppo_oat.engines.oat.learner.DPPOLearner`, anchored on μ (no π_θ' pass): per micro-batch a
+  forward to the last hidden states, the fused head on the response tokens only (``--lm-head logits``: the model's
+  logits), DPPO's loss and backward; after the update a no-grad check of π_θ on the first 4 sequences
+  (``check_policy_finite``).
+
+Per step, the JSON's ``per_step`` counts what each side forwarded (hooks on the decoder and the LM head, and a
+counting wrapper of DPPO's fused head; they change nothing): optimizer steps, sequences and decoder tokens with and
+without grad, and the token rows the LM head ran on.
+
+Set up by hand, and nothing else: oat's ``prepare_data`` of the PPO learner is DPPOLearner's (placeholder prompts:
+oat's own loads a prompt set from the hub, which no learning step reads); the batch is synthetic (uniform random
+tokens, fixed prompt and response lengths, rewards 0/1 in GRPO groups, μ = the initial policy's log-probs + noise);
+before every repetition the weights, DeepSpeed's fp32 master copy (``refresh_fp32_params``), the Adam moments and the
+shuffling seeds are reset, so every repetition is the same step from the same state. On the CPU the learners run
+with the CPU patches of the oat rehearsal, imported from ``tests/oat/oat_cpu_prelude.py`` (``patch_learner_for_cpu``:
+``torch.cuda.synchronize``/``set_device``/``current_device`` made CPU-safe, torch's AdamW over oat's parameter groups
+in place of DeepSpeed's CUDA FusedAdam, DeepSpeed's JIT shared-memory collective off), fp32 and gloo in one process
+per learner; with ``--device cuda`` nothing is patched (oat's FusedAdam, bf16, flash attention).
+
+The two learners live in two worker processes (spawned, one DeepSpeed world of one rank each), so that each one's
+peak memory is its own: on the CPU the peak resident set during the step above the step's start (the kernel's
+``VmHWM``, reset by ``/proc/self/clear_refs``; large blocks are unmapped when freed, ``MALLOC_MMAP_THRESHOLD_``), on a
+GPU ``torch.cuda.max_memory_allocated`` above the step's start. The parent alternates them: a warm-up step of each,
+then ``--reps`` pairs in alternating order; ``dppo_vs_ppo_step_time`` is the median over pairs of DPPO's seconds ÷
+PPO's. The workers' OpenMP threads wait passively (``OMP_WAIT_POLICY``, unless set): both learners run alike,
+and other work on the machine no longer stalls a step for seconds. Every pair is checked to do the same optimizer steps and the same number of sequences with gradient, and
+oat's own GRPO advantages of the batch (``compute_monte_carlo_advantages``) to equal those DPPO reads.
+
+At the default shape (hidden 128, 2 layers) the tied LM head is 19.4M of the model's 19.9M parameters, so the CPU
+ratio is what DPPO saves on the head (no π_θ' pass, no prompt rows, no ``[N, V]`` logits) plus the learners' own
+overheads; with a real model's decoder the extra pass and the head are a smaller share of a step.
+
+    python scripts/bench/oat_learner_step.py                                   # ~4 min on 2 CPU cores
+    python scripts/bench/oat_learner_step.py --device cuda --hidden 2048 --layers 28 --gradient-checkpointing \\
+        --prompt-tokens 512 --response-tokens 1536 --micro-batch 1             # Qwen3-1.7B's shape, a GPU node
+    python scripts/bench/oat_learner_step.py --out docs/bench/oat_learner_step_cpu.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import pickle
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = ("ppo", "dppo")
+MMAP_THRESHOLD = "65536"
+"""Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""
+OMP_WAIT_POLICY = "PASSIVE"
+"""OpenMP threads sleep while they wait: on a shared machine a thread that spins at a barrier while its partner is
+descheduled stalls a step for seconds (identical steps of 0.1 s took 0.1-5 s with two threads)."""
+PPO_TIS_C = 2.0
+"""oat's ``PPOArgs.tis_c`` (DPPO's arguments default it to None and refuse it)."""
+GiB = 2**30
+
+
+# --------------------------------------------------------------------------------------------- policy and batch
+
+
+def qwen3_overrides(args) -> dict:
+    """Qwen3-1.7B's shape rules at ``--hidden``: heads of 128, half as many KV heads, FFN 3 × hidden, tied
+    embeddings (``--hidden 2048 --layers 28`` is Qwen3-1.7B's shape)."""
+    heads = max(1, args.hidden // 128)
+    return dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2), head_dim=128, intermediate_size=3 * args.hidden,
+                max_position_embeddings=max(2048, args.prompt_tokens + args.response_tokens))
+
+
+def build_policy(args, directory: Path):
+    """A fresh Qwen3 with ``--vocab`` entries (a small BPE tokenizer for its special tokens), saved to ``directory``."""
+    from dppo_oat.models import save_policy, toy_corpus, train_bpe_tokenizer
+    from dppo_oat.models.tiny import build_tiny_model, tiny_qwen3_config
+
+    tokenizer = train_bpe_tokenizer(toy_corpus(200), vocab_size=300)
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               bos_token_id=tokenizer.eos_token_id)
+    model = build_tiny_model(tiny_qwen3_config(args.vocab, **ids, **qwen3_overrides(args)), seed=0)
+    save_policy(model, tokenizer, directory)
+    return model
+
+
+def behavior_logprobs(model, ids: torch.Tensor, prompt: int, device: str, noise: float = 0.05) -> torch.Tensor:
+    """μ(a_t): the policy's own log-probs of the response tokens plus a little noise (vLLM's are never exact)."""
+    gen = torch.Generator().manual_seed(1)
+    model.to(device)
+    rows = []
+    with torch.no_grad():
+        for row in ids.to(device):  # one sequence at a time: [L, V] logits
+            logits = model(input_ids=row[None]).logits[0, prompt - 1:-1].float()
+            rows.append(logits.log_softmax(-1).gather(-1, row[prompt:, None])[:, 0].cpu())
+    model.to("cpu")
+    mu = torch.stack(rows)
+    return (mu + noise * torch.randn(mu.shape, generator=gen)).clamp(max=0.0)
+
+
+def transitions(args, model) -> list:
+    """The rollout batch as oat's actor hands it over: DPPO's transitions (oat's ``TransitionData`` + advantage),
+    rewards 0/1 in groups of ``--group-size``, Dr.GRPO advantages ``R − mean_g R``."""
+    from dppo_oat.advantages import group_advantages
+    from dppo_oat.engines.oat.data import DPPOTransitionData
+
+    gen = torch.Generator().manual_seed(0)
+    length = args.prompt_tokens + args.response_tokens
+    ids = torch.randint(0, args.vocab, (args.sequences, length), generator=gen)
+    mu = behavior_logprobs(model, ids, args.prompt_tokens, args.device)
+    rewards = [float(i % 3 == 0) for i in range(args.sequences)]
+    advantages = group_advantages(rewards, [i // args.group_size for i in range(args.sequences)], "drgrpo")
+    return [DPPOTransitionData(prompt="", prompt_ids=row[:args.prompt_tokens].tolist(), response="",
+                               response_ids=row[args.prompt_tokens:].tolist(), response_logprobs=mu[i].tolist(),
+                               rewards=[0.0] * (args.response_tokens - 1) + [reward], loss_mask=True, info={},
+                               advantage=float(advantage))
+            for i, (row, reward, advantage) in enumerate(zip(ids, rewards, advantages))]
+
+
+# ------------------------------------------------------------------------------------------- learners (workers)
+
+
+def learner_argv(args, model_dir: str, save_path: str) -> list[str]:
+    """The oat engine's command line both learners are built from: the GPU scripts' ZeRO-2, learning rate and
+    Dr.GRPO aggregation (``critic_type drgrpo``); on the CPU fp32 and PyTorch's attention, on a GPU oat's defaults
+    (bf16, flash attention)."""
+    on_gpu = args.device.startswith("cuda")
+    return [
+        "--pretrain", model_dir, *(["--flash_attn", "--bf16"] if on_gpu else ["--no-flash_attn", "--no-bf16"]),
+        "--gpus", "1",
+        "--zero_stage", "2", *(["--gradient_checkpointing"] if args.gradient_checkpointing else []),
+        "--trust_region", args.trust_region, *tr_delta_flags(args), "--lm_head", args.lm_head,
+        "--learning_rate", "1e-6", "--lr_scheduler", "constant", "--lr_warmup_ratio", "0",
+        "--critic_type", "drgrpo", "--num_ppo_epochs", str(args.epochs),
+        "--train_batch_size", str(args.minibatch), "--train_batch_size_per_device", str(args.micro_batch),
+        "--rollout_batch_size", str(args.sequences), "--rollout_batch_size_per_device", str(args.sequences),
+        "--pi_buffer_maxlen_per_device", str(args.sequences), "--num_samples", str(args.group_size),
+        "--generate_max_length", str(args.response_tokens), "--max_train", "100000", "--token_samples", "0",
+        "--save_path", save_path, "--seed", "42",
+    ]
+
+
+def tr_delta_flags(args) -> list[str]:
+    """``--tr_delta`` as given, else 0.2 for DPPO-Binary-TV (as ``scripts/gpu/node.sh`` runs it), else the preset's."""
+    delta = 0.2 if args.tr_delta is None and args.trust_region == "dppo_binary_tv" else args.tr_delta
+    return [] if delta is None else ["--tr_delta", str(delta)]
+
+
+def prepare_process(device: str) -> None:
+    """What oat needs in a learner's process here: launchpad (imported by oat, never used by a learning step), and
+    on the CPU the oat rehearsal's learner patches (module docstring)."""
+    from dppo_oat.engines.oat.launch import stand_in_for_missing_launchpad
+
+    stand_in_for_missing_launchpad()
+    if device == "cpu":
+        sys.path.insert(0, str(ROOT / "tests" / "oat"))
+        from oat_cpu_prelude import patch_learner_for_cpu
+
+        patch_learner_for_cpu()
+
+
+def build_learner(variant: str, args, model_dir: str, save_path: str):
+    """oat's ``PPOLearner`` or DPPO's learner, set up by oat's ``_init`` in this process (one learner, no actors)."""
+    from oat.algorithms.ppo import PPOLearner
+    from oat.utils.launcher import get_free_port
+
+    from dppo_oat.engines.oat.args import validate_args
+    from dppo_oat.engines.oat.launch import parse_args
+    from dppo_oat.engines.oat.learner import DPPOLearner
+
+    class OatPPOLearner(PPOLearner):
+        """oat's PPO learner; only its prompt set is DPPO's placeholders (oat's own is downloaded)."""
+
+        prepare_data = DPPOLearner.prepare_data
+
+    oat_args = validate_args(parse_args(learner_argv(args, model_dir, save_path)), check_gpus=False)
+    if variant == "ppo":
+        oat_args.tis_c = PPO_TIS_C
+    cls = OatPPOLearner if variant == "ppo" else DPPOLearner
+    learner = cls(1, 0, 0, "127.0.0.1", get_free_port(), True, oat_args, [], None)
+    learner._init(oat_args, [])
+    return learner
+
+
+def collate(learner, buffer: list) -> dict:
+    """The batch ``PPOLearner.learn`` hands to ``learning_step``: the whole buffer, collated by the learner's own
+    ``dataset_builder`` (oat's ``TransitionDataset`` for PPO, DPPO's for DPPO), unshuffled (GRPO groups)."""
+    from torch.utils.data import DataLoader
+
+    dataset = learner.dataset_builder(buffer, learner.tokenizer, learner.strategy)
+    return next(iter(DataLoader(dataset, batch_size=len(dataset), shuffle=False, collate_fn=dataset.collate_fn)))
+
+
+def oat_advantages(learner, trajectory: dict) -> list[float]:
+    """oat's own GRPO-family advantages of the batch (``critic_type`` drgrpo: ``R − mean_g R``)."""
+    final = torch.tensor([r[-1] for r in trajectory["rewards"]], dtype=torch.float32)[:, None]
+    return learner.compute_monte_carlo_advantages(final, None).tolist()
+
+
+class Counters:
+    """Per step: decoder tokens forwarded with and without grad, sequences with grad, rows the LM head ran on."""
+
+    def __init__(self, learner) -> None:
+        import dppo_oat.update
+
+        module = learner.model.model.module
+        self.values = {}
+        module.model.register_forward_hook(self._decoder)
+        module.get_output_embeddings().register_forward_hook(self._head)
+        fused = dppo_oat.update.fused_head_logprobs
+
+        def counted(hidden, *rest, **kwargs):  # DPPO's fused head reads the weight, not the module
+            self.add("lm_head_rows", hidden.shape[0])
+            return fused(hidden, *rest, **kwargs)
+
+        dppo_oat.update.fused_head_logprobs = counted
+
+    def add(self, key: str, value: int) -> None:
+        self.values[key] = self.values.get(key, 0) + int(value)
+
+    def _decoder(self, module, inputs, output) -> None:
+        batch, length = output[0].shape[:2]
+        kind = "grad" if torch.is_grad_enabled() else "no_grad"
+        self.add(f"decoder_tokens_{kind}", batch * length)
+        self.add(f"sequences_{kind}", batch)
+
+    def _head(self, module, inputs, output) -> None:
+        self.add("lm_head_rows", inputs[0].shape[:-1].numel())
+
+    def take(self) -> dict:
+        values, self.values = self.values, {}
+        return values
+
+
+def initial_state(learner) -> dict:
+    """A copy of the weights after ``_init``."""
+    return {name: p.detach().clone() for name, p in learner.model.model.module.named_parameters()}
+
+
+def reset(learner, start: dict, seed: int) -> None:
+    """Back to the state after ``_init``: weights, DeepSpeed's fp32 master copy, zero Adam moments at step 0
+    (a fresh Adam), and the seeds of both learners' shuffles (oat: NumPy's; DPPO: its generator)."""
+    engine = learner.model.model
+    with torch.no_grad():
+        for name, parameter in engine.module.named_parameters():
+            parameter.copy_(start[name])
+    engine.optimizer.refresh_fp32_params()
+    inner = engine.optimizer.optimizer
+    for state in inner.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                value.zero_()
+    for group in inner.param_groups:
+        if "step" in group:  # DeepSpeed's FusedAdam counts steps per group
+            group["step"] = 0
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if hasattr(learner, "shuffle_generator"):
+        learner.shuffle_generator.manual_seed(seed)
+
+
+def resident_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"{field}:\s+(\d+) kB", status.read()).group(1))
+
+
+class PeakMemory:
+    """Peak bytes above the level at entry: CUDA's allocator statistics, else the kernel's peak resident set."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.extra = 0
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")  # VmHWM := VmRSS
+            self.base = resident_kib("VmRSS") * 1024
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.extra = torch.cuda.max_memory_allocated() - self.base
+        else:
+            self.extra = resident_kib("VmHWM") * 1024 - self.base
+
+
+def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> dict:
+    """One ``learning_step``: seconds, peak memory above its start, optimizer steps, what it forwarded."""
+    engine = learner.model.model
+    steps, skipped = engine.global_steps, engine.skipped_steps
+    counters.take()
+    learner.model.train()
+    with PeakMemory(device) as memory:
+        start = time.perf_counter()
+        infos = learner.learning_step(trajectory)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    fingerprint = sum(p.detach().double().sum().item() for p in engine.module.parameters())
+    return {"seconds": seconds, "peak_bytes": memory.extra, "optimizer_steps": engine.global_steps - steps,
+            "skipped_steps": engine.skipped_steps - skipped, "pg_loss": float(infos["pg_loss"]),
+            "weights_after": fingerprint, **counters.take()}
+
+
+def worker(variant: str, args, model_dir: str, batch_path: str, conn) -> None:
+    """One learner's process: build it, then one reset + ``learning_step`` per "step" message from the parent."""
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # DeepSpeed's and oat's prints: stdout carries the JSON only
+    try:
+        torch.set_num_threads(args.threads)
+        prepare_process(args.device)
+        with tempfile.TemporaryDirectory() as save_path:
+            learner = build_learner(variant, args, model_dir, save_path)
+            with open(batch_path, "rb") as handle:
+                trajectory = collate(learner, pickle.load(handle))
+            start, counters = initial_state(learner), Counters(learner)
+            ready = {"advantages": oat_advantages(learner, trajectory) if variant == "ppo" else None,
+                     "trust_region": getattr(learner, "trust_region", None)}
+            conn.send(("ready", ready))
+            while conn.recv() == "step":
+                reset(learner, start, seed=42)
+                conn.send(("step", timed_step(learner, trajectory, args.device, counters)))
+    except BaseException:  # noqa: BLE001 -- the parent re-raises it with the worker's traceback
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class Worker:
+    """The parent's handle on a learner's process."""
+
+    def __init__(self, variant: str, args, model_dir: str, batch_path: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.variant = variant
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=worker, args=(variant, args, model_dir, batch_path, child), daemon=True)
+        self.process.start()
+        child.close()
+
+    def receive(self):
+        try:
+            kind, payload = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=10)
+            raise RuntimeError(f"the {self.variant} learner's process ended (exit code {self.process.exitcode})")
+        if kind == "error":
+            raise RuntimeError(f"the {self.variant} learner failed:\n{payload}")
+        return payload
+
+    def step(self) -> dict:
+        self.conn.send("step")
+        return self.receive()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send("stop")
+        self.process.join(timeout=60)
+
+
+# -------------------------------------------------------------------------------------------------- measurement
+
+
+def check_pair(pair: dict) -> None:
+    """Both learners took the same optimizer steps on the same number of sequences with gradient, and applied them."""
+    ppo, dppo = pair["ppo"], pair["dppo"]
+    for key in ("optimizer_steps", "sequences_grad"):
+        if ppo.get(key) != dppo.get(key):
+            raise AssertionError(f"unequal work: {key} {ppo.get(key)} (ppo) vs {dppo.get(key)} (dppo)")
+    if ppo["skipped_steps"] or dppo["skipped_steps"]:
+        raise AssertionError(f"skipped steps: {ppo['skipped_steps']} (ppo), {dppo['skipped_steps']} (dppo)")
+
+
+def measure(args) -> tuple[list[dict], dict]:
+    """Warm-up of each learner, then ``args.reps`` pairs in alternating order; the pairs and the set-up facts."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, batch_path = Path(tmp) / "policy", Path(tmp) / "batch.pkl"
+        model = build_policy(args, model_dir)
+        buffer = transitions(args, model)
+        facts = {"parameters": sum(p.numel() for p in model.parameters())}
+        del model
+        with open(batch_path, "wb") as handle:
+            pickle.dump(buffer, handle)
+        workers = {v: Worker(v, args, str(model_dir), str(batch_path)) for v in VARIANTS}
+        try:
+            ready = {v: w.receive() for v, w in workers.items()}
+            progress(f"learners ready after {time.perf_counter() - started:.0f} s")
+            wanted = [t.advantage for t in buffer]
+            if not np.allclose(ready["ppo"]["advantages"], wanted, atol=1e-6):
+                raise AssertionError(f"oat's advantages {ready['ppo']['advantages']} are not DPPO's {wanted}")
+            facts["trust_region"] = ready["dppo"]["trust_region"]
+            facts["warmup"] = {v: w.step() for v, w in workers.items()}
+            progress("warm-up: " + ", ".join(f"{v} {out['seconds']:.2f} s" for v, out in facts["warmup"].items()))
+            pairs = []
+            for rep in range(args.reps):
+                order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+                pair = {v: workers[v].step() for v in order}
+                check_pair(pair)
+                pairs.append(pair)
+                progress(f"pair {rep + 1}/{args.reps}: ppo {pair['ppo']['seconds']:.2f} s, "
+                         f"dppo {pair['dppo']['seconds']:.2f} s")
+        finally:
+            for w in workers.values():
+                w.close()
+    return pairs, facts
+
+
+def progress(message: str) -> None:
+    print(f"oat_learner_step: {message}", file=sys.stderr, flush=True)
+
+
+def commit() -> str:
+    """``git rev-parse --short HEAD``, plus ``-dirty`` when the tree differs from it (untracked files included: this
+    script may be one)."""
+
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain")
+    return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
+
+
+def machine(device: str) -> str:
+    """The GPU's name, else the CPU's model and core count."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    with contextlib.suppress(OSError, AttributeError):
+        with open("/proc/cpuinfo") as cpuinfo:
+            name = re.search(r"model name\s*:\s*(.+)", cpuinfo.read()).group(1).strip()
+            return f"{name} ({os.cpu_count()} cores)"
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def summary(args, pairs: list[dict], facts: dict) -> dict:
+    """The JSON object: ratios, medians, peaks, what each step computed, the configuration and the machine."""
+    import deepspeed
+    from importlib.metadata import version
+
+    def median(variant: str, key: str) -> float:
+        return statistics.median(pair[variant][key] for pair in pairs)
+
+    def peak(variant: str) -> int:
+        return max(pair[variant]["peak_bytes"] for pair in pairs)
+
+    def spread(variant: str) -> float:
+        """Relative spread of the weights' sum after the step, warm-up included: 0 when every reset worked."""
+        values = [facts["warmup"][variant]["weights_after"]] + [pair[variant]["weights_after"] for pair in pairs]
+        return (max(values) - min(values)) / max(abs(statistics.mean(values)), 1e-30)
+
+    counts = ("optimizer_steps", "sequences_grad", "decoder_tokens_grad", "decoder_tokens_no_grad", "lm_head_rows")
+    tr = facts["trust_region"]
+    on_gpu = args.device.startswith("cuda")
+    return {
+        "dppo_vs_ppo_step_time": statistics.median(p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs),
+        "ppo_step_seconds": median("ppo", "seconds"),
+        "dppo_step_seconds": median("dppo", "seconds"),
+        "ppo_peak_mem_gib": peak("ppo") / GiB,
+        "dppo_peak_mem_gib": peak("dppo") / GiB,
+        "dppo_vs_ppo_peak_mem": peak("dppo") / peak("ppo"),
+        "memory": ("torch.cuda.max_memory_allocated above the step's start" if on_gpu
+                   else "peak resident set above the step's start (VmHWM), one process per learner"),
+        "pair_ratios": [p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs],
+        "step_seconds": {v: [p[v]["seconds"] for p in pairs] for v in VARIANTS},
+        "per_step": {v: {key: pairs[0][v].get(key, 0) for key in counts} for v in VARIANTS},
+        "pg_loss": {v: median(v, "pg_loss") for v in VARIANTS},
+        "weights_after_step_spread": {v: spread(v) for v in VARIANTS},
+        "config": {
+            "vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "parameters": facts["parameters"],
+            "sequences": args.sequences, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
+            "tokens": args.sequences * (args.prompt_tokens + args.response_tokens), "group_size": args.group_size,
+            "micro_batch": args.micro_batch, "minibatch": args.minibatch,
+            "grad_accumulation": args.minibatch // args.micro_batch, "epochs": args.epochs,
+            "zero_stage": 2, "dtype": "bfloat16" if on_gpu else "float32",
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "dppo": {"trust_region": tr.name, "rule": tr.rule, "delta": tr.delta, "lm_head": args.lm_head},
+            "ppo": {"cliprange": 0.2, "tis_c": PPO_TIS_C, "lm_head": "logits (oat's use_fused_lm_head off)"},
+        },
+        "reps": args.reps, "warmup": 1, "device": args.device, "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "machine": machine(args.device), "commit": commit(), "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__, "oat": version("oat-llm"),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def presets_without_topk() -> list[str]:
+    """The trust-region presets this synthetic batch can feed (it carries no top-K set of μ)."""
+    from dppo_oat.trust_region import PRESETS, TrustRegion
+
+    return [name for name in PRESETS if not TrustRegion.preset(name).uses_topk]
+
+
+def check_sizes(args) -> None:
+    """Whole minibatches and whole GRPO groups (oat's learner and DPPO's both need them)."""
+    if args.sequences % args.minibatch or args.minibatch % args.micro_batch:
+        raise SystemExit("--sequences must be a multiple of --minibatch, and --minibatch of --micro-batch")
+    if args.sequences % args.group_size:
+        raise SystemExit("--sequences must be a multiple of --group-size")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen3: 151,936)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden size (Qwen3-1.7B: 2,048)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers (Qwen3-1.7B: 28)")
+    parser.add_argument("--sequences", type=int, default=16, help="sequences of the rollout batch")
+    parser.add_argument("--group-size", type=int, default=4, help="GRPO group (oat's --num_samples)")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens of every sequence")
+    parser.add_argument("--response-tokens", type=int, default=48, help="response tokens of every sequence")
+    parser.add_argument("--micro-batch", type=int, default=4, help="oat's --train_batch_size_per_device")
+    parser.add_argument("--minibatch", type=int, default=8, help="oat's --train_batch_size: sequences per step")
+    parser.add_argument("--epochs", type=int, default=2, help="oat's --num_ppo_epochs")
+    parser.add_argument("--trust-region", default="dppo_binary_tv", choices=presets_without_topk(),
+                        help="DPPO's preset (those that need no top-K set from the rollout)")
+    parser.add_argument("--tr-delta", type=float, default=None,
+                        help="δ (default: 0.2 for dppo_binary_tv, as the GPU scripts run it; else the preset's)")
+    parser.add_argument("--lm-head", default="fused", choices=["fused", "logits"], help="DPPO's π_θ path")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="as the GPU scripts run")
+    parser.add_argument("--reps", type=int, default=5, help="timed pairs, after one warm-up step of each")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per learner")
+    parser.add_argument("--out", default=None, help="also append the JSON line to this JSONL file")
+    args = parser.parse_args()
+    check_sizes(args)
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)  # read by the workers' allocator at start
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # read by the workers' OpenMP at start
+    with contextlib.redirect_stdout(sys.stderr):
+        pairs, facts = measure(args)
+        report = summary(args, pairs, facts)
+    line = json.dumps(report)
+    print(line)
+    if args.out:
+        with open(args.out, "a") as handle:
+            handle.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
