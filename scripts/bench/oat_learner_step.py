@@ -434,14 +434,15 @@ def progress(message: str) -> None:
     print(f"oat_learner_step: {message}", file=sys.stderr, flush=True)
 
 
-def commit() -> str:
+def commit(results_file: str | None = None) -> str:
     """``git rev-parse --short HEAD``, plus ``-dirty`` when the tree differs from it (untracked files included: this
-    script may be one)."""
+    script may be one), the file the results are appended to aside."""
 
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
-    dirty = git("status", "--porcelain")
+    aside = [] if results_file is None else [f":(exclude){os.path.relpath(os.path.abspath(results_file), ROOT)}"]
+    dirty = git("status", "--porcelain", "--", ".", *aside)
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
@@ -502,7 +503,7 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         },
         "reps": args.reps, "warmup": 1, "device": args.device, "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "machine": machine(args.device), "commit": commit(), "torch": torch.__version__,
+        "machine": machine(args.device), "commit": commit(args.out), "torch": torch.__version__,
         "deepspeed": deepspeed.__version__, "oat": version("oat-llm"),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
