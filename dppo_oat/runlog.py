@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import gzip
 import json
 import math
+import netrc
 import os
 import tempfile
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -194,8 +197,6 @@ class RunLock:
     """
 
     def __init__(self, directory: Path):
-        import fcntl
-
         self.directory = Path(directory).absolute()
         self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         make_writable_dir(self.directory)
@@ -208,6 +209,9 @@ class RunLock:
             self._file.close()
             raise ValueError(f"run directory {str(self.directory)!r} is in use by another run (process {holder}): "
                              "give this run another --run-name (or wait for that run to end)") from None
+        except OSError as error:  # a file system without flock (NFS without lockd): run, but say it is unguarded
+            warnings.warn(f"run directory {self.directory} cannot be locked ({error}): a second run writing it "
+                          "would not be refused", stacklevel=2)
         self._file.seek(0)
         self._file.truncate()
         self._file.write(f"{os.getpid()}\n")
@@ -218,6 +222,8 @@ class RunLock:
         being built), so the lock file and every folder this lock created go too, when nothing else was written."""
         if self._file.closed:
             return
+        with contextlib.suppress(OSError):  # unlocked explicitly: a forked child sharing the file keeps no lock
+            fcntl.flock(self._file, fcntl.LOCK_UN)
         if unused and self._created:
             (self.directory / LOCK_FILE).unlink(missing_ok=True)
             for folder in self._created:  # deepest first
@@ -241,9 +247,22 @@ def check_wandb(flag: str) -> None:
         raise ValueError(f"{flag} needs wandb: pip install wandb (or leave {flag} out)") from None
     if os.environ.get("WANDB_MODE", "").lower() in WANDB_KEYLESS_MODES:
         return
-    if not wandb.api.api_key:
+    if not wandb_api_key_present(wandb):
         raise ValueError(f"{flag}: wandb has no API key here: run `wandb login`, or set WANDB_API_KEY, or "
                          f"WANDB_MODE=offline (or leave {flag} out)")
+
+
+def wandb_api_key_present(wandb) -> bool:
+    """Where wandb looks for a key: ``WANDB_API_KEY``, the netrc ``wandb login`` writes (``$NETRC``, else
+    ``~/.netrc``) for the host of ``WANDB_BASE_URL``, then wandb's own settings through ``wandb.api`` (what oat
+    reads; deprecated in newer wandb, so asked last and only where it exists)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return True
+    return bool(getattr(getattr(wandb, "api", None), "api_key", None))
 
 
 def check_tensorboard(flag: str) -> None:

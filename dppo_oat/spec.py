@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional, Tuple
+from typing import Annotated, Iterable, Literal, Optional, Tuple
 
 import tyro
 
@@ -257,17 +257,19 @@ class DPPOFlags:
         if self.token_samples < 0:
             raise ValueError(f"--token-samples must be >= 0 (0: no tokens.jsonl), got {self.token_samples}")
 
-    def trust_region_spec(self) -> TrustRegion:
+    def trust_region_spec(self, also_read: Iterable[str] = ()) -> TrustRegion:
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
-        override the preset's rule never reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
+        override that neither the preset's rule nor the engine (``also_read``, e.g. the local engine's divergence
+        probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
         tr = TrustRegion.preset(self.trust_region, **overrides)
-        unread = [name for name in overrides if name not in tr.fields_read]
+        read = tr.fields_read | set(also_read)
+        unread = [name for name in overrides if name not in read]
         if unread:
             flags = ", ".join(f"--tr-{name.replace('_', '-')}" for name in unread)
             raise ValueError(f"{flags}: not read by the trust region {self.trust_region} (it reads "
-                             f"{', '.join(sorted(tr.fields_read))}): leave it out, or choose a preset that uses it")
+                             f"{', '.join(sorted(read))}): leave it out, or choose a preset that uses it")
         return tr
 
 

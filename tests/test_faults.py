@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+import tyro
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
@@ -221,6 +222,28 @@ def test_resume_with_other_settings_is_refused_with_the_differences(finished_run
                       2, "other settings", "lr: 0.0003 → 0.001", "group_size: 2 → 4", "trust_region.name")
     assert "(steps:" not in error and "; steps:" not in error
     assert (runs / "one" / "config.json").read_text() == before, "a refused resume rewrote config.json"
+
+
+def test_resume_ignores_trust_region_fields_the_rule_never_read(finished_run, tmp_path, cache_dir):
+    """A run whose config.json holds an override its rule never read (accepted before such overrides were refused)
+    resumes without passing it again (which is now refused)."""
+    from dppo_oat.engines.local.validation import validate_config
+
+    runs = copy_run(finished_run, tmp_path)
+    config_file = runs / "one" / "config.json"
+    stored = json.loads(config_file.read_text())
+    stored["trust_region"]["eps_low"] = 0.05  # DPPO-Binary-TV never reads the clip range
+    config_file.write_text(json.dumps(stored))
+    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    assert validate_config(tyro.cli(TrainConfig, args=argv))[1] == 1
+
+
+def test_the_divergence_probe_reads_delta_and_k_of_any_rule():
+    from dppo_oat.engines.local.config import run_spec
+
+    assert run_spec(TrainConfig(trust_region="dppo_binary_tv", tr_k=50, probe_every=1)).trust_region.k == 50
+    with pytest.raises(ValueError, match="--tr-k: not read by the trust region dppo_binary_tv"):
+        run_spec(TrainConfig(trust_region="dppo_binary_tv", tr_k=50))
 
 
 def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, capsys, cache_dir):

@@ -33,7 +33,7 @@ def test_a_prebuilt_op_needs_nothing():
 @pytest.mark.parametrize("changes,message", [
     (dict(cuda_home=None, nvcc_release=None), "needs the CUDA 12.4 toolkit (nvcc): install it and set CUDA_HOME"),
     (dict(nvcc_release=None), "needs the CUDA 12.4 toolkit (nvcc)"),
-    (dict(ninja=False), "needs ninja: pip install ninja"),
+    (dict(ninja=False), "needs ninja, importable and on PATH: pip install ninja"),
     (dict(nvcc_release="13.0"), "nvcc 13.0 (/usr/local/cuda-12.4) does not match torch's CUDA 12.4"),
     (dict(nvcc_release="11.8"), "does not match torch's CUDA 12.4"),
 ])
@@ -46,6 +46,8 @@ def test_a_node_that_cannot_compile_is_one_line_that_says_what_to_do(changes, me
 
 def test_offloaded_adam_names_its_op_and_deepspeeds_escape_hatch_is_honoured():
     assert "DeepSpeedCPUAdam (--adam_offload)" in toolkit_problem(node(op="cpu_adam", ninja=False))
+    assert "DS_BUILD_CPU_ADAM=1" in toolkit_problem(node(op="cpu_adam", nvcc_release=None))
+    assert "DS_BUILD_FUSED_ADAM=1" in toolkit_problem(node(nvcc_release=None))
     assert toolkit_problem(node(nvcc_release="13.0", skip_cuda_check=True)) is None
 
 

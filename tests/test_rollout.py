@@ -14,7 +14,7 @@ from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.advantages import discounted_returns
 from dppo_oat.errors import RunError
-from dppo_oat.rollout.episodes import INVALID_ACTION, EpisodeCollector, turn_sampling
+from dppo_oat.rollout.episodes import BROKEN_ENV_EPISODES, INVALID_ACTION, EpisodeCollector, turn_sampling
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.spec import RolloutSettings, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
@@ -176,15 +176,36 @@ def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
         collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [2, 3])
 
 
-def test_a_rollout_in_which_every_episode_errs_stops_the_run(tiny_policy):
+class SometimesExplodingEnv(ExplodingEnv):
+    """Raises on odd seeds only."""
+
+    def reset(self, seed=None):
+        self.seed_ = seed
+        return super().reset(seed)
+
+    def step(self, action):
+        if self.seed_ % 2:
+            raise RuntimeError("the env broke")
+        return "done", 1.0, True, False, {}
+
+
+def test_episodes_that_all_err_in_a_row_stop_the_run_and_a_good_one_resets_the_count(tiny_policy):
+    """An oat actor plays a few episodes a call (2 for Gem's Sudoku recipe): a call whose episodes all erred is bad
+    luck; BROKEN_ENV_EPISODES in a row, over calls, is a broken env."""
     _, tokenizer = tiny_policy
-    gem.register("test:ExplodingAll-v0", entry_point=ExplodingEnv)
-    collector = EpisodeCollector(["test:ExplodingAll-v0"], 2, 2, tokenizer, RolloutSettings(template="plain"))
+    gem.register("test:Sometimes-v0", entry_point=SometimesExplodingEnv)
+    collector = EpisodeCollector(["test:Sometimes-v0"], 2, 1, tokenizer, RolloutSettings(template="plain"))
+    generator = ScriptedGenerator(tokenizer, lambda prompt: "go")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(RunError, match=r"every episode of this rollout \(4\) ended in an env error; the first: "
-                                           r"env test:ExplodingAll-v0: step\(\) raised RuntimeError: the env broke"):
-            collector.collect(ScriptedGenerator(tokenizer, lambda prompt: "go"), SamplingSettings(8), [0, 1])
+        for call in range(BROKEN_ENV_EPISODES // 2 - 1):  # 30 errors in a row, then a good episode
+            collector.collect(generator, SamplingSettings(8), [2 * call + 1, 2 * call + 3])
+        collector.collect(generator, SamplingSettings(8), [1, 2])
+        for call in range(BROKEN_ENV_EPISODES // 2 - 1):
+            collector.collect(generator, SamplingSettings(8), [1, 3])
+        with pytest.raises(RunError, match=r"the last 32 episodes all ended in an env error; the first: "
+                                           r"env test:Sometimes-v0: step\(\) raised RuntimeError: the env broke"):
+            collector.collect(generator, SamplingSettings(8), [1, 3])
 
 
 class NonFiniteRewardEnv(ExplodingEnv):

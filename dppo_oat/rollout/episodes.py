@@ -5,10 +5,10 @@ vector env: every turn, the observations of the running episodes are rendered in
 samples all actions, and each action's tokens become a :class:`~dppo_oat.samples.TurnSample` with μ's log-probs
 (and top-K set). The ``group_size`` slots of a group start from the same seed, so they form a GRPO group.
 Single-turn tasks are one-turn episodes. A prompt longer than the context or an env exception ends that episode
-with Gem's format-error penalty and is counted (an env's first exception is also shown, with its id, and a rollout
-in which every episode erred stops the run: the env is broken, not the policy); a non-finite reward stops the run,
-naming the env. An unparseable action is the env's own business (Gem games
-penalise and end the episode). A response cut at the length limit is sent to the env as :data:`INVALID_ACTION`,
+with Gem's format-error penalty and is counted (an env's first exception is also shown, with its id, and
+:data:`BROKEN_ENV_EPISODES` errors in a row stop the run: the env is broken, not the policy); a non-finite reward
+stops the run, naming the env. An unparseable action is the env's own business (Gem games penalise and end the
+episode). A response cut at the length limit is sent to the env as :data:`INVALID_ACTION`,
 as Gem's oat examples do: a cut answer is not an answer, whatever it happens to contain.
 
 Gem's observation wrappers (``RolloutSettings.wrappers``, e.g. ``concat``: the episode's history in every prompt)
@@ -37,6 +37,10 @@ from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
 from dppo_oat.samples import TurnSample
 from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+
+BROKEN_ENV_EPISODES = 32
+"""Consecutive episodes ending in an env error (over calls: an oat actor plays a few at a time) that mean the env is
+broken, not unlucky: at a 10% error rate such a run happens once in 10^32 episodes."""
 
 END_REASONS = ("terminated", "truncated", "max_turns", "prompt_too_long", "env_error")
 INVALID_ACTION = "<｜INVALID_ACTION｜>"
@@ -217,6 +221,7 @@ class EpisodeCollector:
         self._next_episode_id = 0
         self._encoded: dict[str, list[int]] = {}  # prompt text -> token ids, within one rollout
         self._env_errors_shown: set[str] = set()  # env ids whose first step() exception was shown
+        self._errors_in_a_row, self._first_error_in_a_row = 0, ""  # the latest episodes ended by env errors
 
     @property
     def num_slots(self) -> int:
@@ -302,6 +307,17 @@ class EpisodeCollector:
         else:
             slot.prompt = self.render(self.observation_fn(observation, info))
 
+    def _check_env_not_broken(self, episodes: list[EpisodeRecord]) -> None:
+        """Stop the run once :data:`BROKEN_ENV_EPISODES` episodes in a row (or a whole rollout) ended in an env
+        error: training on nothing but penalties would hide a broken env behind a falling success rate."""
+        for record in episodes:
+            erred = record.end_reason == "env_error"
+            self._errors_in_a_row = self._errors_in_a_row + 1 if erred else 0
+            self._first_error_in_a_row = (self._first_error_in_a_row or record.error) if erred else ""
+        if self._errors_in_a_row >= BROKEN_ENV_EPISODES:
+            raise RunError(f"the last {self._errors_in_a_row} episodes all ended in an env error; the first: "
+                           f"{self._first_error_in_a_row}: fix the env, or leave it out of the env ids")
+
     def _show_env_error(self, record: EpisodeRecord) -> None:
         """Warn once per env id: its episodes end with the penalty and are counted (``end/env_error``) from then on."""
         if record.env_id not in self._env_errors_shown:
@@ -340,9 +356,7 @@ class EpisodeCollector:
     def _finish(self, slots: list[_Slot]) -> Rollout:
         samples = [sample for slot in slots for sample in slot.samples]
         episodes = [slot.record for slot in slots]
-        if all(record.end_reason == "env_error" for record in episodes):
-            raise RunError(f"every episode of this rollout ({len(episodes)}) ended in an env error; the first: "
-                           f"{episodes[0].error}: fix the env, or leave it out of the env ids")
+        self._check_env_not_broken(episodes)
         for record in episodes:
             record.success = record.total_reward >= self.settings.success_threshold
         return Rollout(samples=samples, episodes=episodes)

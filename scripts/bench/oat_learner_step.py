@@ -441,8 +441,11 @@ def commit(results_file: str | None = None) -> str:
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
-    aside = [] if results_file is None else [f":(exclude){os.path.relpath(os.path.abspath(results_file), ROOT)}"]
-    dirty = git("status", "--porcelain", "--", ".", *aside)
+    relative = None if results_file is None else os.path.relpath(os.path.abspath(results_file), ROOT)
+    aside = [] if relative is None or relative.startswith("..") else [f":(exclude){relative}"]
+    status = subprocess.run(["git", "status", "--porcelain", "--", ".", *aside], cwd=ROOT, capture_output=True,
+                            text=True)
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
@@ -550,6 +553,8 @@ def main() -> None:
     check_sizes(args)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)  # read by the workers' allocator at start
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # read by the workers' OpenMP at start
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):  # one learner of one rank: the first GPU the node exports to us
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
     with contextlib.redirect_stdout(sys.stderr):
         pairs, facts = measure(args)
         report = summary(args, pairs, facts)

@@ -145,9 +145,14 @@ class TrainConfig(spec.DPPOFlags):
         return Path(self.cache_dir or os.environ.get("DPPO_CACHE") or Path.home() / ".cache" / "dppo_oat")
 
 
+PROBE_READS = ("delta", "k")
+"""What ``--probe-every`` reads of the trust region, whatever its rule: the K of its top-K estimate and the δ of its
+``above_delta`` fractions."""
+
+
 def run_spec(config: TrainConfig) -> spec.RunSpec:
     """The local engine's command line as the run's spec (validates every setting; builds nothing)."""
-    tr = config.trust_region_spec()
+    tr = config.trust_region_spec(also_read=PROBE_READS if config.probe_every else ())
     rollout = spec.RolloutSettings(template=config.template, max_prompt_tokens=config.max_prompt_tokens,
                                    max_turns=config.max_turns, wrappers=spec.split_ids(config.wrappers))
     sampling = spec.SamplingSettings(config.max_new_tokens, config.temperature, config.top_p,

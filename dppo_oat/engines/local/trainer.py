@@ -300,7 +300,9 @@ class LocalTrainer:
     def close(self) -> None:
         """Release the log's mirrors, the envs (graders) and the run directory; safe to call twice and after a
         failure."""
-        self.log.close()
-        self.collector.close()
-        self.eval_collector.close()
-        self.lock.release()
+        try:
+            self.log.close()
+            self.collector.close()
+            self.eval_collector.close()
+        finally:
+            self.lock.release()

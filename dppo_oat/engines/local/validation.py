@@ -204,12 +204,14 @@ RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "ca
 
 
 def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> None:
-    """``--resume`` continues the same experiment: every setting but :data:`RESUMABLE` matches config.json."""
+    """``--resume`` continues the same experiment: every setting but :data:`RESUMABLE` matches config.json (of the
+    trust region, the fields its rule reads)."""
     overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]  # compared as the resolved trust_region.*
+    unread = [f"trust_region.{name}" for name in TRUST_REGION_OVERRIDES if name not in spec.trust_region.fields_read]
     stored = read_config(path)
     if stored:
         stored.setdefault("lr_schedule", "constant")  # runs logged before the flag existed kept their rate
-    differences = config_differences(stored, logged_config(c, spec), [*RESUMABLE, *overrides])
+    differences = config_differences(stored, logged_config(c, spec), [*RESUMABLE, *overrides, *unread])
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
                          "with its settings (see its config.json), or start a new run with another --run-name")

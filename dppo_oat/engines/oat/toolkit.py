@@ -3,9 +3,9 @@
 oat's learner builds DeepSpeed's ``FusedAdam`` (``DeepSpeedCPUAdam`` with ``--adam_offload``) when it starts. The
 lock's DeepSpeed 0.16.8 has no wheel: installed from source without ``DS_BUILD_FUSED_ADAM=1`` it compiles the op
 just in time, at learner start, which needs the CUDA toolkit: ``nvcc`` under torch's ``CUDA_HOME``, of the CUDA
-version torch was built with (DeepSpeed accepts another minor version of CUDA 11 or 12), and ninja. Without them
-every learner fails after the models have loaded. :func:`optimizer_toolkit` reads the node, :func:`toolkit_problem`
-says what is missing, :func:`toolkit_line` is the dry run's line.
+version torch was built with (DeepSpeed accepts another minor version of CUDA 11 or 12), and ninja (importable
+and on PATH). Without them every learner fails after the models have loaded. :func:`optimizer_toolkit` reads the
+node, :func:`toolkit_problem` says what is missing, :func:`toolkit_line` is the dry run's line.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class OptimizerToolkit:
     def name(self) -> str:
         return "DeepSpeedCPUAdam (--adam_offload)" if self.op == "cpu_adam" else "FusedAdam"
 
+    @property
+    def build_variable(self) -> str:
+        """DeepSpeed's install-time switch that prebuilds this op."""
+        return f"DS_BUILD_{self.op.upper()}=1"
+
 
 def toolkit_problem(toolkit: OptimizerToolkit) -> Optional[str]:
     """Why DeepSpeed could not build the op at learner start, as one line that says what to do; None if it can, or
@@ -58,9 +63,10 @@ def toolkit_problem(toolkit: OptimizerToolkit) -> Optional[str]:
     where = f"DeepSpeed's {toolkit.name} is not prebuilt and is compiled at learner start"
     if toolkit.cuda_home is None or toolkit.nvcc_release is None:
         return (f"{where}, which needs the CUDA {toolkit.torch_cuda} toolkit (nvcc): install it and set CUDA_HOME, "
-                "or reinstall DeepSpeed with DS_BUILD_FUSED_ADAM=1 where one is")
+                f"or reinstall DeepSpeed with {toolkit.build_variable} where one is")
     if not toolkit.ninja:
-        return f"{where}, which needs ninja: pip install ninja"
+        return (f"{where}, which needs ninja, importable and on PATH: pip install ninja, and put that "
+                "environment's bin folder on PATH")
     torch_release = ".".join(toolkit.torch_cuda.split(".")[:2])
     if not (toolkit.skip_cuda_check or cuda_versions_compatible(toolkit.nvcc_release, torch_release)):
         return (f"{where}, and nvcc {toolkit.nvcc_release} ({toolkit.cuda_home}) does not match torch's CUDA "
@@ -99,9 +105,14 @@ def optimizer_toolkit(adam_offload: bool) -> OptimizerToolkit:
     cuda_home = torch.utils.cpp_extension.CUDA_HOME
     return OptimizerToolkit(
         op=op, prebuilt=deepspeed_prebuilt_ops().get(op, False), torch_cuda=torch.version.cuda, cuda_home=cuda_home,
-        nvcc_release=nvcc_release(cuda_home), ninja=importlib.util.find_spec("ninja") is not None,
+        nvcc_release=nvcc_release(cuda_home), ninja=ninja_available(),
         skip_cuda_check=os.environ.get("DS_SKIP_CUDA_CHECK", "0") == "1",
     )
+
+
+def ninja_available() -> bool:
+    """DeepSpeed imports the ``ninja`` module, and torch's extension builder runs ``ninja`` from PATH."""
+    return importlib.util.find_spec("ninja") is not None and shutil.which("ninja") is not None
 
 
 def deepspeed_prebuilt_ops() -> dict:
