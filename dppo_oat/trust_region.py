@@ -51,6 +51,25 @@ BAD_UPDATE_THRESHOLD = 0.5
 """sec:stability, Takeaway 3: a 'bad update' is A < 0 and μ − π ≥ 0.5."""
 
 
+def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
+                        mismatch_mask: str = "none") -> frozenset[str]:
+    """The numeric :class:`TrustRegion` fields a rule's loss reads: δ by the divergence rules and ``mask_negative``,
+    ε by ``ratio`` (α only when relaxed), K by top-K, C unless w_t is ``proximal``, the band by a mismatch mask, τ by
+    every rule. A value of any other field changes nothing."""
+    read = {"kl_tau"}
+    if rule not in ("none", "ratio"):
+        read.add("delta")
+    if rule == "ratio":
+        read.update(("eps_low", "eps_high", *(("alpha",) if relax != "none" else ())))
+    if rule.startswith("topk"):
+        read.add("k")
+    if is_weight != "proximal":
+        read.add("is_cap")
+    if mismatch_mask != "none":
+        read.update(("mismatch_low", "mismatch_high"))
+    return frozenset(read)
+
+
 @dataclass(frozen=True)
 class TrustRegion:
     """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`.
@@ -123,21 +142,8 @@ class TrustRegion:
 
     @property
     def fields_read(self) -> frozenset[str]:
-        """The numeric fields this rule's loss reads: δ by the divergence rules and ``mask_negative``, ε by
-        ``ratio`` (α only when relaxed), K by top-K, C unless w_t is ``proximal``, the band by a mismatch mask, τ by
-        every rule. An override of any other field would change nothing."""
-        read = {"kl_tau"}
-        if self.rule not in ("none", "ratio"):
-            read.add("delta")
-        if self.rule == "ratio":
-            read.update(("eps_low", "eps_high", *(("alpha",) if self.relax != "none" else ())))
-        if self.uses_topk:
-            read.add("k")
-        if self.is_weight != "proximal":
-            read.add("is_cap")
-        if self.mismatch_mask != "none":
-            read.update(("mismatch_low", "mismatch_high"))
-        return frozenset(read)
+        """The numeric fields this rule's loss reads (:func:`numeric_fields_read`)."""
+        return numeric_fields_read(self.rule, self.relax, self.is_weight, self.mismatch_mask)
 
     @property
     def needs_recompute(self) -> bool:

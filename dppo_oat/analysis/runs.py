@@ -25,7 +25,7 @@ import pandas as pd
 
 from dppo_oat import runlog
 from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKENS_FILE
-from dppo_oat.trust_region import PRESETS, TrustRegion
+from dppo_oat.trust_region import PRESETS, TrustRegion, numeric_fields_read
 
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
 """Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
@@ -194,16 +194,15 @@ def preset_name(algo: str) -> str:
     return PRESET_NAMES.get(algo, algo)
 
 
-def relevant_fields(rule: str, relax: str = "none", mismatch_mask: str = "none") -> tuple[str, ...]:
-    """The trust-region fields that change what ``rule`` (and its mismatch mask) does (the others are ignored)."""
-    fields = ["rule", "anchor", "is_cap", "is_weight", "kl_tau"]
-    if rule == "ratio":
-        fields += ["eps_low", "eps_high", "relax"] + (["alpha"] if relax != "none" else [])
-    elif rule != "none":
-        fields += ["delta"] + (["k"] if rule.startswith("topk") else [])
-    if mismatch_mask != "none":
-        fields += ["mismatch_mask", "mismatch_low", "mismatch_high"]
-    return tuple(fields)
+CHOICE_FIELDS = ("rule", "anchor", "is_weight", "relax", "mismatch_mask")
+"""The trust-region fields that choose what a rule does (the numeric ones it reads depend on them)."""
+
+
+def relevant_fields(trust_region: dict) -> frozenset[str]:
+    """The fields that change what a run's rule does: its choices and the numeric fields they read (the others are
+    ignored)."""
+    choices = {key: trust_region[key] for key in ("rule", "relax", "is_weight", "mismatch_mask")}
+    return frozenset(CHOICE_FIELDS) | numeric_fields_read(**choices)
 
 
 def trust_region_overrides(algo: str, trust_region: dict) -> dict:
@@ -218,7 +217,7 @@ def trust_region_overrides(algo: str, trust_region: dict) -> dict:
     return {
         key: actual[key]
         for key in TRUST_REGION_SYMBOLS
-        if key in relevant_fields(actual["rule"], actual["relax"], actual["mismatch_mask"])
+        if key in relevant_fields(actual)
         and actual[key] != defaults[key]
     }
 
