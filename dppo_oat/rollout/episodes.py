@@ -308,8 +308,8 @@ class EpisodeCollector:
             slot.prompt = self.render(self.observation_fn(observation, info))
 
     def _check_env_not_broken(self, episodes: list[EpisodeRecord]) -> None:
-        """Stop the run once :data:`BROKEN_ENV_EPISODES` episodes in a row (or a whole rollout) ended in an env
-        error: training on nothing but penalties would hide a broken env behind a falling success rate."""
+        """Stop the run once :data:`BROKEN_ENV_EPISODES` episodes in a row, over calls, ended in an env error:
+        training on nothing but penalties would hide a broken env behind a falling success rate."""
         for record in episodes:
             erred = record.end_reason == "env_error"
             self._errors_in_a_row = self._errors_in_a_row + 1 if erred else 0
