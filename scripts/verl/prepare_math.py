@@ -34,21 +34,13 @@ def verl_row(problem: str, answer: str, split: str, index: int, source: str) -> 
     }
 
 
-def parse_source(spec: str) -> tuple[str, str | None]:
-    """``PATH`` or ``PATH:SPLIT`` (a split of a saved DatasetDict, e.g. ``evaluation_suite:aime``)."""
-    path, sep, split = spec.rpartition(":")
-    if sep and path and os.sep not in split and not os.path.exists(spec):
-        return path, split
-    return spec, None
-
-
 def rows_of(specs: Iterable[str], split: str) -> list[dict]:
     """Every problem of the sets named by ``specs``, in order, as verl rows."""
-    from envs.math_local import load_math_dataset
+    from envs.math_local import load_math_dataset, parse_math_source
 
     rows = []
     for spec in specs:
-        path, subset = parse_source(spec)
+        path, subset = parse_math_source(spec)  # PATH or PATH:SPLIT (a split of a saved DatasetDict)
         dataset = load_math_dataset(path, split=subset)
         source = f"{os.path.basename(os.path.normpath(path))}{':' + subset if subset else ''}"
         for example in dataset:
