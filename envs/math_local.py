@@ -22,7 +22,7 @@ reachable. Names:
 - the bare ``<folder>`` of a ``DatasetDict`` means its ``train`` split, and only that: a ``DatasetDict`` without a
   ``train`` split has no bare name, and asking for one is an error that lists its ``<folder>:<split>`` ids. A name
   that does not say which split it is must never train on a held-out split (oat's ``math_lvl3to5_8k`` has train and
-  eval splits; a copy holding only ``eval`` once registered that split under the folder's name);
+  eval splits; a copy of it may hold only ``eval``);
 - a name found twice under the folder is replaced by its path relative to the folder (``a/math:train``).
 
 ``local-math:<path>`` names a set on disk directly, with the same rule: ``<path>`` of a ``DatasetDict`` is its train

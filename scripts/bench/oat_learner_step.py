@@ -31,9 +31,10 @@ peak memory is its own: on the CPU the peak resident set during the step above t
 ``VmHWM``, reset by ``/proc/self/clear_refs``; large blocks are unmapped when freed, ``MALLOC_MMAP_THRESHOLD_``), on a
 GPU ``torch.cuda.max_memory_allocated`` above the step's start. The parent alternates them: a warm-up step of each,
 then ``--reps`` pairs in alternating order; ``dppo_vs_ppo_step_time`` is the median over pairs of DPPO's seconds ÷
-PPO's. The workers' OpenMP threads wait passively (``OMP_WAIT_POLICY``, unless set): both learners run alike,
-and other work on the machine no longer stalls a step for seconds. Every pair is checked to do the same optimizer steps and the same number of sequences with gradient, and
-oat's own GRPO advantages of the batch (``compute_monte_carlo_advantages``) to equal those DPPO reads.
+PPO's. The workers' OpenMP threads wait passively (``OMP_WAIT_POLICY``, unless set), so that other work on the machine
+does not stall a step for seconds at a barrier. Every pair is checked to do the same optimizer steps and the same
+number of sequences with gradient, and oat's own GRPO advantages of the batch (``compute_monte_carlo_advantages``)
+to equal those DPPO reads.
 
 At the default shape (hidden 128, 2 layers) the tied LM head is 19.4M of the model's 19.9M parameters, so the CPU
 ratio is what DPPO saves on the head (no π_θ' pass, no prompt rows, no ``[N, V]`` logits) plus the learners' own
