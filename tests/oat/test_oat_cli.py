@@ -215,6 +215,8 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
         (["--resume_dir", "oat-output/run/checkpoints"], r"cannot resume a run .* --pretrain <run>/saved_models/"),
         (["--trust_region", "ppo", "--tr_delta", "0.2"], "not read by the trust region ppo"),
+        (["--wb_run_name", "../elsewhere"], "--wb_run_name '../elsewhere' must be one folder name inside --save_path"),
+        (["--wb_run_name", "sweep/arm"], "must be one folder name"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):

@@ -26,7 +26,7 @@ from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.engines.oat.plan import check_plan, check_visible_gpus, plan_of
-from dppo_oat.runlog import check_wandb
+from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
     DPPOFlags,
@@ -177,6 +177,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     if args.resume_dir:
         raise ValueError(RESUME_REFUSED)
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)

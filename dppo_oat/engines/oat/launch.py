@@ -9,12 +9,15 @@ checked on any machine with the ``oat`` extra installed, even without GPUs, mode
 A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
 (:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
 training diverged (every learner stops together, :mod:`~dppo_oat.engines.oat.status`), with one line and exit
-status 1.
+status 1; Ctrl-C or SIGTERM (launchpad stops every worker), with one line saying where oat's saved models are and
+exit status 130 or 143.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import sys
 import types
 import warnings
@@ -99,14 +102,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     problem = toolkit_problem(toolkit)
     if problem:
         _fail(problem)
-    reason = launch_and_wait(args)
+    reason, stopped_by = launch_and_wait(args)
     if reason:
         _fail(f"training diverged: {reason}", status=1)
+    if stopped_by is not None:
+        _fail(stopped_message(args, stopped_by), status=128 + stopped_by)
 
 
-def launch_and_wait(args) -> Optional[str]:
+def launch_and_wait(args) -> tuple[Optional[str], Optional[int]]:
     """Launch the program on this node and wait until its workers are gone (``lp.stop``: the end of the run, or a
-    divergence); the reason a learner reported for a divergence, else None."""
+    divergence; or Ctrl-C / SIGTERM, on which launchpad stops the workers itself). Returns the reason a learner
+    reported for a divergence, and the signal that stopped the run (None for each when neither happened)."""
     import launchpad as lp
 
     from dppo_oat.engines.oat.status import divergence_reporting, read_divergence
@@ -115,9 +121,41 @@ def launch_and_wait(args) -> Optional[str]:
         program, local_resources = build_program(args)
         manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources,
                             terminal="current_terminal")
+        stops: list[int] = []
+        record_stop_signals(stops)  # launchpad's handlers are in place now
         if callable(getattr(manager, "wait", None)):
             manager.wait()  # launchpad's worker manager
-        return read_divergence(status)
+        return read_divergence(status), (stops[0] if stops else None)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def record_stop_signals(received: list) -> None:
+    """Put a recorder in front of this process's Ctrl-C and SIGTERM handlers. launchpad's worker manager handles
+    both by stopping every worker (SIGTERM to each, a kill after its notice), after which ``wait()`` returns as at
+    the end of a run: the recorder lets the launcher tell a stopped run from a finished one. A signal whose handler
+    is the default is re-sent with the default restored, so it still ends the process."""
+    for sig in STOP_SIGNALS:
+        inner = signal.getsignal(sig)
+
+        def record(signum, frame, inner=inner):
+            received.append(signum)
+            if callable(inner):
+                inner(signum, frame)
+            elif inner == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, record)
+
+
+def stopped_message(args, signum: int) -> str:
+    """What a stopped oat run left behind and how to go on (oat runs cannot be resumed)."""
+    what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    return (f"{what}: launchpad stopped every worker; the models oat saved are in {args.save_path}/"
+            f"{args.wb_run_name}_<start time>/saved_models: go on with a new run from the last one (--pretrain "
+            "<that folder>/step_NNNNN), as an oat run cannot be resumed")
 
 
 def _fail(message: str, status: int = 2) -> None:
