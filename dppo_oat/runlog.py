@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import fcntl
 import gzip
+import hashlib
 import json
 import math
 import netrc
@@ -78,19 +79,85 @@ def make_writable_dir(directory: Path) -> None:
         raise ValueError(f"run directory {str(directory)!r} is not writable: {error}") from error
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new file, never a partial one."""
+def current_umask() -> int:
+    """The process's file-creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: str | Path, *, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have (``0o666``/``0o777`` less the umask):
+    ``mkstemp`` and ``mkdtemp`` create private ones, which would hide a shared run or cache from colleagues."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def _temporary_sibling(path: Path) -> tuple[int, str]:
+    """An open temporary file beside ``path`` (same file system: the rename is atomic), with the umask's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
+@contextlib.contextmanager
+def _replacing(path: Path):
+    """A binary handle whose content replaces ``path`` at once when the block ends (readers see the old file or the
+    new one, never a partial one); nothing is left behind when it fails. An ``OSError`` (a full disk) names
+    ``path``."""
+    fd, tmp = _temporary_sibling(path)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`_replacing`)."""
+    with _replacing(path) as handle:
+        handle.write(data)
+
+
+class _WriteErrors:
+    """A file handle for ``torch.save`` that remembers the ``OSError`` of a failed write: torch reports a full disk
+    as an opaque ``RuntimeError`` ("unexpected pos ..."), which :func:`atomic_torch_save` replaces by it."""
+
+    def __init__(self, handle):
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.handle.flush()
+        except OSError as error:
+            self.error = error
+            raise
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` and flush it; an ``OSError`` (a full disk) names ``path``."""
+    try:
+        with open(path, "a") as handle:
+            handle.write(text)
+            handle.flush()
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
         raise
 
 
@@ -107,22 +174,22 @@ def nonfinite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def atomic_torch_save(obj: Any, path: Path, *, weights: Mapping[str, Any] | None = None) -> None:
-    """``torch.save`` through a temporary file and a rename. ``weights`` (e.g. the model's state dict) must be
-    finite, or nothing is written and :class:`TrainingDiverged` names them: a checkpoint never holds NaN weights."""
+    """``torch.save`` through a temporary file and a rename (a failed write raises its ``OSError``). ``weights``
+    (e.g. the model's state dict) must be finite, or nothing is written and :class:`TrainingDiverged` names them: a
+    checkpoint never holds NaN weights."""
     broken = nonfinite_tensors(weights or {})
     if broken:
         raise TrainingDiverged(f"{len(broken)} weight tensor(s) are non-finite (e.g. {broken[0]}); {path} keeps the "
                                "last finite checkpoint: lower --lr and start a new run")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with _replacing(path) as handle:
+        recorder = _WriteErrors(handle)
+        try:
+            torch.save(obj, recorder)
+            recorder.flush()
+        except RuntimeError:
+            if recorder.error is None:
+                raise
+            raise recorder.error from None  # e.g. [Errno 28] No space left on device
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -174,6 +241,15 @@ def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any], ma
             if key not in allowed and old[key] != new[key]]
 
 
+def settings_hash(config: Mapping[str, Any], free: Iterable[str]) -> str:
+    """A run's identity as data: the hash of its settings as ``config.json`` records them (flattened), less those in
+    ``free`` (what a resume may change). A checkpoint carries it, so a ``config.json`` edited or swapped since is
+    told apart from the one the checkpoint was trained under."""
+    left_out = set(free)
+    settings = {key: value for key, value in flatten(config).items() if key not in left_out}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def read_config(directory: Path) -> dict:
     """The run's ``config.json`` (``{}`` when absent); a damaged one is a one-line ``ValueError``."""
     path = Path(directory) / CONFIG_FILE
@@ -183,6 +259,13 @@ def read_config(directory: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is damaged ({error}): restore it, or start a new run with another --run-name") from None
+
+
+def check_run_name(name: str, flag: str, parent_flag: str) -> None:
+    """A run name is one folder inside the runs' folder: ``..``, ``.``, an empty name or a path would write elsewhere
+    (beside it, into it, or nested in another run). Both engines refuse one, naming their flags."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"{flag} {name!r} must be one folder name inside {parent_flag} (no '/', not '.' or '..')")
 
 
 LOCK_FILE = ".lock"
@@ -217,6 +300,10 @@ class RunLock:
         self._file.write(f"{os.getpid()}\n")
         self._file.flush()
 
+    @property
+    def released(self) -> bool:
+        return self._file.closed
+
     def release(self, *, unused: bool = False) -> None:
         """Unlock (safe to call twice); the lock file stays. ``unused``: the run never started (it failed while
         being built), so the lock file and every folder this lock created go too, when nothing else was written."""
@@ -224,7 +311,7 @@ class RunLock:
             return
         with contextlib.suppress(OSError):  # unlocked explicitly: a forked child sharing the file keeps no lock
             fcntl.flock(self._file, fcntl.LOCK_UN)
-        if unused and self._created:
+        if unused:
             (self.directory / LOCK_FILE).unlink(missing_ok=True)
             for folder in self._created:  # deepest first
                 with contextlib.suppress(OSError):  # not empty: something else was written there
@@ -306,9 +393,7 @@ class RunLog:
         return SummaryWriter(log_dir=str(self.directory / "tensorboard"))
 
     def _append(self, name: str, row: dict) -> None:
-        with open(self.directory / name, "a") as handle:
-            handle.write(json.dumps(to_jsonable(row)) + "\n")
-            handle.flush()
+        append_text(self.directory / name, json.dumps(to_jsonable(row)) + "\n")
         step = int(row["step"])
         numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self._wandb is not None:
@@ -328,8 +413,14 @@ class RunLog:
     def log_tokens(self, rows: list[dict]) -> None:
         """One step's token samples, a line each, in ``tokens.jsonl`` (not mirrored to wandb or TensorBoard)."""
         if rows:
-            with open(self.directory / TOKENS_FILE, "a") as handle:
-                handle.write("".join(json.dumps(to_jsonable(row)) + "\n" for row in rows))
+            append_text(self.directory / TOKENS_FILE, "".join(json.dumps(to_jsonable(row)) + "\n" for row in rows))
+
+    def discard(self) -> None:
+        """Remove what this log wrote (for a new run that never completed a step: nothing of it is worth keeping,
+        and no half-written run is left to be mistaken for a result)."""
+        self.close()
+        for name in (CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE):
+            (self.directory / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Finish the mirrors (idempotent)."""

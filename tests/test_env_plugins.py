@@ -179,6 +179,7 @@ def test_only_the_tiny_policys_env_needs_an_oracle(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    (model / "model.safetensors").write_bytes(b"")  # validation reads the config and sees weights; loads nothing
     common = {"env_module": (str(plugin),), "run_dir": str(tmp_path / "runs")}
     validate_config(TrainConfig(env_ids=("mine:GuessNoOracle2-v0",), pretrain=str(model), **common))
     validate_config(TrainConfig(env_ids=("example:Countdown-v0", "mine:GuessNoOracle2-v0"), **common))

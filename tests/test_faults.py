@@ -5,8 +5,11 @@ The runs here use the tiny policy with a minimal warm start (seconds), on real S
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import textwrap
 import warnings
 
 import pytest
@@ -79,6 +82,8 @@ def write_math(path, lines):
     (["--device", "cuda:7"], ["--device cuda:7"]),
     (["--device", "tpu9"], ["not a torch device"]),
     (["--threads", "-2"], ["--threads must be >= 1"]),
+    (["--seed", "-1"], ["--seed must be an integer in [0, 2^32)"]),
+    (["--warm-start.seed", "-3"], ["--warm-start.seed must be"]),
     (["--threads", "0"], ["--threads must be >= 1"]),
     (["--token-samples", "-1"], ["--token-samples must be >= 0"]),
     (["--lr", "inf"], ["--lr"]),
@@ -302,7 +307,7 @@ def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, 
     one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "noisy", "--cache-dir", cache_dir, *TINY,
                        "--steps", "3", "--logprob-noise", "1000", "--minibatch-size", "1"],
               1, "training diverged at step 1", "non-finite in 8 optimizer steps in a row")
-    assert not (tmp_path / "noisy" / "checkpoint.pt").exists()
+    assert not (tmp_path / "noisy").exists(), "a run that never completed a step left its directory"
 
 
 def test_a_one_step_minibatch_is_noted(tmp_path, capsys, cache_dir):
@@ -354,3 +359,265 @@ def test_ctrl_c_before_the_first_checkpoint_lets_the_same_command_start_over(tmp
     monkeypatch.setattr(LocalTrainer, "save_checkpoint", real_save)
     code, errors, text = run(argv, capsys)
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "early" / "metrics.jsonl")] == [1], text
+
+
+# ---------------------------------------------------------------- reliability, second pass
+
+
+def test_a_top_k_beyond_the_real_vocabulary_is_one_line_after_the_policy_loads(tmp_path, capsys, cache_dir,
+                                                                               finished_run):
+    """Validation knows only an upper bound of the tiny policy's vocabulary (--warm-start.vocab-size + 256); the
+    real one is checked once the policy is loaded, before the run starts."""
+    runs = tmp_path / "runs"
+    one_error(capsys, ["--run-dir", str(runs), "--cache-dir", cache_dir, *TINY, "--trust-region", "dppo_topk_tv",
+                       "--tr-k", "500"], 2, "--tr-k 500 exceeds the policy's vocabulary", "give --tr-k")
+    assert not runs.exists(), "a refused run left its directory"
+
+
+def write_model_dir(path, config_text, weights=True):
+    path.mkdir()
+    (path / "config.json").write_text(config_text)
+    if weights:
+        (path / "model.safetensors").write_bytes(b"not really weights")
+    return str(path)
+
+
+@pytest.mark.parametrize("config_text, weights, fragments", [
+    ('{"model_type": "qwen3",}', True, ["config.json is not valid JSON", "--pretrain"]),
+    ('[1, 2]', True, ["is not a model config"]),
+    ('{"model_type": "qwen3"}', False, ["has no weights", "model.safetensors"]),
+])
+def test_a_broken_pretrain_directory_is_one_line_before_any_model(config_text, weights, fragments, tmp_path, capsys,
+                                                                  no_model):
+    model = write_model_dir(tmp_path / "model", config_text, weights)
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--pretrain", model], 2, *fragments)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_pretrain_directory_that_does_not_load_is_one_line(tmp_path, capsys):
+    """Config and weights file present, but no tokenizer and no real weights: transformers' own error, in one line."""
+    model = write_model_dir(tmp_path / "model", json.dumps({"model_type": "qwen3", "vocab_size": 300}))
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--pretrain", model], 2, "does not load", model)
+    assert not (tmp_path / "runs").exists()
+
+
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk's does
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
+from dppo_oat.train import main
+main(sys.argv[1:])
+"""
+
+
+def run_with_full_disk(argv):
+    """``python -m dppo_oat.train argv`` where no file may grow past 200 kB: logs fit, a checkpoint does not."""
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, *argv], capture_output=True, text=True, timeout=600)
+    text = done.stdout + done.stderr
+    return done.returncode, [line for line in text.splitlines() if line.startswith("error:")], text
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(finished_run, tmp_path,
+                                                                                    cache_dir):
+    runs = copy_run(finished_run, tmp_path)
+    checkpoint = runs / "one" / "checkpoint.pt"
+    before = checkpoint.read_bytes()
+    code, errors, text = run_with_full_disk(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir,
+                                             "--resume", "--steps", "2", *TINY])
+    assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
+    assert f"File too large: {checkpoint}" in errors[0] and "free disk space" in errors[0], errors[0]
+    assert "step 1 is checkpointed" in errors[0] and "--resume continues" in errors[0], errors[0]
+    assert checkpoint.read_bytes() == before, "the last checkpoint was damaged"
+    assert not [p.name for p in (runs / "one").iterdir() if p.name.startswith(".checkpoint.pt.")], "temp file left"
+
+
+def test_a_full_disk_before_the_first_checkpoint_leaves_no_run_directory(finished_run, tmp_path, cache_dir):
+    code, errors, text = run_with_full_disk(["--run-dir", str(tmp_path / "runs"), "--run-name", "new", "--cache-dir",
+                                             cache_dir, "--steps", "1", *TINY])
+    assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
+    assert "nothing was checkpointed yet" in errors[0], errors[0]
+    assert not (tmp_path / "runs" / "new").exists(), "a run that never completed a step left its directory"
+
+
+def test_sigterm_says_how_to_continue_and_restores_the_handler(tmp_path, capsys, cache_dir, monkeypatch):
+    """A scheduler's preemption: the real signal, delivered during step 2, ends the run as Ctrl-C does (exit 143)."""
+    real_step = LocalTrainer.rl_step
+
+    def terminated_second_step(self):
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(LocalTrainer, "rl_step", terminated_second_step)
+    before = signal.getsignal(signal.SIGTERM)
+    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+                       *TINY], 143, "terminated (SIGTERM) at step 2", "step 1 is checkpointed", "--resume")
+    assert signal.getsignal(signal.SIGTERM) == before and signal.getsignal(signal.SIGINT) == signal.default_int_handler
+    monkeypatch.setattr(LocalTrainer, "rl_step", real_step)
+    code, errors, text = run(["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
+                              "--steps", "3", "--resume", *TINY], capsys)
+    assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
+
+
+def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys, cache_dir, monkeypatch):
+    real_close = LocalTrainer.close
+
+    def first_ctrl_c(self):
+        raise KeyboardInterrupt
+
+    def second_ctrl_c_while_closing(self, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C again while the run shuts down
+        real_close(self, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "rl_step", first_ctrl_c)
+    monkeypatch.setattr(LocalTrainer, "close", second_ctrl_c_while_closing)
+    one_error(capsys, ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "2", *TINY], 130,
+              "interrupted before the first checkpoint")
+    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+
+
+def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, cache_dir):
+    """Another run's checkpoint.pt copied in used to resume silently (its steps [1, 5, 6] in one log)."""
+    runs = copy_run(finished_run, tmp_path)
+    assert run(["--run-dir", str(runs), "--run-name", "other", "--cache-dir", cache_dir, "--steps", "1", *TINY],
+               capsys)[0] == 0  # the same settings: only the identity tells the two apart
+    (runs / "other" / "checkpoint.pt").replace(runs / "one" / "checkpoint.pt")
+    other_id = json.loads((runs / "other" / "config.json").read_text())["run_id"]
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", *TINY], 2, "is not this run's checkpoint", other_id)
+
+
+def test_resume_refuses_a_run_without_its_config(finished_run, tmp_path, capsys, cache_dir, no_model):
+    """With config.json deleted, --resume --lr 0.1 used to be accepted and recorded as the whole run's rate."""
+    runs = copy_run(finished_run, tmp_path)
+    (runs / "one" / "config.json").unlink()
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", "--lr", "0.1", *TINY], 2, "config.json is missing", "restore it")
+    assert not (runs / "one" / "config.json").exists()
+
+
+def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_path, capsys, cache_dir, no_model):
+    runs = copy_run(finished_run, tmp_path)
+    config_file = runs / "one" / "config.json"
+    stored = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**stored, "lr": 0.1}))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", "--lr", "0.1", *TINY], 2, "config.json was changed after step 1 was checkpointed")
+
+
+def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, capsys, cache_dir):
+    """A step-2 run resumed with --steps 1 used to show "2/1" and record steps 1."""
+    runs = copy_run(finished_run, tmp_path)
+    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", *TINY]
+    assert run([*argv, "--steps", "2"], capsys)[0] == 0
+    one_error(capsys, [*argv, "--steps", "1"], 2, "checkpointed at step 2, past --steps 1", "--steps 2 or more")
+
+
+def test_resume_says_when_the_metrics_are_missing(finished_run, tmp_path, capsys, cache_dir):
+    runs = copy_run(finished_run, tmp_path)
+    (runs / "one" / "metrics.jsonl").unlink()
+    code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                              "--steps", "2", *TINY], capsys)
+    assert code == 0 and "metrics.jsonl is missing or empty: its curves hold only the steps after 1" in text, text
+    assert [r["step"] for r in read_jsonl(runs / "one" / "metrics.jsonl")] == [2]
+
+
+@pytest.fixture
+def umask_002():
+    previous = os.umask(0o002)
+    yield
+    os.umask(previous)
+
+
+def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
+    """Files written through a temporary file (mkstemp: 0600, mkdtemp: 0700) used to hide a shared run or cache
+    from colleagues whatever the umask."""
+    cache = tmp_path / "cache"
+    code, errors, text = run(["--run-dir", str(tmp_path / "runs"), "--run-name", "shared", "--cache-dir", str(cache),
+                              "--steps", "1", *TINY], capsys)
+    assert code == 0, text
+    for name in ("config.json", "metrics.jsonl", "eval.jsonl", "tokens.jsonl", "checkpoint.pt"):
+        assert oct((tmp_path / "runs" / "shared" / name).stat().st_mode & 0o777) == oct(0o664), name
+    policy, = (cache / "policies").iterdir()
+    assert oct(policy.stat().st_mode & 0o777) == oct(0o775)
+
+
+def test_a_warm_start_below_its_target_says_so_when_built_and_when_reused(tmp_path, capsys):
+    """TINY's 20 warm-start steps cannot reach the default target 0.65: said at once and on every later use."""
+    argv = ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"), "--steps", "1", *TINY]
+    warning = "warning: the tiny policy's warm start ended below its target"
+    for attempt in ("built", "cached"):
+        code, errors, text = run([*argv, "--run-name", attempt], capsys)
+        assert code == 0 and warning in text and "--warm-start.max-steps" in text, text
+    record, = (tmp_path / "cache" / "policies").glob("*/warm_start.json")
+    assert json.loads(record.read_text())["reached_target"] is False
+    code, errors, text = run([*argv, "--run-name", "reached", "--warm-start.target-success", "0"], capsys)
+    assert code == 0 and warning not in text, text
+
+
+def test_the_policy_cache_key_follows_the_env_data_and_is_one_flat_folder(tmp_path):
+    from dppo_oat.engines.local.config import WarmStartConfig
+    from dppo_oat.engines.local.policy import policy_cache_key
+    from envs import ensure_registered
+
+    data = tmp_path / "nested" / "problems.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    env_id = ensure_registered(f"local-math:{data}")
+    key = policy_cache_key(env_id, "plain", WarmStartConfig(), 0)
+    assert "/" not in key and key.startswith("tiny-") and key.endswith(key[-12:])
+    data.write_text('{"problem": "2+2?", "answer": "4"}\n')
+    assert policy_cache_key(env_id, "plain", WarmStartConfig(), 0) != key, "an edited data file kept its policy"
+
+
+PLUGIN = """
+from gem.envs.registration import register
+from envs.example_countdown import CountdownEnv
+
+
+class MyCountdown(CountdownEnv):
+    {body}
+
+
+register("faults:Countdown-{name}", MyCountdown, num_numbers=4, max_number=9, max_target=100, max_turns=6)
+"""
+
+
+def test_the_policy_cache_key_follows_a_plugins_code(tmp_path):
+    from dppo_oat.engines.local.config import WarmStartConfig
+    from dppo_oat.engines.local.policy import policy_cache_key
+    from envs import import_env_module
+
+    plugin = tmp_path / "my_env.py"
+    plugin.write_text(PLUGIN.format(body="pass", name=tmp_path.name))
+    import_env_module(str(plugin))
+    env_id = f"faults:Countdown-{tmp_path.name}"
+    key = policy_cache_key(env_id, "plain", WarmStartConfig(), 0)
+    plugin.write_text(PLUGIN.format(body="max_turns_default = 3", name=tmp_path.name))
+    assert policy_cache_key(env_id, "plain", WarmStartConfig(), 0) != key, "an edited plugin kept its policy"
+    assert policy_cache_key("game:Sudoku-v0-easy-compact", "plain", WarmStartConfig(), 0) == policy_cache_key(
+        "game:Sudoku-v0-easy-compact", "plain", WarmStartConfig(), 0)
+
+
+def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one():
+    """launchpad handles Ctrl-C and SIGTERM itself (its worker manager stops every worker, then ``wait()`` returns as
+    at the end of a run); the launcher records the signal in front of launchpad's handler, which still runs, and
+    ends in one line with where oat's models are. The handler here stands in for launchpad's."""
+    from types import SimpleNamespace
+
+    from dppo_oat.engines.oat import launch
+
+    previous = {sig: signal.getsignal(sig) for sig in launch.STOP_SIGNALS}
+    stopped_workers, received = [], []
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped_workers.append(signum))
+        launch.record_stop_signals(received)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM] and stopped_workers == [signal.SIGTERM]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    args = SimpleNamespace(save_path="oat-output", wb_run_name="sudoku")
+    message = launch.stopped_message(args, signal.SIGTERM)
+    assert message.startswith("terminated (SIGTERM): launchpad stopped every worker")
+    assert "oat-output/sudoku_<start time>/saved_models" in message and "--pretrain" in message

@@ -27,6 +27,7 @@ from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
 from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
+from dppo_oat.runlog import honour_umask
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.update import causal_lm_forward
 
@@ -43,14 +44,26 @@ class WarmStartReport:
     seconds: float
     success: float
     checks: list
+    target: float = 0.0
+    """The validation success the warm start aimed at (``--warm-start.target-success``)."""
+
+    @property
+    def reached_target(self) -> bool:
+        return self.success >= self.target
 
 
 def policy_cache_key(env_id: str, template: str, warm_start, seed: int) -> str:
-    """A stable name for one warm-started policy: everything that changes it, hashed."""
+    """A stable, flat folder name for one warm-started policy: the env id's flat form and a hash of everything
+    that changes the policy, the env's data and user code included (:func:`envs.fingerprint.env_content`)."""
+    from envs.fingerprint import env_content, flat_name
+
     settings = {name: value for name, value in asdict(warm_start).items() if name != "seed"}  # resolved: ``seed``
-    payload = json.dumps({**settings, "env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT},
-                         sort_keys=True)
-    return f"tiny-{env_id.replace(':', '_')}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+    payload = {**settings, "env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT}
+    content = env_content(env_id)
+    if content:  # the package's own envs have none: their keys are the shipped policies' names
+        payload["content"] = content
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return f"tiny-{flat_name(env_id)}-{digest}"
 
 
 def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
@@ -98,7 +111,7 @@ def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object],
                     console.print(f"  warm start step {step}: loss {loss:.3f}, validation success {success:.2f}")
                 if success >= settings.target_success:
                     break
-    return WarmStartReport(step, time.perf_counter() - start, success, checks)
+    return WarmStartReport(step, time.perf_counter() - start, success, checks, settings.target_success)
 
 
 def validation_success(config, model, tokenizer) -> float:
@@ -114,16 +127,27 @@ def validation_success(config, model, tokenizer) -> float:
 
 
 def load_or_build_tiny_policy(config, console) -> tuple:
-    """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use."""
-    from envs.oracles import demonstrations
-
+    """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use. A warm start that
+    ended below its target is cached as such and said so, on every use."""
     env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
     key = policy_cache_key(env_id, template, ws, seed)
     path = config.resolved_cache_dir() / "policies" / key
     for found, where in ((path, "cached"), (SHIPPED_POLICIES / key, "shipped with the package")):
         if (found / "warm_start.json").exists():
             console.print(f"tiny policy: {where} at {found}")
+            _say_if_below_target(read_report(found, ws.target_success), console)
             return load_policy(found)
+    model, tokenizer, report = build_tiny_policy_for(config, key, console)
+    _save_atomically(model.eval(), tokenizer, report, path)
+    _say_if_below_target(report, console)
+    return model, tokenizer
+
+
+def build_tiny_policy_for(config, key: str, console) -> tuple:
+    """Tokenizer, model and supervised warm start on oracle moves of ``config.env_ids[0]``."""
+    from envs.oracles import demonstrations
+
+    env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
     console.print(f"tiny policy: building {key} (tokenizer, model, supervised warm start on oracle moves) ...")
     demos = demonstrations(env_id, ws.demo_episodes, seed=DEMO_SEED + seed, mistake_rate=ws.mistake_rate)
     texts = [render_prompt(template, obs) + " " + action for episode in demos for obs, action in episode]
@@ -133,16 +157,33 @@ def load_or_build_tiny_policy(config, console) -> tuple:
     report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer), seed, console)
     console.print(f"tiny policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
                   f"validation success {report.success:.2f}")
-    _save_atomically(model.eval(), tokenizer, report, path)
-    return model, tokenizer
+    return model, tokenizer, report
+
+
+def read_report(directory: Path, target: float) -> WarmStartReport:
+    """The warm start's record of a cached or shipped policy, whose key holds its ``target``."""
+    record = json.loads((directory / "warm_start.json").read_text())
+    return WarmStartReport(record["steps"], record["seconds"], record["success"], record["checks"], target)
+
+
+def _say_if_below_target(report: WarmStartReport, console) -> None:
+    """One warning when the warm start stopped at --warm-start.max-steps short of its target."""
+    if report.reached_target:
+        return
+    console.print(f"warning: the tiny policy's warm start ended below its target (validation success "
+                  f"{report.success:.2f} < --warm-start.target-success {report.target:.2f} after {report.steps} "
+                  "steps): RL starts from a weaker policy than intended; raise --warm-start.max-steps (a new "
+                  "policy is built), or train a model of your own with --pretrain", soft_wrap=True)
 
 
 def _save_atomically(model, tokenizer, report: WarmStartReport, path: Path) -> None:
     """Write the policy into a temporary sibling directory and rename it: a kill never leaves half a cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    honour_umask(tmp, directory=True)  # a cache shared with colleagues stays readable to them
     save_policy(model, tokenizer, tmp)
-    (tmp / "warm_start.json").write_text(json.dumps(asdict(report), indent=2))
+    record = {**asdict(report), "reached_target": report.reached_target}
+    (tmp / "warm_start.json").write_text(json.dumps(record, indent=2))
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)
@@ -155,12 +196,16 @@ def load_pretrained(name_or_path: str):
 
     from dppo_oat.engines.local.hub import cached_on_disk
 
-    local_only = not Path(name_or_path).expanduser().exists() and cached_on_disk(name_or_path)
+    directory = Path(name_or_path).expanduser().exists()
+    local_only = not directory and cached_on_disk(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
-    except OSError:
-        if not local_only:
+    except Exception as error:  # noqa: BLE001 - transformers, tokenizers and safetensors each raise their own kinds
+        if directory:  # a damaged or partial model directory: nothing the hub could fix
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ValueError(f"--pretrain {name_or_path!r} does not load ({first_line})") from None
+        if not local_only or not isinstance(error, OSError):
             raise
         return load_from_hub(name_or_path)  # only part of it is cached: the hub has the rest
     if tokenizer.pad_token_id is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,12 +26,13 @@ from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, respo
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
-from dppo_oat.engines.local.validation import validate_config
+from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
-from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, RunLock, RunLog, atomic_torch_save, read_jsonl
+from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save, read_config,
+                             read_jsonl, settings_hash)
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
@@ -82,6 +84,7 @@ class LocalTrainer:
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
         self.model, self.tokenizer = self._load_policy()
+        self._check_topk_fits()
         self.model.to(config.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.generator = self._make_generator()
@@ -94,10 +97,23 @@ class LocalTrainer:
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self._noted_small_batch = False
         self._check_prompts_fit()
-        self.log = RunLog(config.run_path(), logged_config(self.config, self.spec), resume_step=self.resume_step,
-                          wandb=config.wandb, tensorboard=config.tensorboard)
+        self._open_log()
         if self.resume_step is not None:
             self._load_checkpoint()
+
+    def _open_log(self) -> None:
+        """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
+        checkpoint's); the checkpoint carries it and the hash of the settings it was trained under."""
+        c, resuming = self.config, self.resume_step is not None
+        stored = read_config(c.run_path()) if resuming else {}
+        self.run_id = stored.get("run_id") or uuid.uuid4().hex
+        written = {**logged_config(c, self.spec), "run_id": self.run_id}
+        self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
+        if resuming and self.resume_step > 0 and not read_jsonl(c.run_path() / METRICS_FILE):
+            self.console.print(f"warning: {c.run_path() / METRICS_FILE} is missing or empty: its curves hold only "
+                               f"the steps after {self.resume_step}", soft_wrap=True)
+        self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
+                          tensorboard=c.tensorboard)
 
     # ------------------------------------------------------------------ building
     def _sampling(self, seed: int, *, evaluation: bool = False) -> SamplingSettings:
@@ -124,6 +140,13 @@ class LocalTrainer:
     def _sync_generator(self) -> None:
         """The rollout copy takes the learner's new weights, at its own precision."""
         self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype))
+
+    def _check_topk_fits(self) -> None:
+        """A top-K rule's K is at most the policy's vocabulary (validation knew only an upper bound of the tiny one)."""
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        k = self.spec.sampling.top_k_logprobs
+        if k > vocab:
+            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): give --tr-k {vocab} or less")
 
     def _check_prompts_fit(self) -> None:
         """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
@@ -237,8 +260,9 @@ class LocalTrainer:
 
     def save_checkpoint(self) -> None:
         weights = self.model.state_dict()
-        atomic_torch_save({"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict()},
-                          self._checkpoint_path(), weights=weights)
+        state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
+                 "run_id": self.run_id, "settings_hash": self.settings_hash}
+        atomic_torch_save(state, self._checkpoint_path(), weights=weights)
         self.checkpointed_step = self.step
 
     def _load_checkpoint(self) -> None:
@@ -297,12 +321,15 @@ class LocalTrainer:
         self.close()
         return {"success_before": before, "success_after": after, "steps": self.step}
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
         """Release the log's mirrors, the envs (graders) and the run directory; safe to call twice and after a
-        failure."""
+        failure. A new run that ``failed`` before its first checkpoint leaves no run directory behind."""
+        if self.lock.released:
+            return
+        unused = failed and self.checkpointed_step == 0 and self.resume_step is None
         try:
-            self.log.close()
+            self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()
         finally:
-            self.lock.release()
+            self.lock.release(unused=unused)

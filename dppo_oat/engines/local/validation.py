@@ -14,8 +14,9 @@ from pathlib import Path
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import (CHECKPOINT_FILE, METRICS_FILE, check_can_write, check_tensorboard, check_wandb,
-                             config_differences, read_config)
+from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, check_can_write, check_tensorboard,
+                             check_run_name, check_wandb, config_differences, read_config,
+                             settings_hash)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
@@ -54,6 +55,9 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
     for name, value in finite.items():
         if not math.isfinite(value):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for flag, seed in (("--seed", c.seed), ("--warm-start.seed", c.warm_start.seed)):
+        if seed is not None and not 0 <= seed < 2**32:
+            raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
     if c.threads is not None and c.threads < 1:
         raise ValueError(f"--threads must be >= 1 (leave it out for torch's default), got {c.threads}")
     if c.wrappers and c.pretrain is None:
@@ -130,8 +134,7 @@ def _check_pretrain(c: TrainConfig) -> None:
     path = Path(c.pretrain)
     looks_local = c.pretrain.startswith((".", "/", "~")) or path.exists()
     if looks_local:
-        if not (path.expanduser() / "config.json").exists():
-            raise ValueError(f"--pretrain {c.pretrain!r} is not a model directory (no config.json)")
+        _check_model_directory(c.pretrain, path.expanduser())
         return
     from dppo_oat.engines.local.hub import cached_on_disk, hub_reachable
 
@@ -142,6 +145,29 @@ def _check_pretrain(c: TrainConfig) -> None:
     if not cached and not hub_reachable():
         raise ValueError(f"--pretrain {c.pretrain}: no such directory, not in the Hugging Face cache, and the hub is "
                          "unreachable: download the model where the hub is reachable and pass its directory")
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+"""The files a Hugging Face model directory keeps its weights in (one of them)."""
+
+
+def _check_model_directory(flag_value: str, path: Path) -> None:
+    """A local ``--pretrain`` directory has a readable config.json and weights (else a traceback from deep in
+    transformers, after validation)."""
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"--pretrain {flag_value!r} is not a model directory (no config.json)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"--pretrain {flag_value!r}: {config_path} is not valid JSON ({error}): restore it from "
+                         "the model's source") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--pretrain {flag_value!r}: {config_path} is not a model config (a JSON object)")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"--pretrain {flag_value!r} has no weights ({' or '.join(WEIGHT_FILES[::2])}): save the "
+                         "model with save_pretrained, or give the directory that holds them")
 
 
 def _vocab_size(c: TrainConfig) -> int:
@@ -174,24 +200,17 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
 
 
-def check_run_name(name: str) -> None:
-    """A run name is one folder inside ``--run-dir``: ``..``, ``.``, an empty name or a path would write elsewhere
-    (beside it, into it, or nested in another run)."""
-    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise ValueError(f"--run-name {name!r} must be one folder name inside --run-dir (no '/', not '.' or '..')")
-
-
 def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     """The checkpoint step when resuming; refuses an unwritable directory and overwriting a finished log."""
-    check_run_name(c.resolved_run_name())
+    check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
     path = c.run_path()
     check_can_write(path)
     checkpoint = path / CHECKPOINT_FILE
     if c.resume:
         if not checkpoint.exists():
             raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
-        _check_same_run(c, spec, path)
-        return _checkpoint_step(checkpoint)
+        stored = _check_same_run(c, spec, path)
+        return _check_checkpoint_identity(checkpoint, stored, spec, c.steps)
     metrics = path / METRICS_FILE
     if checkpoint.exists() and metrics.exists() and metrics.stat().st_size > 0:  # no checkpoint: nothing to keep
         raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
@@ -203,26 +222,54 @@ RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "ca
 """Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
 
 
-def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> None:
-    """``--resume`` continues the same experiment: every setting but :data:`RESUMABLE` matches config.json (of the
-    trust region, the fields its rule reads)."""
-    overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]  # compared as the resolved trust_region.*
+def settings_free_on_resume(spec: RunSpec) -> list[str]:
+    """The flattened ``config.json`` keys a resume may change: :data:`RESUMABLE`, the trust-region overrides (compared
+    as the resolved ``trust_region.*``), the trust-region fields its rule never reads, and the record of resumes."""
+    overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]
     unread = [f"trust_region.{name}" for name in TRUST_REGION_OVERRIDES if name not in spec.trust_region.fields_read]
+    return [*RESUMABLE, *overrides, *unread, "resumes"]
+
+
+def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
+    """``--resume`` continues the same experiment: config.json exists and every setting but
+    :func:`settings_free_on_resume` matches it. Returns the stored config."""
     stored = read_config(path)
-    if stored:
-        stored.setdefault("lr_schedule", "constant")  # runs logged before the flag existed kept their rate
-    differences = config_differences(stored, logged_config(c, spec), [*RESUMABLE, *overrides, *unread])
+    if not stored:
+        raise ValueError(f"--resume: {path / CONFIG_FILE} is missing, so nothing says which settings this run was "
+                         "trained with: restore it, or start a new run with another --run-name")
+    stored.setdefault("lr_schedule", "constant")  # runs logged before the flag existed kept their rate
+    differences = config_differences(stored, logged_config(c, spec), settings_free_on_resume(spec))
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
                          "with its settings (see its config.json), or start a new run with another --run-name")
+    return stored
 
 
-def _checkpoint_step(checkpoint: Path) -> int:
-    """The step a checkpoint was written at; a damaged file is one line that names it."""
+def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, steps: int) -> int:
+    """The checkpoint's step, once it is shown to be this run's (its run id and settings hash match config.json)
+    and not past ``--steps``."""
+    state = _checkpoint_record(checkpoint)
+    step, run_id = int(state["step"]), state.get("run_id")
+    if run_id is None or run_id != stored.get("run_id"):
+        raise ValueError(f"--resume: {checkpoint} is not this run's checkpoint (its run id {run_id}, config.json's "
+                         f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
+                         "another --run-name")
+    if state.get("settings_hash") != settings_hash(stored, settings_free_on_resume(spec)):
+        raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
+                         "checkpointed: restore it, or start a new run with another --run-name")
+    if steps < step:
+        raise ValueError(f"--resume: {checkpoint.parent} is checkpointed at step {step}, past --steps {steps}: give "
+                         f"--steps {step} or more")
+    return step
+
+
+def _checkpoint_record(checkpoint: Path) -> dict:
+    """A checkpoint's step and identity (weights memory-mapped, not read); a damaged file is one line naming it."""
     import torch
 
     try:
-        return int(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["step"])
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        return {"step": int(state["step"]), "run_id": state.get("run_id"), "settings_hash": state.get("settings_hash")}
     except Exception as error:  # noqa: BLE001 - torch raises many kinds for a truncated or foreign file
         raise ValueError(f"--resume: {checkpoint} is damaged ({type(error).__name__}): restore it, or start a new "
                          "run with another --run-name") from None
