@@ -13,6 +13,7 @@ import pytest
 from dppo_oat.analysis import load_run, load_runs
 from dppo_oat.analysis.run_checks import DamagedRun
 from dppo_oat.analysis.study import load_study
+from dppo_oat.plot import main
 from test_analysis import hand_metrics, write_jsonl, write_run
 
 
@@ -186,3 +187,85 @@ def test_a_study_skips_a_damaged_run(tmp_path, config, reason):
     with pytest.warns(UserWarning, match=f"{bad}: skipped, its config.json {reason}"):
         df = load_study(study)
     assert set(df["run"]) == {"sudoku/dppo_binary_tv-mb1-fp32-s0"}
+
+
+# --------------------------------------------------------------------------------------------- dppo-plot
+
+
+def one_line(text: str) -> str:
+    """The one line ``text`` holds."""
+    assert len(text.splitlines()) == 1, text
+    return text.strip()
+
+
+def test_plot_skips_a_run_whose_config_is_a_list(tmp_path, good, capsys):
+    bad = damaged(tmp_path, "bad", config=b"[1, 2]")
+    out = tmp_path / "f.png"
+    main([str(bad), str(good), "-o", str(out), "--metrics", "reward"])
+    captured = capsys.readouterr()
+    assert one_line(captured.err) == \
+        f"dppo-plot: warning: {bad}: skipped, its config.json holds a list, not a JSON object"
+    assert out.stat().st_size > 0 and f"wrote {out}" in captured.out
+
+
+def test_plot_with_no_readable_run_ends_in_one_error(tmp_path, capsys):
+    bad = damaged(tmp_path, "bad", metrics=b"garbage\n")
+    out = tmp_path / "f.png"
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(bad), "-o", str(out)])
+    assert exit_info.value.code == 1 and not out.exists()
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning == f"dppo-plot: warning: {bad}: skipped, no line of its metrics.jsonl is a JSON object"
+    assert error == "dppo-plot: error: no run left to read: the 1 run given was skipped (see the warning above)"
+
+
+def test_plot_warnings_are_one_line_each(tmp_path, good, capsys):
+    (tmp_path / "empty").mkdir()
+    main([str(tmp_path / "empty"), str(good), "-o", str(tmp_path / "f.png"), "--metrics", "reward"])
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: warning: {tmp_path / 'empty'}: an empty directory, skipped (not a run)"
+
+
+def refuse_before_reading(monkeypatch) -> None:
+    """Make reading any run fail the test: an output refused must be refused before."""
+    import dppo_oat.plot
+
+    monkeypatch.setattr(dppo_oat.plot, "load_runs", lambda *a, **k: pytest.fail("read the runs"))
+
+
+def test_plot_refuses_an_output_that_is_a_directory(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(folder)])
+    assert exit_info.value.code == 2
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: error: -o {folder} is a directory: give a file name such as {folder / 'figure.png'}"
+    assert not list(folder.iterdir()) and not (tmp_path / "figures.png").exists()
+
+
+def test_plot_refuses_a_format_matplotlib_cannot_write(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(tmp_path / "figure.jpgg")])
+    assert exit_info.value.code == 2
+    error = one_line(capsys.readouterr().err)
+    assert error.startswith(f"dppo-plot: error: -o {tmp_path / 'figure.jpgg'}: matplotlib cannot write .jpgg files")
+    assert ".png" in error and ".pdf" in error
+
+
+def test_plot_refuses_an_output_inside_a_file(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(tmp_path / "notes.txt" / "f.png")])
+    assert exit_info.value.code == 2
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: error: -o {tmp_path / 'notes.txt' / 'f.png'}: {tmp_path / 'notes.txt'} is a file, not a folder"
+
+
+def test_plot_without_a_suffix_says_the_file_it_wrote(tmp_path, good, capsys):
+    main([str(good), "-o", str(tmp_path / "figure"), "--metrics", "reward"])
+    assert (tmp_path / "figure.png").is_file() and not (tmp_path / "figure").exists()
+    assert f"wrote {tmp_path / 'figure.png'}" in capsys.readouterr().out
