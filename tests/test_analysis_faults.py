@@ -137,6 +137,13 @@ def test_a_run_without_a_metrics_file_is_skipped(tmp_path, good):
     load_skipping_one([bad, good], bad, "no step logged yet (no metrics.jsonl)")
 
 
+def test_a_metrics_folder_skips_its_run(tmp_path, good):
+    bad = damaged(tmp_path, "bad")
+    (bad / "metrics.jsonl").unlink()
+    (bad / "metrics.jsonl").mkdir()
+    load_skipping_one([bad, good], bad, "its metrics.jsonl is not a file")
+
+
 def test_an_unreadable_packed_log_skips_its_run(tmp_path, good):
     bad = damaged(tmp_path, "bad")
     (bad / "metrics.jsonl").unlink()

@@ -151,10 +151,10 @@ def step_numbers(column: pd.Series) -> pd.Series:
 
 def no_rows_reason(path: Path) -> str:
     """Why run directory ``path`` gives no finite number at a step (ask only when it gives none): no step logged
-    yet, no readable line, no numeric ``step``, or nothing but steps in its ``metrics.jsonl``."""
+    yet, a ``metrics.jsonl`` that is a folder, no readable line, no numeric ``step``, or nothing but steps."""
     log = Path(path) / METRICS_FILE
     if not (log.is_file() or log.with_name(log.name + ".gz").is_file()):
-        return f"no step logged yet (no {METRICS_FILE})"
+        return f"its {METRICS_FILE} is not a file" if log.exists() else f"no step logged yet (no {METRICS_FILE})"
     with warnings.catch_warnings(record=True) as unreadable:
         warnings.simplefilter("always")
         rows = runlog.read_jsonl(log)
