@@ -4,12 +4,16 @@
 
 Each ``--metrics`` name is a standard panel (listed in ``--help``) or any metric a run logs; panels no run has data
 for are skipped with a note. Every path must be a run directory (``config.json``/``metrics.jsonl``); glob patterns
-keep the run directories they match.
+keep the run directories they match. A damaged run, or one that logged nothing yet, is skipped with a warning
+(:func:`dppo_oat.analysis.runs.load_runs`). ``-o`` names a file: a directory, or a suffix matplotlib cannot write, is
+refused before any run is read; without a suffix the image is a PNG named ``<output>.png``.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Sequence, Tuple
@@ -19,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import tyro  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
 from dppo_oat.analysis import DEFAULT_PANELS, PANELS, load_runs, plot_runs, resolve_run_dirs  # noqa: E402
 from dppo_oat.analysis.panels import available_panels  # noqa: E402
@@ -59,12 +64,43 @@ def parse_args(argv: Sequence[str] | None = None) -> PlotArgs:
     return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
 
 
+class OutputError(ValueError):
+    """An ``-o`` the image cannot be written to."""
+
+
+def output_problem(output: Path) -> str | None:
+    """Why ``output`` cannot name the image (None when it can): it is a directory, one of its folders is a file, or
+    matplotlib cannot write its suffix."""
+    if output.is_dir():
+        return f"-o {output} is a directory: give a file name such as {output / 'figure.png'}"
+    for folder in output.parents:
+        if folder.exists() and not folder.is_dir():
+            return f"-o {output}: {folder} is a file, not a folder"
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = output.suffix[1:].lower()
+    if suffix and suffix not in formats:
+        return (f"-o {output}: matplotlib cannot write .{suffix} files; give one of "
+                + ", ".join(f".{name}" for name in formats))
+    return None
+
+
+def output_file(output: Path) -> Path:
+    """The file the image is written to: ``output``, with matplotlib's default format (``.png``) appended when it
+    has no suffix (as ``savefig`` does)."""
+    return output if output.suffix else output.with_name(f"{output.name}.{matplotlib.rcParams['savefig.format']}")
+
+
 def plot(args: PlotArgs) -> list[str]:
-    """Check every run path first, then draw and save the figure. Returns the notes on skipped panels.
+    """Check the output and every run path first, then draw and save the figure (to :func:`output_file`). Returns
+    the notes on skipped panels.
 
     Raises:
-        ValueError: a path that is not a run directory, a pattern without one, or nothing to plot.
+        OutputError: ``args.output`` cannot name the image (:func:`output_problem`).
+        ValueError: a path that is not a run directory, a pattern without one, no readable run, or nothing to plot.
     """
+    problem = output_problem(args.output)
+    if problem is not None:
+        raise OutputError(problem)
     if not args.runs:
         raise ValueError("give at least one run directory")
     df = load_runs(resolve_run_dirs(args.runs))
@@ -72,21 +108,34 @@ def plot(args: PlotArgs) -> list[str]:
     fig = plot_runs(df, metrics=args.metrics, sigma=args.sigma, by=args.by, band=args.band, ncols=args.ncols,
                     title=args.title)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.output, dpi=args.dpi)
+    fig.savefig(output_file(args.output), dpi=args.dpi)
     return skipped
 
 
+@contextmanager
+def one_line_warnings():
+    """Within it, each warning is printed as one line on stderr: ``dppo-plot: warning: <message>``."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *_, **__: print(f"dppo-plot: warning: {message}", file=sys.stderr)
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of ``dppo-plot``: exit status 0 with the image written, else 1 and an error on stderr."""
+    """Entry point of ``dppo-plot``: exit status 0 with the image written; 2 for an ``-o`` that cannot name it
+    (before any run is read); else 1. Each error and warning is one line on stderr."""
     args = parse_args(argv)
     try:
-        skipped = plot(args)
+        with one_line_warnings():
+            skipped = plot(args)
+    except OutputError as error:
+        print(f"dppo-plot: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ValueError, KeyError, OSError) as error:
         print(f"dppo-plot: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     for note in skipped:
         print(f"skipped panel {note}")
-    print(f"wrote {args.output}")
+    print(f"wrote {output_file(args.output)}")
 
 
 if __name__ == "__main__":

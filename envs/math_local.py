@@ -36,11 +36,15 @@ Two changes to Gem's MathEnv, in :class:`LocalMathEnv`:
   1-second timeout. Gem's default gives each env its own process pool, and an actor with hundreds of env slots would
   fork hundreds of processes; Gem's other mode times out with ``signal.alarm``, which works only in the main thread
   (a distributed actor serves its calls from other threads).
+
+Gem's MathEnv logs "Reset env with a specific idx …" on every reset with an ``idx``, which a :class:`LocalMathEnv`
+makes on every seeded reset; importing this module filters that one message out (:class:`GemIdxResetFilter`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import threading
@@ -238,6 +242,36 @@ class SharedGrader:
             pool.apply(_grader_ready)  # the spawn's imports take longer than a grading may
             cls._pool = pool
         return cls._pool
+
+
+class GemIdxResetFilter(logging.Filter):
+    """Drops the record Gem's MathEnv writes on every reset with an ``idx``
+    (``Reset env with a specific idx … only recommended for testing only!!!``); every other record passes."""
+
+    PREFIX = "Reset env with a specific idx "
+    SUFFIX = "only recommended for testing only!!!"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(self.PREFIX) and message.endswith(self.SUFFIX))
+
+
+GEM_MATH_LOGGERS = ("", "gem.envs.math_env")
+"""The loggers that notice may come through: Gem logs it with ``logging.info`` (the root logger); its module's own
+logger is filtered too."""
+
+
+def silence_gem_idx_reset_notice() -> None:
+    """Install :class:`GemIdxResetFilter` on :data:`GEM_MATH_LOGGERS` (once each). :class:`LocalMathEnv` resets
+    with an ``idx`` on every seeded reset, so that notice would fill the log of every rollout; a logger filter
+    sees only records logged on that logger itself, so the root logger's filter leaves other loggers alone."""
+    for name in GEM_MATH_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(installed, GemIdxResetFilter) for installed in logger.filters):
+            logger.addFilter(GemIdxResetFilter())
+
+
+silence_gem_idx_reset_notice()
 
 
 class LocalMathEnv(MathEnv):

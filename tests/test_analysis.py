@@ -340,7 +340,8 @@ def test_a_run_without_steps_yet_has_no_rows(tmp_path):
     fresh = write_run(tmp_path, "fresh", metrics=[])
     (fresh / "metrics.jsonl").unlink()
     (fresh / "eval.jsonl").unlink()
-    df = load_runs([fresh, write_run(tmp_path, "a", steps=3)])
+    with pytest.warns(UserWarning, match="fresh: skipped, no step logged yet"):
+        df = load_runs([fresh, write_run(tmp_path, "a", steps=3)])
     assert set(df["run"]) == {"a"}
     assert load_run(fresh).metrics.empty
 

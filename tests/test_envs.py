@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 
 import gem
@@ -405,6 +406,24 @@ def test_consecutive_seeds_cover_a_math_set_without_repeats():
     questions = [env.reset(seed=seed)[0] for seed in range(start, start + 30)]
     assert sorted(questions) == sorted(f"question {i}" for i in range(30))
     assert envs.math_dataset_size("local-math:test-cover") == 30 and envs.math_dataset_size("rg:acre") is None
+
+
+def test_a_local_math_reset_does_not_log_gems_testing_only_notice(tmp_path, caplog):
+    """Gem's MathEnv logs "Reset env with a specific idx …" on the root logger on every reset with an idx, and a
+    LocalMathEnv resets with one on every seeded reset: that message is filtered out, other records of the root
+    logger (and of Gem's math_env logger) still come through."""
+    path = tmp_path / "tiny.jsonl"
+    path.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
+    env = envs.make_env(f"local-math:{path}", use_mp=False)
+    with caplog.at_level(logging.INFO):
+        env.reset(seed=3)
+        env.reset(idx=0)
+        logging.info("Reset env with a different notice")
+        logging.warning("a different warning")
+        logging.getLogger("gem.envs.math_env").warning("a warning of gem's math env")
+    messages = [record.getMessage() for record in caplog.records]
+    assert not [message for message in messages if "specific idx" in message], messages
+    assert messages == ["Reset env with a different notice", "a different warning", "a warning of gem's math env"]
 
 
 def test_the_format_error_penalty_is_gems():

@@ -90,6 +90,23 @@ def test_clipped_tokens_notebook_from_shadow_metrics_alone(tmp_path, monkeypatch
     assert images(notebook) == 1
 
 
+@pytest.mark.slow
+def test_learning_curves_notebook_skips_damaged_runs_with_one_warning_each(runs, monkeypatch, tmp_path):
+    """Beside the synthetic runs, one whose config.json is a JSON list and one whose metrics.jsonl is empty: the
+    notebook warns once about each, naming it, and shows the others."""
+    for name, config, metrics in (("listed", "[1, 2]", '{"step": 1, "reward": 1.0}\n'),
+                                  ("fresh", '{"run_name": "fresh"}', "")):
+        (runs / name).mkdir()
+        (runs / name / "config.json").write_text(config)
+        (runs / name / "metrics.jsonl").write_text(metrics)
+    notebook = execute("learning_curves.ipynb", runs, monkeypatch, tmp_path)
+    stderr = "".join(o.get("text", "") for o in outputs(notebook) if o.get("name") == "stderr")
+    assert stderr.count("UserWarning") == 2, stderr
+    assert f"{runs / 'listed'}: skipped, its config.json holds a list, not a JSON object" in stderr
+    assert f"{runs / 'fresh'}: skipped, no step logged yet (its metrics.jsonl holds no row)" in stderr
+    assert "6 runs on game:Sudoku-v0-easy" in printed(notebook) and images(notebook) == 9
+
+
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory):
     """Real short runs of the local engine (the shipped warm-started policy, real Sudoku): DPPO-Binary-TV vs

@@ -6,16 +6,17 @@ engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jso
 "eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
-``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table.
+``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table. A damaged run, or
+one without a logged number yet, is skipped with a warning (the rules: :mod:`dppo_oat.analysis.run_checks`).
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -24,6 +25,15 @@ import numpy as np
 import pandas as pd
 
 from dppo_oat import runlog
+from dppo_oat.analysis.run_checks import (
+    CHOICE_FIELDS,
+    DamagedRun,
+    no_rows_reason,
+    none_left_message,
+    read_config,
+    skipped_message,
+    step_numbers,
+)
 from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKENS_FILE
 from dppo_oat.trust_region import PRESETS, TrustRegion, numeric_fields_read
 
@@ -94,8 +104,10 @@ class Run:
 
     @property
     def env(self) -> str:
-        """Its environment id(s), joined with ``+``."""
-        return "+".join(str(env_id) for env_id in self.config.get("env_ids") or []) or "unknown"
+        """Its environment id(s), joined with ``+`` (``env_ids`` may be a list or one id)."""
+        env_ids = self.config.get("env_ids") or []
+        env_ids = [env_ids] if isinstance(env_ids, str) else env_ids
+        return "+".join(str(env_id) for env_id in env_ids) or "unknown"
 
     @property
     def seed(self) -> int | None:
@@ -156,9 +168,10 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
 
 def read_table(path: PathLike) -> pd.DataFrame:
     """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.runlog.read_jsonl` for what is
-    skipped); rows without a numeric ``step`` are dropped."""
+    skipped); rows without a ``step`` that is a finite number within int64 are dropped
+    (:func:`~dppo_oat.analysis.run_checks.step_numbers`)."""
     table = pd.DataFrame(runlog.read_jsonl(Path(path)))
-    table["step"] = pd.to_numeric(table["step"], errors="coerce") if "step" in table else pd.Series(dtype=float)
+    table["step"] = step_numbers(table["step"]) if "step" in table else pd.Series(dtype=float)
     table = table.dropna(subset=["step"]).astype({"step": "int64"})
     return table.sort_values("step", kind="stable").reset_index(drop=True)
 
@@ -178,24 +191,35 @@ def normalize_trust_region(trust_region: dict) -> dict:
 
 
 def load_run(path: PathLike) -> Run:
-    """Read one run directory (a missing ``eval.jsonl`` or ``metrics.jsonl`` gives an empty table)."""
+    """Read one run directory (a missing ``eval.jsonl`` or ``metrics.jsonl`` gives an empty table).
+
+    Raises:
+        ValueError: ``path`` is not a run directory.
+        DamagedRun: its ``config.json`` is not a usable JSON object
+            (:func:`~dppo_oat.analysis.run_checks.read_config`), or a log cannot be read.
+    """
     path = Path(path)
     if not is_run_dir(path):
         raise ValueError(not_a_run_dir_message(path))
-    config_path = path / CONFIG_FILE
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config = read_config(path)
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
-    return Run(path=path, config=config, metrics=read_table(path / METRICS_FILE), eval=read_table(path / EVAL_FILE))
+    return Run(path=path, config=config, metrics=read_log(path, METRICS_FILE), eval=read_log(path, EVAL_FILE))
+
+
+def read_log(path: Path, name: str) -> pd.DataFrame:
+    """:func:`read_table` of the log ``name`` of run directory ``path``; ``DamagedRun`` when it cannot be read."""
+    try:
+        return read_table(path / name)
+    except (OSError, EOFError, zlib.error) as error:  # unreadable, or a damaged gzip copy
+        packed = (path / name).with_name(name + ".gz")
+        shown = name if (path / name).is_file() or not packed.is_file() else packed.name
+        raise DamagedRun(path, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") from None
 
 
 def preset_name(algo: str) -> str:
     """The paper's name of preset ``algo`` (the preset id itself for a custom one)."""
     return PRESET_NAMES.get(algo, algo)
-
-
-CHOICE_FIELDS = ("rule", "anchor", "is_weight", "relax", "mismatch_mask")
-"""The trust-region fields that choose what a rule does (the numeric ones it reads depend on them)."""
 
 
 def relevant_fields(trust_region: dict) -> frozenset[str]:
@@ -254,10 +278,11 @@ def _long_numeric(table: pd.DataFrame) -> pd.DataFrame:
     """``step`` + every numeric column of ``table``, melted to (step, metric, value) rows; non-finite values
     (NaN, ±inf, as numbers or as the strings the trainers write) are left out, a curve cannot show them."""
     columns = [c for c in table.columns if c != "step"]
-    numeric = pd.DataFrame({c: _finite_numbers(table[c]) for c in columns}, index=table.index)
+    numeric = pd.DataFrame({i: _finite_numbers(table[c]) for i, c in enumerate(columns)}, index=table.index)
     numeric = numeric.loc[:, numeric.notna().any()] if len(numeric.columns) else numeric
     numeric.insert(0, "step", table["step"].astype("int64"))
     long = numeric.melt(id_vars="step", var_name="metric", value_name="value").dropna(subset=["value"])
+    long["metric"] = long["metric"].map(dict(enumerate(columns)))  # by position: a metric may be named "value"
     return long.astype({"metric": "object", "value": "float64"})
 
 
@@ -303,11 +328,43 @@ def unique_run_names(runs: list[Run]) -> list[str]:
 def load_runs(paths_or_globs: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     """Many runs as one long table (see the module docstring), in the order the paths and globs name them.
 
-    Runs without any logged step yet have no rows.
+    A run that cannot be read, or that logged no number yet, is skipped with one warning naming it
+    (:func:`load_or_skip`). Raises ``ValueError`` when no run is left (and as :func:`resolve_run_dirs` does).
     """
-    runs = [load_run(path) for path in resolve_run_dirs(paths_or_globs)]
+    paths, runs = resolve_run_dirs(paths_or_globs), []
+    for path in paths:
+        run = load_or_skip(path)
+        if run is not None:
+            runs.append(run)
+    if not runs:
+        raise ValueError(none_left_message(len(paths)))
     tables = [run_table(run, name) for run, name in zip(runs, unique_run_names(runs))]
     return label_runs(pd.concat(tables, ignore_index=True))
+
+
+def load_or_skip(path: Path) -> Run | None:
+    """:func:`load_run`, or None with one warning (``<path>: skipped, <why>``) for a run that cannot be read or
+    that gives no row of the long table. The warnings of a skipped run's logs (unreadable lines) are left out: its
+    one warning says why it is skipped; those of a kept run are passed on."""
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        try:
+            run = load_run(path)
+            reason = None if has_rows(run) else no_rows_reason(path)
+        except DamagedRun as error:
+            run, reason = None, error.reason
+    if reason is not None:
+        warnings.warn(skipped_message(path, reason), stacklevel=3)  # the caller of load_runs
+        return None
+    for note in notes:
+        warnings.warn_explicit(note.message, note.category, note.filename, note.lineno, source=note.source)
+    return run
+
+
+def has_rows(run: Run) -> bool:
+    """Whether ``run`` logged a finite number at a step (it has rows in the long table)."""
+    return any(_finite_numbers(table[column]).notna().any()
+               for table in (run.metrics, run.eval) for column in table.columns if column != "step")
 
 
 def run_patterns(spec: str) -> list[str]:

@@ -23,6 +23,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from dppo_oat.analysis.curves import smooth
+from dppo_oat.analysis.run_checks import read_config
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
 from dppo_oat.analysis.stats import paired_difference, sample_std, time_to_threshold, verdict
 
@@ -42,8 +43,8 @@ def load_study(study_dir: PathLike) -> pd.DataFrame:
     run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
     if not run_dirs:
         raise FileNotFoundError(f"no study runs under {study_dir!r}: run scripts/cpu_study.py first")
-    df = load_runs([str(path.parent) for path in run_dirs])
-    configs = {str(path.parent): json.loads(path.read_text()) for path in run_dirs}
+    df = load_runs([str(path.parent) for path in run_dirs])  # damaged runs are skipped with a warning
+    configs = {path: read_config(Path(path)) for path in df["path"].unique()}
     df["run"] = df["path"].map(lambda p: f"{Path(p).parent.name}/{Path(p).name}")  # tasks share run names
     df["task"] = df["path"].map(lambda p: Path(p).parent.name)
     df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))

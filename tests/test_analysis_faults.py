@@ -1,0 +1,278 @@
+"""Damaged run directories: the shared loader of ``dppo_oat.analysis`` (what ``dppo-plot`` and the notebooks read)
+skips each with one warning that names it and goes on with the others; the command line says so in one line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from dppo_oat.analysis import load_run, load_runs
+from dppo_oat.analysis.run_checks import DamagedRun
+from dppo_oat.analysis.study import load_study
+from dppo_oat.plot import main
+from test_analysis import hand_metrics, write_jsonl, write_run
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    """A healthy run: three steps of reward."""
+    return write_run(tmp_path, "good", metrics=hand_metrics([0.1, 0.2, 0.3]))
+
+
+def damaged(tmp_path: Path, name: str, *, config: bytes | None = None, metrics: bytes | None = None) -> Path:
+    """A run directory named ``name`` whose config.json and/or metrics.jsonl are replaced by the bytes given."""
+    run = write_run(tmp_path, name, seed=1, metrics=hand_metrics([1.0, 2.0]))
+    (run / "eval.jsonl").write_text("")
+    if config is not None:
+        (run / "config.json").write_bytes(config)
+    if metrics is not None:
+        (run / "metrics.jsonl").write_bytes(metrics)
+    return run
+
+
+def load_skipping_one(paths: list[Path], skipped: Path, reason: str):
+    """``load_runs(paths)``, checking that it warned exactly once, naming ``skipped`` and ``reason``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = load_runs(paths)
+    messages = [str(warning.message) for warning in caught]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f"{skipped}: skipped, ") and reason in messages[0], messages[0]
+    return df
+
+
+def config_with(**fields) -> bytes:
+    """A config.json of run ``bad`` with ``fields`` set."""
+    return json.dumps({"run_name": "bad", "trust_region": {"name": "dppo_binary_tv"}, **fields}).encode()
+
+
+# --------------------------------------------------------------------------------------------- config.json
+
+
+@pytest.mark.parametrize("text, reason", [
+    (b"[1, 2]", "its config.json holds a list, not a JSON object"),
+    (b"null", "its config.json holds null, not a JSON object"),
+    (b'"dppo"', "its config.json holds a string, not a JSON object"),
+    (b"{not json", "its config.json is not JSON (Expecting property name"),
+    (b"", "its config.json is not JSON (Expecting value"),
+    (b"\xff\xfe{}", "its config.json is not JSON ("),
+])
+def test_a_config_that_is_not_a_json_object_skips_its_run(tmp_path, good, text, reason):
+    bad = damaged(tmp_path, "bad", config=text)
+    df = load_skipping_one([bad, good], bad, reason)
+    assert set(df["run"]) == {"good"}
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"seed": "abc"}, 'its config.json has "seed": "abc", not an integer'),
+    ({"seed": [1]}, 'its config.json has "seed": [1], not an integer'),
+    ({"seed": 1.5}, 'its config.json has "seed": 1.5, not an integer'),
+    ({"env_ids": 5}, 'its config.json has "env_ids": 5, not a list of environment ids'),
+    ({"env_ids": [["a"]]}, 'its config.json has "env_ids": [["a"]], not a list of environment ids'),
+    ({"run_name": {"a": 1}}, 'its config.json has "run_name": {"a": 1}, not a string'),
+    ({"algo": ["ppo"]}, 'its config.json has "algo": ["ppo"], not a string'),
+    ({"trust_region": "dppo"}, 'its config.json has "trust_region": "dppo", not an object'),
+    ({"trust_region": [1]}, 'its config.json has "trust_region": [1], not an object'),
+    ({"trust_region": {"name": "ppo", "rule": ["ratio"]}},
+     'its config.json has "trust_region.rule": ["ratio"], not a string'),
+    ({"trust_region": {"name": "ppo", "delta": {"x": 1}}},
+     'its config.json has "trust_region.delta": {"x": 1}, not a number'),
+    ({"trust_region": {"name": 3}}, 'its config.json has "trust_region.name": 3, not a string'),
+])
+def test_a_config_field_of_the_wrong_type_skips_its_run(tmp_path, good, fields, reason):
+    bad = damaged(tmp_path, "bad", config=config_with(**fields))
+    df = load_skipping_one([bad, good], bad, reason)
+    assert set(df["run"]) == {"good"}
+
+
+def test_a_long_wrong_value_is_named_by_its_type(tmp_path, good):
+    bad = damaged(tmp_path, "bad", config=config_with(seed=list(range(40))))
+    load_skipping_one([bad, good], bad, 'its config.json has "seed": a list, not an integer')
+
+
+def test_load_run_names_the_damaged_file(tmp_path):
+    bad = damaged(tmp_path, "bad", config=b"[]")
+    with pytest.raises(DamagedRun, match=f"^{bad}: its config.json holds a list"):
+        load_run(bad)
+    assert issubclass(DamagedRun, ValueError)
+
+
+def test_a_config_with_missing_keys_loads_with_defaults(tmp_path):
+    bare = damaged(tmp_path, "bare", config=b"{}")
+    run = load_run(bare)
+    assert (run.name, run.algo, run.env, run.seed) == ("bare", "custom", "unknown", None)
+    assert set(load_runs([bare])["label"]) == {"custom"}
+
+
+def test_env_ids_given_as_one_string_is_one_environment(tmp_path):
+    run = load_run(damaged(tmp_path, "one", config=config_with(env_ids="game:Sudoku-v0-easy")))
+    assert run.env == "game:Sudoku-v0-easy"
+
+
+# --------------------------------------------------------------------------------------------- metrics.jsonl
+
+
+@pytest.mark.parametrize("text, reason", [
+    (b"", "no step logged yet (its metrics.jsonl holds no row)"),
+    (b"not json\nnor this\n", "no line of its metrics.jsonl is a JSON object"),
+    (b"[1, 2]\n[3]\n", "no line of its metrics.jsonl is a JSON object"),
+    (b'{"reward": 1.0}\n{"loss": 2.0}\n', 'no row of its metrics.jsonl has a numeric "step"'),
+    (b'{"step": "first", "reward": 1.0}\n', 'no row of its metrics.jsonl has a numeric "step"'),
+    (b'{"step": 1, "reward": "high"}\n{"step": 2, "reward": [1, 2]}\n{"step": 3, "reward": {"a": 1}}\n',
+     "its metrics.jsonl holds no number besides the steps"),
+])
+def test_a_run_without_readable_metrics_is_skipped(tmp_path, good, text, reason):
+    bad = damaged(tmp_path, "bad", metrics=text)
+    df = load_skipping_one([bad, good], bad, reason)
+    assert set(df["run"]) == {"good"}
+
+
+def test_a_run_without_a_metrics_file_is_skipped(tmp_path, good):
+    bad = damaged(tmp_path, "bad")
+    (bad / "metrics.jsonl").unlink()
+    load_skipping_one([bad, good], bad, "no step logged yet (no metrics.jsonl)")
+
+
+def test_a_metrics_folder_skips_its_run(tmp_path, good):
+    bad = damaged(tmp_path, "bad")
+    (bad / "metrics.jsonl").unlink()
+    (bad / "metrics.jsonl").mkdir()
+    load_skipping_one([bad, good], bad, "its metrics.jsonl is not a file")
+
+
+def test_an_unreadable_packed_log_skips_its_run(tmp_path, good):
+    bad = damaged(tmp_path, "bad")
+    (bad / "metrics.jsonl").unlink()
+    (bad / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1, "reward": 1.0}\n')[:-8])
+    load_skipping_one([bad, good], bad, "its metrics.jsonl.gz cannot be read (")
+
+
+def test_when_every_run_is_skipped_the_error_says_so(tmp_path):
+    bad = damaged(tmp_path, "bad", metrics=b"")
+    with pytest.warns(UserWarning, match="skipped"), pytest.raises(ValueError, match="^no run left to read: the 1 run"):
+        load_runs([bad])
+
+
+def test_unreadable_lines_of_a_kept_run_still_warn(tmp_path):
+    run = damaged(tmp_path, "partly", metrics=b'{"step": 1, "reward": 1.0}\nnot json\n{"step": 2, "reward": 2.0}\n')
+    with pytest.warns(UserWarning, match="skipped 1 unreadable line"):
+        df = load_runs([run])
+    assert list(df.loc[df["metric"] == "reward", "step"]) == [1, 2]
+
+
+@pytest.mark.parametrize("step", ["1e400", '"inf"', '"-Infinity"', "1e30", "100000000000000000000000000000", "true"])
+def test_a_step_that_is_no_step_number_drops_its_row(tmp_path, step):
+    run = damaged(tmp_path, "a", metrics=f'{{"step": {step}, "reward": 9.0}}\n{{"step": 2, "reward": 1.0}}\n'.encode())
+    df = load_runs([run])
+    assert df[["step", "metric", "value"]].values.tolist() == [[2, "reward", 1.0]]
+
+
+def test_a_huge_integer_value_is_a_number(tmp_path):
+    run = damaged(tmp_path, "a", metrics=b'{"step": 1, "tokens": 100000000000000000000000000000}\n')
+    assert load_runs([run])["value"].tolist() == [1e29]
+
+
+def test_metrics_named_like_the_long_tables_columns(tmp_path):
+    run = damaged(tmp_path, "a", metrics=b'{"step": 1, "value": 0.5, "metric": 2, "run": 3}\n')
+    df = load_runs([run])
+    assert sorted(df[["metric", "value"]].values.tolist()) == [["metric", 2.0], ["run", 3.0], ["value", 0.5]]
+    assert set(df["run"]) == {"a"}
+
+
+# --------------------------------------------------------------------------------------------- the study
+
+
+@pytest.mark.parametrize("config, reason", [(b"[]", "holds a list"), (b"{not json", "is not JSON")])
+def test_a_study_skips_a_damaged_run(tmp_path, config, reason):
+    study = tmp_path / "study"
+    write_run(study / "sudoku", "dppo_binary_tv-mb1-fp32-s0", metrics=hand_metrics([0.1, 0.2]))
+    bad = damaged(study / "sudoku", "cispo-mb1-fp32-s0", config=config)
+    with pytest.warns(UserWarning, match=f"{bad}: skipped, its config.json {reason}"):
+        df = load_study(study)
+    assert set(df["run"]) == {"sudoku/dppo_binary_tv-mb1-fp32-s0"}
+
+
+# --------------------------------------------------------------------------------------------- dppo-plot
+
+
+def one_line(text: str) -> str:
+    """The one line ``text`` holds."""
+    assert len(text.splitlines()) == 1, text
+    return text.strip()
+
+
+def test_plot_skips_a_run_whose_config_is_a_list(tmp_path, good, capsys):
+    bad = damaged(tmp_path, "bad", config=b"[1, 2]")
+    out = tmp_path / "f.png"
+    main([str(bad), str(good), "-o", str(out), "--metrics", "reward"])
+    captured = capsys.readouterr()
+    assert one_line(captured.err) == \
+        f"dppo-plot: warning: {bad}: skipped, its config.json holds a list, not a JSON object"
+    assert out.stat().st_size > 0 and f"wrote {out}" in captured.out
+
+
+def test_plot_with_no_readable_run_ends_in_one_error(tmp_path, capsys):
+    bad = damaged(tmp_path, "bad", metrics=b"garbage\n")
+    out = tmp_path / "f.png"
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(bad), "-o", str(out)])
+    assert exit_info.value.code == 1 and not out.exists()
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning == f"dppo-plot: warning: {bad}: skipped, no line of its metrics.jsonl is a JSON object"
+    assert error == "dppo-plot: error: no run left to read: the 1 run given was skipped (see the warning above)"
+
+
+def test_plot_warnings_are_one_line_each(tmp_path, good, capsys):
+    (tmp_path / "empty").mkdir()
+    main([str(tmp_path / "empty"), str(good), "-o", str(tmp_path / "f.png"), "--metrics", "reward"])
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: warning: {tmp_path / 'empty'}: an empty directory, skipped (not a run)"
+
+
+def refuse_before_reading(monkeypatch) -> None:
+    """Make reading any run fail the test: an output refused must be refused before."""
+    import dppo_oat.plot
+
+    monkeypatch.setattr(dppo_oat.plot, "load_runs", lambda *a, **k: pytest.fail("read the runs"))
+
+
+def test_plot_refuses_an_output_that_is_a_directory(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(folder)])
+    assert exit_info.value.code == 2
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: error: -o {folder} is a directory: give a file name such as {folder / 'figure.png'}"
+    assert not list(folder.iterdir()) and not (tmp_path / "figures.png").exists()
+
+
+def test_plot_refuses_a_format_matplotlib_cannot_write(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(tmp_path / "figure.jpgg")])
+    assert exit_info.value.code == 2
+    error = one_line(capsys.readouterr().err)
+    assert error.startswith(f"dppo-plot: error: -o {tmp_path / 'figure.jpgg'}: matplotlib cannot write .jpgg files")
+    assert ".png" in error and ".pdf" in error
+
+
+def test_plot_refuses_an_output_inside_a_file(tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(tmp_path / "notes.txt" / "f.png")])
+    assert exit_info.value.code == 2
+    assert one_line(capsys.readouterr().err) == \
+        f"dppo-plot: error: -o {tmp_path / 'notes.txt' / 'f.png'}: {tmp_path / 'notes.txt'} is a file, not a folder"
+
+
+def test_plot_without_a_suffix_says_the_file_it_wrote(tmp_path, good, capsys):
+    main([str(good), "-o", str(tmp_path / "figure"), "--metrics", "reward"])
+    assert (tmp_path / "figure.png").is_file() and not (tmp_path / "figure").exists()
+    assert f"wrote {tmp_path / 'figure.png'}" in capsys.readouterr().out
