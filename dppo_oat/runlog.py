@@ -1,4 +1,4 @@
-"""Runs are data: the run directory, in one place for both engines (writing and reading).
+"""Runs are data: the run directory, in one place for the local and oat engines (writing and reading).
 
     <run>/config.json     every setting of the run and the trust region it used
     <run>/metrics.jsonl   one JSON object per RL step (``step`` and every metric)

@@ -1,10 +1,10 @@
-"""A run's settings, in one place for both engines: the trust region, how episodes are played and sampled, the
+"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled, the
 advantage estimator and the update loop.
 
 Each engine maps its own command line onto a :class:`RunSpec` exactly once (the local engine in
 ``engines/local/config.py``, the oat engine in ``engines/oat/args.py``); the trainer, the warm start, the oat actor
 and the oat learner read the spec and nothing else. The flags DPPO adds to a command line are declared once, in
-:class:`DPPOFlags`, which both engines' argument classes inherit, so a concept has one name everywhere
+:class:`DPPOFlags`, which the local and oat engines' argument classes inherit, so a concept has one name everywhere
 (``--trust-region``/``--trust_region``: tyro accepts either spelling).
 
 Every settings class validates itself when built, so a bad value fails before any model is loaded.
@@ -205,7 +205,7 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
 
 @dataclass
 class DPPOFlags:
-    """The command-line flags DPPO adds to an engine's own, declared once for both engines (tyro reads the
+    """The command-line flags DPPO adds to an engine's own, declared once for the local and oat engines (tyro reads the
     docstrings below as help). Engines override a default by declaring the field again."""
 
     trust_region: PresetName = "dppo_binary_tv"

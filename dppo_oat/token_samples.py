@@ -1,6 +1,6 @@
 """Per-token samples of the update, for the clipped-token analysis (app:clipped_tokens, sec:training_efficiency).
 
-Every RL step, both engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each token
+Every RL step, the local and oat engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each token
 decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the token (the π its mask was decided on:
 the first epoch's; later minibatches of a rollout batch see the policy after the earlier ones' steps), the advantage,
 the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules

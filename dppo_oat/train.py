@@ -16,7 +16,7 @@ from typing import Sequence
 
 import tyro
 
-from dppo_oat.engines.local.config import TrainConfig, with_current_flags
+from dppo_oat.engines.local.config import TrainConfig
 
 
 def engine_of(argv: Sequence[str]) -> str:
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         oat_main(without_engine_flag(argv))
         return
-    config = tyro.cli(TrainConfig, args=with_current_flags(argv), description=f"{__doc__}\n{TrainConfig.__doc__}")
+    config = tyro.cli(TrainConfig, args=argv, description=f"{__doc__}\n{TrainConfig.__doc__}")
     run_local(config)
 
 

@@ -139,7 +139,7 @@ time.sleep(120)
 
 def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_taken_over(tmp_path, capsys,
                                                                                             no_model):
-    """Two sweep arms under one run name used to interleave their steps in one metrics.jsonl and overwrite each
+    """Two sweep arms under one run name would interleave their steps in one metrics.jsonl and overwrite each
     other's config and checkpoint, both exiting 0. The first writer is another process here."""
     run_dir = tmp_path / "runs" / "arm"
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True)
@@ -230,8 +230,8 @@ def test_resume_with_other_settings_is_refused_with_the_differences(finished_run
 
 
 def test_resume_ignores_trust_region_fields_the_rule_never_read(finished_run, tmp_path, cache_dir):
-    """A run whose config.json holds an override its rule never read (accepted before such overrides were refused)
-    resumes without passing it again (which is now refused)."""
+    """A run whose config.json holds a trust-region field its rule never reads resumes without passing it again
+    (passing it would be refused as an override the rule never reads)."""
     from dppo_oat.engines.local.validation import validate_config
 
     runs = copy_run(finished_run, tmp_path)
@@ -261,11 +261,10 @@ def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, caps
     assert [row["step"] for row in read_jsonl(runs / "one" / "metrics.jsonl")] == [1, 2]
 
 
-def test_a_run_logged_before_the_lr_schedule_flag_resumes_only_at_its_constant_rate(finished_run, tmp_path, capsys,
-                                                                                     cache_dir):
+def test_a_config_without_the_lr_schedule_resumes_only_at_a_constant_rate(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     config = json.loads((runs / "one" / "config.json").read_text())
-    del config["lr_schedule"]  # as written by earlier versions, whose rate was constant
+    del config["lr_schedule"]  # a config.json without the field: a constant rate
     (runs / "one" / "config.json").write_text(json.dumps(config))
     one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                        "--steps", "2", *TINY], 2, "other settings", "lr_schedule: 'constant' → 'linear'")
@@ -477,7 +476,7 @@ def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys
 
 
 def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, cache_dir):
-    """Another run's checkpoint.pt copied in used to resume silently (its steps [1, 5, 6] in one log)."""
+    """Another run's checkpoint.pt copied in would otherwise resume silently (its steps [1, 5, 6] in one log)."""
     runs = copy_run(finished_run, tmp_path)
     assert run(["--run-dir", str(runs), "--run-name", "other", "--cache-dir", cache_dir, "--steps", "1", *TINY],
                capsys)[0] == 0  # the same settings: only the identity tells the two apart
@@ -488,7 +487,7 @@ def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, 
 
 
 def test_resume_refuses_a_run_without_its_config(finished_run, tmp_path, capsys, cache_dir, no_model):
-    """With config.json deleted, --resume --lr 0.1 used to be accepted and recorded as the whole run's rate."""
+    """With config.json deleted, --resume --lr 0.1 would otherwise be accepted and recorded as the whole run's rate."""
     runs = copy_run(finished_run, tmp_path)
     (runs / "one" / "config.json").unlink()
     one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
@@ -506,7 +505,7 @@ def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_p
 
 
 def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, capsys, cache_dir):
-    """A step-2 run resumed with --steps 1 used to show "2/1" and record steps 1."""
+    """A step-2 run resumed with --steps 1 would otherwise show "2/1" and record steps 1."""
     runs = copy_run(finished_run, tmp_path)
     argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", *TINY]
     assert run([*argv, "--steps", "2"], capsys)[0] == 0
@@ -530,7 +529,7 @@ def umask_002():
 
 
 def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
-    """Files written through a temporary file (mkstemp: 0600, mkdtemp: 0700) used to hide a shared run or cache
+    """Files written through a temporary file (mkstemp: 0600, mkdtemp: 0700) would hide a shared run or cache
     from colleagues whatever the umask."""
     cache = tmp_path / "cache"
     code, errors, text = run(["--run-dir", str(tmp_path / "runs"), "--run-name", "shared", "--cache-dir", str(cache),

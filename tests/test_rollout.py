@@ -162,7 +162,7 @@ def test_env_exception_ends_only_that_episode(tiny_policy):
 
 
 def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
-    """An env that raises in step() used to be a silent penalty: only a count in the metrics said so."""
+    """An env that raises in step() is not a silent penalty (only a count in the metrics would say so)."""
     _, tokenizer = tiny_policy
     gem.register("test:ExplodingShown-v0", entry_point=ExplodingEnv)
     collector = EpisodeCollector(["test:ExplodingShown-v0", COMPACT_ENV_ID], 2, 1, tokenizer,
@@ -214,7 +214,7 @@ class NonFiniteRewardEnv(ExplodingEnv):
 
 
 def test_a_non_finite_reward_stops_the_run_naming_the_env(tiny_policy):
-    """NaN rewards used to pass: every update was skipped and the run stopped blaming the learning rate."""
+    """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming the learning rate)."""
     _, tokenizer = tiny_policy
     gem.register("test:NaNReward-v0", entry_point=NonFiniteRewardEnv)
     collector = EpisodeCollector(["test:NaNReward-v0"], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))

@@ -181,13 +181,3 @@ def test_unknown_preset_is_rejected_by_the_cli(capsys):
     with pytest.raises(SystemExit):
         main(["--trust-region", "dpo"])
     assert "dpo" in capsys.readouterr().err
-
-
-def test_earlier_flag_spellings_still_work():
-    from dppo_oat.engines.local.config import with_current_flags
-
-    argv = ["--algo", "ppo", "--delta=0.1", "--adv_mode", "rloo", "--template", "plain", "--steps", "3"]
-    assert with_current_flags(argv) == ["--trust-region", "ppo", "--tr-delta=0.1", "--advantage-mode", "rloo",
-                                        "--prompt-template", "plain", "--steps", "3"]
-    config = tyro.cli(TrainConfig, args=with_current_flags(argv))
-    assert (config.trust_region, config.tr_delta, config.advantage_mode) == ("ppo", 0.1, "rloo")

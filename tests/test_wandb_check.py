@@ -1,4 +1,4 @@
-"""The wandb guard both engines run before any model loads (``--wandb`` locally, ``--use_wb`` on oat): it refuses
+"""The wandb guard the local and oat engines run before any model loads (``--wandb`` locally, ``--use_wb`` on oat): it refuses
 exactly where wandb could not log without asking for a key, with real wandb reading a real environment and netrc."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
 
-A run directory is what both engines write (:mod:`dppo_oat.runlog` names its files): ``config.json`` (run_name,
+A run directory is what the local and oat engines write (:mod:`dppo_oat.runlog` names its files): ``config.json`` (run_name,
 engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one object per RL step:
 "step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation: "step",
 "eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).

@@ -13,12 +13,6 @@ from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.rollout.precision import RolloutPrecision
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
-LEGACY_FLAGS = {
-    "--algo": "--trust-region", "--delta": "--tr-delta", "--eps-low": "--tr-eps-low", "--eps-high": "--tr-eps-high",
-    "--is-cap": "--tr-is-cap", "--alpha": "--tr-alpha", "--k": "--tr-k", "--adv-mode": "--advantage-mode",
-    "--aggregation": "--loss-aggregation", "--template": "--prompt-template",
-}
-"""Earlier spellings of the local engine's flags, still accepted (the names shared with the oat engine win)."""
 
 
 @dataclass
@@ -172,13 +166,3 @@ def logged_config(config: TrainConfig, run: spec.RunSpec) -> dict:
 
     return {**asdict(config), "run_name": config.resolved_run_name(), "trust_region": asdict(run.trust_region),
             "prompt_template": run.rollout.template, "engine": "local"}
-
-
-def with_current_flags(argv: list[str]) -> list[str]:
-    """``argv`` with the local engine's earlier flag spellings (:data:`LEGACY_FLAGS`) replaced by today's."""
-    out = []
-    for arg in argv:
-        name, sep, value = arg.partition("=")
-        legacy = name.replace("_", "-") if name.startswith("--") else name  # tyro reads --adv_mode as --adv-mode
-        out.append(LEGACY_FLAGS[legacy] + sep + value if legacy in LEGACY_FLAGS else arg)
-    return out

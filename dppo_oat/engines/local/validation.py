@@ -237,7 +237,7 @@ def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
     if not stored:
         raise ValueError(f"--resume: {path / CONFIG_FILE} is missing, so nothing says which settings this run was "
                          "trained with: restore it, or start a new run with another --run-name")
-    stored.setdefault("lr_schedule", "constant")  # runs logged before the flag existed kept their rate
+    stored.setdefault("lr_schedule", "constant")  # a config.json without the field: a constant rate
     differences = config_differences(stored, logged_config(c, spec), settings_free_on_resume(spec))
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
