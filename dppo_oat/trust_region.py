@@ -509,12 +509,12 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
         "mask/fraction": _fraction(blocked, active),
         "mask/fraction_pos_adv": _fraction(blocked, pos),
         "mask/fraction_neg_adv": _fraction(blocked, neg),
-        "mismatch/abs_diff_mean": _masked_mean(abs_diff, mask),
+        "mismatch/abs_diff_mean": masked_mean(abs_diff, mask),
         "mismatch/abs_diff_max": _masked_max(abs_diff, mask),
         "bad_update/fraction": _fraction(neg & (mu_prob - prob >= BAD_UPDATE_THRESHOLD), active),
         "is/truncated_fraction": _fraction(truncated, mask),
-        "ratio/mean": _masked_mean(ratio, mask),
-        "divergence/mean": _masked_mean(divergence, mask),
+        "ratio/mean": masked_mean(ratio, mask),
+        "divergence/mean": masked_mean(divergence, mask),
         "divergence/max": _masked_max(divergence, mask),
     }
     for preset, (eps_low, eps_high) in SHADOW_CLIP_RANGES.items():
@@ -543,7 +543,9 @@ def _fraction(event: torch.Tensor, population: torch.Tensor) -> torch.Tensor:
     return (event & population).sum() / count.clamp(min=1)
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` holds (0 where it holds nowhere)."""
+    mask = mask.bool()
     return torch.where(mask, values, 0.0).sum() / mask.sum().clamp(min=1)
 
 

@@ -41,7 +41,7 @@ from dppo_oat.runlog import nonfinite_tensors
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler
-from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
+from dppo_oat.trust_region import TopK, TrustRegion, masked_mean, policy_loss
 
 
 @dataclass
@@ -408,7 +408,7 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
                  (loss * share if settings.scale_micro_batches else loss))
         metrics = dict(result.metrics, loss=loss.item())
         if out.entropy is not None:
-            metrics["entropy"] = _masked_mean(out.entropy, micro.response_mask)
+            metrics["entropy"] = float(masked_mean(out.entropy.detach().float(), micro.response_mask))
         collected.append((metrics, share))
     return {**combine_micro_metrics(collected), **{key: 1.0 for key in poisoned}}
 
@@ -418,11 +418,6 @@ def _micro_denominators(response_mask: torch.Tensor, aggregation: str) -> float:
     if aggregation == "token-mean":
         return float(response_mask.sum().clamp(min=1).item())
     return float((response_mask.sum(-1) > 0).sum().clamp(min=1).item())
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    mask = mask.bool()
-    return float(values[mask].float().mean().item()) if mask.any() else 0.0
 
 
 def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -> dict[str, float]:
