@@ -1,6 +1,9 @@
-"""Faults of a user's data, each one ``error:`` line that names the file and the fix: local math data
-(``local-math:<path>``) whose rows the grader cannot take is refused at validation, naming the file and line (or
-row); answers that mix the forms the loader documents (strings, numbers, lists) are accepted."""
+"""Faults of a user's data and plugins, each one ``error:`` line that names the file or plugin and the fix:
+
+- local math data (``local-math:<path>``) whose rows the grader cannot take: refused at validation, naming the file
+  and line (or row); answers that mix the forms the loader documents (strings, numbers, lists) are accepted;
+- a plugin (``--env-module``) that exits while being imported: refused at validation, naming it.
+"""
 
 from __future__ import annotations
 
@@ -107,3 +110,26 @@ def test_a_saved_set_with_a_non_string_problem_names_the_row(tmp_path, capsys, n
 def test_a_registered_dataset_is_checked_too():
     with pytest.raises(ValueError, match="row 1: the problem must be a non-empty string"):
         envs.register_math_dataset("local-math:t_faults_int", Dataset.from_list([{"problem": 5, "answer": "5"}]))
+
+
+# --- plugins: importing -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("statement, fragment", [
+    ("sys.exit(3)", "called sys.exit(3)"),
+    ("sys.exit('bye')", "called sys.exit('bye')"),
+    ("raise SystemExit", "called sys.exit(None)"),
+])
+def test_a_plugin_that_exits_at_import_is_one_line_naming_it(statement, fragment, tmp_path, capsys, no_model):
+    """It used to end the command with its exit code and no output at all."""
+    plugin = tmp_path / "exits.py"
+    plugin.write_text(f"import sys\n\n{statement}\n")
+    refused(capsys, tmp_path, "example:Countdown-v0", f"env module {str(plugin)!r}", fragment, "exits.py:3",
+            "if __name__", flags=["--env-module", str(plugin)])
+
+
+def test_ctrl_c_while_a_plugin_imports_is_not_a_plugin_error(tmp_path):
+    plugin = tmp_path / "interrupted.py"
+    plugin.write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        envs.import_env_modules([str(plugin)])
