@@ -15,12 +15,13 @@ Importing ``envs`` registers with Gem (``gem.register``):
 The paper's Gem tasks (:data:`PAPER_TASKS`) are Gem's own ids and need no registration. Oracle policies and
 demonstrations are in ``envs/oracles.py``. An environment of one's own lives in one's own file, a *plugin* that
 registers it (and its oracle, :func:`register_oracle`) when imported: the engines import it with ``--env-module``
-(:func:`import_env_modules`, ``envs/plugins.py``). See ``envs/README.md``.
+(:func:`import_env_modules`, ``envs/plugins.py``) and probe its envs once before any model
+(:func:`check_plugin_envs`). See ``envs/README.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import gem
 from gem.core import Env
@@ -37,8 +38,9 @@ from envs.math_local import (
     register_math_folder,
     register_math_folder_from_environment,
 )
-from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, register_oracle
-from envs.plugins import ENTRY_POINT_GROUP, import_env_module, import_env_modules
+from dppo_oat.rollout.episodes import BrokenEnvError
+from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, probe_env, register_oracle
+from envs.plugins import ENTRY_POINT_GROUP, PLUGIN_ENV_IDS, import_env_module, import_env_modules
 from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
 
 PAPER_TASKS = ("game:Sudoku-v0-easy", "rg:arc_1d", "rg:acre")
@@ -88,6 +90,19 @@ def ensure_registered(env_id: str) -> str:
     return register_math_dataset(env_id, env_id[len(LOCAL_MATH_PREFIX) + 1:])
 
 
+def check_plugin_envs(env_ids: Sequence[str], oracle_env_id: Optional[str] = None) -> None:
+    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made, reset once, one
+    step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
+    ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left
+    to the contract test (``tests/test_env_contract.py``)."""
+    for env_id in dict.fromkeys(env_ids):
+        if env_id in PLUGIN_ENV_IDS:
+            try:
+                probe_env(env_id, play_oracle=env_id == oracle_env_id)
+            except BrokenEnvError as error:
+                raise ValueError(str(error)) from error
+
+
 def make_env(env_id: str, **kwargs: Any) -> Env:
     """``gem.make(env_id, **kwargs)`` after :func:`ensure_registered`."""
     return gem.make(ensure_registered(env_id), **kwargs)
@@ -98,6 +113,7 @@ __all__ = [
     "CountdownEnv",
     "ENTRY_POINT_GROUP",
     "check_env_id",
+    "check_plugin_envs",
     "LOCAL_MATH_IDS",
     "ORACLES",
     "PAPER_TASKS",

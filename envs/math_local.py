@@ -8,8 +8,11 @@ in its slow, thorough mode), reward 1 or 0 — over data on disk:
 - a JSONL file (one JSON object per line) or a JSON file holding a list of objects.
 
 Rows need a question and an answer column: ``problem``/``answer``, or ``input``/``gt_answer`` (renamed on load; an
-``input`` written in a ChatML template is reduced to the user's message). Answers may be strings, numbers or lists
-of accepted strings.
+``input`` written in a ChatML template is reduced to the user's message). A question is a non-empty string; an answer
+a non-empty string, a number, or a non-empty list of accepted ones. A file may mix these forms: numbers become their
+text, and when any answer is a list every answer is stored as a list (``"2"`` as ``["2"]``; the grader takes both
+alike). A row that breaks these rules, and a set without rows, are refused on load in one line that names the file
+and the line (the row, for a JSON list or a saved folder).
 
 Ids: :func:`register_math_dataset` registers one set under any id; :func:`register_math_folder` finds every set under
 a folder and registers ``local-math:<name>`` for each. ``import envs`` calls it on the folder named by the
@@ -51,6 +54,7 @@ import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import pyarrow
 from datasets import Dataset, DatasetDict, load_from_disk
 from gem.envs.math_env import MathEnv
 from gem.envs.registration import ENV_REGISTRY, register
@@ -81,10 +85,11 @@ def strip_chat_template(text: str) -> str:
     return (body if end < 0 else body[:end]).strip()
 
 
-def normalize_math_columns(dataset: Dataset) -> Dataset:
-    """Rename ``input``/``gt_answer`` to ``problem``/``answer`` and strip ChatML from questions.
+def normalize_math_columns(dataset: Dataset, source: str = "the math data set") -> Dataset:
+    """Rename ``input``/``gt_answer`` to ``problem``/``answer``, check every row (:func:`check_math_rows`, naming
+    ``source``) and strip ChatML from questions.
 
-    Raises ValueError when a question or answer column is missing.
+    Raises ValueError when a question or answer column is missing, or a row is unusable.
     """
     for alias, column in COLUMN_ALIASES.items():
         if column not in dataset.column_names and alias in dataset.column_names:
@@ -92,13 +97,87 @@ def normalize_math_columns(dataset: Dataset) -> Dataset:
     missing = [c for c in (QUESTION_COLUMN, ANSWER_COLUMN) if c not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"math data set lacks column(s) {missing}; it has {dataset.column_names} "
+            f"{source} lacks column(s) {missing}; it has {dataset.column_names} "
             f"(expected {QUESTION_COLUMN}/{ANSWER_COLUMN} or input/gt_answer)"
         )
+    check_math_rows(source, dataset[QUESTION_COLUMN], dataset[ANSWER_COLUMN])
     if any(CHATML_USER_START in question for question in dataset[QUESTION_COLUMN]):
         questions = [strip_chat_template(question) for question in dataset[QUESTION_COLUMN]]
         dataset = dataset.remove_columns(QUESTION_COLUMN).add_column(QUESTION_COLUMN, questions)
     return dataset
+
+
+ANSWER_FORMS = "a non-empty string, a number, or a non-empty list of them"
+"""The answers the grader takes (Gem's ``MathEnv.check_correct``), as error messages name them."""
+
+
+def described(value: Any) -> str:
+    """``value`` as an error message shows it: None, an empty string or list, or its type and a short repr."""
+    if value is None:
+        return "None"
+    if isinstance(value, (str, list)) and not (value.strip() if isinstance(value, str) else value):
+        return f"an empty {type(value).__name__}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def is_number(value: Any) -> bool:
+    """True for an int or a float (JSON's numbers), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def question_problem(question: Any) -> Optional[str]:
+    """Why ``question`` is no usable problem (it must be a non-empty string), or None."""
+    if isinstance(question, str) and question.strip():
+        return None
+    return f"the {QUESTION_COLUMN} must be a non-empty string, got {described(question)}"
+
+
+def answer_problem(answer: Any) -> Optional[str]:
+    """Why the grader cannot take ``answer`` (see :data:`ANSWER_FORMS`), or None."""
+    accepted = lambda item: is_number(item) or (isinstance(item, str) and bool(item.strip()))  # noqa: E731
+    if accepted(answer):
+        return None
+    if isinstance(answer, (list, tuple)) and answer:
+        wrong = [item for item in answer if not accepted(item)]
+        if not wrong:
+            return None
+        return f"the {ANSWER_COLUMN} must be {ANSWER_FORMS}, got a list holding {described(wrong[0])}"
+    return f"the {ANSWER_COLUMN} must be {ANSWER_FORMS}, got {described(answer)}"
+
+
+def check_math_rows(source: str, questions: Sequence[Any], answers: Sequence[Any],
+                    locations: Optional[Sequence[str]] = None) -> None:
+    """Raise a one-line ValueError naming ``source`` and the row's location (``row N`` unless ``locations`` says,
+    e.g. ``line N`` of a JSONL file) for the first row whose question or answer is unusable, or for no rows."""
+    if not len(questions):
+        raise ValueError(f"{source} has no rows: a math set needs at least one {QUESTION_COLUMN}/{ANSWER_COLUMN} row")
+    for index, (question, answer) in enumerate(zip(questions, answers)):
+        problem = question_problem(question) or answer_problem(answer)
+        if problem:
+            where = locations[index] if locations is not None else f"row {index + 1}"
+            raise ValueError(f"{source}, {where}: {problem}")
+
+
+def normalized_answers(answers: Sequence[Any]) -> List[Union[str, List[str]]]:
+    """Answers in one form, for one Arrow column: all strings, or all lists of strings when any answer is a list (a
+    single answer ``a`` becomes ``[a]``, which the grader takes alike). Numbers become their text, as the grader
+    does with them."""
+    as_lists = any(isinstance(answer, (list, tuple)) for answer in answers)
+    text = lambda value: value if isinstance(value, str) else str(value)  # noqa: E731
+    if not as_lists:
+        return [text(answer) for answer in answers]
+    return [[text(item) for item in answer] if isinstance(answer, (list, tuple)) else [text(answer)]
+            for answer in answers]
+
+
+def row_key(rows: Sequence[dict], column: str) -> str:
+    """The key the rows hold ``column`` under: ``column`` itself, else its alias (:data:`COLUMN_ALIASES`) when rows
+    use it, as :func:`normalize_math_columns` renames."""
+    if any(column in row for row in rows):
+        return column
+    aliases = [alias for alias, target in COLUMN_ALIASES.items() if target == column]
+    return next((alias for alias in aliases if any(alias in row for row in rows)), column)
 
 
 def split_names(source: str, splits: Sequence[str]) -> str:
@@ -148,22 +227,59 @@ def parse_math_source(spec: Union[str, os.PathLike]) -> Tuple[str, Optional[str]
 
 def read_json_rows(path: str) -> Dataset:
     """A Dataset from a JSONL file (one object per line) or a JSON file holding a list of objects; a malformed
-    line or row is a ``ValueError`` that names the file and the line."""
+    line, an unusable question or answer (:func:`check_math_rows`) or a file without rows is a ``ValueError`` that
+    names the file and the line (the row of a JSON list). Answers are put in one form (:func:`normalized_answers`)."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     if path.endswith(".jsonl"):
-        rows = [_json_line(path, number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+        numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+        rows = [_json_line(path, number, line) for number, line in numbered]
+        locations = [f"line {number}" for number, _ in numbered]
     else:
+        rows = _json_list(path, text)
+        locations = [f"row {index}" for index in range(1, len(rows) + 1)]
+    return rows_dataset(path, rows, locations)
+
+
+def rows_dataset(path: str, rows: List[dict], locations: Sequence[str]) -> Dataset:
+    """The Dataset of a file's ``rows``, checked and with answers in one form; columns other than the question and
+    the answer are kept. A file without a question or answer column is left to :func:`normalize_math_columns`."""
+    question_key, answer_key = row_key(rows, QUESTION_COLUMN), row_key(rows, ANSWER_COLUMN)
+    if rows and any(question_key in row for row in rows) and any(answer_key in row for row in rows):
+        check_math_rows(path, [row.get(question_key) for row in rows], [row.get(answer_key) for row in rows],
+                        locations)
+        answers = normalized_answers([row[answer_key] for row in rows])
+        rows = [{**row, answer_key: answer} for row, answer in zip(rows, answers)]
+    elif not rows:
+        check_math_rows(path, [], [])
+    try:
+        return Dataset.from_list(rows)
+    except pyarrow.ArrowException as error:
+        raise ValueError(f"{path}: column {mixed_column(rows)!r} mixes types of values "
+                         f"({' '.join(str(error).split())}): give it one type, or drop it") from None
+
+
+def mixed_column(rows: Sequence[dict]) -> Optional[str]:
+    """The first column of ``rows`` that Arrow cannot hold as one type, or None."""
+    for key in dict.fromkeys(key for row in rows for key in row):
         try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected a non-empty list of JSON objects")
+            Dataset.from_dict({key: [row.get(key) for row in rows]})
+        except pyarrow.ArrowException:
+            return key
+    return None
+
+
+def _json_list(path: str, text: str) -> List[dict]:
+    try:
+        rows = json.loads(text) if text.strip() else []
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: expected a list of JSON objects, got a {type(rows).__name__}")
     not_objects = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
     if not_objects:
         raise ValueError(f"{path}: row {not_objects[0] + 1} is not a JSON object")
-    return Dataset.from_list(rows)
+    return rows
 
 
 def _json_line(path: str, number: int, line: str) -> dict:
@@ -197,12 +313,25 @@ def load_math_dataset(path: Union[str, os.PathLike], split: Optional[str] = None
             raise ValueError(f"{path}: a math data file must end in {' or '.join(JSON_SUFFIXES)}")
         dataset = read_json_rows(path)
     else:
-        try:
-            dataset = load_from_disk(path, keep_in_memory=True)
-        except FileNotFoundError as error:
-            raise ValueError(f"{path} is not a folder written by datasets' save_to_disk: {error}") from error
-        dataset = select_split(dataset, split, path)
-    return normalize_math_columns(dataset)
+        split = path_split(path, split, path)
+        source = path if split is None else f"{path}{SPLIT_SEPARATOR}{split}"  # errors name the split
+        dataset = load_saved_set(path if split is None else os.path.join(path, split), source)
+        path = source
+    return normalize_math_columns(dataset, path)
+
+
+def load_saved_set(folder: str, source: str) -> Dataset:
+    """The ``Dataset`` a ``save_to_disk`` folder holds (a split's folder, for a ``DatasetDict``), in memory; a set
+    saved without rows is a ValueError naming ``source`` (datasets cannot load one in memory)."""
+    state = os.path.join(folder, "state.json")
+    if os.path.isfile(state):
+        with open(state, encoding="utf-8") as handle:
+            if json.load(handle).get("_data_files") == []:
+                check_math_rows(source, [], [])
+    try:
+        return load_from_disk(folder, keep_in_memory=True)
+    except FileNotFoundError as error:
+        raise ValueError(f"{source} is not a folder written by datasets' save_to_disk: {error}") from error
 
 
 GRADING_TIMEOUT_S = 1.0
@@ -332,7 +461,7 @@ def register_math_dataset(
             raise ValueError(f"environment {env_id} is already registered")
         del ENV_REGISTRY[env_id]
     if isinstance(path_or_dataset, (Dataset, DatasetDict)):
-        dataset = normalize_math_columns(select_split(path_or_dataset, split, env_id))
+        dataset = normalize_math_columns(select_split(path_or_dataset, split, env_id), env_id)
         register(env_id, make_local_math_env, dataset=dataset, **env_kwargs)
         return env_id
     path = os.fspath(path_or_dataset)

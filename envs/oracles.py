@@ -12,13 +12,18 @@ They supply demonstrations for a supervised warm start and a ceiling for tests. 
 - ``example:Countdown-v0``: the first move of a solution found by search.
 - Guess The Number (any Gem GuessTheNumber env, the compact ids included): binary search on what the hints told.
 
-:func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer
-can format them with any prompt template. An env of one's own (a plugin, see ``envs/plugins.py``) registers its oracle
-with :func:`register_oracle`; :func:`oracle_for_env_id` tells, without making the env, whether an id has one.
+:func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer can
+format them with any prompt template. An oracle that raises or returns anything but a str, and an env that breaks
+Gem's contract or raises during an oracle's episode, stop it with a one-line
+:class:`~dppo_oat.rollout.episodes.BrokenEnvError` naming the env, its plugin and the oracle; :func:`probe_env` tries
+one move of it, for validation to refuse such a plugin before any model is built. An env of one's own (a plugin, see
+``envs/plugins.py``) registers its oracle with :func:`register_oracle`; :func:`oracle_for_env_id` tells, without
+making the env, whether an id has one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import random
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -30,13 +35,17 @@ from gem.envs.game_env.sudoku import SudokuEnv
 from gem.envs.registration import ENV_REGISTRY
 from gem.envs.math_env import MathEnv
 
+from dppo_oat.rollout.episodes import (INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step,
+                                       returned)
 from dppo_oat.rollout.episodes import observation_text as observation_with_suffix
+from dppo_oat.spec import RolloutSettings
 from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
 from envs.example_countdown import CountdownEnv, countdown_oracle_action
 from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
 from envs.guess_compact import EASY_COMPACT_ENV_ID as GUESS_EASY_ENV_ID
 from envs.guess_compact import guess_mistake_action, guess_oracle_action
 from envs.math_local import LOCAL_MATH_PREFIX, math_oracle_action
+from envs.plugins import env_label, raised
 from envs.sudoku_compact import COMPACT_ENV_ID, COMPACT_WRONG_ENV_ID
 
 Oracle = Callable[[Env, Any], str]
@@ -209,23 +218,87 @@ def play_oracle_episode(
     With a ``mistake`` maker, each oracle turn is preceded with probability ``mistake_rate`` by a mistake that is
     played in the env but not recorded: the next recorded observation is what the policy sees after a failed move.
     """
-    oracle = find_oracle(env)
-    observation, info = env.reset(seed=seed)
+    oracle, label = find_oracle(env), env_label(getattr(env, "env_id", type(env.unwrapped).__name__))
+    observation, info = checked_reset(env, seed, label)
     turns: List[Turn] = []
     episode_return = 0.0
     for _ in range(MAX_EPISODE_TURNS):
         if mistake is not None and rng.random() < mistake_rate:
-            observation, reward, terminated, truncated, info = env.step(mistake(env, rng))
+            wrong = oracle_move(mistake, env, rng, label)
+            observation, reward, terminated, truncated, info = oracle_step(env, wrong, label, seed)
             episode_return += float(reward)
             if terminated or truncated:
                 return turns, episode_return
-        action = oracle(env, rng)
+        action = oracle_move(oracle, env, rng, label)
         turns.append((observation_fn(observation, info), action))
-        observation, reward, terminated, truncated, info = env.step(action)
+        observation, reward, terminated, truncated, info = oracle_step(env, action, label, seed)
         episode_return += float(reward)
         if terminated or truncated:
             return turns, episode_return
-    raise RuntimeError(f"oracle episode did not end within {MAX_EPISODE_TURNS} turns")
+    raise BrokenEnvError(f"{label}: the oracle's episode from reset(seed={seed}) did not end within "
+                         f"{MAX_EPISODE_TURNS} turns: the env must end an episode (terminated or truncated)")
+
+
+def oracle_name(oracle: Oracle) -> str:
+    """The oracle's function name, as errors show it."""
+    return getattr(oracle, "__qualname__", None) or type(oracle).__name__
+
+
+def oracle_move(oracle: Oracle, env: Env, rng: Any, label: str) -> str:
+    """The oracle's (or a mistake maker's) action text; one that raises or returns anything but a str is a
+    :class:`BrokenEnvError` naming it and the env (``label``): the warm start has no demonstration to learn from."""
+    try:
+        action = oracle(env, rng)
+    except Exception as error:  # noqa: BLE001 - the user's oracle failed: one line, with its file and line
+        raise BrokenEnvError(f"the oracle {oracle_name(oracle)} of {label} raised {raised(error, oracle)}: fix the "
+                             "oracle, or train a model of your own with --pretrain (no warm start)") from error
+    if not isinstance(action, str):
+        raise BrokenEnvError(f"the oracle {oracle_name(oracle)} of {label} returned {returned(action)}; an oracle "
+                             "returns the action text (a str): fix the oracle")
+    return action
+
+
+def oracle_step(env: Env, action: str, label: str, seed: Optional[int]) -> tuple:
+    """``env.step(action)`` checked (:func:`checked_step`); an exception is a :class:`BrokenEnvError`: an oracle's
+    episode is a demonstration, which an env error cannot end."""
+    try:
+        return checked_step(env, action, label)
+    except BrokenEnvError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the env's own error, in one line
+        raise BrokenEnvError(f"{label}: step() raised {raised(error, type(env.unwrapped).step)} in the oracle's "
+                             f"episode from reset(seed={seed}): fix the env") from error
+
+
+PROBE_SEED = 0
+"""The reset seed of :func:`probe_env`."""
+
+
+def probe_env(env_id: str, play_oracle: bool) -> None:
+    """Make ``env_id`` (with the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one step: the
+    oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`. Raises
+    :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without the
+    oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
+    label = env_label(env_id)
+    try:
+        env = gem.make(env_id, seed=RolloutSettings().env_seed)
+    except Exception as error:  # noqa: BLE001 - the env's constructor failed: one line
+        entry = ENV_REGISTRY[env_id].entry_point
+        raise BrokenEnvError(f"{label} could not be made: {raised(error, getattr(entry, '__init__', entry))}: fix "
+                             "its constructor") from error
+    try:
+        checked_reset(env, PROBE_SEED, label)
+        if play_oracle:
+            oracle_step(env, oracle_move(find_oracle(env), env, random.Random(0), label), label, PROBE_SEED)
+            return
+        try:
+            result = env.step(INVALID_ACTION)
+        except Exception:  # noqa: BLE001 - an env error ends an episode, counted by the trainer
+            return
+        check_step_result(result, label)
+    finally:
+        with contextlib.suppress(Exception):  # closing is best effort, as the trainer's
+            close_env(env)
 
 
 def close_env(env: Env) -> None:

@@ -13,8 +13,9 @@ tiny policy's warm start, their oracles (:func:`envs.register_oracle`). Both eng
 
 Installed packages can also declare plugins in the entry-point group :data:`ENTRY_POINT_GROUP` (``dppo_oat.envs``),
 each entry naming a module (``[project.entry-points."dppo_oat.envs"] my_lab = "my_lab.envs"``); they are imported
-before the named ones. A plugin that fails to import is reported in one line with its own error
-(:class:`ValueError`), so a command line can refuse it before any model is built.
+before the named ones. A plugin that fails to import, or exits while being imported (``sys.exit``), is reported in
+one line with its own error (:class:`ValueError`), so a command line can refuse it before any model is built. The
+ids each plugin registers are noted, so that errors about an env name the plugin it comes from (:func:`env_label`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
+
+from gem.envs.registration import ENV_REGISTRY
 
 ENTRY_POINT_GROUP = "dppo_oat.envs"
 """Entry-point group of installed env plugins: each entry's value is a module to import."""
@@ -88,22 +91,58 @@ def one_line(error: BaseException, source: Optional[Path]) -> str:
     return f"{type(error).__name__}: {message}" + (f" ({location})" if location else "")
 
 
+def raised(error: BaseException, function: Any) -> str:
+    """``Type: message (file:line)`` of an exception raised by a plugin's ``function`` (an oracle, an env's method):
+    the line is the innermost one in the function's own file."""
+    code = getattr(function, "__code__", None)
+    return one_line(error, Path(code.co_filename).resolve() if code is not None else None)
+
+
+def import_failure(name: str, error: BaseException) -> str:
+    """Why plugin ``name`` failed to import, in one line (for :class:`ValueError`): its own error, or its exit."""
+    source = plugin_source(name)
+    if isinstance(error, SystemExit):
+        location = error_location(error, source)
+        return (f"env module {name!r} called sys.exit({error.code!r}) while being imported"
+                + (f" ({location})" if location else "")
+                + ": a plugin must not exit on import; put script code under if __name__ == \"__main__\":")
+    return f"env module {name!r} failed to import: {one_line(error, source)}"
+
+
 def import_env_module(name: str) -> ModuleType:
-    """Import one plugin, a file path or a dotted module name; a failure is one :class:`ValueError` line that quotes
-    the plugin's own error."""
+    """Import one plugin, a file path or a dotted module name, and note the env ids it registers
+    (:func:`env_label`); a failure, an exit included, is one :class:`ValueError` line that quotes the plugin's own
+    error. Ctrl-C is not caught."""
     if is_file_path(name) and not Path(name).expanduser().is_file():
         raise ValueError(f"env module {name!r}: no such file")
     if not is_file_path(name) and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # a dotted name is found from the working directory, as with python -m
+    before = set(ENV_REGISTRY)
     try:
-        return import_file(Path(name)) if is_file_path(name) else importlib.import_module(name)
+        module = import_file(Path(name)) if is_file_path(name) else importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name and (name == error.name or name.startswith(error.name + ".")):  # the plugin itself
             raise ValueError(f"env module {name!r} not found: give an importable module name, or the path of a "
                              "file (path/to/my_envs.py)") from error
-        raise ValueError(f"env module {name!r} failed to import: {one_line(error, plugin_source(name))}") from error
-    except Exception as error:  # noqa: BLE001 - any error of the user's module is reported, in one line
-        raise ValueError(f"env module {name!r} failed to import: {one_line(error, plugin_source(name))}") from error
+        raise ValueError(import_failure(name, error)) from error
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - any error of the user's module, sys.exit too, in one line
+        raise ValueError(import_failure(name, error)) from error
+    for env_id in ENV_REGISTRY:
+        if env_id not in before:
+            PLUGIN_ENV_IDS.setdefault(env_id, name)
+    return module
+
+
+PLUGIN_ENV_IDS: Dict[str, str] = {}
+"""The plugin (as given to :func:`import_env_module`) that registered each env id, noted when it was imported."""
+
+
+def env_label(env_id: str) -> str:
+    """How errors name an env: ``env <id>``, and ``(plugin <module or file>)`` when a plugin registered it."""
+    plugin = PLUGIN_ENV_IDS.get(env_id)
+    return f"env {env_id}" + (f" (plugin {plugin})" if plugin else "")
 
 
 def installed_env_modules() -> List[str]:

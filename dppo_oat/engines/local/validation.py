@@ -70,8 +70,9 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
 
 def _check_envs(c: TrainConfig) -> None:
     """The ``--env-module`` plugins import (the one side effect of validation: their import registers their envs);
-    every id is then registered with Gem, or is ``local-math:<existing path>``; the tiny policy's env has an oracle."""
-    from envs import check_env_id, import_env_modules
+    every id is then registered with Gem, or is ``local-math:<existing path>``; the tiny policy's env has an oracle;
+    a plugin's envs (and that oracle) keep Gem's contract on one reset and one step."""
+    from envs import check_env_id, check_plugin_envs, import_env_modules
 
     import_env_modules(c.env_module)
     if not c.env_ids:
@@ -80,6 +81,7 @@ def _check_envs(c: TrainConfig) -> None:
         check_env_id(env_id)
     if c.pretrain is None:
         _check_warm_start_oracle(c.env_ids[0])
+    check_plugin_envs(c.env_ids, oracle_env_id=c.env_ids[0] if c.pretrain is None else None)
 
 
 def _check_warm_start_oracle(env_id: str) -> None:

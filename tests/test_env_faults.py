@@ -1,0 +1,340 @@
+"""Faults of a user's data and envs, each one ``error:`` line that names the file, env or plugin and the fix:
+
+- local math data (``local-math:<path>``) whose rows the grader cannot take: refused at validation, naming the file
+  and line (or row); answers that mix the forms the loader documents (strings, numbers, lists) are accepted;
+- a plugin (``--env-module``) that exits when imported, or whose env or oracle breaks Gem's contract (what
+  ``reset()``, ``step()`` and an oracle return): refused at validation where one probe of the env shows it (exit 2),
+  else the run stops at the first episode that shows it (exit 1); it is never counted as an env-error episode, as
+  an exception inside ``step()`` is.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import gem
+import pytest
+from datasets import Dataset, DatasetDict
+from gem.envs.math_env import MathEnv
+
+import envs
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.validation import validate_config
+from dppo_oat.errors import RunError
+from dppo_oat.rollout.episodes import EpisodeCollector
+from dppo_oat.spec import RolloutSettings, SamplingSettings
+from envs.math_local import load_math_dataset, math_oracle_action
+from test_faults import TINY, no_model, one_error, write_math  # noqa: F401  (no_model is a fixture)
+
+GOOD = '{"problem": "1+1?", "answer": "2"}'
+
+
+def refused(capsys, tmp_path, env_id, *fragments, code=2, flags=()):
+    """The command training on ``env_id`` exits with ``code`` and one ``error:`` line holding every fragment, and
+    leaves no run directory behind."""
+    runs = tmp_path / "runs"
+    line = one_error(capsys, ["--run-dir", str(runs), "--env-ids", env_id, *flags], code, *fragments)
+    assert not runs.exists() or not any(runs.iterdir()), "a refused command left something behind"
+    return line
+
+
+# --- local math data ------------------------------------------------------------------------------------------------
+
+
+def test_answers_that_mix_strings_numbers_and_lists_are_accepted(tmp_path):
+    """The docstring allows strings, numbers and lists of accepted strings; one file mixing them used to be a pyarrow
+    traceback. Every answer becomes a list of strings then, which the grader and the oracle take."""
+    env_id = write_math(tmp_path / "mixed.jsonl", [GOOD, '{"problem": "2+2?", "answer": ["4", "four"]}',
+                                                   '{"problem": "3+3?", "answer": 6}'])
+    validate_config(TrainConfig(env_ids=(env_id,), run_dir=str(tmp_path / "runs")))
+    dataset = load_math_dataset(tmp_path / "mixed.jsonl")
+    assert dataset["answer"] == [["2"], ["4", "four"], ["6"]]
+    assert all(MathEnv.check_correct(f"\\boxed{{{answers[0]}}}", answers) for answers in dataset["answer"])
+    env = envs.make_env(env_id, eval=True)  # problems in file order
+    env.reset(seed=1)
+    assert math_oracle_action(env) == "\\boxed{4}"
+
+
+def test_numbers_and_strings_mixed_become_strings(tmp_path):
+    write_math(tmp_path / "numbers.jsonl", ['{"problem": "3+3?", "answer": 6}', GOOD,
+                                            '{"problem": "half?", "answer": 0.5}'])
+    assert load_math_dataset(tmp_path / "numbers.jsonl")["answer"] == ["6", "2", "0.5"]
+
+
+@pytest.mark.parametrize("row, fragments", [
+    ('{"problem": 7, "answer": "7"}', ["line 2", "problem", "a non-empty string", "int"]),
+    ('{"problem": null, "answer": "7"}', ["line 2", "problem", "None"]),
+    ('{"problem": "   ", "answer": "7"}', ["line 2", "problem", "a non-empty string"]),
+    ('{"answer": "7"}', ["line 2", "problem", "None"]),
+    ('{"problem": "7?", "answer": {"value": 7}}', ["line 2", "answer", "dict"]),
+    ('{"problem": "7?", "answer": null}', ["line 2", "answer", "None"]),
+    ('{"problem": "7?", "answer": ""}', ["line 2", "answer", "empty"]),
+    ('{"problem": "7?", "answer": []}', ["line 2", "answer", "empty"]),
+    ('{"problem": "7?", "answer": ["7", null]}', ["line 2", "answer", "None"]),
+    ('{"problem": "7?", "answer": true}', ["line 2", "answer", "bool"]),
+])
+def test_a_row_the_grader_cannot_take_is_one_line_naming_the_file_and_line(row, fragments, tmp_path, capsys,
+                                                                            no_model):
+    env_id = write_math(tmp_path / "bad_rows.jsonl", [GOOD, row, GOOD])
+    refused(capsys, tmp_path, env_id, "bad_rows.jsonl", *fragments)
+
+
+def test_another_column_that_mixes_types_is_named(tmp_path, capsys, no_model):
+    env_id = write_math(tmp_path / "levels.jsonl", ['{"problem": "1?", "answer": "1", "level": 3}',
+                                                    '{"problem": "2?", "answer": "2", "level": "hard"}'])
+    refused(capsys, tmp_path, env_id, "levels.jsonl", "column 'level' mixes types of values", "give it one type")
+
+
+def test_a_json_list_file_names_the_row(tmp_path, capsys, no_model):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([{"problem": "1+1?", "answer": "2"}, {"problem": 3, "answer": "3"}]))
+    refused(capsys, tmp_path, f"local-math:{path}", "rows.json, row 2", "problem")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_an_empty_file_is_one_line(text, tmp_path, capsys, no_model):
+    (tmp_path / "empty.jsonl").write_text(text)
+    refused(capsys, tmp_path, f"local-math:{tmp_path / 'empty.jsonl'}", "empty.jsonl", "no rows")
+
+
+def test_a_saved_set_without_rows_is_one_line(tmp_path, capsys, no_model):
+    """A split with no rows used to pass validation and divide by zero at the first reset."""
+    folder = tmp_path / "no_rows"
+    DatasetDict({"train": Dataset.from_dict({"problem": [], "answer": []}),
+                 "eval": Dataset.from_list([{"problem": "1+1?", "answer": "2"}])}).save_to_disk(str(folder))
+    refused(capsys, tmp_path, f"local-math:{folder}", "no_rows", "no rows")
+
+
+def test_a_saved_set_with_a_non_string_problem_names_the_row(tmp_path, capsys, no_model):
+    folder = tmp_path / "int_problems"
+    Dataset.from_list([{"problem": 1, "answer": "1"}, {"problem": 2, "answer": "2"}]).save_to_disk(str(folder))
+    refused(capsys, tmp_path, f"local-math:{folder}", "int_problems", "row 1", "problem", "int")
+    folder = tmp_path / "null_problems"
+    Dataset.from_list([{"problem": "1?", "answer": "1"}, {"problem": None, "answer": "2"}]).save_to_disk(str(folder))
+    refused(capsys, tmp_path, f"local-math:{folder}", "null_problems", "row 2", "problem", "None")
+
+
+def test_a_registered_dataset_is_checked_too():
+    with pytest.raises(ValueError, match="row 1: the problem must be a non-empty string"):
+        envs.register_math_dataset("local-math:t_faults_int", Dataset.from_list([{"problem": 5, "answer": "5"}]))
+
+
+# --- plugins: importing -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("statement, fragment", [
+    ("sys.exit(3)", "called sys.exit(3)"),
+    ("sys.exit('bye')", "called sys.exit('bye')"),
+    ("raise SystemExit", "called sys.exit(None)"),
+])
+def test_a_plugin_that_exits_at_import_is_one_line_naming_it(statement, fragment, tmp_path, capsys, no_model):
+    """It used to end the command with its exit code and no output at all."""
+    plugin = tmp_path / "exits.py"
+    plugin.write_text(f"import sys\n\n{statement}\n")
+    refused(capsys, tmp_path, "example:Countdown-v0", f"env module {str(plugin)!r}", fragment, "exits.py:3",
+            "if __name__", flags=["--env-module", str(plugin)])
+
+
+# --- plugins: envs and oracles that break the contract ---------------------------------------------------------------
+
+PLUGIN = r'''
+import random
+import re
+
+from gem.core import Env
+from gem.envs.registration import ENV_REGISTRY, register
+
+import envs
+
+ENV_ID = "__ENV_ID__"
+FLAW = "__FLAW__"
+
+
+class Guess(Env):
+    """Guess a number from 1 to 16."""
+
+    def __init__(self, seed=None, **_):
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.reset()
+
+    def reset(self, seed=None):
+        super().reset(seed)
+        if seed is not None:
+            self.rng = random.Random(seed)
+        self.secret, self.low, self.top, self.turn = self.rng.randint(1, 16), 1, 16, 0
+        if FLAW == "reset raises" and seed == 3:
+            raise KeyError("no puzzle 3")
+        if FLAW == "reset returns None":
+            return None
+        if FLAW == "reset returns an int observation":
+            return 7, {}
+        if FLAW == "reset returns the observation alone":
+            return "Guess a number from 1 to 16."
+        return "Guess a number from 1 to 16.", {}
+
+    def step(self, action):
+        self.turn += 1
+        guesses = re.findall(r"\\boxed\{(\d+)\}", action)
+        if not guesses:
+            result = ("No guess.", -0.1, True, False, {})
+        elif int(guesses[-1]) == self.secret:
+            result = ("Correct!", 1.0, True, False, {})
+        else:
+            guess = int(guesses[-1])
+            self.low, self.top = (guess + 1, self.top) if guess < self.secret else (self.low, guess - 1)
+            result = (f"From {self.low} to {self.top}.", 0.0, self.turn >= 6, self.turn >= 6, {})
+        if FLAW == "step returns 3 values":
+            return result[:3]
+        if FLAW == "step returns no info":
+            return (*result[:4], None)
+        return result
+
+
+def oracle(env, rng):
+    game = env.unwrapped
+    if FLAW == "the oracle raises":
+        raise IndexError("no move left")
+    if FLAW == "the oracle returns None":
+        return None
+    if FLAW == "the oracle raises on its second move" and game.turn >= 1:
+        raise IndexError("no move left")
+    return "\\boxed{%d}" % ((game.low + game.top) // 2)
+
+
+if ENV_ID not in ENV_REGISTRY:
+    register(ENV_ID, Guess)
+envs.register_oracle(ENV_ID, oracle)
+'''
+
+
+def write_plugin(folder, flaw: str, name: str) -> tuple[str, str]:
+    """A plugin file registering ``mine:<name>`` with ``flaw``: (its path, the env id)."""
+    env_id = f"mine:{name}"
+    path = folder / f"{name.lower().replace('-', '_')}.py"
+    path.write_text(PLUGIN.replace("__ENV_ID__", env_id).replace("__FLAW__", flaw))
+    return str(path), env_id
+
+
+STEP = "(observation: str, reward: float, terminated: bool, truncated: bool, info: dict)"
+RESET = "(observation: str, info: dict)"
+
+
+@pytest.mark.parametrize("flaw, fragments", [
+    ("step returns 3 values", ["step() returned 3 values", f"Gem envs return {STEP}", "fix its step()"]),
+    ("step returns no info", ["step() returned an info of type NoneType", STEP]),
+    ("reset returns None", ["reset(seed=0) returned None", f"Gem envs return {RESET}", "fix its reset()"]),
+    ("reset returns an int observation", ["reset(seed=0) returned an observation of type int", RESET]),
+    ("reset returns the observation alone", ["reset(seed=0) returned a str", RESET]),
+    ("the oracle raises", ["the oracle oracle", "raised IndexError: no move left", ".py:", "--pretrain"]),
+    ("the oracle returns None", ["the oracle oracle", "returned None", "the action text (a str)"]),
+])
+def test_a_plugin_env_that_breaks_the_contract_is_refused_before_any_model(flaw, fragments, tmp_path, capsys,
+                                                                          no_model):
+    """One reset and one step of each plugin env at validation: a wrong shape used to surface as a tokenizer or
+    unpacking error, or a traceback, naming neither the env nor the plugin."""
+    name = f"Flawed{sorted(FLAW_NAMES).index(flaw)}-v0"
+    plugin, env_id = write_plugin(tmp_path, flaw, name)
+    refused(capsys, tmp_path, env_id, f"env {env_id}", f"(plugin {plugin})", *fragments,
+            flags=["--env-module", plugin])
+
+
+FLAW_NAMES = ("step returns 3 values", "step returns no info", "reset returns None", "reset returns an int observation",
+              "reset returns the observation alone", "the oracle raises", "the oracle returns None",
+              "the oracle raises on its second move")
+
+
+def test_an_oracle_that_fails_later_stops_the_warm_start_in_one_line(tmp_path, capsys):
+    """The probe plays one move; a later failure surfaces in the warm start's demonstrations: exit 1, one line."""
+    plugin, env_id = write_plugin(tmp_path, "the oracle raises on its second move", "LateOracle-v0")
+    refused(capsys, tmp_path, env_id, f"the oracle oracle of env {env_id} (plugin {plugin})",
+            "raised IndexError: no move left", code=1,
+            flags=["--env-module", plugin, "--cache-dir", str(tmp_path / "cache"), *TINY])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from dppo_oat.models.tiny import build_tiny_policy
+
+    return build_tiny_policy(["Guess a number from 1 to 16. \\boxed{8}"] * 20, seed=0, vocab_size=300)[1]
+
+
+class Replies:
+    """A generator that answers every prompt with ``text``."""
+
+    def __init__(self, tokenizer, text):
+        self.tokenizer, self.text = tokenizer, text
+
+    def generate(self, prompts, settings):
+        from dppo_oat.rollout.generation import Completion
+
+        ids = self.tokenizer(self.text, add_special_tokens=False)["input_ids"]
+        return [Completion(token_ids=ids, logprobs=[-1.0] * len(ids), text=self.text, finish_reason="stop")
+                for _ in prompts]
+
+
+@pytest.mark.parametrize("flaw, message", [
+    ("step returns 3 values", r"env mine:Collect0-v0 \(plugin .*collect0_v0.py\): step\(\) returned 3 values; "
+                              r"Gem envs return \(observation: str, reward: float, .*\): fix its step\(\)"),
+    ("reset returns None", r"env mine:Collect1-v0 \(plugin .*collect1_v0.py\): reset\(seed=3\) returned None; "
+                           r"Gem envs return \(observation: str, info: dict\): fix its reset\(\)"),
+    ("reset raises", r"env mine:Collect2-v0 \(plugin .*collect2_v0.py\): reset\(seed=3\) raised KeyError: 'no "
+                     r"puzzle 3': fix its reset\(\)"),
+])
+def test_a_contract_violation_stops_a_rollout_and_is_not_an_env_error(flaw, message, tmp_path, tokenizer):
+    """With a model of one's own no oracle is played before the first rollout: the collector checks what the env
+    returns, in both engines (the oat actor uses the same collector), and stops the run instead of counting it. A
+    reset() that raises used to be a traceback: no episode can start, so it stops the run too."""
+    name = f"Collect{['step returns 3 values', 'reset returns None', 'reset raises'].index(flaw)}-v0"
+    plugin, env_id = write_plugin(tmp_path, flaw, name)
+    envs.import_env_modules([plugin])
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with pytest.raises(RunError, match=message):
+            collector = EpisodeCollector([env_id], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))
+            collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [3])
+    assert not [w for w in shown if "env_error" in str(w.message)], "counted as an env error"
+
+
+def test_an_env_whose_step_raises_is_still_counted(tmp_path, tokenizer):
+    """An ordinary exception inside step() ends only that episode (end/env_error), as before."""
+    (tmp_path / "raises.py").write_text(PLUGIN.replace("__ENV_ID__", "mine:Raises-v0").replace("__FLAW__", "")
+                                        + "\nGuess.step = lambda self, action: 1 / 0\n")
+    envs.import_env_modules([str(tmp_path / "raises.py")])
+    collector = EpisodeCollector(["mine:Raises-v0"], 1, 2, tokenizer, RolloutSettings(template="plain"))
+    with pytest.warns(UserWarning, match=r"env mine:Raises-v0: step\(\) raised ZeroDivisionError"):
+        rollout = collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [3])
+    assert rollout.stats()["end/env_error"] == 2.0
+
+
+def test_the_probe_checks_only_plugin_envs(monkeypatch):
+    """Built-in and Gem ids are covered by the contract test; the probe makes only the envs of a plugin."""
+    made = []
+    monkeypatch.setattr(gem, "make", lambda env_id, **kwargs: made.append(env_id))
+    envs.check_plugin_envs(["game:Sudoku-v0-easy", "example:Countdown-v0"], oracle_env_id="example:Countdown-v0")
+    assert made == []
+
+
+def test_with_a_model_of_ones_own_the_probe_steps_without_the_oracle(tmp_path):
+    """--pretrain plays no oracle: the probe's step sends an unreadable reply, and an env that raises on it is let
+    be (the trainer counts such episodes), while a wrong shape is refused."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    plugin, env_id = write_plugin(tmp_path, "step returns 3 values", "Pretrained0-v0")
+    config = TrainConfig(env_ids=(env_id,), env_module=(plugin,), pretrain=str(model), run_dir=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match=r"step\(\) returned 3 values"):
+        validate_config(config)
+    raising = tmp_path / "raising.py"
+    raising.write_text(PLUGIN.replace("__ENV_ID__", "mine:Pretrained1-v0").replace("__FLAW__", "")
+                       + "\nGuess.step = lambda self, action: 1 / 0\n")
+    validate_config(TrainConfig(env_ids=("mine:Pretrained1-v0",), env_module=(str(raising),), pretrain=str(model),
+                                run_dir=str(tmp_path / "runs")))
+
+
+def test_ctrl_c_while_a_plugin_imports_is_not_a_plugin_error(tmp_path):
+    plugin = tmp_path / "interrupted.py"
+    plugin.write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        envs.import_env_modules([str(plugin)])
