@@ -52,6 +52,7 @@ def run_local(config: TrainConfig) -> dict:
 
     from dppo_oat.engines.local.trainer import LocalTrainer
     from dppo_oat.errors import RunError, TrainingDiverged
+    from envs.contract import BrokenEnvError
 
     console, trainer, failed = Console(), None, True
     with signals_as_interrupts():
@@ -66,7 +67,7 @@ def run_local(config: TrainConfig) -> dict:
         except TrainingDiverged as error:
             where = "" if trainer is None else f" at step {trainer.step_in_progress}"
             _fail(console, f"training diverged{where}: {error}", 1)
-        except RunError as error:
+        except (RunError, BrokenEnvError) as error:
             _fail(console, str(error), 1)
         except OSError as error:
             if error.filename is None:  # not a file the run reads or writes: a bug, with its traceback

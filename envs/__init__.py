@@ -38,7 +38,7 @@ from envs.math_local import (
     register_math_folder,
     register_math_folder_from_environment,
 )
-from dppo_oat.rollout.episodes import BrokenEnvError
+from envs.contract import BrokenEnvError
 from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, probe_env, register_oracle
 from envs.plugins import ENTRY_POINT_GROUP, PLUGIN_ENV_IDS, import_env_module, import_env_modules
 from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
@@ -90,15 +90,15 @@ def ensure_registered(env_id: str) -> str:
     return register_math_dataset(env_id, env_id[len(LOCAL_MATH_PREFIX) + 1:])
 
 
-def check_plugin_envs(env_ids: Sequence[str], oracle_env_id: Optional[str] = None) -> None:
-    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made, reset once, one
+def check_plugin_envs(env_ids: Sequence[str], *, env_seed: int, oracle_env_id: Optional[str] = None) -> None:
+    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made with ``env_seed``, reset once, one
     step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
     ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left
     to the contract test (``tests/test_env_contract.py``)."""
     for env_id in dict.fromkeys(env_ids):
         if env_id in PLUGIN_ENV_IDS:
             try:
-                probe_env(env_id, play_oracle=env_id == oracle_env_id)
+                probe_env(env_id, play_oracle=env_id == oracle_env_id, env_seed=env_seed)
             except BrokenEnvError as error:
                 raise ValueError(str(error)) from error
 

@@ -15,7 +15,7 @@ They supply demonstrations for a supervised warm start and a ceiling for tests. 
 :func:`demonstrations` plays an oracle in the real env and returns the (observation, action) turns, so a trainer can
 format them with any prompt template. An oracle that raises or returns anything but a str, and an env that breaks
 Gem's contract or raises during an oracle's episode, stop it with a one-line
-:class:`~dppo_oat.rollout.episodes.BrokenEnvError` naming the env, its plugin and the oracle; :func:`probe_env` tries
+:class:`~envs.contract.BrokenEnvError` naming the env, its plugin and the oracle; :func:`probe_env` tries
 one move of it, for validation to refuse such a plugin before any model is built. An env of one's own (a plugin, see
 ``envs/plugins.py``) registers its oracle with :func:`register_oracle`; :func:`oracle_for_env_id` tells, without
 making the env, whether an id has one.
@@ -35,10 +35,8 @@ from gem.envs.game_env.sudoku import SudokuEnv
 from gem.envs.registration import ENV_REGISTRY
 from gem.envs.math_env import MathEnv
 
-from dppo_oat.rollout.episodes import (INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step,
-                                       returned)
-from dppo_oat.rollout.episodes import observation_text as observation_with_suffix
-from dppo_oat.spec import RolloutSettings
+from envs.contract import (INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step, returned)
+from envs.contract import observation_text as observation_with_suffix
 from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
 from envs.example_countdown import CountdownEnv, countdown_oracle_action
 from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
@@ -274,14 +272,14 @@ PROBE_SEED = 0
 """The reset seed of :func:`probe_env`."""
 
 
-def probe_env(env_id: str, play_oracle: bool) -> None:
-    """Make ``env_id`` (with the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one step: the
+def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
+    """Make ``env_id`` (with ``env_seed``, the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one step: the
     oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`. Raises
     :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without the
     oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
     label = env_label(env_id)
     try:
-        env = gem.make(env_id, seed=RolloutSettings().env_seed)
+        env = gem.make(env_id, seed=env_seed)
     except Exception as error:  # noqa: BLE001 - the env's constructor failed: one line
         entry = ENV_REGISTRY[env_id].entry_point
         raise BrokenEnvError(f"{label} could not be made: {raised(error, getattr(entry, '__init__', entry))}: fix "

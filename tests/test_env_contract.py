@@ -26,7 +26,7 @@ import pytest
 from gem.envs.registration import ENV_REGISTRY
 
 import envs
-from dppo_oat.rollout.episodes import INVALID_ACTION
+from envs.contract import INVALID_ACTION
 from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings
 from envs.oracles import oracle_action, oracle_for_env_id, play_oracle_episode
 

@@ -21,8 +21,8 @@ from gem.envs.math_env import MathEnv
 import envs
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
-from dppo_oat.errors import RunError
 from dppo_oat.rollout.episodes import EpisodeCollector
+from envs.contract import BrokenEnvError
 from dppo_oat.spec import RolloutSettings, SamplingSettings
 from envs.math_local import load_math_dataset, math_oracle_action
 from test_faults import TINY, no_model, one_error, write_math  # noqa: F401  (no_model is a fixture)
@@ -43,8 +43,8 @@ def refused(capsys, tmp_path, env_id, *fragments, code=2, flags=()):
 
 
 def test_answers_that_mix_strings_numbers_and_lists_are_accepted(tmp_path):
-    """The docstring allows strings, numbers and lists of accepted strings; one file mixing them used to be a pyarrow
-    traceback. Every answer becomes a list of strings then, which the grader and the oracle take."""
+    """The docstring allows strings, numbers and lists of accepted strings; one file mixing them (a pyarrow traceback
+    unhandled) loads. Every answer becomes a list of strings then, which the grader and the oracle take."""
     env_id = write_math(tmp_path / "mixed.jsonl", [GOOD, '{"problem": "2+2?", "answer": ["4", "four"]}',
                                                    '{"problem": "3+3?", "answer": 6}'])
     validate_config(TrainConfig(env_ids=(env_id,), run_dir=str(tmp_path / "runs")))
@@ -99,7 +99,7 @@ def test_an_empty_file_is_one_line(text, tmp_path, capsys, no_model):
 
 
 def test_a_saved_set_without_rows_is_one_line(tmp_path, capsys, no_model):
-    """A split with no rows used to pass validation and divide by zero at the first reset."""
+    """A split with no rows is refused at validation (it would divide by zero at the first reset)."""
     folder = tmp_path / "no_rows"
     DatasetDict({"train": Dataset.from_dict({"problem": [], "answer": []}),
                  "eval": Dataset.from_list([{"problem": "1+1?", "answer": "2"}])}).save_to_disk(str(folder))
@@ -129,7 +129,7 @@ def test_a_registered_dataset_is_checked_too():
     ("raise SystemExit", "called sys.exit(None)"),
 ])
 def test_a_plugin_that_exits_at_import_is_one_line_naming_it(statement, fragment, tmp_path, capsys, no_model):
-    """It used to end the command with its exit code and no output at all."""
+    """Not the command's end with the plugin's exit code and no output at all."""
     plugin = tmp_path / "exits.py"
     plugin.write_text(f"import sys\n\n{statement}\n")
     refused(capsys, tmp_path, "example:Countdown-v0", f"env module {str(plugin)!r}", fragment, "exits.py:3",
@@ -232,8 +232,8 @@ RESET = "(observation: str, info: dict)"
 ])
 def test_a_plugin_env_that_breaks_the_contract_is_refused_before_any_model(flaw, fragments, tmp_path, capsys,
                                                                           no_model):
-    """One reset and one step of each plugin env at validation: a wrong shape used to surface as a tokenizer or
-    unpacking error, or a traceback, naming neither the env nor the plugin."""
+    """One reset and one step of each plugin env at validation: a wrong shape is named with the env and its
+    plugin (not a tokenizer or unpacking error, or a traceback, naming neither)."""
     name = f"Flawed{sorted(FLAW_NAMES).index(flaw)}-v0"
     plugin, env_id = write_plugin(tmp_path, flaw, name)
     refused(capsys, tmp_path, env_id, f"env {env_id}", f"(plugin {plugin})", *fragments,
@@ -285,13 +285,13 @@ class Replies:
 def test_a_contract_violation_stops_a_rollout_and_is_not_an_env_error(flaw, message, tmp_path, tokenizer):
     """With a model of one's own no oracle is played before the first rollout: the collector checks what the env
     returns, in both engines (the oat actor uses the same collector), and stops the run instead of counting it. A
-    reset() that raises used to be a traceback: no episode can start, so it stops the run too."""
+    reset() that raises stops the run too: no episode can start."""
     name = f"Collect{['step returns 3 values', 'reset returns None', 'reset raises'].index(flaw)}-v0"
     plugin, env_id = write_plugin(tmp_path, flaw, name)
     envs.import_env_modules([plugin])
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
-        with pytest.raises(RunError, match=message):
+        with pytest.raises(BrokenEnvError, match=message):
             collector = EpisodeCollector([env_id], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))
             collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [3])
     assert not [w for w in shown if "env_error" in str(w.message)], "counted as an env error"
@@ -312,7 +312,8 @@ def test_the_probe_checks_only_plugin_envs(monkeypatch):
     """Built-in and Gem ids are covered by the contract test; the probe makes only the envs of a plugin."""
     made = []
     monkeypatch.setattr(gem, "make", lambda env_id, **kwargs: made.append(env_id))
-    envs.check_plugin_envs(["game:Sudoku-v0-easy", "example:Countdown-v0"], oracle_env_id="example:Countdown-v0")
+    envs.check_plugin_envs(["game:Sudoku-v0-easy", "example:Countdown-v0"], env_seed=42,
+                           oracle_env_id="example:Countdown-v0")
     assert made == []
 
 
@@ -322,6 +323,7 @@ def test_with_a_model_of_ones_own_the_probe_steps_without_the_oracle(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    (model / "model.safetensors").write_bytes(b"")  # validation sees weights; nothing loads them here
     plugin, env_id = write_plugin(tmp_path, "step returns 3 values", "Pretrained0-v0")
     config = TrainConfig(env_ids=(env_id,), env_module=(plugin,), pretrain=str(model), run_dir=str(tmp_path / "runs"))
     with pytest.raises(ValueError, match=r"step\(\) returned 3 values"):

@@ -39,18 +39,14 @@ from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
 from dppo_oat.samples import TurnSample
 from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from envs.contract import INVALID_ACTION, BrokenEnvError, checked_reset, checked_step, observation_text
+from envs.plugins import env_label
 
 BROKEN_ENV_EPISODES = 32
 """Consecutive episodes ending in an env error (over calls: an oat actor plays a few at a time) that mean the env is
 broken, not unlucky: at a 10% error rate such a run happens once in 10^32 episodes."""
 
-RESET_RETURNS = "(observation: str, info: dict)"
-STEP_RETURNS = "(observation: str, reward: float, terminated: bool, truncated: bool, info: dict)"
-"""What Gem's envs return from ``reset()`` and ``step()``, as contract errors say it."""
-
 END_REASONS = ("terminated", "truncated", "max_turns", "prompt_too_long", "env_error")
-INVALID_ACTION = "<｜INVALID_ACTION｜>"
-"""What the env receives for a response cut at the length limit (Gem's oat examples send the same string)."""
 
 
 @dataclass
@@ -96,14 +92,6 @@ class Rollout:
 def _mean(values) -> float:
     values = np.asarray(values, dtype=np.float64)
     return float(values.mean()) if values.size else 0.0
-
-
-def observation_text(observation: str, info: dict[str, Any]) -> str:
-    """The observation followed by ``info["suffix"]`` when present (Gem games put the current board there)."""
-    suffix = info.get("suffix")
-    if not suffix:
-        return observation
-    return observation.rstrip("\n") + "\n" + suffix
 
 
 def wrapped_observation(observation: str, info: dict[str, Any]) -> str:
@@ -163,108 +151,6 @@ def turn_sampling(sampling: SamplingSettings, turn: int) -> SamplingSettings:
     if sampling.seed is None or turn == 0:
         return sampling
     return dataclasses.replace(sampling, seed=(sampling.seed + 7919 * turn) % 2**31)
-
-
-class BrokenEnvError(RunError):
-    """An env, or its oracle, broke what the trainer relies on: Gem's contract (what ``reset()`` and ``step()``
-    return, an oracle's action text), or it raised where no episode can absorb the error (``reset()``, an oracle's
-    episode). A bug in its code: it stops the run and is never counted as an env-error episode."""
-
-
-def env_label(env_id: str) -> str:
-    """How errors name an env: ``env <id>``, with the plugin that registered it (``envs.plugins.env_label``)."""
-    from envs.plugins import env_label as label  # envs imports this module, so it is imported on first use
-
-    return label(env_id)
-
-
-def returned(value: Any) -> str:
-    """What a method returned, as a contract error says it: ``None``, ``3 values``, or ``a str``."""
-    if value is None:
-        return "None"
-    if isinstance(value, (tuple, list)):
-        return f"{len(value)} value{'' if len(value) == 1 else 's'}"
-    name = type(value).__name__
-    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
-
-
-def is_number(value: Any) -> bool:
-    """True for a value ``float()`` takes that is not text (a Python or numpy number, a one-element tensor)."""
-    if isinstance(value, (str, bytes)):
-        return False
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def is_flag(value: Any) -> bool:
-    """True for a bool, a numpy bool, or the integers 0 and 1."""
-    return isinstance(value, (bool, np.bool_, int, np.integer)) and value in (0, 1)
-
-
-def reset_problem(result: Any) -> str | None:
-    """What is wrong with what ``reset()`` returned (:data:`RESET_RETURNS`), or None."""
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        return f"returned {returned(result)}"
-    observation, info = result
-    if not isinstance(observation, str):
-        return f"returned an observation of type {type(observation).__name__}"
-    if not isinstance(info, dict):
-        return f"returned an info of type {type(info).__name__}"
-    return None
-
-
-def step_problem(result: Any) -> str | None:
-    """What is wrong with what ``step()`` returned (:data:`STEP_RETURNS`), or None. The observation of a finished
-    episode is never shown to the policy, so it may be anything."""
-    if not isinstance(result, (tuple, list)) or len(result) != 5:
-        return f"returned {returned(result)}"
-    observation, reward, terminated, truncated, info = result
-    if not is_number(reward):
-        return f"returned the reward {reward!r}"
-    for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not is_flag(flag):
-            return f"returned {name}={flag!r}"
-    if not isinstance(info, dict):
-        return f"returned an info of type {type(info).__name__}"
-    if not isinstance(observation, str) and not (terminated or truncated):
-        return f"returned an observation of type {type(observation).__name__} while the episode goes on"
-    return None
-
-
-def contract_error(label: str, call: str, problem: str, returns: str) -> BrokenEnvError:
-    """``env <id> (plugin ...): <call> <problem>; Gem envs return <returns>: fix its <method>``."""
-    return BrokenEnvError(f"{label}: {call} {problem}; Gem envs return {returns}: fix its {call.split('(')[0]}()")
-
-
-def checked_reset(env, seed: int | None, label: str) -> tuple:
-    """``env.reset(seed=seed)``; a result that breaks the contract, or an exception, is a :class:`BrokenEnvError`
-    naming ``label`` (no episode can start from either)."""
-    try:
-        result = env.reset(seed=seed)
-    except Exception as error:  # noqa: BLE001 - an env's own error, in one line
-        raise BrokenEnvError(f"{label}: reset(seed={seed}) raised {type(error).__name__}: {error}: fix its "
-                             "reset()") from error
-    problem = reset_problem(result)
-    if problem:
-        raise contract_error(label, f"reset(seed={seed})", problem, RESET_RETURNS)
-    return result
-
-
-def check_step_result(result: Any, label: str) -> tuple:
-    """``result``, what a ``step()`` returned; a :class:`BrokenEnvError` naming ``label`` if it breaks the contract."""
-    problem = step_problem(result)
-    if problem:
-        raise contract_error(label, "step()", problem, STEP_RETURNS)
-    return result
-
-
-def checked_step(env, action: str, label: str) -> tuple:
-    """``env.step(action)``, checked (:func:`check_step_result`). Exceptions pass through: the caller decides
-    whether an episode absorbs them."""
-    return check_step_result(env.step(action), label)
 
 
 class ContractCheckedEnv(EnvWrapper):

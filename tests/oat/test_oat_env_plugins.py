@@ -62,3 +62,31 @@ def test_a_plugin_that_fails_to_import_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1
     assert "RuntimeError: no data here (broken_envs.py:1)" in err
+
+
+BROKEN_STEP = '''
+from gem.envs.registration import register
+
+from envs.example_countdown import CountdownEnv
+
+
+class ThreeValues(CountdownEnv):
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated
+
+
+register("mine:OatThreeValues-v0", ThreeValues, max_turns=4)
+'''
+
+
+def test_a_plugin_env_that_breaks_gems_contract_is_one_line_before_anything_launches(tmp_path, capsys):
+    """The same probe as the local engine's (made, reset and stepped once), in the launcher's checks."""
+    plugin = tmp_path / "three_values.py"
+    plugin.write_text(BROKEN_STEP)
+    with pytest.raises(SystemExit) as stopped:
+        launch.main(SMALL + ["--env_module", str(plugin), "--env_ids", "mine:OatThreeValues-v0"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "mine:OatThreeValues-v0" in err and "step() returned 3 values" in err

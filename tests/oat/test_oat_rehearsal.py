@@ -49,7 +49,7 @@ import oat_cpu_prelude  # noqa: E402
 import envs  # noqa: E402
 from dppo_oat import train  # noqa: E402
 from dppo_oat.models import load_policy, save_policy, teacher_forced_logprobs, toy_corpus  # noqa: E402
-from dppo_oat.rollout.episodes import observation_text  # noqa: E402
+from envs.contract import observation_text  # noqa: E402
 from dppo_oat.rollout.templates import render_prompt  # noqa: E402
 
 TOLERANCE = 1e-4

@@ -30,7 +30,7 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
         check_tensorboard("--tensorboard")
     _check_numbers(config, spec)
     _check_device(config.device)
-    _check_envs(config)
+    _check_envs(config, spec.rollout.env_seed)
     _check_math_data(config.env_ids)
     _check_pretrain(config)
     _check_generator(config, spec)
@@ -68,7 +68,7 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
                          "use --group-size >= 2")
 
 
-def _check_envs(c: TrainConfig) -> None:
+def _check_envs(c: TrainConfig, env_seed: int) -> None:
     """The ``--env-module`` plugins import (the one side effect of validation: their import registers their envs);
     every id is then registered with Gem, or is ``local-math:<existing path>``; the tiny policy's env has an oracle;
     a plugin's envs (and that oracle) keep Gem's contract on one reset and one step."""
@@ -81,7 +81,7 @@ def _check_envs(c: TrainConfig) -> None:
         check_env_id(env_id)
     if c.pretrain is None:
         _check_warm_start_oracle(c.env_ids[0])
-    check_plugin_envs(c.env_ids, oracle_env_id=c.env_ids[0] if c.pretrain is None else None)
+    check_plugin_envs(c.env_ids, env_seed=env_seed, oracle_env_id=c.env_ids[0] if c.pretrain is None else None)
 
 
 def _check_warm_start_oracle(env_id: str) -> None:

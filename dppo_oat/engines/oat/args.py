@@ -189,7 +189,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
             "vLLM 0.8.4 reports raw log-probs, so μ is the sampling distribution only with --temperature 1 --top_p 1 "
             f"--top_k -1 (got {args.temperature}, {args.top_p}, {args.top_k})"
         )
-    _check_tasks(args)
+    _check_tasks(args, spec.rollout.env_seed)
     return spec
 
 
@@ -220,14 +220,16 @@ def _check_replaced_flags(args: DPPOOatArgs) -> None:
         raise ValueError(f"critic_type {args.critic_type!r} needs a learned critic; DPPO uses drgrpo or grpo")
 
 
-def _check_tasks(args: DPPOOatArgs) -> None:
-    from envs import LOCAL_MATH_PREFIX, check_env_id, import_env_modules
+def _check_tasks(args: DPPOOatArgs, env_seed: int) -> None:
+    from envs import LOCAL_MATH_PREFIX, check_env_id, check_plugin_envs, import_env_modules
 
     import_env_modules(args.env_module)  # the ids a plugin registers are known from here on
     if not split_ids(args.env_ids):
         raise ValueError("--env_ids names no environment")
     for env_id in split_ids(args.env_ids) + split_ids(args.eval_env_ids):
         check_env_id(env_id)
+    ids = split_ids(args.env_ids) + split_ids(args.eval_env_ids)
+    check_plugin_envs(ids, env_seed=env_seed)  # each made, reset and stepped once: Gem's contract
     if args.num_eval_seeds < 0 or args.eval_seed_start < 1:
         raise ValueError("--num_eval_seeds must be >= 0 and --eval_seed_start >= 1")
     no_data_set = [e for e in split_ids(args.eval_env_ids or args.env_ids) if not e.startswith(LOCAL_MATH_PREFIX)]
