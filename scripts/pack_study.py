@@ -6,7 +6,7 @@ For every finished run of ``--study`` (``scripts/cpu_study.py``'s output), write
 packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
 plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
 
-With ``--readme README.md`` it also rewrites the README's summary of the study (between the
+With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in that page (between the
 ``<!-- cpu-study:summary -->`` markers) from the packed runs: the pre-registered claims, each with its paired
 difference, 95% CI and verdict, as the report notebook prints them.
 

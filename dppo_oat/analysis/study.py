@@ -9,7 +9,7 @@ A study directory holds one folder per task, each with one run directory per (me
 columns, ``task`` (its folder), ``condition`` (from the run's name) and ``mismatch`` (the rollout's precision or
 log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are scored
 on, :func:`contrast_table` scores the pre-registered :data:`CONTRASTS` by paired seeds (bootstrap CI, permutation
-p-value, verdict against the margin), and :func:`summary_lines` writes the README's summary from that table.
+p-value, verdict against the margin), and :func:`summary_lines` writes the summary in docs/cpu-study.md from that table.
 """
 
 from __future__ import annotations
@@ -309,8 +309,8 @@ def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CON
 
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
-    """The contrast table as Markdown bullets, one per claim: the README's summary and the notebook's last cell
-    print these same lines."""
+    """The contrast table as Markdown bullets, one per claim: the summary in docs/cpu-study.md and the notebook's last
+    cell print these same lines."""
     lines = []
     for row in table.itertuples():
         if row.verdict == "not run":
@@ -324,7 +324,7 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
 
 
 SUMMARY_MARKER = "<!-- cpu-study:summary -->"
-"""The README's summary of the study sits between two of these lines."""
+"""The summary of the study in docs/cpu-study.md sits between two of these lines."""
 
 
 def readme_summary(study_dir: PathLike) -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's Gem experiments (app:extended_models_tasks): Qwen3-1.7B-Base trained with Gem's own oat example
 # scripts (examples/train_oat in the Gem repository), flag for flag, with only the trust region changed:
-# DPPO-Binary-TV (δ = 0.2) or the PPO-ratio baseline (ε = 0.2). README "On a GPU node" lists every deviation.
+# DPPO-Binary-TV (δ = 0.2) or the PPO-ratio baseline (ε = 0.2). docs/engines/oat.md lists every deviation.
 #
 #   bash scripts/gpu/gem.sh sudoku                        # DPPO-Binary-TV on game:Sudoku-v0-easy, 8 GPUs
 #   bash scripts/gpu/gem.sh arc1d ppo --gpus 1            # the PPO-ratio baseline on rg:arc_1d, one GPU

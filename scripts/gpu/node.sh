@@ -1,6 +1,6 @@
 # Settings shared by the paper's oat runs on one GPU node (sourced by the scripts beside it).
 #
-#   PYTHON  the interpreter (default: python), with dppo_oat installed with its [oat] extra (README "On a GPU node")
+#   PYTHON  the interpreter (default: python), with dppo_oat installed with its [oat] extra (docs/engines/oat.md)
 #   MODEL   the model (each script has the paper's)
 #   SEED    the run's seed (default 42)
 #   WANDB   1 to also log to wandb, project dppo (default 0: the run directory only; wandb needs `wandb login` or

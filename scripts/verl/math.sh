@@ -4,8 +4,8 @@
 # samples per step, minibatches of 32 prompts, lr 1e-6, temperature 1.0, C = 5; Avg@32 at temperature 0.7 and top-p
 # 0.95 every 10 steps) on math, with any preset of dppo_oat.trust_region.PRESETS as verl's policy loss.
 #
-#  1. Every node: the same environment with verl's GPU stack and this package: pip install -e '.[verl]' (see the
-#     README, "Beyond one node"). The workers import dppo_oat.engines.verl through model.external_lib.
+#  1. Every node: the same environment with verl's GPU stack and this package: pip install -e '.[verl]' (see
+#     docs/engines/verl.md). The workers import dppo_oat.engines.verl through model.external_lib.
 #  2. Data (once): python scripts/verl/prepare_math.py --out "$DATA" --train MATH_SET --test AIME_SET ...
 #  3. Ray: `ray start --head` on the first node, `ray start --address=<first node>:6379` on the others.
 #  4. On the first node:

@@ -58,7 +58,7 @@ GEM_RECIPE = {  # Gem's examples/train_oat/README.md, per task family (flags of 
     "rg": dict(prompt_template="qwen3_general", wrappers=(), gamma=1.0, zero_stage=2),
 }
 """Gem's values. `--norm_return` is --advantage_mode rebn, `--num_envs 2` is --groups_per_step 2 (Sudoku; the
-single-turn tasks deviate, see below); the deviations (README, 'On a GPU node') are checked separately."""
+single-turn tasks deviate, see below); the deviations (docs/engines/oat.md) are checked separately."""
 
 
 def script_commands(*script_args: str, **environ: str) -> list[list[str]]:
@@ -237,7 +237,8 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     flag = [f"--{name}", OTHER_VALUES[name]] if name in OTHER_VALUES else [f"--{name}"]
     with gpu_node(2), pytest.raises(ValueError, match=f"--{name}=.*not used by DPPO"):
         validate_args(launch.parse_args(SMALL + flag))
-    assert f"`--{name}`" in (REPO / "README.md").read_text(), "the README lists every refused oat flag"
+    oat_page = REPO / "docs" / "engines" / "oat.md"
+    assert f"`--{name}`" in oat_page.read_text(), "docs/engines/oat.md lists every refused oat flag"
 
 
 def test_wandb_is_off_unless_asked_and_refused_without_a_login(gpu_node, monkeypatch, tmp_path):

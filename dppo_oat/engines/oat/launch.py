@@ -90,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         args, plan = checked_plan(argv)
     except ImportError as error:
-        _fail(f"the oat engine needs the [oat] extra (README, 'On a GPU node'): {error}")
+        _fail(f"the oat engine needs the [oat] extra (docs/engines/oat.md): {error}")
     except (ValueError, AssertionError) as error:
         _fail(str(error))
     except KeyboardInterrupt:

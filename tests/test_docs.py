@@ -1,0 +1,74 @@
+"""The README stays short, and the documentation's relative links and snippet includes point at files that exist.
+
+`make docs` (MkDocs, --strict) checks the site as a whole; these checks need no MkDocs and take a fraction of a
+second, so the suite catches a moved page or a grown README on its own.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+README_MAX_BYTES = 15_000
+DOCS = sorted((REPO / "docs").rglob("*.md"))
+
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"\s*$', re.M)
+SECTION = "<!-- --8<-- [{}:{}] -->"
+
+
+def relative_links(text: str) -> list[str]:
+    """The link and image targets of a Markdown text that name a file of the repository (no scheme, no bare anchor),
+    outside code."""
+    prose = INLINE_CODE.sub("", FENCE.sub("", text))
+    targets = [match.group(1) for match in LINK.finditer(prose)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of ``page`` whose file does not exist (anchors are MkDocs' to check)."""
+    return [t for t in relative_links(page.read_text()) if not (page.parent / t.split("#", 1)[0]).exists()]
+
+
+def broken_snippets(page: Path) -> list[str]:
+    """The ``--8<-- "file[:section]"`` includes of ``page`` whose file (from the repository root, as mkdocs.yml's
+    base_path) or section markers are missing."""
+    broken = []
+    for include in SNIPPET.findall(page.read_text()):
+        name, _, section = include.partition(":")
+        source = REPO / name
+        if not source.is_file():
+            broken.append(include)
+        elif section:
+            text = source.read_text()
+            if not (SECTION.format("start", section) in text and SECTION.format("end", section) in text):
+                broken.append(include)
+    return broken
+
+
+def test_the_readme_stays_under_15_kb():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes (at most {README_MAX_BYTES}): move text to docs/"
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_point_at_files_that_exist(page):
+    assert broken_links(page) == []
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_snippet_includes_point_at_files_and_sections_that_exist(page):
+    assert broken_snippets(page) == []
+
+
+def test_the_checks_see_a_broken_link_and_a_missing_section(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("# there\n")
+    page.write_text("[ok](there.md#top) ![gone](gone.png) [web](https://example.org) [a](#anchor) `[x](no.md)`\n"
+                    '```\n[y](no.md)\n```\n--8<-- "README.md:no-such-section"\n')
+    assert broken_links(page) == ["gone.png"]
+    assert broken_snippets(page) == ["README.md:no-such-section"]
