@@ -1,5 +1,5 @@
 """The fault suite: every fault a user can reach ends in one line that says what to do (never a traceback), before
-any model is built where the input allows, and nothing a user did is lost (see the README's table of faults).
+any model is built where the input allows, and nothing a user did is lost (see the table of faults, docs/faults.md).
 
 The runs here use the tiny policy with a minimal warm start (seconds), on real Sudoku.
 """
