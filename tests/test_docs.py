@@ -72,3 +72,26 @@ def test_the_checks_see_a_broken_link_and_a_missing_section(tmp_path):
                     '```\n[y](no.md)\n```\n--8<-- "README.md:no-such-section"\n')
     assert broken_links(page) == ["gone.png"]
     assert broken_snippets(page) == ["README.md:no-such-section"]
+
+
+def load_docs_tables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_tables_are_those_the_code_makes():
+    """The presets table and the local engine's flags table are generated from PRESETS and TrainConfig; a preset or
+    a flag changed without `python scripts/docs_tables.py` fails here."""
+    assert load_docs_tables().drifted() == []
+
+
+def test_a_changed_preset_is_caught(monkeypatch):
+    from dppo_oat.trust_region import PRESETS, Preset
+
+    tables = load_docs_tables()
+    monkeypatch.setitem(PRESETS, "ppo", Preset({"rule": "ratio", "eps_low": 0.3, "eps_high": 0.3}, "PPO-ratio"))
+    assert tables.drifted() == ["docs/trust-region.md (presets)"]
