@@ -11,8 +11,8 @@ Per rollout batch (as in PPO with several updates per rollout):
    aggregation → backward; then the optimizer step (with gradient clipping inside ``optimizer_step``).
 
 π_θ is the distribution the rollout sampled from: the forward pass divides the logits by the sampling temperature,
-as the rollout engine did before reporting μ (``causal_lm_forward(temperature=...)``; :class:`~dppo_oat.spec.RunSpec`
-refuses a learner temperature other than the sampling one). It takes π_θ from the last hidden states through the fused
+as the rollout engine did before reporting μ (``causal_lm_forward(settings=...)`` reads ``settings.temperature``;
+:class:`~dppo_oat.spec.RunSpec` refuses a learner temperature other than the sampling one). It takes π_θ from the last hidden states through the fused
 LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits and, told the loss, computes its
 gradients in the same pass; the head runs on the response tokens only (:func:`response_positions`).
 
@@ -62,12 +62,12 @@ LM_HEADS = ("fused", "logits")
 chunk: :mod:`dppo_oat.fused_head`) or ``logits`` (from the model's ``[N, V]`` logits, for comparison)."""
 
 
-def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int | None = None,
-                      with_entropy: bool = True, lm_head: str = "fused", trust_region: TrustRegion | None = None,
-                      settings: UpdateSettings | None = None) -> ForwardFn:
+def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_region: TrustRegion | None = None,
+                      chunk_size: int | None = None, with_entropy: bool = True, lm_head: str = "fused") -> ForwardFn:
     """A :data:`ForwardFn` for any Hugging Face causal LM (or a wrapper of one): fp32 log-probs of the predicted
-    tokens, entropy and the top-K gather, all of ``softmax(logits / temperature)``: the distribution a rollout at that
-    temperature samples from.
+    tokens, entropy and the top-K gather, all of ``softmax(logits / T)`` at the update's temperature
+    ``T = settings.temperature`` (the sampling temperature, :class:`~dppo_oat.spec.RunSpec`): the distribution a
+    rollout at that temperature samples from. Without ``settings``, T = 1 (the model's own distribution).
 
     ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.fused_head.fused_head_logprobs`); a model
     whose head it cannot reproduce (:func:`~dppo_oat.fused_head.head_of`) takes the ``logits`` path, with a warning.
@@ -75,8 +75,7 @@ def causal_lm_forward(model, *, temperature: float = 1.0, chunk_size: int | None
     :func:`minibatch_step`'s loss in the forward pass (:func:`announced_token_grad`). ``chunk_size``: token rows per
     chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on the logits path).
     """
-    if not temperature > 0:
-        raise ValueError(f"the learner's temperature must be > 0, got {temperature}")
+    temperature = 1.0 if settings is None else settings.temperature
     if lm_head not in LM_HEADS:
         raise ValueError(f"unknown lm_head {lm_head!r}; choose one of: {', '.join(LM_HEADS)}")
     fused = lm_head == "fused" and fused_head_available(model)

@@ -260,7 +260,7 @@ def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset
     found = {}
     for lm_head in ("logits", "fused"):
         copy_ = copy.deepcopy(model)
-        forward = causal_lm_forward(copy_, temperature=0.8, lm_head=lm_head, trust_region=tr, settings=settings)
+        forward = causal_lm_forward(copy_, settings=settings, trust_region=tr, lm_head=lm_head)
         step = batch
         if tr.needs_recompute:
             step = UpdateBatch(**{**batch.__dict__, "recomputed_logp": recompute_logprobs(batch, forward, 2)})
@@ -314,7 +314,8 @@ def test_the_head_runs_on_response_tokens_only_and_prompts_read_as_mu(policy, lm
         original = getattr(update_module, name)
         monkeypatch.setattr(update_module, name, lambda rows, *a, _f=original, **k: seen.append(rows.shape[0]) or
                             _f(rows, *a, **k))
-    out = causal_lm_forward(model, temperature=0.8, lm_head=lm_head)(batch, True)
+    settings = UpdateSettings(aggregation="token-mean", temperature=0.8)
+    out = causal_lm_forward(model, settings=settings, lm_head=lm_head)(batch, True)
     assert seen == [int(batch.response_mask.sum())] == [32]
     prompt = ~batch.response_mask
     torch.testing.assert_close(out.logp[prompt], batch.behavior_logp[prompt])

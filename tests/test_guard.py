@@ -49,7 +49,7 @@ def test_on_policy_minibatch_has_no_mismatch_at_any_temperature(policy, temperat
     batch = on_policy_batch(policy, temperature)
     settings = UpdateSettings(minibatch_size=len(batch), aggregation="token-mean", temperature=temperature)
     tr = TrustRegion.preset("dppo_binary_tv", delta=1e-4)  # a δ far below any real drift
-    forward = causal_lm_forward(policy[0], temperature=temperature)
+    forward = causal_lm_forward(policy[0], settings=settings)
     metrics = minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: None, settings)
     assert metrics["mismatch/abs_diff_mean"] < 1e-5
     assert metrics["mask/fraction"] == 0.0

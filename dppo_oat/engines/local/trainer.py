@@ -184,14 +184,15 @@ class LocalTrainer:
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
-        behavior_logits = response_logits(self.generator.model, batch, temperature=c.temperature) if probing else None
+        behavior_logits = (response_logits(self.generator.model, batch, temperature=self.spec.sampling.temperature)
+                           if probing else None)
         update_started = time.perf_counter()
         for group in self.optimizer.param_groups:  # from the step alone: a resumed run gets the same rates
             group["lr"] = scheduled_lr(c.lr, c.lr_schedule, step, c.steps)
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
-        forward = causal_lm_forward(self.model, temperature=c.temperature, trust_region=self.tr, settings=settings)
+        forward = causal_lm_forward(self.model, settings=settings, trust_region=self.tr)
         history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
                                 discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
@@ -224,7 +225,7 @@ class LocalTrainer:
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
         # every TrustRegion has a K and a δ: rules that use neither keep the defaults (K = 20, δ = 0.15)
-        logits = response_logits(self.model, batch, temperature=self.config.temperature)
+        logits = response_logits(self.model, batch, temperature=self.spec.update.temperature)
         estimates = divergence_estimates(behavior_logits, logits, response_actions(batch), self.tr.k)
         return probe_metrics(estimates, self.tr.delta)
 

@@ -209,8 +209,8 @@ class DPPOLearner(PPOLearner):
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
-        forward = causal_lm_forward(self.model, temperature=self.update_settings.temperature, chunk_size=chunk_size,
-                                    lm_head=self.args.lm_head, trust_region=tr, settings=self.update_settings)
+        forward = causal_lm_forward(self.model, settings=self.update_settings, trust_region=tr, chunk_size=chunk_size,
+                                    lm_head=self.args.lm_head)
         self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
         sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
                                seed=self.args.seed + self.learning_rounds)
