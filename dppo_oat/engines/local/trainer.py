@@ -28,6 +28,8 @@ from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretra
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
+from dppo_oat.guard import DivergenceGuard
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
@@ -36,7 +38,7 @@ from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, 
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
+from dppo_oat.update import clip_and_step, summarize_steps, update_policy
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
