@@ -267,9 +267,8 @@ def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.T
     """``(log π(a_t), entropy, log π on topk_ids)`` of ``softmax(W h / T)``, fp32, shaped like ``ids`` (top-K: like
     ``topk_ids``), without the ``[N, V]`` logits. Only ``log π(a_t)`` carries gradient (to ``hidden [..., H]`` and
     ``weight [V, H]``); entropy and top-K log-probs are constants (None when not asked for). ``token_grad`` announces
-    the loss (rows index the flattened ``ids``), whose gradients are then computed in this forward pass."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    the loss (rows index the flattened ``ids``), whose gradients are then computed in this forward pass. ``T`` > 0
+    (:class:`~dppo_oat.spec.UpdateSettings` checks the learner's)."""
     rows = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
     flat_ids = ids.reshape(-1)
     flat_topk = None if topk_ids is None else topk_ids.reshape(-1, topk_ids.shape[-1])

@@ -34,6 +34,17 @@ TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k"
 """The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``)."""
 
 
+def check_temperature(temperature: float, *, training: bool) -> None:
+    """The one rule on a temperature T, wherever it is set: π_θ is ``softmax(logits / T)`` at the sampling
+    temperature T (eq:trust_region's μ is the tempered policy), so T must be finite; training samples its episodes,
+    so T > 0 there (greedy decoding, T = 0, has no μ); evaluation may decode greedily (T ≥ 0)."""
+    if training and not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"training samples episodes: its temperature must be a finite number > 0 (greedy decoding "
+                         f"has no μ), got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """How to sample. ``temperature`` 0 is greedy (evaluation only: training samples). ``top_k_logprobs`` is the
@@ -49,8 +60,7 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
+        check_temperature(self.temperature, training=False)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k_logprobs < 0:
@@ -157,9 +167,7 @@ class UpdateSettings:
                 f"num_epochs and minibatch_size must be >= 1, got {self.num_epochs}, {self.minibatch_size}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"the learner's temperature must be a finite number > 0 (training samples episodes: "
-                             f"greedy decoding has no μ), got {self.temperature}")
+        check_temperature(self.temperature, training=True)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown loss aggregation {self.aggregation!r}; choose one of: {', '.join(AGGREGATIONS)}")
         if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_constant and self.norm_constant > 0):
@@ -191,8 +199,7 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
     learner's π_θ must be that same distribution. Temperature is applied in the learner too (eq:trust_region's μ
     is the tempered policy); a top-p / top-k cut renormalises μ over a support the learner does not know, so
     training refuses it (evaluation may use it)."""
-    if sampling.temperature == 0:
-        raise ValueError("training samples episodes: its temperature must be > 0 (greedy decoding has no μ)")
+    check_temperature(sampling.temperature, training=True)
     if sampling.truncates:
         raise ValueError(
             f"training with top-p/top-k sampling (top_p={sampling.top_p}, top_k={sampling.top_k}) would compare π_θ "

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dppo_oat.fused_head as fused_head
-import dppo_oat.update as update_module
+import dppo_oat.learner_forward as learner_forward_module
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.fused_head import (
     FusedHeadUnsupported,
@@ -18,12 +18,13 @@ from dppo_oat.fused_head import (
     head_of,
     last_hidden_states,
 )
+from dppo_oat.learner_forward import announced_token_grad, causal_lm_forward
 from dppo_oat.logprobs import logits_logprobs, topk_of_logprobs
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
 from dppo_oat.trust_region import PRESETS, TopK, TrustRegion, policy_loss
-from dppo_oat.update import announced_token_grad, causal_lm_forward, minibatch_step, recompute_logprobs
+from dppo_oat.update import minibatch_step, recompute_logprobs
 
 B, T, H, V, K = 3, 11, 16, 97, 4
 
@@ -260,7 +261,7 @@ def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset
     found = {}
     for lm_head in ("logits", "fused"):
         copy_ = copy.deepcopy(model)
-        forward = causal_lm_forward(copy_, temperature=0.8, lm_head=lm_head, trust_region=tr, settings=settings)
+        forward = causal_lm_forward(copy_, settings=settings, trust_region=tr, lm_head=lm_head)
         step = batch
         if tr.needs_recompute:
             step = UpdateBatch(**{**batch.__dict__, "recomputed_logp": recompute_logprobs(batch, forward, 2)})
@@ -311,10 +312,11 @@ def test_the_head_runs_on_response_tokens_only_and_prompts_read_as_mu(policy, lm
     batch = model_batch(policy, k=3)
     seen = []
     for name in ("fused_head_logprobs", "logits_logprobs"):
-        original = getattr(update_module, name)
-        monkeypatch.setattr(update_module, name, lambda rows, *a, _f=original, **k: seen.append(rows.shape[0]) or
-                            _f(rows, *a, **k))
-    out = causal_lm_forward(model, temperature=0.8, lm_head=lm_head)(batch, True)
+        original = getattr(learner_forward_module, name)
+        monkeypatch.setattr(learner_forward_module, name,
+                            lambda rows, *a, _f=original, **k: seen.append(rows.shape[0]) or _f(rows, *a, **k))
+    settings = UpdateSettings(aggregation="token-mean", temperature=0.8)
+    out = causal_lm_forward(model, settings=settings, lm_head=lm_head)(batch, True)
     assert seen == [int(batch.response_mask.sum())] == [32]
     prompt = ~batch.response_mask
     torch.testing.assert_close(out.logp[prompt], batch.behavior_logp[prompt])

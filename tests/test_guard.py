@@ -8,22 +8,15 @@ import pytest
 import torch
 
 from dppo_oat.errors import TrainingDiverged
+from dppo_oat.guard import SKIPPED, DivergenceGuard, nonfinite_cause
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.spec import RolloutSettings, RunSpec, SamplingSettings, UpdateSettings, AdvantageSettings
 from dppo_oat.trust_region import TopK, TrustRegion
-from dppo_oat.update import (
-    SKIPPED,
-    DivergenceGuard,
-    causal_lm_forward,
-    clip_and_step,
-    minibatch_step,
-    nonfinite_cause,
-    summarize_steps,
-    update_policy,
-)
+from dppo_oat.update import clip_and_step, minibatch_step, summarize_steps, update_policy
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +42,7 @@ def test_on_policy_minibatch_has_no_mismatch_at_any_temperature(policy, temperat
     batch = on_policy_batch(policy, temperature)
     settings = UpdateSettings(minibatch_size=len(batch), aggregation="token-mean", temperature=temperature)
     tr = TrustRegion.preset("dppo_binary_tv", delta=1e-4)  # a δ far below any real drift
-    forward = causal_lm_forward(policy[0], temperature=temperature)
+    forward = causal_lm_forward(policy[0], settings=settings)
     metrics = minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: None, settings)
     assert metrics["mismatch/abs_diff_mean"] < 1e-5
     assert metrics["mask/fraction"] == 0.0

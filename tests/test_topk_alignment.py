@@ -13,12 +13,12 @@ from dppo_oat.advantages import group_advantages
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import SHIPPED_POLICIES, policy_cache_key
 from dppo_oat.engines.local.trainer import perturb_logprobs
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import load_policy
 from dppo_oat.rollout.episodes import EpisodeCollector
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.samples import build_update_batch
-from dppo_oat.spec import RolloutSettings, SamplingSettings
-from dppo_oat.update import causal_lm_forward
+from dppo_oat.spec import RolloutSettings, SamplingSettings, UpdateSettings
 from envs import ensure_registered
 
 K = 20
@@ -60,7 +60,8 @@ def test_an_identical_learner_sees_no_top_k_divergence(rollout, head):
     valid = batch.topk_valid & response.unsqueeze(-1)
     assert (shifted - batch.topk_behavior_logp)[valid].abs().mean() > 0.5
 
-    out = causal_lm_forward(model, temperature=temperature, lm_head=head)(batch, True)
+    settings = UpdateSettings(aggregation="token-mean", temperature=temperature)
+    out = causal_lm_forward(model, settings=settings, lm_head=head)(batch, True)
     top_k = divergence.topk_tv(batch.topk_behavior_logp, out.topk_logp, batch.topk_valid)
     binary = divergence.binary_tv(batch.behavior_logp, out.logp)
     assert top_k[response].max() < 1e-4 and binary[response].max() < 1e-4

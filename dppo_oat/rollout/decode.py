@@ -151,9 +151,8 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
     """Sample from a prefilled batch, one forward per token on its buffer (see :func:`sample_with_cache`). With
     ``draw_order``, row ``b`` takes each step's ``draw_order[b]``-th uniform: a batch laid out in another row order
     (length buckets) draws what the caller's order would; the uniforms come from ``generator`` (default: torch's
-    global RNG)."""
-    if not temperature > 0:
-        raise ValueError(f"the sampling loop needs a temperature > 0, got {temperature}")
+    global RNG). ``temperature`` > 0 (the generator calls it only then:
+    :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`)."""
     buffer, logits, next_position = state.cache, state.logits, state.next_position
     fed = 0
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)

@@ -37,11 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dppo_oat.fused_head import fused_head_logprobs  # noqa: E402
+from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
 from dppo_oat.logprobs import topk_of_logprobs  # noqa: E402
 from dppo_oat.samples import UpdateBatch  # noqa: E402
 from dppo_oat.spec import UpdateSettings  # noqa: E402
 from dppo_oat.trust_region import TrustRegion  # noqa: E402
-from dppo_oat.update import causal_lm_forward, minibatch_step  # noqa: E402
+from dppo_oat.update import minibatch_step  # noqa: E402
 
 MMAP_THRESHOLD = "65536"
 """Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""

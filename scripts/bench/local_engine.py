@@ -73,7 +73,7 @@ def raw_sampling_loop_tokens_per_s(trainer: LocalTrainer, input_ids, attention_m
     stop_ids = torch.as_tensor([tok.eos_token_id])
     start = time.perf_counter()
     decoded = sample_with_cache(model, input_ids, attention_mask, max_new_tokens=c.max_new_tokens,
-                                temperature=c.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
+                                temperature=trainer.spec.sampling.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
                                 keep_logprobs=False)
     lengths, _ = completion_lengths(decoded.new_ids, stop_ids)
     return int(lengths.sum()) / (time.perf_counter() - start)

@@ -24,11 +24,12 @@ from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
 from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
+from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
 from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
 from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
 from dppo_oat.spec import SamplingSettings  # noqa: E402
 from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
-from dppo_oat.update import causal_lm_forward, update_policy  # noqa: E402
+from dppo_oat.update import update_policy  # noqa: E402
 
 OPTIMIZERS = {
     "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),

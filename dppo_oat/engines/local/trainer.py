@@ -28,6 +28,8 @@ from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretra
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
+from dppo_oat.guard import DivergenceGuard
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
@@ -36,7 +38,7 @@ from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, 
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import DivergenceGuard, causal_lm_forward, clip_and_step, summarize_steps, update_policy
+from dppo_oat.update import clip_and_step, summarize_steps, update_policy
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -184,14 +186,15 @@ class LocalTrainer:
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
-        behavior_logits = response_logits(self.generator.model, batch, temperature=c.temperature) if probing else None
+        behavior_logits = (response_logits(self.generator.model, batch, temperature=self.spec.sampling.temperature)
+                           if probing else None)
         update_started = time.perf_counter()
         for group in self.optimizer.param_groups:  # from the step alone: a resumed run gets the same rates
             group["lr"] = scheduled_lr(c.lr, c.lr_schedule, step, c.steps)
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
-        forward = causal_lm_forward(self.model, temperature=c.temperature, trust_region=self.tr, settings=settings)
+        forward = causal_lm_forward(self.model, settings=settings, trust_region=self.tr)
         history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
                                 discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
@@ -224,7 +227,7 @@ class LocalTrainer:
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
         # every TrustRegion has a K and a δ: rules that use neither keep the defaults (K = 20, δ = 0.15)
-        logits = response_logits(self.model, batch, temperature=self.config.temperature)
+        logits = response_logits(self.model, batch, temperature=self.spec.update.temperature)
         estimates = divergence_estimates(behavior_logits, logits, response_actions(batch), self.tr.k)
         return probe_metrics(estimates, self.tr.delta)
 

@@ -51,7 +51,7 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError(f"--train-pool must be >= 1 puzzle seed, got {c.train_pool}")
     if not (c.logprob_noise >= 0 and math.isfinite(c.logprob_noise)):
         raise ValueError(f"--logprob-noise must be a finite number >= 0, got {c.logprob_noise}")
-    finite = {"lr": c.lr, "weight_decay": c.weight_decay, "grad_clip": c.grad_clip, "temperature": c.temperature}
+    finite = {"lr": c.lr, "weight_decay": c.weight_decay, "grad_clip": c.grad_clip}
     for name, value in finite.items():
         if not math.isfinite(value):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")

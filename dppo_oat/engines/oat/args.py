@@ -201,8 +201,9 @@ RESUME_REFUSED = (
 """Why ``--resume_dir`` is refused, and what to do instead (the local engine's ``--resume`` is exact)."""
 
 
-FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "temperature", "gamma")
-"""Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step)."""
+FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
+"""Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step); the
+temperatures are the spec's to check (:func:`~dppo_oat.spec.check_temperature`)."""
 
 
 def _check_finite(args: DPPOOatArgs) -> None:

@@ -2,18 +2,18 @@
 
 oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
 MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
-:class:`~dppo_oat.update.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs :func:`~dppo_oat.update.update_policy` with
-fp32 log-probs from :func:`~dppo_oat.update.causal_lm_forward` and oat's DeepSpeed strategy as backward and optimizer
-step, and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
-set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
-(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a sample of rank 0's
-share of each learning round's tokens, :mod:`~dppo_oat.token_samples`).
+:class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs :func:`~dppo_oat.update.update_policy`
+with fp32 log-probs from :func:`~dppo_oat.learner_forward.causal_lm_forward` and oat's DeepSpeed strategy as backward
+and optimizer step, and returns the core's metrics beside oat's usual names. Everything else (process topology,
+buffers, DeepSpeed set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the
+notebooks read (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a
+sample of rank 0's share of each learning round's tokens, :mod:`~dppo_oat.token_samples`).
 
 Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries
 advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders,
 and held-out evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line).
 Every step, skip and stop of the update is agreed over the learners (an all-reduce MAX,
-:data:`~dppo_oat.update.AnyLearner`), and after each learning round every learner's shard of the weights is checked
+:data:`~dppo_oat.guard.AnyLearner`), and after each learning round every learner's shard of the weights is checked
 finite before oat may save them or send them to vLLM. Group advantages are computed by the actor, over whole GRPO
 groups, before any sub-sampling; ``rebn`` returns are normalised here, over every learner's batch (Gem's
 ``norm_return``).
@@ -34,10 +34,11 @@ from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_t
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_divergence
 from dppo_oat.errors import TrainingDiverged
+from dppo_oat.guard import SKIPPED, DivergenceGuard, check_weights_finite
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import (SKIPPED, DivergenceGuard, causal_lm_forward, check_weights_finite, summarize_steps,
-                              update_policy)
+from dppo_oat.update import summarize_steps, update_policy
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -209,8 +210,8 @@ class DPPOLearner(PPOLearner):
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
-        forward = causal_lm_forward(self.model, temperature=self.update_settings.temperature, chunk_size=chunk_size,
-                                    lm_head=self.args.lm_head, trust_region=tr, settings=self.update_settings)
+        forward = causal_lm_forward(self.model, settings=self.update_settings, trust_region=tr, chunk_size=chunk_size,
+                                    lm_head=self.args.lm_head)
         self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
         sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
                                seed=self.args.seed + self.learning_rounds)
@@ -249,7 +250,7 @@ class DPPOLearner(PPOLearner):
         return {}
 
     def _any_learner(self, state: int) -> int:
-        """The worst ``state`` over the learners (:data:`~dppo_oat.update.AnyLearner`): a non-finite μ or π_θ
+        """The worst ``state`` over the learners (:data:`~dppo_oat.guard.AnyLearner`): a non-finite μ or π_θ
         usually reaches one learner's batch only, and ZeRO's collectives must line up on all of them."""
         flag = torch.tensor([float(state)], device=model_device(self.model))
         if torch.distributed.is_available() and torch.distributed.is_initialized():

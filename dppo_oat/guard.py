@@ -1,0 +1,135 @@
+"""The divergence guard: no non-finite value reaches the weights, and a run that diverged stops.
+
+A minibatch whose loss or μ log-probs are non-finite is never applied (its backward is a zero-gradient surrogate,
+:func:`zero_surrogate`, so engines that count micro-batches stay aligned, and the engine discards the step); an
+engine whose gradient norm is non-finite skips its step and says so (:data:`SKIPPED`). A run that skips ``patience``
+optimizer steps in a row (:class:`DivergenceGuard`), or whose own log-probs turn non-finite (:data:`NONFINITE_PI`,
+:func:`check_policy_finite`), stops with :class:`~dppo_oat.errors.TrainingDiverged`; :func:`check_weights_finite`
+scans the weights before they are saved or sent to the rollout engine. With several learners every decision is
+taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.update`) applies the guard to
+every minibatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from dppo_oat.errors import TrainingDiverged
+from dppo_oat.learner_forward import ForwardFn
+from dppo_oat.runlog import nonfinite_tensors
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.trust_region import TopK
+
+
+SKIPPED = "guard/skipped"
+"""1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+NONFINITE_PI = "guard/nonfinite_pi"
+"""π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
+NONFINITE_CAUSES = {"guard/nonfinite_loss": "the policy loss", "guard/nonfinite_mu": "μ's log-probs (the rollout's)",
+                    "guard/nonfinite_grad": "the gradient norm", NONFINITE_PI: "π_θ's log-probs"}
+"""The guard's per-step metrics (1.0 when that value was non-finite) and what each names in an error."""
+
+HEALTHY, SKIP, DIVERGED = 0, 1, 2
+"""The state of a minibatch (or of the weights after an update), ordered so that the worst one wins."""
+
+AnyLearner = Callable[[int], int]
+"""The largest of one value over every learner (an all-reduce MAX over oat's ranks; one learner: the value itself).
+Every decision that is followed by a collective or by the end of the run (step, skip, stop) is taken on the agreed
+state, so that no learner goes on alone into a collective the others never reach, which would hang until the
+communication timeout."""
+
+
+def one_learner(state: int) -> int:
+    """:data:`AnyLearner` of a single learner (the local engine)."""
+    return state
+
+
+def where(here: bool) -> str:
+    """Where a learner's error happened, for its message: nothing for this learner, else on another one."""
+    return "" if here else " on another learner"
+
+
+def diverged_error(here: bool) -> TrainingDiverged:
+    """The stop of a run whose weights diverged, on this learner or on another one."""
+    return TrainingDiverged(f"π_θ's log-probs are non-finite{where(here)}: the policy's weights diverged (lower --lr "
+                            "and start a new run from the last checkpoint's settings)")
+
+
+@dataclass
+class DivergenceGuard:
+    """Counts optimizer steps skipped in a row; ``patience`` of them stop the run (it will not recover)."""
+
+    patience: int = 8
+    skipped_in_a_row: int = 0
+    skipped_total: int = 0
+
+    def observe(self, metrics: dict[str, float]) -> None:
+        """Record one optimizer step's metrics; raise :class:`TrainingDiverged` after ``patience`` skips in a row."""
+        if not metrics.get(SKIPPED):
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        self.skipped_total += 1
+        if self.skipped_in_a_row >= self.patience:
+            causes = [name for key, name in NONFINITE_CAUSES.items() if metrics.get(key)] or ["a value"]
+            raise TrainingDiverged(
+                f"{' and '.join(causes)} non-finite in {self.skipped_in_a_row} optimizer steps in a row (none was "
+                "applied): lower --lr, check the rollout's log-probs (--logprob-noise?) and start a new run")
+
+
+def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
+                    response_mask: torch.Tensor, topk: TopK | None = None) -> str | None:
+    """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs (:data:`NONFINITE_PI`)
+    mean the weights themselves diverged: the minibatch ends the run once every learner has finished it (see
+    :func:`~dppo_oat.update.finish_minibatch`). μ on the top-K set may be −inf (its padding slots, an underflowed
+    tail token), never NaN."""
+    mask = response_mask.bool()
+    if not torch.isfinite(logp.detach()[mask]).all():
+        return NONFINITE_PI
+    if not torch.isfinite(behavior_logp[mask]).all():
+        return "guard/nonfinite_mu"
+    if topk is not None and torch.isnan(topk.behavior_logp[mask]).any():
+        return "guard/nonfinite_mu"
+    if not torch.isfinite(loss.detach()).all():
+        return "guard/nonfinite_loss"
+    return None
+
+
+def zero_surrogate(logp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """A loss whose gradient is exactly zero but which runs the same backward, collectives included (with
+    non-finite π_θ log-probs the gradient is not finite either: the minibatch is discarded all the same)."""
+    return (logp * response_mask).sum() * 0.0
+
+
+def minibatch_state(poisoned: Sequence[str]) -> int:
+    """:data:`DIVERGED` when π_θ itself is non-finite, :data:`SKIP` for any other guard metric, else
+    :data:`HEALTHY`."""
+    if NONFINITE_PI in poisoned:
+        return DIVERGED
+    return SKIP if poisoned else HEALTHY
+
+
+@torch.no_grad()
+def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4,
+                        any_learner: AnyLearner = one_learner) -> None:
+    """After an update: π_θ's log-probs on the first ``rows`` samples are finite on every learner, or the weights
+    diverged (every learner raises), before any checkpoint of them is written."""
+    first = batch.select(torch.arange(min(rows, len(batch))))
+    logp = forward(first, False).logp
+    here = not torch.isfinite(logp[first.response_mask.bool()]).all()
+    if any_learner(DIVERGED if here else HEALTHY) == DIVERGED:
+        raise TrainingDiverged(f"the update left π_θ's log-probs non-finite{where(here)}: the weights diverged (lower "
+                               "--lr and start a new run)")
+
+
+def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
+                         any_learner: AnyLearner = one_learner) -> None:
+    """Every weight (each learner's own shard of it) is finite on every learner, or every learner raises: run
+    before weights are saved or sent to the rollout engine, so that neither ever holds a NaN."""
+    broken = nonfinite_tensors(dict(named_weights))
+    if any_learner(DIVERGED if broken else HEALTHY) == DIVERGED:
+        named = f" (e.g. {broken[0]})" if broken else where(False)
+        raise TrainingDiverged(f"weights are non-finite{named}: the update diverged (lower --lr and start a new run)")
