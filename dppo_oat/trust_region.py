@@ -29,9 +29,37 @@ import torch
 
 from dppo_oat import divergence as div
 
-RULES = ("none", "ratio", "binary_tv", "binary_kl", "topk_tv", "topk_kl", "mask_negative")
-"""``none``: M_t = 1 (PG-IS, CISPO). ``ratio``: PPO's clip mask (eq:ppo-clip). ``binary_*``/``topk_*``: DPPO
-(eq:dppo_obj) with that divergence estimate. ``mask_negative``: Takeaway 3's minimal mask."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One mask M_t of the unified gradient (eq:unified_grad): the divergence D_t it reads (of π_θ against the
+    anchor, :func:`rule_divergence`), how it decides what is kept (:func:`trust_region_keep`), and its threshold:
+    ``delta`` (δ), ``eps`` (PPO's ε_low/ε_high) or ``None``. Adding a rule is one entry of :data:`RULE_TABLE`."""
+
+    divergence: str
+    """``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl`` or ``prob_drop`` (anchor − π)."""
+    keep: str
+    """``all`` (M_t = 1), ``ratio`` (PPO's clip), ``divergence`` (DPPO: D_t > δ in the direction A_t pushes) or
+    ``negative`` (A_t < 0 and anchor − π ≥ δ blocked)."""
+    threshold: str | None
+
+    @property
+    def uses_topk(self) -> bool:
+        return self.divergence.startswith("topk")
+
+
+RULE_TABLE: dict[str, Rule] = {
+    "none": Rule("ratio", "all", None),  # PG-IS, CISPO: M_t = 1
+    "ratio": Rule("ratio", "ratio", "eps"),  # PPO's clip mask (eq:ppo-clip)
+    "binary_tv": Rule("binary_tv", "divergence", "delta"),  # DPPO (eq:dppo_obj), binary TV (eq:binary_tv)
+    "binary_kl": Rule("binary_kl", "divergence", "delta"),  # DPPO, binary KL
+    "topk_tv": Rule("topk_tv", "divergence", "delta"),  # DPPO, top-K TV on TopK(μ, K) ∪ {a_t} + other
+    "topk_kl": Rule("topk_kl", "divergence", "delta"),  # DPPO, top-K KL
+    "mask_negative": Rule("prob_drop", "negative", "delta"),  # Takeaway 3's minimal mask
+}
+"""Every rule by name: what it reads and how it masks (:class:`Rule`)."""
+RULES = tuple(RULE_TABLE)
 ANCHORS = ("behavior", "recompute")
 RELAX_MODES = ("none", "low", "high", "both")
 IS_WEIGHTS = ("behavior", "decoupled_token", "decoupled_seq", "proximal")
@@ -56,12 +84,12 @@ def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavi
     """The numeric :class:`TrustRegion` fields a rule's loss reads: δ by the divergence rules and ``mask_negative``,
     ε by ``ratio`` (α only when relaxed), K by top-K, C unless w_t is ``proximal``, the band by a mismatch mask, τ by
     every rule. A value of any other field changes nothing."""
-    read = {"kl_tau"}
-    if rule not in ("none", "ratio"):
+    read, spec = {"kl_tau"}, RULE_TABLE[rule]
+    if spec.threshold == "delta":
         read.add("delta")
-    if rule == "ratio":
+    if spec.threshold == "eps":
         read.update(("eps_low", "eps_high", *(("alpha",) if relax != "none" else ())))
-    if rule.startswith("topk"):
+    if spec.uses_topk:
         read.add("k")
     if is_weight != "proximal":
         read.add("is_cap")
@@ -125,7 +153,7 @@ class TrustRegion:
             raise ValueError(f"alpha must be a probability in [0, 1], got {self.alpha}")
         if self.uses_topk and (not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"rule {self.rule!r} needs k >= 1 (the K of TopK(μ, K)), got {self.k}")
-        if self.relax != "none" and self.rule != "ratio":
+        if self.relax != "none" and RULE_TABLE[self.rule].threshold != "eps":
             raise ValueError(f"relax={self.relax!r} relaxes the PPO clip range: it needs rule='ratio'")
         if self.uses_topk and self.anchor != "behavior":
             raise ValueError("top-K rules are anchored on μ (the rollout engine's top-K); use a binary rule")
@@ -138,7 +166,7 @@ class TrustRegion:
     @property
     def uses_topk(self) -> bool:
         """True when the rule needs μ's top-K set and π_θ's log-probs on it."""
-        return self.rule.startswith("topk")
+        return RULE_TABLE[self.rule].uses_topk
 
     @property
     def fields_read(self) -> frozenset[str]:
@@ -382,30 +410,32 @@ def kl_penalty(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tens
     return kl_tau * log_ratio.square()
 
 
+DIVERGENCES = {
+    "binary_tv": lambda logp, anchor_logp, topk: div.binary_tv(anchor_logp, logp),
+    "binary_kl": lambda logp, anchor_logp, topk: div.binary_kl(anchor_logp, logp),
+    "topk_tv": lambda logp, anchor_logp, topk: div.topk_tv(topk.behavior_logp, topk.logp, topk.valid),
+    "topk_kl": lambda logp, anchor_logp, topk: div.topk_kl(topk.behavior_logp, topk.logp, topk.valid),
+    "prob_drop": lambda logp, anchor_logp, topk: anchor_logp.exp() - logp.exp(),
+    "ratio": lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs(),
+}
+"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:topk), ``anchor − π``, or ``|r − 1|``."""
+
+
 def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> torch.Tensor:
-    """The D_t the rule thresholds: binary/top-K TV or KL, ``anchor − π`` for mask_negative, else ``|r − 1|``."""
-    if tr.rule == "binary_tv":
-        return div.binary_tv(anchor_logp, logp)
-    if tr.rule == "binary_kl":
-        return div.binary_kl(anchor_logp, logp)
-    if tr.rule == "topk_tv":
-        return div.topk_tv(topk.behavior_logp, topk.logp, topk.valid)
-    if tr.rule == "topk_kl":
-        return div.topk_kl(topk.behavior_logp, topk.logp, topk.valid)
-    if tr.rule == "mask_negative":
-        return anchor_logp.exp() - logp.exp()
-    return ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs()
+    """The D_t the rule thresholds (:data:`DIVERGENCES`)."""
+    return DIVERGENCES[RULE_TABLE[tr.rule].divergence](logp, anchor_logp, topk)
 
 
 def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None):
     """The mask M_t of ``tr`` and the divergence it thresholded. All inputs detached fp32 ``[B, T]``."""
     divergence = rule_divergence(tr, logp, anchor_logp, topk)
     ratio = (logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp()
-    if tr.rule == "none":
+    how = RULE_TABLE[tr.rule].keep
+    if how == "all":
         keep = torch.ones_like(logp, dtype=torch.bool)
-    elif tr.rule == "ratio":
+    elif how == "ratio":
         keep = ratio_keep(ratio, advantages, *relaxed_clip_range(behavior_logp.exp(), tr))
-    elif tr.rule == "mask_negative":
+    elif how == "negative":
         keep = negative_keep(anchor_logp.exp(), logp.exp(), advantages, tr.delta)
     else:
         keep = divergence_keep(ratio, advantages, divergence, tr.delta)

@@ -25,7 +25,7 @@ import dataclasses
 import math
 from typing import Any
 
-from dppo_oat.trust_region import PRESETS, TrustRegion
+from dppo_oat.trust_region import PRESETS, RULE_TABLE, TrustRegion
 
 LOSS_PREFIX = "dppo_oat."
 """verl's ``policy_loss.loss_mode`` of preset ``p`` is ``dppo_oat.p``."""
@@ -38,9 +38,9 @@ SAFETY_BOUND = 20.0
 UNTRUNCATED_IS = math.exp(SAFETY_BOUND)
 """A ``rollout_is_threshold`` at least this large truncates no token IS weight."""
 
-DELTA_RULES = ("binary_tv", "binary_kl", "topk_tv", "topk_kl", "mask_negative")
+DELTA_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "delta")
 """Rules whose threshold is δ: verl's ``clip_ratio_low``/``clip_ratio_high`` (as in verl's ``dppo_tv``/``dppo_kl``)."""
-EPS_RULES = ("ratio",)
+EPS_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "eps")
 """Rules whose thresholds are PPO's ε_low/ε_high: verl's ``clip_ratio_low``/``clip_ratio_high``."""
 
 
