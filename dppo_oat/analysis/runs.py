@@ -378,12 +378,23 @@ def run_patterns(spec: str) -> list[str]:
     return patterns
 
 
+def runs_from(spec: str, base: PathLike) -> str:
+    """``spec`` (whitespace-separated run paths and glob patterns) with every relative item made absolute against
+    ``base``, so that it names the same runs from any working directory."""
+    return " ".join(item if Path(item).is_absolute() else str(Path(base) / item) for item in spec.split())
+
+
 def notebook_runs(notebook_dir: PathLike = ".", environ: dict | None = None) -> tuple[str, str]:
-    """Which runs a notebook reads, and a sentence saying so: ``DPPO_RUNS`` when set, else ``../runs`` when it holds
-    runs (what ``make train`` writes), else the example runs shipped in ``notebooks/example_runs``."""
+    """Which runs a notebook reads, and a sentence saying so: ``DPPO_RUNS`` when set (its relative paths and globs
+    start from ``DPPO_RUNS_BASE`` when that is set: ``make notebooks`` sets it to the folder it was run from; else
+    from the notebook's folder), else ``../runs`` when it holds runs (what ``make train`` writes), else the example
+    runs shipped in ``notebooks/example_runs``."""
     environ = os.environ if environ is None else environ
     if environ.get("DPPO_RUNS"):
-        return environ["DPPO_RUNS"], f"Reading DPPO_RUNS={environ['DPPO_RUNS']}."
+        spec, base = environ["DPPO_RUNS"], environ.get("DPPO_RUNS_BASE")
+        if not base:
+            return spec, f"Reading DPPO_RUNS={spec}."
+        return runs_from(spec, base), f"Reading DPPO_RUNS={spec} (relative to {base})."
     own = Path(notebook_dir) / ".." / "runs"
     if own.is_dir() and any(is_run_dir(path) for path in own.iterdir()):
         return str(own), f"Reading your runs in {own} (set DPPO_RUNS to read others)."
