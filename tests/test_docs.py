@@ -72,3 +72,20 @@ def test_the_checks_see_a_broken_link_and_a_missing_section(tmp_path):
                     '```\n[y](no.md)\n```\n--8<-- "README.md:no-such-section"\n')
     assert broken_links(page) == ["gone.png"]
     assert broken_snippets(page) == ["README.md:no-such-section"]
+
+
+def train_commands(text: str) -> list[str]:
+    """The ``python -m dppo_oat.train`` commands of a Markdown text, each with its ``\\`` continuation lines."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if "python -m dppo_oat.train " in line]
+
+
+def test_documented_trust_region_comparisons_give_several_optimizer_steps_per_rollout():
+    """A documented local-engine command that picks a trust region splits each rollout batch into several
+    optimizer steps: with one step per batch (a small game under --minibatch-size 256) every rule lets everything
+    through and the comparison shows nothing."""
+    pages = [README, REPO / "envs" / "README.md", *DOCS]
+    commands = [(page.name, command) for page in pages for command in train_commands(page.read_text())
+                if "--trust-region" in command and "--engine oat" not in command]
+    assert commands, "no documented --trust-region command found"
+    assert [c for c in commands if "--minibatches-per-rollout" not in c[1]] == []
