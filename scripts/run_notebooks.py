@@ -1,14 +1,19 @@
-"""Execute the notebooks in place, top to bottom, so that their committed outputs (figures, tables) are current.
+"""Execute the notebooks top to bottom and write the executed copies (figures, tables) into an output folder.
 
-    python scripts/run_notebooks.py [NOTEBOOK ...]     (make notebooks: learning_curves and clipped_tokens)
+    python scripts/run_notebooks.py [--out DIR] [NOTEBOOK ...]   (make notebooks [OUT=DIR]: learning_curves and
+                                                                  clipped_tokens)
 
-Each runs in its own folder with the runs it finds itself (``DPPO_RUNS``, else ``runs/``, else the example runs; see
-``dppo_oat.analysis.notebook_runs``). A cell that fails stops the script with the cell's error (exit 1).
+Each runs in notebooks/ (so ``../runs`` and ``example_runs/`` are found from there) with the runs it finds itself
+(``DPPO_RUNS``, else ``runs/``, else the example runs; see ``dppo_oat.analysis.notebook_runs``). Relative paths and
+globs in ``DPPO_RUNS`` start from ``DPPO_RUNS_BASE``, which this script sets to the folder it was run from unless it
+is set. The executed copies go to ``--out`` (default ``notebooks/out``, ignored by git); ``--out notebooks``
+rewrites the committed notebooks in place. A cell that fails stops the script with the cell's error (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -20,30 +25,41 @@ from traitlets.config import Config
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 DEFAULT = ("learning_curves.ipynb", "clipped_tokens.ipynb")
+DEFAULT_OUT = NOTEBOOKS / "out"
 
 
-def execute_in_place(path: Path, timeout: int = 600) -> None:
-    """Run ``path`` in its folder and write it back with its outputs (kernel over local IPC sockets)."""
+def execute(path: Path, out: Path, timeout: int = 600) -> Path:
+    """Run ``path`` in its folder (kernel over local IPC sockets) and write it with its outputs into ``out``;
+    returns the written file."""
     notebook = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as sockets:
         ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", config=ipc,
                                 resources={"metadata": {"path": str(path.parent)}})
         client.execute()
-    nbformat.write(notebook, path)
+    out.mkdir(parents=True, exist_ok=True)
+    written = out / path.name
+    nbformat.write(notebook, written)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=DEFAULT, help="notebook names in notebooks/")
-    for name in parser.parse_args(argv).notebooks:
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="folder for the executed copies (notebooks: rewrite the committed ones in place)")
+    args = parser.parse_args(argv)
+    os.environ["DPPO_RUNS_BASE"] = os.environ.get("DPPO_RUNS_BASE") or os.getcwd()
+    out = args.out.resolve()
+    for name in args.notebooks:
         path = NOTEBOOKS / name
         print(f"executing {path.relative_to(NOTEBOOKS.parent)} ...", flush=True)
         try:
-            execute_in_place(path)
+            written = execute(path, out)
         except CellExecutionError as error:
             print(f"error: {name} failed:\n{error}", file=sys.stderr)
             return 1
+        print(f"  wrote {written}", flush=True)
     return 0
 
 

@@ -16,12 +16,15 @@ from dppo_oat.analysis import (
     PANELS,
     aggregate_seeds,
     available_panels,
+    compare_methods,
+    comparison_notes,
     disagreements,
     label_runs,
     load_run,
     load_runs,
     load_tokens,
     masked_by_bucket,
+    shadow_notes,
     shadow_summary,
     smooth,
     summarize_runs,
@@ -382,3 +385,29 @@ def test_token_rows_with_missing_fields(tmp_path):
     assert list(tokens["token"]) == ["4", "", ""] and list(tokens["sample"]) == ["positive", "negative", "zero"]
     assert [str(b) for b in tokens["mu_bucket"]] == ["μ < 0.1", "μ ≥ 0.5", "0.1 ≤ μ < 0.5"]
     assert math.isnan(tokens["entropy"].iloc[1])
+
+
+def test_compare_methods_reads_collapse_and_mismatch_growth_from_the_runs(tmp_path):
+    """The notebooks' comparison says what the user's runs did: a reward that rises then falls back is named, a
+    steady one is not; |π − μ| growth is measured first tenth against last tenth."""
+    rising = [{"step": s, "reward": s / 20, "mismatch/abs_diff_mean": 0.01, "mask/fraction": 0.001}
+              for s in range(1, 21)]
+    collapsing = [{"step": s, "reward": min(s, 21 - s) / 10, "mismatch/abs_diff_mean": 0.01 * s,
+                   "mask/fraction": 0.0} for s in range(1, 21)]
+    write_run(tmp_path, "steady", metrics=rising)
+    write_run(tmp_path, "falls", algo="cispo", metrics=collapsing, trust_region={"rule": "none", "is_cap": 3.0})
+    table = compare_methods(load_runs(tmp_path / "*"))
+    assert table.loc["DPPO-Binary-TV", "final reward"] > table.loc["CISPO (PG-TIS)", "final reward"]
+    assert table.loc["CISPO (PG-TIS)", "drop from peak"] > 0.5 > table.loc["DPPO-Binary-TV", "drop from peak"]
+    notes = comparison_notes(table)
+    assert notes[0].startswith("final reward, highest first: DPPO-Binary-TV")
+    assert notes[1] == "reward fell 0.1 or more below its peak: CISPO (PG-TIS)"
+    assert notes[2] == "|π − μ| grew 1.5× or more from the first to the last tenth: CISPO (PG-TIS)"
+    assert notes[3].startswith("masked tokens, most first: DPPO-Binary-TV 0.10 %")
+
+
+def test_shadow_notes_name_the_bucket_each_ratio_clip_hits_most():
+    summary = pd.DataFrame({"PPO · μ < 0.1": [0.5], "PPO · 0.1 ≤ μ < 0.5": [2.0], "PPO · μ ≥ 0.5": [0.25],
+                            "own mask": [0.1]}, index=pd.Index(["DPPO-Binary-TV"], name="method"))
+    assert shadow_notes(summary) == [
+        "DPPO-Binary-TV: PPO's ratio clip would block most at 0.1 ≤ μ < 0.5 (2.00 % of tokens; 0.25 % at μ ≥ 0.5)"]

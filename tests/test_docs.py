@@ -95,3 +95,20 @@ def test_a_changed_preset_is_caught(monkeypatch):
     tables = load_docs_tables()
     monkeypatch.setitem(PRESETS, "ppo", Preset({"rule": "ratio", "eps_low": 0.3, "eps_high": 0.3}, "PPO-ratio"))
     assert tables.drifted() == ["docs/trust-region.md (presets)"]
+
+
+def train_commands(text: str) -> list[str]:
+    """The ``python -m dppo_oat.train`` commands of a Markdown text, each with its ``\\`` continuation lines."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if "python -m dppo_oat.train " in line]
+
+
+def test_documented_trust_region_comparisons_give_several_optimizer_steps_per_rollout():
+    """A documented local-engine command that picks a trust region splits each rollout batch into several
+    optimizer steps: with one step per batch (a small game under --minibatch-size 256) every rule lets everything
+    through and the comparison shows nothing."""
+    pages = [README, REPO / "envs" / "README.md", *DOCS]
+    commands = [(page.name, command) for page in pages for command in train_commands(page.read_text())
+                if "--trust-region" in command and "--engine oat" not in command]
+    assert commands, "no documented --trust-region command found"
+    assert [c for c in commands if "--minibatches-per-rollout" not in c[1]] == []

@@ -9,7 +9,8 @@ must: make through ``gem.make`` and ``gem.make_vec`` (which passes ``seed=`` to 
 episode for the same reset seed, whatever the env played before, and in two slots of a vector env (a GRPO group);
 have an oracle that wins at least ``DPPO_CONTRACT_MIN_WIN_RATE`` (default 1) of its episodes; end the episode on an
 unreadable reply (the trainer also sends one for a reply cut at the length limit) with Gem's -0.1 in a multi-turn
-env, and at most 0 in a single-turn one (whose oracle always answers in one turn).
+env, and at most 0 in a single-turn one (whose oracle always answers in one turn). The run ends with two lines
+(with ``-q`` too): every env id checked, and which of them ``DPPO_ENV_MODULES`` / ``DPPO_CONTRACT_ENV_IDS`` added.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def user_env_ids() -> List[str]:
     return [env_id for env_id in ENV_REGISTRY if env_id not in before] + listed(ENV_IDS_VARIABLE)
 
 
-CONTRACT_ENV_IDS = list(dict.fromkeys([*envs.PROJECT_ENV_IDS, *envs.PAPER_TASKS, *user_env_ids()]))
+USER_ENV_IDS = user_env_ids()
+"""The ids of ``DPPO_ENV_MODULES`` and ``DPPO_CONTRACT_ENV_IDS`` (the run's summary names them: tests/conftest.py)."""
+CONTRACT_ENV_IDS = list(dict.fromkeys([*envs.PROJECT_ENV_IDS, *envs.PAPER_TASKS, *USER_ENV_IDS]))
 
 
 def min_win_rate() -> float:

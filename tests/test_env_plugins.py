@@ -253,6 +253,9 @@ def test_the_contract_test_checks_every_id_a_plugin_registers(tmp_path):
          "-k", "GuessContract"], cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "6 passed" in result.stdout
+    # -q prints dots only: the summary names the envs checked, and which of them came from the plugin
+    assert "env contract checked 1 env ids: mine:GuessContract-v0" in result.stdout
+    assert "from DPPO_ENV_MODULES / DPPO_CONTRACT_ENV_IDS: mine:GuessContract-v0" in result.stdout
 
 
 def readme_single_turn_example() -> str:

@@ -67,6 +67,7 @@ def test_learning_curves_notebook(runs, monkeypatch, tmp_path):
     assert_clean(notebook)
     assert "6 runs on game:Sudoku-v0-easy" in printed(notebook)
     assert images(notebook) == 9
+    assert "final reward, highest first: " in printed(notebook)  # what these runs show, not the paper's claim
 
 
 @pytest.mark.slow
@@ -77,6 +78,7 @@ def test_clipped_tokens_notebook_with_token_samples(runs, monkeypatch, tmp_path)
     assert_clean(notebook)
     assert "token samples from 3 run(s)" in printed(notebook)
     assert images(notebook) == 3
+    assert "PPO's ratio clip would block most at μ < 0.1" in printed(notebook)
 
 
 @pytest.mark.slow
@@ -192,6 +194,9 @@ def test_notebook_runs_order(tmp_path):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     assert notebook_runs(notebooks, {"DPPO_RUNS": "x/*"}) == ("x/*", "Reading DPPO_RUNS=x/*.")
+    # make notebooks passes the folder it ran from: relative patterns start there, not in notebooks/
+    spec, note = notebook_runs(notebooks, {"DPPO_RUNS": "runs/a-* /abs/b", "DPPO_RUNS_BASE": str(tmp_path)})
+    assert spec == f"{tmp_path / 'runs' / 'a-*'} /abs/b" and note == f"Reading DPPO_RUNS=runs/a-* /abs/b (relative to {tmp_path})."
     spec, note = notebook_runs(notebooks, {})
     assert spec == str(notebooks / "example_runs") and note.startswith("Reading the example runs")
     (tmp_path / "runs").mkdir()
@@ -199,3 +204,34 @@ def test_notebook_runs_order(tmp_path):
     write_synthetic_runs(tmp_path / "runs", tokens=False, steps=3)
     spec, note = notebook_runs(notebooks, {})
     assert spec == str(notebooks / ".." / "runs") and note.startswith("Reading your runs")
+
+
+def load_run_notebooks_script():
+    """``scripts/run_notebooks.py`` as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    path = NOTEBOOKS.parent / "scripts" / "run_notebooks.py"
+    spec = importlib.util.spec_from_file_location("run_notebooks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_notebooks_writes_copies_into_out_and_passes_the_callers_folder(tmp_path, monkeypatch):
+    """make notebooks: the executed copy goes to --out, the notebook itself is left as it was, and the kernel
+    (running in the notebook's folder) gets DPPO_RUNS_BASE = the folder the script was called from."""
+    script = load_run_notebooks_script()
+    folder, caller = tmp_path / "notebooks", tmp_path / "caller"
+    folder.mkdir()
+    caller.mkdir()
+    cell = nbformat.v4.new_code_cell("import os; print(os.environ['DPPO_RUNS_BASE'], os.getcwd())")
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / "tiny.ipynb")
+    before = (folder / "tiny.ipynb").read_text()
+    monkeypatch.setattr(script, "NOTEBOOKS", folder)
+    monkeypatch.setenv("DPPO_RUNS_BASE", "")  # unset: the script sets it (restored after the test)
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    monkeypatch.chdir(caller)
+    assert script.main(["tiny.ipynb", "--out", "out"]) == 0
+    assert (folder / "tiny.ipynb").read_text() == before
+    executed = nbformat.read(caller / "out" / "tiny.ipynb", as_version=4)
+    assert printed(executed).split() == [str(caller), str(folder)]

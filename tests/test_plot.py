@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from dppo_oat.analysis import (
     plot_blocked_tokens,
     plot_runs,
 )
+from dppo_oat.analysis import figures
 from dppo_oat.analysis.tokens import token_step_metrics
 from dppo_oat.plot import main
 from test_analysis import write_run, write_synthetic_runs
@@ -164,3 +166,53 @@ def test_blocked_token_bars_are_weighted(tmp_path):
     fig = plot_blocked_tokens(load_tokens(load_runs([run])))
     heights = [patch.get_height() for patch in fig.axes[0].patches]
     assert heights[0] == pytest.approx(10.0) and max(heights[1:]) == 0.0
+
+
+def set_config(run, **fields):
+    """Change fields of a run's config.json."""
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def test_a_curve_of_runs_with_different_settings_warns_once_naming_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(figures, "_warned", set())
+    write_run(tmp_path, "a", seed=0, steps=6)
+    set_config(write_run(tmp_path, "b", seed=1, steps=6), lr=1e-3, threads=1, run_dir="elsewhere",
+               warm_start={"lr": 0.01})
+    set_config(tmp_path / "a", warm_start={"lr": 0.001})
+    df = load_runs(tmp_path / "*")
+    with pytest.warns(UserWarning) as caught:
+        plot_runs(df, ["reward"])
+        plot_runs(df, ["reward", "success"])  # the same curve again: no second warning
+    assert [str(w.message) for w in caught] == [
+        "curve DPPO-Binary-TV averages runs whose settings differ: lr 1e-06 vs 0.001; warm_start.lr 0.001 vs 0.01 "
+        "(plotting them as seeds; by='label' draws each run)"]
+
+
+def test_runs_that_differ_only_in_seed_name_and_threads_draw_without_a_warning(tmp_path, monkeypatch, recwarn):
+    monkeypatch.setattr(figures, "_warned", set())
+    write_run(tmp_path, "a", seed=0, steps=6)
+    set_config(write_run(tmp_path, "b", seed=1, steps=6), threads=1, device="cuda", run_dir="x", wandb=True)
+    set_config(write_run(tmp_path, "c", algo="cispo", steps=6, trust_region={"rule": "none", "is_cap": 3.0}),
+               lr=1.0)  # another method: a curve of its own
+    plot_runs(load_runs(tmp_path / "*"), ["reward"])
+    plot_runs(load_runs([tmp_path / "a", tmp_path / "c"]), ["reward"], by="env")  # pooling methods on purpose
+    assert not [w for w in recwarn if "settings differ" in str(w.message)]
+
+
+def test_the_cli_prints_the_mixed_settings_warning(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(figures, "_warned", set())
+    write_run(tmp_path / "runs", "a", seed=0, steps=6)
+    set_config(write_run(tmp_path / "runs", "b", seed=1, steps=6), minibatches_per_rollout=4, steps=40)
+    main([str(tmp_path / "runs" / "*"), "-o", str(tmp_path / "f.png"), "--metrics", "reward"])
+    err = capsys.readouterr().err
+    assert ("dppo-plot: warning: curve DPPO-Binary-TV averages runs whose settings differ: minibatches_per_rollout "
+            "None vs 4; steps None vs 40") in err
+
+
+def test_a_runs_identity_and_resumes_are_not_settings():
+    """Every run has its own run_id, and a resumed one a record of resumes: seeds differ in both."""
+    from dppo_oat.analysis.runs import differing_settings
+
+    first = {"run_id": "a" * 32, "seed": 0, "lr": 3e-4, "resumes": [{"step": 4, "steps": 8}]}
+    assert differing_settings([first, {"run_id": "b" * 32, "seed": 1, "lr": 3e-4}]) == {}

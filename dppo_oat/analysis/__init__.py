@@ -10,7 +10,7 @@
 paper's stability, efficiency and clipped-token analyses on your own runs.
 """
 
-from dppo_oat.analysis.curves import BANDS, aggregate_seeds, smooth
+from dppo_oat.analysis.curves import BANDS, aggregate_seeds, compare_methods, comparison_notes, smooth
 from dppo_oat.analysis.figures import plot_blocked_tokens, plot_runs
 from dppo_oat.analysis.panels import DEFAULT_PANELS, PANELS, Panel, Series, available_panels
 from dppo_oat.analysis.run_checks import DamagedRun
@@ -33,6 +33,7 @@ from dppo_oat.analysis.tokens import (
     disagreements,
     load_tokens,
     masked_by_bucket,
+    shadow_notes,
     shadow_summary,
     token_step_metrics,
     top_clipped_side_by_side,
@@ -43,9 +44,9 @@ from dppo_oat.analysis.tokens import (
 __all__ = [
     "BANDS", "DEFAULT_PANELS", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "DamagedRun", "Panel", "Run",
     "Series",
-    "aggregate_seeds", "available_panels", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
+    "aggregate_seeds", "available_panels", "compare_methods", "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
     "load_tokens", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
-    "run_patterns", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
+    "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
     "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",
     "verdict",
 ]

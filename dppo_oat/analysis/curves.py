@@ -84,3 +84,62 @@ def group_order(df: pd.DataFrame, by: GroupBy) -> list:
     """The groups of ``df`` in order of first appearance (the legend order)."""
     keys = [by] if isinstance(by, str) else list(by)
     return _group_keys(df, keys)
+
+
+COLLAPSE_DROP = 0.1
+"""A method whose smoothed mean reward ends this far or more below its peak has fallen back (the paper's collapse)."""
+MISMATCH_GROWTH = 1.5
+"""A method whose mean |π − μ| over its last tenth is this many times that of its first tenth shows a growing
+mismatch (the paper's Takeaway 1)."""
+
+
+def _ends(curve: pd.Series, share: float = 0.1) -> tuple[float, float]:
+    """The means of the first and of the last ``share`` of ``curve``'s points (at least one each)."""
+    count = max(1, round(share * len(curve)))
+    return float(curve.head(count).mean()), float(curve.tail(count).mean())
+
+
+COMPARED = ("reward", "mismatch/abs_diff_mean", "bad_update/fraction", "mask/fraction")
+"""The metrics :func:`compare_methods` reads."""
+
+
+def compare_methods(df: pd.DataFrame, by: str = "method", sigma: float = 2.0) -> pd.DataFrame:
+    """What each curve of ``df`` did, from its seed-mean curves (smoothed with ``sigma``): the final reward (mean
+    of the last tenth), its peak and the drop from it, |π − μ| over the first and last tenth, and the mean share of
+    bad updates and of masked tokens (%). NaN where its runs do not log the metric."""
+    means = {metric: aggregate_seeds(df, metric, by=by) for metric in COMPARED}
+    rows = []
+    for group in group_order(df, by):
+        curves = {metric: smooth(mean.loc[mean[by] == group, "mean"].reset_index(drop=True), sigma)
+                  for metric, mean in means.items()}
+        reward, mismatch = curves["reward"], curves["mismatch/abs_diff_mean"]
+        final = _ends(reward)[1] if len(reward) else np.nan
+        peak = float(reward.max()) if len(reward) else np.nan
+        start, end = _ends(mismatch) if len(mismatch) else (np.nan, np.nan)
+        rows.append({"curve": group, "final reward": final, "peak reward": peak, "drop from peak": peak - final,
+                     "|π−μ| first tenth": start, "|π−μ| last tenth": end,
+                     "bad updates %": 100 * curves["bad_update/fraction"].mean(),
+                     "masked %": 100 * curves["mask/fraction"].mean()})
+    return pd.DataFrame(rows).set_index("curve")
+
+
+def comparison_notes(table: pd.DataFrame) -> list[str]:
+    """Sentences on what the runs of :func:`compare_methods` show, for a reader to hold against the paper's
+    findings: which curve ends highest, which fell back from its peak, whose |π − μ| grew, which masked most."""
+    notes = []
+    rewards = table["final reward"].dropna().sort_values(ascending=False)
+    if len(rewards) > 1:
+        notes.append("final reward, highest first: " + ", ".join(f"{name} {value:.3f}" for name, value in rewards.items()))
+    fell = table.index[table["drop from peak"] >= COLLAPSE_DROP].tolist()
+    notes.append(f"reward fell {COLLAPSE_DROP} or more below its peak: {', '.join(map(str, fell))}" if fell else
+                 f"no curve's reward fell {COLLAPSE_DROP} or more below its peak (no collapse in these runs)")
+    ratio = table["|π−μ| last tenth"] / table["|π−μ| first tenth"]
+    grew = ratio.index[ratio >= MISMATCH_GROWTH].tolist()
+    if ratio.notna().any():
+        notes.append(f"|π − μ| grew {MISMATCH_GROWTH}× or more from the first to the last tenth: "
+                     f"{', '.join(map(str, grew))}" if grew else
+                     f"|π − μ| grew less than {MISMATCH_GROWTH}× for every curve")
+    masked = table["masked %"].dropna().sort_values(ascending=False)
+    if len(masked) > 1:
+        notes.append("masked tokens, most first: " + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
+    return notes

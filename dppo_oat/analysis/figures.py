@@ -9,6 +9,7 @@ figure), line styles name the series of a multi-metric panel (a small key inside
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Iterable, Sequence
 
 import matplotlib
@@ -20,7 +21,7 @@ from matplotlib.lines import Line2D
 
 from dppo_oat.analysis.curves import GroupBy, aggregate_seeds, group_order, smooth
 from dppo_oat.analysis.panels import DEFAULT_PANELS, Panel, available_panels
-from dppo_oat.analysis.runs import preset_name
+from dppo_oat.analysis.runs import mixed_settings, mixed_settings_message, preset_name
 from dppo_oat.analysis.tokens import MASKS
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -136,7 +137,9 @@ def plot_runs(
             objects. Panels no run has data for are skipped and named in a note under the figure.
         sigma: Gaussian smoothing in logged points (0: raw curves only).
         by: what one curve is (see :func:`~dppo_oat.analysis.curves.aggregate_seeds`): runs of a group are
-            averaged, with a ``band`` (``std``, ``minmax`` or ``none``) across them.
+            averaged, with a ``band`` (``std``, ``minmax`` or ``none``) across them. A ``method`` (or ``variant``)
+            curve whose runs differ in a setting other than the seed is drawn with one warning naming the settings
+            (:func:`warn_mixed_settings`).
         ncols: panels per row (default: up to 4). ``axes``: draw into these instead (one per kept panel).
         title: a title above the figure.
 
@@ -146,6 +149,7 @@ def plot_runs(
     panels, skipped = available_panels(df, metrics)
     if not panels:
         raise ValueError(f"nothing to plot: {'; '.join(skipped) or 'no metrics asked for'}")
+    warn_mixed_settings(df, by)
     created = axes is None
     if created:
         fig, axes = new_axes(len(panels), ncols)
@@ -160,6 +164,26 @@ def plot_runs(
     if skipped:
         fig.supxlabel("Not plotted: " + "; ".join(skipped), fontsize=7, color="0.4")
     return fig
+
+
+SEED_GROUPINGS = ("method", "variant")
+"""The groupings whose curves average runs as seeds of one setting (``algo``, ``env`` and ``seed`` pool settings on
+purpose; ``label`` and ``run`` draw one run per curve)."""
+
+_warned: set[str] = set()
+"""The mixed-settings warnings already given in this process (a notebook draws the same curves many times)."""
+
+
+def warn_mixed_settings(df: pd.DataFrame, by: GroupBy) -> None:
+    """Warn, once per curve and process, when a curve averages runs that differ in settings other than the seed
+    (:func:`~dppo_oat.analysis.runs.mixed_settings`): they are plotted as seeds, which they are not."""
+    if by not in SEED_GROUPINGS:
+        return
+    for group, differing in mixed_settings(df, by).items():
+        message = mixed_settings_message(group_name(group, by), differing)
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, stacklevel=3)
 
 
 MASK_COLORS = {"ppo_masked": "tab:red", "dppo_masked": "tab:blue"}

@@ -378,12 +378,23 @@ def run_patterns(spec: str) -> list[str]:
     return patterns
 
 
+def runs_from(spec: str, base: PathLike) -> str:
+    """``spec`` (whitespace-separated run paths and glob patterns) with every relative item made absolute against
+    ``base``, so that it names the same runs from any working directory."""
+    return " ".join(item if Path(item).is_absolute() else str(Path(base) / item) for item in spec.split())
+
+
 def notebook_runs(notebook_dir: PathLike = ".", environ: dict | None = None) -> tuple[str, str]:
-    """Which runs a notebook reads, and a sentence saying so: ``DPPO_RUNS`` when set, else ``../runs`` when it holds
-    runs (what ``make train`` writes), else the example runs shipped in ``notebooks/example_runs``."""
+    """Which runs a notebook reads, and a sentence saying so: ``DPPO_RUNS`` when set (its relative paths and globs
+    start from ``DPPO_RUNS_BASE`` when that is set: ``make notebooks`` sets it to the folder it was run from; else
+    from the notebook's folder), else ``../runs`` when it holds runs (what ``make train`` writes), else the example
+    runs shipped in ``notebooks/example_runs``."""
     environ = os.environ if environ is None else environ
     if environ.get("DPPO_RUNS"):
-        return environ["DPPO_RUNS"], f"Reading DPPO_RUNS={environ['DPPO_RUNS']}."
+        spec, base = environ["DPPO_RUNS"], environ.get("DPPO_RUNS_BASE")
+        if not base:
+            return spec, f"Reading DPPO_RUNS={spec}."
+        return runs_from(spec, base), f"Reading DPPO_RUNS={spec} (relative to {base})."
     own = Path(notebook_dir) / ".." / "runs"
     if own.is_dir() and any(is_run_dir(path) for path in own.iterdir()):
         return str(own), f"Reading your runs in {own} (set DPPO_RUNS to read others)."
@@ -401,3 +412,79 @@ def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success
         rows = df[df["metric"] == metric].sort_values("step", kind="stable")
         runs[metric] = rows.groupby("run")["value"].apply(lambda v: v.tail(max(1, round(tail * len(v)))).mean())
     return runs.reset_index()
+
+
+NOT_SETTINGS = frozenset({"run_name", "run_id", "run_dir", "seed", "threads", "device", "resume", "resumes",
+                          "cache_dir", "wandb", "tensorboard", "token_samples", "probe_every", "trust_region"})
+"""Config fields that do not change what a run trains: its name, identity and folders, its seed, its resumes, where
+and on how many threads it ran, what it logs besides its metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method)."""
+
+
+def is_setting(name: str) -> bool:
+    """Whether config field ``name`` (dotted for nested fields, ``warm_start.lr``) changes what a run trains, so
+    that runs averaged as seeds should agree on it: not :data:`NOT_SETTINGS`, a ``tr_*`` override, a path or a
+    logging field (``*_dir``, ``*_path``, ``*_name``, ``wb_*``)."""
+    top = name.split(".", 1)[0]
+    return not (top in NOT_SETTINGS or top.startswith(("tr_", "wb_")) or top.endswith(("_dir", "_path", "_name")))
+
+
+def flat_settings(config: dict, prefix: str = "") -> dict:
+    """``config``'s settings (:func:`is_setting`), nested objects flattened to dotted names, lists as tuples."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if not is_setting(name):
+            continue
+        if isinstance(value, dict):
+            out.update(flat_settings(value, f"{name}."))
+        else:
+            out[name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def differing_settings(configs: list[dict]) -> dict[str, list]:
+    """The settings on which ``configs`` disagree, each with its distinct values in order of appearance (a field
+    one config lacks counts as None)."""
+    settings = [flat_settings(config) for config in configs]
+    names = list(dict.fromkeys(name for one in settings for name in one))
+    differing = {}
+    for name in names:
+        values = list(dict.fromkeys(one.get(name) for one in settings))
+        if len(values) > 1:
+            differing[name] = values
+    return differing
+
+
+def mixed_settings(df: pd.DataFrame, by: str = "method") -> dict:
+    """For each curve of ``df`` grouped ``by`` (its runs averaged as seeds) whose runs differ in a setting other
+    than the seed: the differing settings and their values (:func:`differing_settings`), read from each run's
+    ``config.json``. Curves of one run, runs without a readable config, and tables without run paths give none."""
+    if by not in df.columns or "path" not in df.columns:
+        return {}
+    runs = df.drop_duplicates("run")[[by, "path"]]
+    mixed = {}
+    for group, paths in runs.groupby(by, sort=False)["path"]:
+        configs = []
+        for path in paths:
+            try:
+                configs.append(read_config(Path(path)))
+            except DamagedRun:
+                continue
+        differing = differing_settings(configs) if len(configs) > 1 else {}
+        if differing:
+            mixed[group] = differing
+    return mixed
+
+
+def mixed_settings_message(curve, differing: dict[str, list]) -> str:
+    """The warning for one curve whose runs differ in settings (:func:`mixed_settings`)."""
+    shown = "; ".join(f"{name} {' vs '.join(_format_setting(v) for v in values)}" for name, values in differing.items())
+    return (f"curve {curve} averages runs whose settings differ: {shown} (plotting them as seeds; "
+            "by='label' draws each run)")
+
+
+def _format_setting(value) -> str:
+    """A setting as the warning shows it: ``0.0003``, ``None``, ``a,b`` for a list."""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "()"
+    return f"{value:g}" if isinstance(value, float) else str(value)

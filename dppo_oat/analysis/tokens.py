@@ -201,3 +201,18 @@ def shadow_summary(df: pd.DataFrame, by: str = "method") -> pd.DataFrame:
     table = 100 * per_run.groupby(level=[by, "metric"], sort=False).mean().unstack("metric")
     present = [metric for metric in columns if metric in table.columns]
     return table[present].rename(columns=columns).rename_axis(columns=None)
+
+
+def shadow_notes(summary: pd.DataFrame) -> list[str]:
+    """One sentence per row of :func:`shadow_summary` and clip rule: the μ bucket where that ratio clip would block
+    the largest share of tokens in these runs, against its share at the highest bucket (the paper finds μ < 0.1)."""
+    buckets = [MU_BUCKET_LABELS[b] for _, _, b in MU_BUCKETS]
+    notes = []
+    for group, row in summary.iterrows():
+        for name in SHADOW_PRESETS.values():
+            shares = pd.Series({bucket: row.get(f"{name} · {bucket}") for bucket in buckets}, dtype=float).dropna()
+            if shares.empty:
+                continue
+            notes.append(f"{group}: {name}'s ratio clip would block most at {shares.idxmax()} ({shares.max():.2f} % "
+                         f"of tokens; {shares.iloc[-1]:.2f} % at {shares.index[-1]})")
+    return notes

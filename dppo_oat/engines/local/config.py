@@ -25,17 +25,25 @@ class WarmStartConfig:
     """Share of demonstration turns that follow an unrecorded wrong move, for envs that show the last one (the default
     Sudoku): the policy learns what to do after a failed move instead of repeating it."""
     lr: float = 1e-3
+    """AdamW learning rate of the supervised warm start."""
     batch_size: int = 64
+    """Demonstration turns per supervised optimizer step."""
     target_success: float = 0.65
     """Stop at the first check whose validation success reaches this: the policy then solves many puzzles, not all,
     and RL takes the default run the rest of the way (the CPU study stops at 0.25, the paper's sanity-test regime)."""
     check_every: int = 100
     """Optimizer steps between success checks."""
     check_episodes: int = 96
+    """Validation episodes per success check (seeds apart from the held-out evaluation ones)."""
     max_steps: int = 4000
+    """Supervised optimizer steps at most; a warm start that stops here below --warm-start.target-success is
+    cached as such, with a warning on every use."""
     vocab_size: int = 512
+    """BPE merges of the tiny policy's tokenizer, trained on the demonstrations (fewer when they need fewer)."""
     hidden_size: int = 128
+    """Hidden size of the tiny Qwen3 policy."""
     num_layers: int = 2
+    """Transformer layers of the tiny Qwen3 policy."""
     seed: Optional[int] = 0
     """Seed of the tokenizer, model and demonstrations. Every RL --seed starts from this one warm-started policy, as
     the paper's seeds share one initial model (the default run's ships with the package); None: the run's --seed."""
@@ -64,8 +72,12 @@ class TrainConfig(spec.DPPOFlags):
     """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: build and cache a tiny
     policy warm-started on the oracle moves of the first --env-ids (which must have an oracle)."""
     generator: Literal["hf", "vllm"] = "hf"
+    """Rollout sampler (μ): hf samples with the training model's own layers (any device); vllm runs a vLLM
+    engine in this process on the GPU, synced after every update."""
     steps: int = 100
+    """RL steps: each samples one rollout batch (--groups-per-step × --group-size episodes) and updates on it."""
     groups_per_step: int = 16
+    """Groups per rollout batch; each group plays one puzzle seed --group-size times."""
     group_size: int = 4
     """Episodes per group (same seed): the GRPO group."""
     minibatch_size: int = 256
@@ -74,27 +86,42 @@ class TrainConfig(spec.DPPOFlags):
     """Split every rollout batch into this many minibatches, whatever its size (the paper's sanity test: 4 gradient
     steps per rollout); overrides --minibatch-size."""
     micro_batch_size: Optional[int] = None
+    """Turn samples per forward/backward pass within a minibatch (gradients accumulate; the optimizer step is
+    the same). None: the whole minibatch at once."""
     num_epochs: int = 1
+    """Passes over every rollout batch (each pass reshuffles it into minibatches)."""
     lr: float = 3e-4
+    """AdamW learning rate of the RL update (see --lr-schedule)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
     """linear: --lr decayed linearly to 0 over --steps (the rate at step t is lr · (steps − t + 1) / steps), so the
     run ends on small updates instead of oscillating; constant: --lr at every step. The rate follows the step alone,
     so --resume continues it exactly; a resume that extends --steps re-plans the decay over the new total."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     grad_clip: float = 1.0
+    """Clip each optimizer step's gradient to this global L2 norm."""
     gamma: float = 0.0
     """Discount of per-turn returns. 0: each turn is credited with its own reward, which Sudoku gives per correct
     cell; with γ > 0 a pooled group baseline also favours early turns (see --turn-baseline)."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts and evaluations; the learner scores tokens at the same temperature."""
     top_p: float = 1.0
+    """Nucleus sampling threshold of the rollouts (1: the full distribution)."""
     max_new_tokens: int = 12
+    """Tokens the policy may generate per turn (also the normaliser of seq-mean-token-sum-norm)."""
     max_prompt_tokens: int = 256
+    """Longest prompt (rendered observation) in tokens; an env whose first prompt is longer is refused before
+    training."""
     train_pool: Optional[int] = None
     """Draw training puzzles from a fixed pool of this many seeds (the paper's sanity test trains on a fixed problem
     set the initial policy can solve sometimes, and watches training success); None: fresh puzzles every step."""
     seed: int = 0
+    """Seed of the RL run: torch, the training puzzles and the sampling (the warm-started policy follows
+    --warm-start.seed)."""
     eval_every: int = 50
+    """Evaluate held-out success every N steps (and at step 0 and the last step)."""
     eval_episodes: int = 200
+    """Held-out evaluation episodes (fixed seeds, the same for every run)."""
     probe_every: int = 0
     """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
     (probe/* metrics; HF generator only). 0: never."""
@@ -104,16 +131,23 @@ class TrainConfig(spec.DPPOFlags):
     logprob_noise: float = 0.0
     """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
+    """Directory that holds the run directories (metrics.jsonl, config.json, checkpoint)."""
     run_name: Optional[str] = None
+    """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
     """Continue runs/<run_name> from its last checkpoint."""
     cache_dir: Optional[str] = None
     """Where the tiny policy is cached (default: $DPPO_CACHE or ~/.cache/dppo_oat)."""
     device: str = "cpu"
+    """Torch device of the policy and the update: cpu, cuda, cuda:1, ..."""
     threads: Optional[int] = None
+    """CPU threads torch may use (torch.set_num_threads). None: torch's default."""
     wandb: bool = False
+    """Also log metrics to Weights & Biases (needs wandb installed and logged in)."""
     tensorboard: bool = False
+    """Also write TensorBoard event files into the run directory."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """The tiny policy's supervised warm start (with --pretrain None)."""
 
     # ------------------------------------------------------------------ derived
     @property
