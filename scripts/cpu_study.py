@@ -211,9 +211,9 @@ def plan(config: StudyConfig) -> list[StudyRun]:
 STUDY_WARM_START = ("--warm-start.target-success", "0.25", "--warm-start.check-episodes", "48",
                     "--warm-start.check-every", "40", "--warm-start.max-steps", "4000")
 """The study's policies stop their warm start at partial success, as the paper's sanity test starts (sec:stability),
-whatever the default run's warm start becomes. The committed runs started from a Sudoku policy warm-started on
-random-cell demonstrations (the shipped policy of that version); the demonstrations now fill a most-constrained cell
-(``envs.oracles.sudoku_oracle_action``), so a new run builds its own policy to the same 0.25 first."""
+whatever the default run's warm start is. The committed runs started from a Sudoku policy warm-started on
+random-cell demonstrations; the oracle's demonstrations fill a most-constrained cell
+(``envs.oracles.sudoku_oracle_action``), so a new run builds its own policy to the same 0.25 first (CHANGELOG.md)."""
 
 
 def shared_args(task: str, config: StudyConfig) -> list[str]:
