@@ -26,6 +26,7 @@ import os
 import tempfile
 import urllib.parse
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -360,6 +361,43 @@ def check_tensorboard(flag: str) -> None:
         raise ValueError(f"{flag} needs tensorboard: pip install tensorboard (or leave {flag} out)") from None
 
 
+PROVENANCE = ("code_commit", "started_at")
+"""What ``config.json`` records of where a run came from: the code it ran (:func:`code_commit`) and when it started
+(UTC). A resume keeps the run's own and records its own under ``resumes``."""
+
+
+def code_commit() -> str:
+    """The commit of the checkout this package runs from (``-dirty`` when tracked files differ from it), or
+    ``dppo_oat <version>`` for an installed package or a machine without git."""
+    import subprocess
+
+    from dppo_oat import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return f"dppo_oat {__version__}"
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"dppo_oat {__version__}"
+    return head + ("-dirty" if changed else "")
+
+
+def with_provenance(config: dict, stored: dict | None, resume_step: int | None) -> dict:
+    """``config`` with the run's provenance (:data:`PROVENANCE`): this process's for a new run; for a resume
+    (``stored``: the run's config.json), the run's own, and this process's in a new ``resumes`` entry with the step
+    it resumed at and the ``--steps`` it asked for."""
+    now = {"code_commit": code_commit(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if stored is None:
+        return {**config, **now}
+    kept = {key: stored[key] for key in PROVENANCE if key in stored}
+    resume = {"step": resume_step, "steps": config.get("steps"), **now}
+    return {**config, **kept, "resumes": [*stored.get("resumes", []), resume]}
+
+
 class RunLog:
     """Writes one run directory. ``resume_step`` truncates the logs to steps ≤ it (``None``: a new run)."""
 
@@ -367,9 +405,8 @@ class RunLog:
                  wandb: bool = False, tensorboard: bool = False):
         self.directory = Path(directory)
         make_writable_dir(self.directory)
-        if resume_step is not None:  # the run's history of resumes, each with the --steps it asked for
-            resumes = read_config(self.directory).get("resumes", [])
-            config = {**config, "resumes": [*resumes, {"step": resume_step, "steps": config.get("steps")}]}
+        config = with_provenance(config, read_config(self.directory) if resume_step is not None else None,
+                                 resume_step)
         atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
         for name in (METRICS_FILE, EVAL_FILE, TOKENS_FILE):
             self._truncate(self.directory / name, resume_step)

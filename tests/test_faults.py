@@ -257,7 +257,8 @@ def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, caps
                               "--steps", "2", *TINY, "--tr-delta", "0.15"], capsys)  # the preset's own δ, spelled out
     assert code == 0 and not errors, text
     config = json.loads((runs / "one" / "config.json").read_text())
-    assert config["steps"] == 2 and config["resumes"] == [{"step": 1, "steps": 2}]
+    assert config["steps"] == 2 and [{k: r[k] for k in ("step", "steps")} for r in config["resumes"]] == [
+        {"step": 1, "steps": 2}]
     assert [row["step"] for row in read_jsonl(runs / "one" / "metrics.jsonl")] == [1, 2]
 
 
@@ -620,3 +621,34 @@ def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one():
     message = launch.stopped_message(args, signal.SIGTERM)
     assert message.startswith("terminated (SIGTERM): launchpad stopped every worker")
     assert "oat-output/sudoku_<start time>/saved_models" in message and "--pretrain" in message
+
+
+REPOSITORY = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_run, tmp_path, capsys, cache_dir):
+    """Provenance: which code trained a run and when, so that a claim can be checked against the runs behind it."""
+    from datetime import datetime, timezone
+
+    runs = copy_run(finished_run, tmp_path)
+    config = json.loads((runs / "one" / "config.json").read_text())
+    started = datetime.fromisoformat(config["started_at"])
+    assert started.tzinfo is not None and started <= datetime.now(timezone.utc)
+    head = git_head()
+    if head is not None:
+        assert config["code_commit"].removesuffix("-dirty") == head
+    assert run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+                *TINY], capsys)[0] == 0
+    resumed = json.loads((runs / "one" / "config.json").read_text())
+    assert (resumed["code_commit"], resumed["started_at"]) == (config["code_commit"], config["started_at"])
+    [entry] = resumed["resumes"]
+    assert entry["step"] == 1 and entry["steps"] == 2 and entry["started_at"] >= config["started_at"]
+    assert "code_commit" in entry

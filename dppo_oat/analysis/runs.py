@@ -414,10 +414,12 @@ def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success
     return runs.reset_index()
 
 
-NOT_SETTINGS = frozenset({"run_name", "run_id", "run_dir", "seed", "threads", "device", "resume", "resumes",
-                          "cache_dir", "wandb", "tensorboard", "token_samples", "probe_every", "trust_region"})
-"""Config fields that do not change what a run trains: its name, identity and folders, its seed, its resumes, where
-and on how many threads it ran, what it logs besides its metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method)."""
+NOT_SETTINGS = frozenset({"run_name", "run_id", "code_commit", "started_at", "run_dir", "seed", "threads", "device",
+                          "resume", "resumes", "cache_dir", "wandb", "tensorboard", "token_samples", "probe_every",
+                          "trust_region"})
+"""Config fields that do not change what a run trains: its name, identity, provenance and folders, its seed, its
+resumes, where and on how many threads it ran, what it logs besides its metrics (``trust_region`` and the ``tr_*``
+overrides are the curve's method)."""
 
 
 def is_setting(name: str) -> bool:

@@ -14,8 +14,8 @@ from pathlib import Path
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, check_can_write, check_tensorboard,
-                             check_run_name, check_wandb, config_differences, read_config,
+from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, PROVENANCE, check_can_write,
+                             check_run_name, check_tensorboard, check_wandb, config_differences, read_config,
                              settings_hash)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 
@@ -226,10 +226,11 @@ RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "ca
 
 def settings_free_on_resume(spec: RunSpec) -> list[str]:
     """The flattened ``config.json`` keys a resume may change: :data:`RESUMABLE`, the trust-region overrides (compared
-    as the resolved ``trust_region.*``), the trust-region fields its rule never reads, and the record of resumes."""
+    as the resolved ``trust_region.*``), the trust-region fields its rule never reads, the record of resumes and the
+    run's provenance (written by the run log, not by the command line)."""
     overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]
     unread = [f"trust_region.{name}" for name in TRUST_REGION_OVERRIDES if name not in spec.trust_region.fields_read]
-    return [*RESUMABLE, *overrides, *unread, "resumes"]
+    return [*RESUMABLE, *overrides, *unread, "resumes", *PROVENANCE]
 
 
 def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
