@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import INT8_LEVELS, quantize_int8, rollout_copy, rollout_state_dict
+from dppo_oat.rollout.precision import INT8_LEVELS, quantize, quantize_int8, rollout_copy, rollout_state_dict
 from dppo_oat.update import summarize_steps
 
 
@@ -83,3 +83,44 @@ def test_the_first_minibatch_mismatch_is_reported_apart():
     assert summary["mismatch/abs_diff_mean"] == pytest.approx(0.003) and summary["mismatch/abs_diff_max"] == 0.2
     assert summary["mismatch/first_abs_diff_mean"] == 0.001 and summary["mismatch/first_abs_diff_max"] == 0.01
     assert "first_loss" not in str(summary) and summarize_steps([]) == {}
+
+
+@pytest.mark.parametrize("bits", [8, 6, 4])
+def test_quantising_keeps_each_row_on_its_levels_within_half_a_step(bits):
+    weight = torch.randn(16, 32, generator=torch.Generator().manual_seed(bits))
+    quantized = quantize(weight, bits)
+    top = 2 ** (bits - 1) - 1
+    scale = weight.abs().amax(dim=-1, keepdim=True) / top
+    steps = quantized / scale
+    assert torch.allclose(steps, steps.round(), atol=1e-4) and steps.abs().max() <= top + 1e-4
+    assert ((quantized - weight).abs() <= scale / 2 + 1e-6).all()
+    assert len(torch.unique(steps[0].round())) <= 2 * top + 1
+
+
+def test_coarser_weights_give_a_larger_mismatch(policy):
+    """int4 rounds the weights more than int8, so the copy's token log-probs move further from the learner's."""
+    learner, tokenizer = policy
+    ids = tokenizer("9 . 2 . 1 7 . 3 8 . . 6", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        reference = torch.log_softmax(learner(ids).logits, -1)
+        gaps = {precision: (torch.log_softmax(rollout_copy(learner, precision)(ids).logits, -1) - reference).abs().mean()
+                for precision in ("int8", "int6", "int4")}
+    assert 0 < gaps["int8"] < gaps["int6"] < gaps["int4"]
+
+
+def test_the_mismatch_pilot_says_which_levels_bind():
+    """A level binds when |π−μ| ≥ 5e-3 and the mask fires on ≥ 0.5% of tokens (scripts/mismatch_pilot.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mismatch_pilot.py"
+    spec = importlib.util.spec_from_file_location("mismatch_pilot", path)
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+
+    def rows(diff, mask):
+        return [{"step": s, "mismatch/abs_diff_mean": diff, "mask/fraction": mask, "success": 0.5} for s in (1, 2)]
+
+    assert pilot.level_row("int4", rows(7e-3, 6e-3), [900], 2)["binds"]
+    assert not pilot.level_row("int5", rows(2.4e-3, 6e-4), [900], 2)["binds"]
+    assert not pilot.level_row("x", rows(7e-3, 4e-3), [900], 2)["binds"]

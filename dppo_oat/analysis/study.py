@@ -33,7 +33,8 @@ COLLAPSE_RATIO = 0.5
 COLLAPSE_MIN_DROP = 0.1
 """A run *collapses* when its final training success is below ``COLLAPSE_RATIO`` of its smoothed peak and at least
 ``COLLAPSE_MIN_DROP`` (absolute) under it: at a success of a few %, halving is within the noise of one rollout."""
-PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8", "int6": "int6",
+                   "int4": "int4"}
 
 
 def load_study(study_dir: PathLike) -> pd.DataFrame:

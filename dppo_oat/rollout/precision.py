@@ -6,8 +6,9 @@ learner, synced after every update:
 
 - ``bfloat16`` / ``float16``: the copy's weights and its whole forward pass in that dtype (an engine serving in
   half precision);
-- ``int8``: weight-only int8 quantisation (W8A32), each output row of every weight matrix rounded to 255 levels of
-  its absolute maximum, the forward pass in fp32 (an engine serving a weight-quantised model).
+- ``int8`` / ``int6`` / ``int4``: weight-only quantisation (W8A32, W6A32, W4A32), each output row of every weight
+  matrix rounded to 255, 63 or 15 levels of its absolute maximum, the forward pass in fp32 (an engine serving a
+  weight-quantised model; 4-bit weights are what GPTQ/AWQ serving uses, and the coarsest mismatch here).
 
 The mismatch is then real (μ is the copy's own sampling distribution), not noise added to reported log-probs.
 """
@@ -19,24 +20,33 @@ from typing import Literal, Mapping
 
 import torch
 
-RolloutPrecision = Literal["float32", "bfloat16", "float16", "int8"]
+RolloutPrecision = Literal["float32", "bfloat16", "float16", "int8", "int6", "int5", "int4", "int3"]
+QUANTIZED_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "int3": 3}
+"""The weight-only quantised precisions and their bits."""
 INT8_LEVELS = 127
 """Symmetric int8: integers in [−127, 127], one scale per output row."""
 
 
+def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """``weight`` rounded to symmetric per-row ``bits``-bit integers and scaled back (``round(w / s) · s``,
+    ``s = max|w_row| / (2^(bits−1) − 1)``): what a W``bits`` engine computes with, in the weight's dtype."""
+    top = 2 ** (bits - 1) - 1
+    scale = weight.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(weight.dtype).tiny) / top
+    return torch.round(weight / scale).clamp(-top, top) * scale
+
+
 def quantize_int8(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` rounded to symmetric per-row int8 and scaled back (``round(w / s) · s``, ``s = max|w_row| / 127``):
-    what a W8 engine computes with, in the weight's dtype."""
-    scale = weight.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(weight.dtype).tiny) / INT8_LEVELS
-    return torch.round(weight / scale).clamp(-INT8_LEVELS, INT8_LEVELS) * scale
+    """:func:`quantize` at 8 bits (:data:`INT8_LEVELS`)."""
+    return quantize(weight, 8)
 
 
 def rollout_state_dict(state_dict: Mapping[str, torch.Tensor], precision: RolloutPrecision) -> dict:
-    """The learner's weights as the rollout copy holds them: int8 rounds every floating matrix (embeddings, linear
-    layers, the LM head); the half dtypes are cast when loaded; fp32 is unchanged."""
-    if precision != "int8":
+    """The learner's weights as the rollout copy holds them: a quantised precision rounds every floating matrix
+    (embeddings, linear layers, the LM head); the half dtypes are cast when loaded; fp32 is unchanged."""
+    bits = QUANTIZED_BITS.get(precision)
+    if bits is None:
         return dict(state_dict)
-    return {name: quantize_int8(tensor) if tensor.is_floating_point() and tensor.dim() >= 2 else tensor
+    return {name: quantize(tensor, bits) if tensor.is_floating_point() and tensor.dim() >= 2 else tensor
             for name, tensor in state_dict.items()}
 
 
@@ -44,7 +54,7 @@ def rollout_copy(model: torch.nn.Module, precision: RolloutPrecision) -> torch.n
     """The rollout engine's own copy of ``model`` at ``precision`` (``model`` itself for float32: no mismatch)."""
     if precision == "float32":
         return model
-    if precision == "int8":
+    if precision in QUANTIZED_BITS:
         quantized = copy.deepcopy(model)
         quantized.load_state_dict(rollout_state_dict(model.state_dict(), precision))
         return quantized

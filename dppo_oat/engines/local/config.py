@@ -127,7 +127,7 @@ class TrainConfig(spec.DPPOFlags):
     (probe/* metrics; HF generator only). 0: never."""
     rollout_dtype: RolloutPrecision = "float32"
     """Injected training-inference mismatch: sample from a lower-precision copy of the policy (bfloat16 or float16
-    throughout, or int8-quantised weights), learn in float32."""
+    throughout, or int8-, int6- or int4-quantised weights), learn in float32."""
     logprob_noise: float = 0.0
     """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
