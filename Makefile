@@ -50,7 +50,7 @@ OUT ?= notebooks/out
 notebooks: setup
 	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)"
 
-## the example runs the notebooks fall back to (notebooks/example_runs; about 20 minutes on 2 cores)
+## the example runs the notebooks fall back to (notebooks/example_runs; about 4 minutes on 2 cores)
 example-runs: setup
 	bash scripts/example_runs.sh
 
