@@ -366,8 +366,13 @@ PROVENANCE = ("code_commit", "started_at")
 (UTC). A resume keeps the run's own and records its own under ``resumes``."""
 
 
+CODE_PATHS = ("dppo_oat", "envs", "scripts", "requirements", "pyproject.toml")
+"""The parts of the checkout that decide what a run does (not its docs, notebooks or run folders)."""
+
+
 def code_commit() -> str:
-    """The commit of the checkout this package runs from (``-dirty`` when tracked files differ from it), or
+    """The commit of the checkout this package runs from (``-dirty`` when its code, :data:`CODE_PATHS`, differs
+    from it), or
     ``dppo_oat <version>`` for an installed package or a machine without git."""
     import subprocess
 
@@ -379,8 +384,8 @@ def code_commit() -> str:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                  *CODE_PATHS], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return f"dppo_oat {__version__}"
     return head + ("-dirty" if changed else "")
