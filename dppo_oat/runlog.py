@@ -372,8 +372,7 @@ CODE_PATHS = ("dppo_oat", "envs", "scripts", "requirements", "pyproject.toml")
 
 def code_commit() -> str:
     """The commit of the checkout this package runs from (``-dirty`` when its code, :data:`CODE_PATHS`, differs
-    from it), or
-    ``dppo_oat <version>`` for an installed package or a machine without git."""
+    from it), or ``dppo_oat <version>`` for an installed package or a machine without git."""
     import subprocess
 
     from dppo_oat import __version__
