@@ -81,7 +81,12 @@ def make_writable_dir(directory: Path) -> None:
 
 
 def current_umask() -> int:
-    """The process's file-creation mask (read by setting it and putting it back)."""
+    """The process's file-creation mask: Linux reports it in ``/proc/self/status``; elsewhere it is read by setting it
+    and putting it back (for that instant another thread's new file would get the stand-in mask)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
