@@ -19,7 +19,7 @@ def test_kaplan_meier_without_censoring_is_the_empirical_median_and_mean():
 
 def test_runs_that_never_reach_the_threshold_are_censored_not_dropped():
     """S(10) = 3/4, S(30) = 3/4 · (1 − 1/3) = 1/2: median 30, restricted mean 10 + 0.75·20 + 0.5·20 = 35.
-    The median over the runs that got there (the old table's) would say 20."""
+    The median over only the runs that got there would say 20."""
     result = time_to_threshold([10, float("nan"), 30, float("nan")], 50)
     assert result.median == 30 and result.restricted_mean == pytest.approx(35)
     assert (result.reached, result.runs) == (2, 4)
