@@ -83,12 +83,47 @@ def test_contrasts_are_paired_by_seed_and_scored_against_their_margin(study):
     gap = RISE.mean() - COLLAPSE.mean()
     assert table.loc["DPPO beats PG-IS", "difference"] == pytest.approx(gap)  # the seed shifts cancel in pairs
     assert table.loc["DPPO beats PG-IS", "pairs"] == 5
-    assert list(table["verdict"]) == ["holds", "refuted", "inconclusive", "not run", "inconclusive"]
-    assert list(table["within_margin"]) == [False, False, True, False, True]  # identical arms: no difference at all
+    assert list(table["verdict"]) == ["holds", "refuted", "equivalent", "not run", "identical runs"]  # 0.325 < 0.5
     lines = summary_lines(table.reset_index())
-    assert lines[4].startswith("- DPPO beats itself (test): **inconclusive** (CI within ±0.02) — auc")
-    assert lines[0].startswith("- DPPO beats PG-IS (test): **holds** — auc") and "5 paired seeds" in lines[0]
-    assert lines[3] == "- fp32 vs bf16 (test): not run yet"
+    assert lines[4] == "- DPPO beats itself (test; exploratory): **identical runs** — both arms gave auc " \
+        f"{table.loc['DPPO beats itself', 'left']:.3g} on each of 5 seeds; no verdict"
+    assert lines[0].startswith("- DPPO beats PG-IS (test; exploratory): **holds** — auc") and "5 paired seeds" in lines[0]
+    assert "95% t-interval" in lines[0] and "Holm" not in lines[0]
+    assert lines[3] == "- fp32 vs bf16 (test; exploratory): not run yet"
+
+
+def test_primary_claims_are_holm_adjusted_and_need_eight_seeds(tmp_path):
+    """Eight seeds each of two arms a fixed gap apart (plus seed noise): as the only primary claim Holm changes
+    nothing; beside a second primary claim its p doubles (the larger of two: ×1 after the smaller's ×2 is
+    compared); with five seeds the same claim is scored as exploratory."""
+    rng = np.random.default_rng(0)
+    for seed in range(8):
+        base = rng.uniform(0.2, 0.3)
+        for method, shift in (("dppo_binary_tv", 0.06), ("pg_is", 0.0), ("cispo", 0.055)):
+            curve = np.full(STEPS, base + shift) + rng.normal(0, 0.02, STEPS)
+            write_run(tmp_path / "sudoku" / f"{method}-mb1-bf16-s{seed}", method, seed, curve, np.full(STEPS, 0.01))
+    outcomes = run_outcomes(load_study(tmp_path), threshold=0.9)
+    first = Contrast("DPPO beats PG-IS", "test", ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16"),
+                     family="primary")
+    second = Contrast("CISPO beats PG-IS", "test", ("cispo", "mb1-bf16"), ("pg_is", "mb1-bf16"), family="primary")
+    alone = contrast_table(outcomes, (first,)).iloc[0]
+    both = contrast_table(outcomes, (first, second)).set_index("claim")
+    assert alone["p_above_adjusted"] == alone["p_above"]
+    smaller, larger = sorted(both["p_above"])
+    assert sorted(both["p_above_adjusted"]) == pytest.approx([2 * smaller, max(2 * smaller, larger)])
+    assert "Holm-adjusted over 2 primary claims" in summary_lines(both.reset_index())[0]
+    few = outcomes[outcomes["seed"] < 5]
+    assert contrast_table(few, (first,)).iloc[0]["family"] == "exploratory"
+
+
+def test_claims_scored_on_the_same_runs_share_one_line(study):
+    outcomes = run_outcomes(load_study(study), threshold=0.6)
+    once = Contrast("DPPO beats PG-IS", "test", ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16"))
+    again = Contrast("the anchor matters", "other", once.left, once.right)
+    table = contrast_table(outcomes, (once, again))
+    assert list(table["same_as"]) == ["", "DPPO beats PG-IS"]
+    lines = summary_lines(table)
+    assert len(lines) == 1 and "; same runs: the anchor matters (other)" in lines[0]
 
 
 def test_the_study_contrasts_all_score_on_a_partial_study(study):
@@ -96,7 +131,7 @@ def test_the_study_contrasts_all_score_on_a_partial_study(study):
     assert len(table) == len(CONTRASTS)
     growth = table.set_index("claim").loc[CONTRASTS[4].claim]
     assert CONTRASTS[4].metric == "engine_mismatch_growth" and growth["verdict"] == "holds"
-    assert set(table["verdict"]) <= {"holds", "refuted", "inconclusive", "not run"}
+    assert set(table["verdict"]) <= {"holds", "refuted", "equivalent", "inconclusive", "identical runs", "not run"}
 
 
 def test_probe_table(study):

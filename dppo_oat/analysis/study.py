@@ -8,8 +8,8 @@ A study directory holds one folder per task, each with one run directory per (me
 :func:`load_study` reads it into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with three more run
 columns, ``task`` (its folder), ``condition`` (from the run's name) and ``mismatch`` (the rollout's precision or
 log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are scored
-on, :func:`contrast_table` scores the pre-registered :data:`CONTRASTS` by paired seeds (bootstrap CI, permutation
-p-value, verdict against the margin), and :func:`summary_lines` writes the summary in docs/cpu-study.md from that table.
+on, :func:`contrast_table` scores the pre-registered :data:`CONTRASTS` by paired seeds (t-interval, one-sided and
+equivalence tests against the margin, Holm over the primary claims), and :func:`summary_lines` writes the summary in docs/cpu-study.md from that table.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from scipy.stats import spearmanr
 from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.run_checks import read_config
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
-from dppo_oat.analysis.stats import paired_difference, sample_std, time_to_threshold, verdict
+from dppo_oat.analysis.stats import (MarginTests, decide, holm, margin_tests, paired_difference,
+                                     sample_std, time_to_threshold)
 
 GROUP = ["task", "variant", "condition"]
 """One row of a study table: a method (the preset's paper name) under one condition on one task."""
@@ -191,8 +192,10 @@ THRESHOLD = 0.35
 """Time to threshold: first step at which the smoothed training success reaches 0.35 (the shipped policy starts
 near 0.25); a run that never does is censored at its last step."""
 AUC_MARGIN = 0.02
-"""Two arms' mean training success over the run (the area under the curve per step) must differ by more than this,
-with the whole 95% CI of the paired difference beyond it, for a verdict either way."""
+"""Two arms' mean training success over the run (the area under the curve per step) must differ by more than this
+for the claim to hold or be refuted, and by less than this (both ways) to be equivalent."""
+PRIMARY_MIN_PAIRS = 8
+"""A primary claim needs at least this many paired seeds; fewer are scored, and marked, as exploratory."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,9 @@ class Contrast:
     metric: str = "auc"
     margin: float = AUC_MARGIN
     task: str = "sudoku"
+    family: str = "exploratory"
+    """``primary``: a claim the design tests, Holm-corrected with the other primary claims; ``exploratory``:
+    uncorrected, reported as such."""
 
 
 CONTRASTS = (
@@ -272,8 +278,11 @@ CONTRASTS = (
     Contrast("Guess: DPPO-TopK-TV is worse than DPPO-Binary-TV", "sec:method_topk",
              ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32"), task="guess"),
 )
-"""The study's claims, fixed before its runs. ``auc``: mean training success over all steps; the claim holds when
-the paired 95% CI of ``left − right`` lies above ``margin``, is refuted below ``−margin``, else is inconclusive."""
+"""The study's claims, fixed before its runs (every one of them on 5 seeds, so exploratory). ``auc``: mean training
+success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test of
+``left − right > margin`` rejects at 0.025 (for one claim alone: the paired 95% t-interval lies above the margin),
+is refuted when that of ``left − right < −margin`` does, and the arms are equivalent when the two one-sided tests of
+``|left − right| < margin`` do; else inconclusive."""
 
 
 def arm_values(outcomes: pd.DataFrame, task: str, arm: tuple[str, str], metric: str) -> pd.Series:
@@ -285,43 +294,104 @@ def arm_values(outcomes: pd.DataFrame, task: str, arm: tuple[str, str], metric: 
 
 
 def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
-    """One pre-registered contrast on the study's runs: both arms' means, the paired difference's mean, 95% CI and
-    permutation p-value over the seeds both arms have, the verdict (``not run`` under 2 pairs), and
-    ``within_margin``: the whole CI inside ±margin, i.e. no difference as large as the margin (an inconclusive
-    verdict that still says something)."""
+    """One contrast on the study's runs, over the seeds both arms have: both arms' means, the paired difference's
+    mean and 95% t-interval, and the one-sided p-values of the claim (``p_above``), its reverse (``p_below``) and the
+    arms' equivalence within the margin (``p_equivalent``, TOST); ``identical``: every pair differs by exactly 0.
+    Fewer than 2 pairs: NaN, ``not run``."""
     left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
     right = arm_values(outcomes, contrast.task, contrast.right, contrast.metric)
     pairs = left.index.intersection(right.index)
-    row = {"claim": contrast.claim, "source": contrast.source, "metric": contrast.metric, "margin": contrast.margin,
-           "pairs": len(pairs), "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
+    row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family, "metric": contrast.metric,
+           "margin": contrast.margin, "pairs": len(pairs), "seeds": tuple(sorted(pairs)),
+           "left_values": tuple(left.loc[pairs]), "right_values": tuple(right.loc[pairs]),
+           "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
            "right": float(right.loc[pairs].mean()) if len(pairs) else np.nan}
     if len(pairs) < 2:
-        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan, "verdict": "not run",
-                "within_margin": False}
+        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p_above": np.nan,
+                "p_below": np.nan, "p_equivalent": np.nan, "identical": False}
     difference = paired_difference(left.loc[pairs].to_numpy(), right.loc[pairs].to_numpy())
+    tests = margin_tests(difference, contrast.margin)
     return {**row, "difference": difference.mean, "ci_low": difference.low, "ci_high": difference.high,
-            "p": difference.p_value, "verdict": verdict(difference, contrast.margin),
-            "within_margin": bool(-contrast.margin < difference.low and difference.high < contrast.margin)}
+            "p_above": tests.above, "p_below": tests.below, "p_equivalent": tests.equivalent,
+            "identical": difference.identical}
+
+
+P_COLUMNS = ("p_above", "p_below", "p_equivalent")
+
+
+def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
+    """``*_adjusted`` p-values: Holm over the primary claims that ran with at least :data:`PRIMARY_MIN_PAIRS`
+    pairs (each of the three tests its own family); every other claim keeps its own p-values and counts as
+    exploratory (``family`` rewritten so)."""
+    table = table.copy()
+    primary = (table["family"] == "primary") & (table["pairs"] >= PRIMARY_MIN_PAIRS) & ~table["identical"]
+    table.loc[(table["family"] == "primary") & ~primary, "family"] = "exploratory"
+    for column in P_COLUMNS:
+        table[f"{column}_adjusted"] = table[column]
+        if primary.any():
+            table.loc[primary, f"{column}_adjusted"] = holm(table.loc[primary, column].to_numpy())
+    return table
+
+
+def contrast_verdict(row) -> str:
+    """``not run`` (under 2 pairs), ``identical runs`` (the two arms gave the same number on every seed: no
+    verdict), else :func:`~dppo_oat.analysis.stats.decide` on the adjusted p-values at one-sided level 0.025."""
+    if row["pairs"] < 2:
+        return "not run"
+    if row["identical"]:
+        return "identical runs"
+    return decide(MarginTests(row["p_above_adjusted"], row["p_below_adjusted"], row["p_equivalent_adjusted"]))
+
+
+def same_runs_as(table: pd.DataFrame) -> list[str]:
+    """For each contrast, the first earlier claim scored on exactly the same paired numbers (different arms whose
+    runs coincide, e.g. MiniRL and GRPO-ClipHigher where π_θ' = μ), else ``""``: its line is then not repeated."""
+    first_of, earlier = {}, []
+    for row in table.itertuples():
+        key = (row.task, row.metric, row.margin, row.seeds, row.left_values, row.right_values)
+        earlier.append(first_of.get(key, "") if row.pairs >= 2 else "")
+        first_of.setdefault(key, row.claim)
+    return earlier
 
 
 def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
-    """Every contrast scored (:func:`score_contrast`), in the order they were written down."""
-    return pd.DataFrame([score_contrast(outcomes, contrast) for contrast in contrasts])
+    """Every contrast scored (:func:`score_contrast`) in the order they were written down, Holm-adjusted over the
+    primary family, with its verdict and ``same_as`` (the earlier claim it duplicates, if any)."""
+    table = pd.DataFrame([{**score_contrast(outcomes, c), "task": c.task} for c in contrasts])
+    table = adjusted_for_family(table)
+    table["verdict"] = table.apply(contrast_verdict, axis=1)
+    table["same_as"] = same_runs_as(table)
+    return table
 
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
-    """The contrast table as Markdown bullets, one per claim: the summary in docs/cpu-study.md and the notebook's last
-    cell print these same lines."""
+    """The contrast table as Markdown bullets, one per distinct comparison (a claim scored on the same numbers as
+    an earlier one is named on that one's line): the summary in docs/cpu-study.md and the notebook's last cell print
+    these same lines."""
+    also = {}
+    for row in table.itertuples():
+        if row.same_as:
+            also.setdefault(row.same_as, []).append(f"{row.claim} ({row.source})")
+    primaries = int(((table["family"] == "primary") & (table["verdict"] != "not run")).sum())
     lines = []
     for row in table.itertuples():
-        if row.verdict == "not run":
-            lines.append(f"- {row.claim} ({row.source}): not run yet")
-            continue
-        verdict_text = f"**{row.verdict}**" + (f" (CI within ±{row.margin:g})" if row.within_margin else "")
-        lines.append(f"- {row.claim} ({row.source}): {verdict_text} — {row.metric} {row.left:.3g} vs "
-                     f"{row.right:.3g}, difference {row.difference:+.3g}, 95% CI [{row.ci_low:+.3g}, "
-                     f"{row.ci_high:+.3g}], p = {row.p:.2g}, {row.pairs} paired seeds, margin {row.margin:g}")
+        if not row.same_as:
+            lines.append(_summary_line(row, also.get(row.claim, []), primaries))
     return lines
+
+
+def _summary_line(row, duplicates: list[str], primaries: int) -> str:
+    head = f"- {row.claim} ({row.source}; {row.family})" + "".join(f"; same runs: {d}" for d in duplicates)
+    if row.verdict == "not run":
+        return f"{head}: not run yet"
+    if row.verdict == "identical runs":
+        return (f"{head}: **identical runs** — both arms gave {row.metric} {row.left:.3g} on each of {row.pairs} "
+                f"seeds; no verdict")
+    correction = f", Holm-adjusted over {primaries} primary claims" if row.family == "primary" else ""
+    return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {row.right:.3g}, difference "
+            f"{row.difference:+.3g}, 95% t-interval [{row.ci_low:+.3g}, {row.ci_high:+.3g}], {row.pairs} paired "
+            f"seeds, margin {row.margin:g}; one-sided p{correction}: claim {row.p_above_adjusted:.2g}, reverse "
+            f"{row.p_below_adjusted:.2g}, equivalence {row.p_equivalent_adjusted:.2g}")
 
 
 SUMMARY_MARKER = "<!-- cpu-study:summary -->"
