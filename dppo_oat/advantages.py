@@ -8,13 +8,13 @@ Everything here is NumPy in, NumPy out (float32), so that any engine can call it
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:
     from dppo_oat.samples import TurnSample
-    from dppo_oat.spec import AdvantageSettings
 
 ESTIMATORS = ("drgrpo", "grpo", "rloo")
 
@@ -71,6 +71,31 @@ def batch_normalize(values, *, eps: float = 1e-6) -> np.ndarray:
 ADVANTAGE_MODES = (*ESTIMATORS, "rebn")
 
 
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """Per-turn advantages: discounted returns (γ), then a group baseline or ReBN (:func:`turn_advantages`).
+
+    ``per_turn_baseline`` compares a turn only with the same turn of the group's other episodes.
+    """
+
+    mode: str = "drgrpo"
+    gamma: float = 1.0
+    per_turn_baseline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ADVANTAGE_MODES:
+            raise ValueError(f"unknown advantage mode {self.mode!r}; choose one of: {', '.join(ADVANTAGE_MODES)}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.per_turn_baseline and self.mode == "rebn":
+            raise ValueError("a per-turn baseline is a group baseline: use it with drgrpo, grpo or rloo, not rebn")
+
+    @property
+    def needs_groups(self) -> bool:
+        """True for the group baselines, which compare episodes started from the same seed."""
+        return self.mode in ESTIMATORS
+
+
 def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str = "drgrpo", gamma: float = 1.0,
                     per_turn_baseline: bool = False):
     """Advantages of per-turn samples: discounted returns, then a group baseline (``drgrpo``/``grpo``/``rloo``)
@@ -96,7 +121,7 @@ def sample_returns(samples: Sequence["TurnSample"], gamma: float) -> np.ndarray:
                               [s.turn for s in samples], gamma)
 
 
-def sample_advantages(samples: Sequence["TurnSample"], settings: "AdvantageSettings") -> np.ndarray:
+def sample_advantages(samples: Sequence["TurnSample"], settings: AdvantageSettings) -> np.ndarray:
     """:func:`turn_advantages` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``, ``group_id``)."""
     return turn_advantages(
         [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],

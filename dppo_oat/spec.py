@@ -18,7 +18,7 @@ from typing import Annotated, Iterable, Literal, Optional, Tuple
 
 import tyro
 
-from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS
+from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import PRESETS, TrustRegion
@@ -119,31 +119,6 @@ def check_wrappers(names: Tuple[str, ...], template: str) -> None:
     if chat and template != "plain":
         raise ValueError(f"wrapper {chat[0]} applies the chat template itself: use prompt template plain "
                          f"(got {template})")
-
-
-@dataclass(frozen=True)
-class AdvantageSettings:
-    """Per-turn advantages: discounted returns (γ), then a group baseline or ReBN (see :mod:`dppo_oat.advantages`).
-
-    ``per_turn_baseline`` compares a turn only with the same turn of the group's other episodes.
-    """
-
-    mode: str = "drgrpo"
-    gamma: float = 1.0
-    per_turn_baseline: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in ADVANTAGE_MODES:
-            raise ValueError(f"unknown advantage mode {self.mode!r}; choose one of: {', '.join(ADVANTAGE_MODES)}")
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.per_turn_baseline and self.mode == "rebn":
-            raise ValueError("a per-turn baseline is a group baseline: use it with drgrpo, grpo or rloo, not rebn")
-
-    @property
-    def needs_groups(self) -> bool:
-        """True for the group baselines, which compare episodes started from the same seed."""
-        return self.mode in ESTIMATORS
 
 
 @dataclass(frozen=True)
