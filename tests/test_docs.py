@@ -84,8 +84,8 @@ def load_docs_tables():
 
 
 def test_the_generated_tables_are_those_the_code_makes():
-    """The presets table and the local engine's flags table are generated from PRESETS and TrainConfig; a preset or
-    a flag changed without `python scripts/docs_tables.py` fails here."""
+    """The presets table and the local and oat engines' flags tables are generated from PRESETS, TrainConfig and
+    DPPOOatArgs; a preset or a flag changed without `python scripts/docs_tables.py` fails here."""
     assert load_docs_tables().drifted() == []
 
 
@@ -95,6 +95,23 @@ def test_a_changed_preset_is_caught(monkeypatch):
     tables = load_docs_tables()
     monkeypatch.setitem(PRESETS, "ppo", Preset({"rule": "ratio", "eps_low": 0.3, "eps_high": 0.3}, "PPO-ratio"))
     assert tables.drifted() == ["docs/trust-region.md (presets)"]
+
+
+@pytest.mark.parametrize("old, new, table", [
+    ('"""Constructor seed of the training envs', '"""Constructor seed of every training env', "oat-flags"),
+    ("env_seed: int = 42", "env_seed: int = 7", "oat-flags"),
+    ('"reward_scale": (1.0, "rewards', '"reward_scale": (2.0, "rewards', "oat-refused"),
+    ('eval_top_p: float = 0.95', 'eval_top_p: float = 0.9', "oat-defaults"),
+])
+def test_a_changed_oat_flag_is_caught(old, new, table, tmp_path, monkeypatch):
+    """The oat engine's arguments are read from its source (oat need not be installed): a docstring, a default or a
+    refused flag changed there is a stale table."""
+    tables = load_docs_tables()
+    source = tables.OAT_ARGS.read_text()
+    assert old in source
+    (tmp_path / "args.py").write_text(source.replace(old, new))
+    monkeypatch.setattr(tables, "OAT_ARGS", tmp_path / "args.py")
+    assert tables.drifted() == [f"docs/engines/oat.md ({table})"]
 
 
 def train_commands(text: str) -> list[str]:

@@ -241,6 +241,25 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     assert f"`--{name}`" in oat_page.read_text(), "docs/engines/oat.md lists every refused oat flag"
 
 
+def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
+    """scripts/docs_tables.py reads DPPOOatArgs from its source, without oat: every flag it lists has that default in
+    the class, and a field declared without a docstring is one of oat's own flags, whose default it changes."""
+    import dataclasses
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    ours = {field.name: field.default for field in dataclasses.fields(DPPOOatArgs)}
+    oats = {field.name: field.default for field in dataclasses.fields(PPOArgs)}
+    for name, (default, _) in tables.oat_engine_flags().items():
+        assert repr(ours[name]) == default, name
+    changed = tables.oat_default_changes()
+    assert changed
+    for name, default in changed.items():
+        assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
+
+
 def test_wandb_is_off_unless_asked_and_refused_without_a_login(gpu_node, monkeypatch, tmp_path):
     """oat calls ``wandb.login(key=True)`` in the learner when no key is configured, after the models loaded."""
     assert "--use_wb" not in script_commands("gem.sh", "sudoku", "--gpus", "1")[0]
