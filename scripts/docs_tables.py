@@ -1,8 +1,9 @@
 """The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``), the
 command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) and of the oat engine
-(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses).
+(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), and the faults a
+user can reach, each with the test that proves it (the ``@pytest.mark.fault`` markers of ``tests/``).
 
-The oat engine's module is read with ``ast``: oat is not imported.
+The oat engine's module and the tests are read with ``ast``: neither oat nor a test module is imported.
 
 Each table sits in a docs page between two markers, ``<!-- generated:NAME -->`` and ``<!-- end generated:NAME -->``.
 
@@ -21,7 +22,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -185,6 +186,87 @@ def oat_defaults_table() -> str:
     return "\n".join(["| oat flag | default here |", "|---|---|", *rows])
 
 
+# --------------------------------------------------------------------------------- the faults, from their tests
+
+TESTS = ROOT / "tests"
+"""Where the fault markers are: ``@pytest.mark.fault("situation", "what the user sees")`` on a test function."""
+
+
+class Fault(NamedTuple):
+    """One row of docs/faults.md: a fault a user can reach, what they see, and the test that proves it."""
+
+    situation: str
+    outcome: str
+    test: str
+    """``tests/file.py::test_name``, as pytest names it."""
+
+
+def functions_of(module: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """The functions of a module, top-level or in a class, each with its pytest name (``Class::name``)."""
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for method in node.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}::{method.name}", method
+
+
+def is_fault_marker(decorator: ast.expr) -> bool:
+    """True for ``@pytest.mark.fault(...)``."""
+    return isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.fault"
+
+
+def fault_of(marker: ast.Call, test: str) -> Fault:
+    """The row a marker states; ValueError unless it holds exactly two non-empty string literals."""
+    texts = [arg.value for arg in marker.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    if len(texts) != 2 or len(marker.args) != 2 or marker.keywords or not all(t.strip() for t in texts):
+        raise ValueError(f"{test}: a fault marker takes two strings, the situation and what the user sees "
+                         f"(got {ast.unparse(marker)})")
+    situation, outcome = (" ".join(text.split()) for text in texts)
+    return Fault(situation, outcome, test)
+
+
+def faults_in(path: Path, root: Path) -> Iterator[Fault]:
+    """The faults that the tests of one file mark, in the file's order; ValueError for a marker on a function pytest
+    does not run (its name does not start with ``test``)."""
+    where = path.relative_to(root.parent).as_posix()
+    for name, function in functions_of(ast.parse(path.read_text(encoding="utf-8"))):
+        for decorator in filter(is_fault_marker, function.decorator_list):
+            if not function.name.startswith("test"):
+                raise ValueError(f"{where}::{name}: a fault marker on a function that is not a test")
+            yield fault_of(decorator, f"{where}::{name}")
+
+
+FAULT_SUITE = "test_faults.py"
+"""The fault suite (the command line, runs, checkpoints, signals, files): its rows come first."""
+
+
+def in_table_order(path: Path, root: Path) -> tuple:
+    """The fault suite first, then the other files of the top folder, then those of its subfolders, by name."""
+    return len(path.relative_to(root).parts), path.name != FAULT_SUITE, path.as_posix()
+
+
+def faults(root: Path) -> list[Fault]:
+    """Every fault marked by the tests under ``root``, each file in its order (:func:`in_table_order`); ValueError
+    when two markers name the same situation."""
+    files = sorted(root.rglob("test_*.py"), key=lambda path: in_table_order(path, root))
+    found = [fault for path in files for fault in faults_in(path, root)]
+    seen: dict[str, str] = {}
+    for fault in found:
+        key = fault.situation.casefold()
+        if key in seen:
+            raise ValueError(f"the fault {fault.situation!r} is marked twice: {seen[key]} and {fault.test}")
+        seen[key] = fault.test
+    return found
+
+
+def faults_table() -> str:
+    """Every fault a user can reach: the situation, what the user sees, and the test that proves it."""
+    rows = [f"| {cell(f.situation)} | {cell(f.outcome)} | `{f.test}` |" for f in faults(TESTS)]
+    return "\n".join(["| fault | what the user sees | test |", "|---|---|---|", *rows])
+
+
 # --------------------------------------------------------------------------------- the pages
 
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
@@ -193,6 +275,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "oat-flags": ("docs/engines/oat.md", oat_flags_table),
     "oat-refused": ("docs/engines/oat.md", oat_refused_table),
     "oat-defaults": ("docs/engines/oat.md", oat_defaults_table),
+    "faults": ("docs/faults.md", faults_table),
 }
 """Each generated table: the page it is in and the function that makes it."""
 
