@@ -1,5 +1,9 @@
-"""The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``) and the
-command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) with their defaults and help.
+"""The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``), the
+command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) and of the oat engine
+(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), and the faults a
+user can reach, each with the test that proves it (the ``@pytest.mark.fault`` markers of ``tests/``).
+
+The oat engine's module and the tests are read with ``ast``: neither oat nor a test module is imported.
 
 Each table sits in a docs page between two markers, ``<!-- generated:NAME -->`` and ``<!-- end generated:NAME -->``.
 
@@ -18,13 +22,16 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
+from dppo_oat.spec import DPPOFlags  # noqa: E402
 from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
+
+# --------------------------------------------------------------------------------- the trust-region presets
 
 CATEGORICAL = ("anchor", "relax", "is_weight", "mismatch_mask")
 """The TrustRegion fields besides ``rule`` that a preset may set, shown where they differ from the default."""
@@ -50,18 +57,37 @@ def presets_table() -> str:
     return "\n".join(["| preset | settings (the numbers its rule reads) | source |", "|---|---|---|", *rows])
 
 
+# --------------------------------------------------------------------------------- flags, from their dataclasses
+
+
+def documented_fields(klass: ast.ClassDef) -> dict[str, str]:
+    """The docstring under each field of a class body (the string literal after the field, as tyro reads it), joined
+    into one line."""
+    docs: dict[str, str] = {}
+    for statement, following in zip(klass.body, klass.body[1:]):
+        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
 def field_docstrings(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass and of its bases (the string literal after the field, as tyro
-    reads it), joined into one line."""
+    """The field docstrings of a dataclass and of its dataclass bases (a subclass's own win)."""
     docs: dict[str, str] = {}
     for klass in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for statement, following in zip(body, body[1:]):
-            if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                    and isinstance(following.value.value, str)):
-                docs[statement.target.id] = " ".join(following.value.value.split())
+        docs.update(documented_fields(ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]))
     return docs
+
+
+def cell(text: str) -> str:
+    """``text`` inside a Markdown table cell (its ``|`` escaped)."""
+    return text.replace("|", "\\|")
+
+
+def flag_row(flag: str, default: str, help_text: str) -> str:
+    """One row of a flags table: the flag, its default (as Python writes it) and its help."""
+    return f"| `--{flag}` | `{default}` | {cell(help_text)} |"
 
 
 def flag_rows(cls: type, prefix: str = "") -> Iterator[str]:
@@ -73,18 +99,183 @@ def flag_rows(cls: type, prefix: str = "") -> Iterator[str]:
         if dataclasses.is_dataclass(default):
             yield from flag_rows(type(default), prefix=f"{flag}.")
             continue
-        help_text = docs.get(field.name, "").replace("|", "\\|")
-        yield f"| `--{flag}` | `{default!r}` | {help_text} |"
+        yield flag_row(flag, repr(default), docs.get(field.name, ""))
+
+
+FLAGS_HEADER = ["| flag | default | what |", "|---|---|---|"]
 
 
 def local_flags_table() -> str:
     """Every flag of ``python -m dppo_oat.train`` (the local engine)."""
-    return "\n".join(["| flag | default | what |", "|---|---|---|", *flag_rows(TrainConfig)])
+    return "\n".join([*FLAGS_HEADER, *flag_rows(TrainConfig)])
 
+
+# --------------------------------------------------------------------------------- the oat engine (read, not run)
+
+OAT_ARGS = ROOT / "dppo_oat" / "engines" / "oat" / "args.py"
+"""The oat engine's arguments: ``DPPOOatArgs(PPOArgs, DPPOFlags)``; importing it imports oat, so it is parsed."""
+
+
+def oat_args_module() -> ast.Module:
+    return ast.parse(OAT_ARGS.read_text(encoding="utf-8"))
+
+
+def class_node(module: ast.Module, name: str) -> ast.ClassDef:
+    return next(node for node in module.body if isinstance(node, ast.ClassDef) and node.name == name)
+
+
+def constant(module: ast.Module, name: str):
+    """The literal value assigned to ``name`` at the top of ``module``."""
+    assignment = next(node for node in module.body if isinstance(node, ast.Assign)
+                      and any(isinstance(target, ast.Name) and target.id == name for target in node.targets))
+    return ast.literal_eval(assignment.value)
+
+
+def declared_defaults(klass: ast.ClassDef) -> dict[str, str]:
+    """Each field a class body declares with a default, and that default as Python writes it."""
+    defaults = {}
+    for statement in klass.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and statement.value:
+            try:
+                defaults[statement.target.id] = repr(ast.literal_eval(statement.value))
+            except ValueError:
+                defaults[statement.target.id] = ast.unparse(statement.value)
+    return defaults
+
+
+def oat_engine_flags() -> dict[str, tuple[str, str]]:
+    """The flags the oat engine declares, ``name -> (default, help)``: ``DPPOFlags``' (with the defaults and help
+    ``DPPOOatArgs`` gives them again), then the fields ``DPPOOatArgs`` documents itself; a field it declares
+    without a docstring only changes the default of oat's own flag (:func:`oat_default_changes`)."""
+    docs = field_docstrings(DPPOFlags)
+    flags = {field.name: (repr(field.default), docs[field.name]) for field in dataclasses.fields(DPPOFlags)}
+    klass = class_node(oat_args_module(), "DPPOOatArgs")
+    own_docs = documented_fields(klass)
+    for name, default in declared_defaults(klass).items():
+        if name in flags or name in own_docs:
+            flags[name] = (default, own_docs.get(name) or flags[name][1])
+    return flags
+
+
+def oat_default_changes() -> dict[str, str]:
+    """oat's own flags whose default ``DPPOOatArgs`` changes (declared there without a docstring), apart from those
+    it refuses (``REPLACED_OAT_FLAGS``, whose one accepted value is that default)."""
+    module = oat_args_module()
+    klass, refused = class_node(module, "DPPOOatArgs"), constant(module, "REPLACED_OAT_FLAGS")
+    documented = set(documented_fields(klass)) | {field.name for field in dataclasses.fields(DPPOFlags)}
+    return {name: default for name, default in declared_defaults(klass).items()
+            if name not in documented and name not in refused}
+
+
+def oat_flags_table() -> str:
+    """Every flag the oat engine adds to oat's (``DPPOOatArgs`` and the ``DPPOFlags`` it holds)."""
+    rows = [flag_row(name, default, help_text) for name, (default, help_text) in oat_engine_flags().items()]
+    return "\n".join([*FLAGS_HEADER, *rows])
+
+
+def oat_refused_table() -> str:
+    """oat's flags whose job DPPO does differently, refused at any value but one (``REPLACED_OAT_FLAGS``)."""
+    refused = constant(oat_args_module(), "REPLACED_OAT_FLAGS")
+    rows = [f"| `--{name}` | `{accepted!r}` | {cell(hint)} |" for name, (accepted, hint) in refused.items()]
+    return "\n".join(["| oat flag | the one value accepted | instead |", "|---|---|---|", *rows])
+
+
+def oat_defaults_table() -> str:
+    """oat's flags whose default the oat engine changes."""
+    rows = [f"| `--{name}` | `{default}` |" for name, default in oat_default_changes().items()]
+    return "\n".join(["| oat flag | default here |", "|---|---|", *rows])
+
+
+# --------------------------------------------------------------------------------- the faults, from their tests
+
+TESTS = ROOT / "tests"
+"""Where the fault markers are: ``@pytest.mark.fault("situation", "what the user sees")`` on a test function."""
+
+
+class Fault(NamedTuple):
+    """One row of docs/faults.md: a fault a user can reach, what they see, and the test that proves it."""
+
+    situation: str
+    outcome: str
+    test: str
+    """``tests/file.py::test_name``, as pytest names it."""
+
+
+def functions_of(module: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """The functions of a module, top-level or in a class, each with its pytest name (``Class::name``)."""
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for method in node.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}::{method.name}", method
+
+
+def is_fault_marker(decorator: ast.expr) -> bool:
+    """True for ``@pytest.mark.fault(...)``."""
+    return isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.fault"
+
+
+def fault_of(marker: ast.Call, test: str) -> Fault:
+    """The row a marker states; ValueError unless it holds exactly two non-empty string literals."""
+    texts = [arg.value for arg in marker.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    if len(texts) != 2 or len(marker.args) != 2 or marker.keywords or not all(t.strip() for t in texts):
+        raise ValueError(f"{test}: a fault marker takes two strings, the situation and what the user sees "
+                         f"(got {ast.unparse(marker)})")
+    situation, outcome = (" ".join(text.split()) for text in texts)
+    return Fault(situation, outcome, test)
+
+
+def faults_in(path: Path, root: Path) -> Iterator[Fault]:
+    """The faults that the tests of one file mark, in the file's order; ValueError for a marker on a function pytest
+    does not run (its name does not start with ``test``)."""
+    where = path.relative_to(root.parent).as_posix()
+    for name, function in functions_of(ast.parse(path.read_text(encoding="utf-8"))):
+        for decorator in filter(is_fault_marker, function.decorator_list):
+            if not function.name.startswith("test"):
+                raise ValueError(f"{where}::{name}: a fault marker on a function that is not a test")
+            yield fault_of(decorator, f"{where}::{name}")
+
+
+FAULT_SUITE = "test_faults.py"
+"""The fault suite (the command line, runs, checkpoints, signals, files): its rows come first."""
+
+
+def in_table_order(path: Path, root: Path) -> tuple:
+    """The fault suite first, then the other files of the top folder, then those of its subfolders, by name."""
+    return len(path.relative_to(root).parts), path.name != FAULT_SUITE, path.as_posix()
+
+
+def faults(root: Path) -> list[Fault]:
+    """Every fault marked by the tests under ``root``, each file in its order (:func:`in_table_order`); ValueError
+    when two markers name the same situation."""
+    files = sorted(root.rglob("test_*.py"), key=lambda path: in_table_order(path, root))
+    found = [fault for path in files for fault in faults_in(path, root)]
+    seen: dict[str, str] = {}
+    for fault in found:
+        key = fault.situation.casefold()
+        if key in seen:
+            raise ValueError(f"the fault {fault.situation!r} is marked twice: {seen[key]} and {fault.test}")
+        seen[key] = fault.test
+    return found
+
+
+def faults_table() -> str:
+    """Every fault a user can reach: the situation, what the user sees, and the test that proves it."""
+    rows = [f"| {cell(f.situation)} | {cell(f.outcome)} | `{f.test}` |" for f in faults(TESTS)]
+    return "\n".join(["| fault | what the user sees | test |", "|---|---|---|", *rows])
+
+
+# --------------------------------------------------------------------------------- the pages
 
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "presets": ("docs/trust-region.md", presets_table),
     "local-flags": ("docs/engines/local.md", local_flags_table),
+    "oat-flags": ("docs/engines/oat.md", oat_flags_table),
+    "oat-refused": ("docs/engines/oat.md", oat_refused_table),
+    "oat-defaults": ("docs/engines/oat.md", oat_defaults_table),
+    "faults": ("docs/faults.md", faults_table),
 }
 """Each generated table: the page it is in and the function that makes it."""
 

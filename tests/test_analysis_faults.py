@@ -67,6 +67,9 @@ def test_a_config_that_is_not_a_json_object_skips_its_run(tmp_path, good, text, 
     assert set(df["run"]) == {"good"}
 
 
+@pytest.mark.fault("a run whose `config.json` holds a field of the wrong type, given to `dppo_oat.plot` or the "
+                   "notebooks",
+                   "skipped with one warning naming it, the field and its value; the other runs are read")
 @pytest.mark.parametrize("fields, reason", [
     ({"seed": "abc"}, 'its config.json has "seed": "abc", not an integer'),
     ({"seed": [1]}, 'its config.json has "seed": [1], not an integer'),
@@ -116,6 +119,8 @@ def test_env_ids_given_as_one_string_is_one_environment(tmp_path):
 # --------------------------------------------------------------------------------------------- metrics.jsonl
 
 
+@pytest.mark.fault("a run whose `metrics.jsonl` is empty, unreadable or has no numeric `step`",
+                   "skipped with one warning naming it and why; the other runs are read")
 @pytest.mark.parametrize("text, reason", [
     (b"", "no step logged yet (its metrics.jsonl holds no row)"),
     (b"not json\nnor this\n", "no line of its metrics.jsonl is a JSON object"),
@@ -186,6 +191,8 @@ def test_metrics_named_like_the_long_tables_columns(tmp_path):
 # --------------------------------------------------------------------------------------------- the study
 
 
+@pytest.mark.fault("a damaged run in a study folder that the notebooks read",
+                   "skipped with one warning; the study's other runs are read")
 @pytest.mark.parametrize("config, reason", [(b"[]", "holds a list"), (b"{not json", "is not JSON")])
 def test_a_study_skips_a_damaged_run(tmp_path, config, reason):
     study = tmp_path / "study"
@@ -205,6 +212,9 @@ def one_line(text: str) -> str:
     return text.strip()
 
 
+@pytest.mark.fault("a run whose `config.json` is not a JSON object, given to `dppo_oat.plot`",
+                   "skipped with one warning naming it and why (`dppo-plot: warning: runs/x: skipped, its config.json "
+                   "holds a list, not a JSON object`); the other runs are drawn")
 def test_plot_skips_a_run_whose_config_is_a_list(tmp_path, good, capsys):
     bad = damaged(tmp_path, "bad", config=b"[1, 2]")
     out = tmp_path / "f.png"
@@ -215,6 +225,8 @@ def test_plot_skips_a_run_whose_config_is_a_list(tmp_path, good, capsys):
     assert out.stat().st_size > 0 and f"wrote {out}" in captured.out
 
 
+@pytest.mark.fault("`dppo_oat.plot` given only damaged runs",
+                   "`dppo-plot: error: no run left to read: …` (exit 1)")
 def test_plot_with_no_readable_run_ends_in_one_error(tmp_path, capsys):
     bad = damaged(tmp_path, "bad", metrics=b"garbage\n")
     out = tmp_path / "f.png"
@@ -226,6 +238,8 @@ def test_plot_with_no_readable_run_ends_in_one_error(tmp_path, capsys):
     assert error == "dppo-plot: error: no run left to read: the 1 run given was skipped (see the warning above)"
 
 
+@pytest.mark.fault("an empty directory given to `dppo_oat.plot`",
+                   "skipped with one warning: `dppo-plot: warning: …: an empty directory, skipped (not a run)`")
 def test_plot_warnings_are_one_line_each(tmp_path, good, capsys):
     (tmp_path / "empty").mkdir()
     main([str(tmp_path / "empty"), str(good), "-o", str(tmp_path / "f.png"), "--metrics", "reward"])
@@ -240,6 +254,9 @@ def refuse_before_reading(monkeypatch) -> None:
     monkeypatch.setattr(dppo_oat.plot, "load_runs", lambda *a, **k: pytest.fail("read the runs"))
 
 
+@pytest.mark.fault("`python -m dppo_oat.plot … -o figs` where `figs` is a directory",
+                   "one line before any run is read: `dppo-plot: error: -o figs is a directory: give a file name such "
+                   "as figs/figure.png` (exit 2)")
 def test_plot_refuses_an_output_that_is_a_directory(tmp_path, good, capsys, monkeypatch):
     refuse_before_reading(monkeypatch)
     folder = tmp_path / "figures"
@@ -252,6 +269,8 @@ def test_plot_refuses_an_output_that_is_a_directory(tmp_path, good, capsys, monk
     assert not list(folder.iterdir()) and not (tmp_path / "figures.png").exists()
 
 
+@pytest.mark.fault("`dppo_oat.plot -o figure.jpgg`, a suffix matplotlib cannot write",
+                   "one line before any run is read, naming the suffixes it can write (exit 2)")
 def test_plot_refuses_a_format_matplotlib_cannot_write(tmp_path, good, capsys, monkeypatch):
     refuse_before_reading(monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
@@ -272,6 +291,8 @@ def test_plot_refuses_an_output_inside_a_file(tmp_path, good, capsys, monkeypatc
         f"dppo-plot: error: -o {tmp_path / 'notes.txt' / 'f.png'}: {tmp_path / 'notes.txt'} is a file, not a folder"
 
 
+@pytest.mark.fault("`dppo_oat.plot -o figure`, without a suffix",
+                   "writes `figure.png` and says so")
 def test_plot_without_a_suffix_says_the_file_it_wrote(tmp_path, good, capsys):
     main([str(good), "-o", str(tmp_path / "figure"), "--metrics", "reward"])
     assert (tmp_path / "figure.png").is_file() and not (tmp_path / "figure").exists()

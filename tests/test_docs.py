@@ -84,8 +84,9 @@ def load_docs_tables():
 
 
 def test_the_generated_tables_are_those_the_code_makes():
-    """The presets table and the local engine's flags table are generated from PRESETS and TrainConfig; a preset or
-    a flag changed without `python scripts/docs_tables.py` fails here."""
+    """The presets table, the local and oat engines' flags tables and the faults table are generated from PRESETS,
+    TrainConfig, DPPOOatArgs and the tests' fault markers; one of them changed without `python
+    scripts/docs_tables.py` fails here."""
     assert load_docs_tables().drifted() == []
 
 
@@ -95,6 +96,91 @@ def test_a_changed_preset_is_caught(monkeypatch):
     tables = load_docs_tables()
     monkeypatch.setitem(PRESETS, "ppo", Preset({"rule": "ratio", "eps_low": 0.3, "eps_high": 0.3}, "PPO-ratio"))
     assert tables.drifted() == ["docs/trust-region.md (presets)"]
+
+
+@pytest.mark.parametrize("old, new, table", [
+    ('"""Constructor seed of the training envs', '"""Constructor seed of every training env', "oat-flags"),
+    ("env_seed: int = 42", "env_seed: int = 7", "oat-flags"),
+    ('"reward_scale": (1.0, "rewards', '"reward_scale": (2.0, "rewards', "oat-refused"),
+    ('eval_top_p: float = 0.95', 'eval_top_p: float = 0.9', "oat-defaults"),
+])
+def test_a_changed_oat_flag_is_caught(old, new, table, tmp_path, monkeypatch):
+    """The oat engine's arguments are read from its source (oat need not be installed): a docstring, a default or a
+    refused flag changed there is a stale table."""
+    tables = load_docs_tables()
+    source = tables.OAT_ARGS.read_text()
+    assert old in source
+    (tmp_path / "args.py").write_text(source.replace(old, new))
+    monkeypatch.setattr(tables, "OAT_ARGS", tmp_path / "args.py")
+    assert tables.drifted() == [f"docs/engines/oat.md ({table})"]
+
+
+def copied_tests(tmp_path: Path) -> Path:
+    """A copy of ``tests/`` to edit."""
+    import shutil
+
+    return Path(shutil.copytree(REPO / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__")))
+
+
+MARKED = """
+
+@pytest.mark.fault("{situation}", "what the user sees")
+def test_{name}():
+    pass
+"""
+
+
+@pytest.mark.parametrize("edit", ["added", "removed", "changed", "renamed"])
+def test_a_fault_test_added_removed_or_changed_is_caught(edit, tmp_path, monkeypatch):
+    tables = load_docs_tables()
+    tests = copied_tests(tmp_path)
+    faults, train = tests / "test_faults.py", tests / "test_train.py"
+    if edit == "added":
+        train.write_text(train.read_text() + MARKED.format(situation="a new fault", name="a_new_fault"))
+    elif edit == "removed":
+        train.unlink()  # its one marked test, a kill, goes with it
+    elif edit == "changed":
+        faults.write_text(faults.read_text().replace('@pytest.mark.fault("Ctrl-C",', '@pytest.mark.fault("Ctrl-D",'))
+    else:
+        faults.write_text(faults.read_text().replace("def test_ctrl_c_says_how", "def test_ctrl_c_tells_how"))
+    monkeypatch.setattr(tables, "TESTS", tests)
+    assert tables.drifted() == ["docs/faults.md (faults)"]
+
+
+def test_a_fault_is_marked_once(tmp_path):
+    tables = load_docs_tables()
+    (tmp_path / "test_one.py").write_text(MARKED.format(situation="A full disk", name="one"))
+    (tmp_path / "test_two.py").write_text(MARKED.format(situation="a full   disk", name="two"))
+    with pytest.raises(ValueError, match=r"marked twice: .*test_one.py::test_one and .*test_two.py::test_two"):
+        tables.faults(tmp_path)
+
+
+@pytest.mark.parametrize("marker, message", [
+    ('@pytest.mark.fault("only the situation")', "takes two strings"),
+    ('@pytest.mark.fault("a fault", "")', "takes two strings"),
+    ('@pytest.mark.fault("a fault", OUTCOME)', "takes two strings"),
+])
+def test_a_fault_marker_states_the_fault_and_what_the_user_sees(marker, message, tmp_path):
+    tables = load_docs_tables()
+    (tmp_path / "test_marker.py").write_text(f"{marker}\ndef test_it():\n    pass\n")
+    with pytest.raises(ValueError, match=message):
+        tables.faults(tmp_path)
+
+
+def test_a_fault_marker_sits_on_a_test(tmp_path):
+    tables = load_docs_tables()
+    (tmp_path / "test_helper.py").write_text(MARKED.format(situation="a fault", name="x").replace("test_x", "helper"))
+    with pytest.raises(ValueError, match="not a test"):
+        tables.faults(tmp_path)
+
+
+def test_every_fault_row_names_a_test_of_its_file():
+    """Each row of docs/faults.md names ``tests/…py::test_…``, a test function of that file (the table is made from
+    the markers on them, so this holds unless the page was edited by hand)."""
+    rows = re.findall(r"^\|.*\| `(tests/[^`:]+)::([^`]+)` \|$", (REPO / "docs" / "faults.md").read_text(), re.M)
+    assert len(rows) >= 40
+    for path, name in rows:
+        assert re.search(rf"^\s*(async )?def {name.split('::')[-1]}\(", (REPO / path).read_text(), re.M), (path, name)
 
 
 def train_commands(text: str) -> list[str]:

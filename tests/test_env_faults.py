@@ -42,6 +42,8 @@ def refused(capsys, tmp_path, env_id, *fragments, code=2, flags=()):
 # --- local math data ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.fault("a local-math file whose answers mix strings, numbers and lists",
+                   "accepted: when any answer is a list, every answer is stored as a list")
 def test_answers_that_mix_strings_numbers_and_lists_are_accepted(tmp_path):
     """The docstring allows strings, numbers and lists of accepted strings; one file mixing them (a pyarrow traceback
     unhandled) loads. Every answer becomes a list of strings then, which the grader and the oracle take."""
@@ -56,12 +58,19 @@ def test_answers_that_mix_strings_numbers_and_lists_are_accepted(tmp_path):
     assert math_oracle_action(env) == "\\boxed{4}"
 
 
+@pytest.mark.fault("a local-math file whose answers mix strings and numbers",
+                   "accepted: numbers become text")
 def test_numbers_and_strings_mixed_become_strings(tmp_path):
     write_math(tmp_path / "numbers.jsonl", ['{"problem": "3+3?", "answer": 6}', GOOD,
                                             '{"problem": "half?", "answer": 0.5}'])
     assert load_math_dataset(tmp_path / "numbers.jsonl")["answer"] == ["6", "2", "0.5"]
 
 
+@pytest.mark.fault("a local-math row whose problem is not a non-empty string, or whose answer the grader cannot take "
+                   "(a dict, null, an empty list, a list holding null, a bool)",
+                   "`error: env local-math:…: FILE, line N: the problem must be a non-empty string, got int 7` (or "
+                   "`the answer must be a non-empty string, a number, or a non-empty list of them, got …`), before "
+                   "any model")
 @pytest.mark.parametrize("row, fragments", [
     ('{"problem": 7, "answer": "7"}', ["line 2", "problem", "a non-empty string", "int"]),
     ('{"problem": null, "answer": "7"}', ["line 2", "problem", "None"]),
@@ -80,6 +89,8 @@ def test_a_row_the_grader_cannot_take_is_one_line_naming_the_file_and_line(row, 
     refused(capsys, tmp_path, env_id, "bad_rows.jsonl", *fragments)
 
 
+@pytest.mark.fault("a local-math file where another column mixes types",
+                   "one line naming the file and the column, before any model")
 def test_another_column_that_mixes_types_is_named(tmp_path, capsys, no_model):
     env_id = write_math(tmp_path / "levels.jsonl", ['{"problem": "1?", "answer": "1", "level": 3}',
                                                     '{"problem": "2?", "answer": "2", "level": "hard"}'])
@@ -92,12 +103,16 @@ def test_a_json_list_file_names_the_row(tmp_path, capsys, no_model):
     refused(capsys, tmp_path, f"local-math:{path}", "rows.json, row 2", "problem")
 
 
+@pytest.mark.fault("an empty local-math file",
+                   "one line naming the file, before any model")
 @pytest.mark.parametrize("text", ["", "\n\n"])
 def test_an_empty_file_is_one_line(text, tmp_path, capsys, no_model):
     (tmp_path / "empty.jsonl").write_text(text)
     refused(capsys, tmp_path, f"local-math:{tmp_path / 'empty.jsonl'}", "empty.jsonl", "no rows")
 
 
+@pytest.mark.fault("a saved local-math split with no rows",
+                   "one line naming it, before any model")
 def test_a_saved_set_without_rows_is_one_line(tmp_path, capsys, no_model):
     """A split with no rows is refused at validation (it would divide by zero at the first reset)."""
     folder = tmp_path / "no_rows"
@@ -123,6 +138,9 @@ def test_a_registered_dataset_is_checked_too():
 # --- plugins: importing -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.fault("a plugin that calls `sys.exit` while being imported",
+                   "`error: env module 'X' called sys.exit(3) while being imported (file:line): a plugin must not "
+                   "exit on import; …` (exit 2)")
 @pytest.mark.parametrize("statement, fragment", [
     ("sys.exit(3)", "called sys.exit(3)"),
     ("sys.exit('bye')", "called sys.exit('bye')"),
@@ -221,6 +239,14 @@ STEP = "(observation: str, reward: float, terminated: bool, truncated: bool, inf
 RESET = "(observation: str, info: dict)"
 
 
+@pytest.mark.fault("a plugin env whose `step()` or `reset()` breaks Gem's contract (3 values, `None`, an observation "
+                   "that is not text)",
+                   "one line at validation (each plugin env is made, reset and stepped once) naming the env, its "
+                   "plugin and what Gem envs return: `… step() returned 3 values; Gem envs return (observation: str, "
+                   "reward: float, terminated: bool, truncated: bool, info: dict): fix its step()` (exit 2)")
+@pytest.mark.fault("an oracle that raises or returns something other than text",
+                   "`error: the oracle NAME of env ID (plugin X) raised E: msg (file:line): fix the oracle, or … "
+                   "--pretrain`, at validation (exit 2)")
 @pytest.mark.parametrize("flaw, fragments", [
     ("step returns 3 values", ["step() returned 3 values", f"Gem envs return {STEP}", "fix its step()"]),
     ("step returns no info", ["step() returned an info of type NoneType", STEP]),
@@ -245,6 +271,8 @@ FLAW_NAMES = ("step returns 3 values", "step returns no info", "reset returns No
               "the oracle raises on its second move")
 
 
+@pytest.mark.fault("an oracle that fails only after its first move",
+                   "the same line, from the warm start (exit 1)")
 def test_an_oracle_that_fails_later_stops_the_warm_start_in_one_line(tmp_path, capsys):
     """The probe plays one move; a later failure surfaces in the warm start's demonstrations: exit 1, one line."""
     plugin, env_id = write_plugin(tmp_path, "the oracle raises on its second move", "LateOracle-v0")
@@ -274,6 +302,10 @@ class Replies:
                 for _ in prompts]
 
 
+@pytest.mark.fault("a plugin env that breaks Gem's contract only in play (a model of one's own plays no oracle at "
+                   "validation), or whose `reset()` raises",
+                   "the run stops at the first episode that shows it, in one line naming the env and its plugin (exit "
+                   "1); never counted as an env error")
 @pytest.mark.parametrize("flaw, message", [
     ("step returns 3 values", r"env mine:Collect0-v0 \(plugin .*collect0_v0.py\): step\(\) returned 3 values; "
                               r"Gem envs return \(observation: str, reward: float, .*\): fix its step\(\)"),

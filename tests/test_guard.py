@@ -36,6 +36,9 @@ def on_policy_batch(policy, temperature, n=6):
     return build_update_batch(samples, advantages, tokenizer.pad_token_id)
 
 
+@pytest.mark.fault("`--temperature 0.6`",
+                   "π_θ is computed at the sampling temperature (the learner divides the logits by it, as the rollout "
+                   "did), so on-policy tokens have |π − μ| ≈ 0 and nothing is masked at any temperature")
 @pytest.mark.parametrize("temperature", [0.3, 0.6, 1.0])
 def test_on_policy_minibatch_has_no_mismatch_at_any_temperature(policy, temperature):
     """One minibatch per rollout, fp32 rollout: π_θ is μ, so |π − μ| ≈ 0 and the trust region masks nothing."""
@@ -64,6 +67,9 @@ def spec_with(sampling: SamplingSettings, update: UpdateSettings) -> RunSpec:
                    update)
 
 
+@pytest.mark.fault("`--top-p 0.9` or top-k for training",
+                   "refused: μ would be renormalised over a support the learner does not see (evaluation may use "
+                   "them)")
 @pytest.mark.parametrize("sampling, learner_temperature, message", [
     (SamplingSettings(8, top_p=0.9), 1.0, "top-p/top-k"),
     (SamplingSettings(8, top_k=20), 1.0, "top-p/top-k"),
@@ -93,6 +99,8 @@ def plain_update(model, batch, guard=None, lr=0.1, minibatch_size=3, optimizer_c
                          discard_step=lambda: optimizer.zero_grad(set_to_none=True))
 
 
+@pytest.mark.fault("a minibatch whose μ log-probs (so its loss) are non-finite",
+                   "not applied; counted in `guard/skipped` and `guard/nonfinite_*`")
 def test_a_minibatch_with_non_finite_mu_is_skipped_and_counted(policy):
     model = copy.deepcopy(policy[0])
     batch = poisoned(on_policy_batch(policy, 1.0))
@@ -131,6 +139,8 @@ def test_an_engine_that_cannot_skip_stops_at_once(policy):
                       settings)
 
 
+@pytest.mark.fault("a non-finite gradient",
+                   "not applied; counted in `guard/skipped`")
 def test_a_non_finite_gradient_is_never_applied(policy):
     model = copy.deepcopy(policy[0])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -143,6 +153,8 @@ def test_a_non_finite_gradient_is_never_applied(policy):
         torch.testing.assert_close(value, policy[0].state_dict()[name], atol=0, rtol=0)
 
 
+@pytest.mark.fault("an update that leaves non-finite weights",
+                   "the run stops (`training diverged`: the weights diverged) before they could be checkpointed")
 def test_an_update_that_breaks_the_weights_stops_before_any_checkpoint(policy):
     """A step that leaves non-finite weights (an infinite learning rate; the CLI refuses one): the update itself
     says so, before the engine could checkpoint them."""
@@ -151,6 +163,8 @@ def test_an_update_that_breaks_the_weights_stops_before_any_checkpoint(policy):
         plain_update(model, on_policy_batch(policy, 1.0), lr=float("inf"), minibatch_size=6)
 
 
+@pytest.mark.fault("a checkpoint of non-finite weights",
+                   "never written: a checkpoint never holds non-finite weights")
 def test_a_checkpoint_never_holds_non_finite_weights(policy, tmp_path):
     state = copy.deepcopy(policy[0]).state_dict()
     name = next(iter(state))

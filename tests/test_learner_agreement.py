@@ -112,6 +112,9 @@ def unchanged(model, reference) -> bool:
     return all(torch.equal(value, reference.state_dict()[name]) for name, value in model.state_dict().items())
 
 
+@pytest.mark.fault("oat engine: a non-finite minibatch on one learner only",
+                   "every learner skips that step: each skip and stop is agreed over the learners (an all-reduce MAX "
+                   "per minibatch), so none is left waiting in a collective")
 def test_a_minibatch_poisoned_on_one_learner_is_skipped_by_every_learner(policy):
     """μ is NaN in learner 0's first minibatch only: both skip that step (learner 1's healthy gradient is dropped
     too, as ZeRO's shared step must) and both take the next one."""
@@ -128,6 +131,8 @@ def test_a_minibatch_poisoned_on_one_learner_is_skipped_by_every_learner(policy)
     assert calls[0] == calls[1]
 
 
+@pytest.mark.fault("oat engine: weights diverged on one learner only",
+                   "every learner stops at the same step; the healthy learners' weights are untouched")
 def test_weights_diverged_on_one_learner_stop_every_learner_together(policy):
     """π_θ is non-finite on learner 0 only: both discard the minibatch and both raise, at the same step, and the
     healthy learner's weights are untouched."""

@@ -145,6 +145,9 @@ class ExplodingEnv(gem.Env):
         raise RuntimeError("the env broke")
 
 
+@pytest.mark.fault("an env whose `step()` raises",
+                   "that episode ends with the format-error penalty and is counted (`end/env_error`); the others play "
+                   "on")
 def test_env_exception_ends_only_that_episode(tiny_policy):
     _, tokenizer = tiny_policy
     gem.register("test:Exploding-v0", entry_point=ExplodingEnv)
@@ -162,6 +165,8 @@ def test_env_exception_ends_only_that_episode(tiny_policy):
     assert rollout.stats()["end/env_error"] == 1.0
 
 
+@pytest.mark.fault("an env that keeps raising",
+                   "its first exception is shown once, with the env's id")
 def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
     """An env that raises in step() is not a silent penalty (only a count in the metrics would say so)."""
     _, tokenizer = tiny_policy
@@ -190,6 +195,8 @@ class SometimesExplodingEnv(ExplodingEnv):
         return "done", 1.0, True, False, {}
 
 
+@pytest.mark.fault("32 episodes in a row that end in an env error",
+                   "the run stops: `error: the last 32 episodes all ended in an env error; the first: env …` (exit 1)")
 def test_episodes_that_all_err_in_a_row_stop_the_run_and_a_good_one_resets_the_count(tiny_policy):
     """An oat actor plays a few episodes a call (2 for Gem's Sudoku recipe): a call whose episodes all erred is bad
     luck; BROKEN_ENV_EPISODES in a row, over calls, is a broken env."""
@@ -214,6 +221,9 @@ class NonFiniteRewardEnv(ExplodingEnv):
         return "again", float("nan"), False, False, {}
 
 
+@pytest.mark.fault("an env that returns a NaN or infinite reward",
+                   "the run stops: `error: env … returned the reward nan (seed …, turn …): rewards must be finite "
+                   "numbers` (exit 1), before it reaches an update")
 def test_a_non_finite_reward_stops_the_run_naming_the_env(tiny_policy):
     """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming the learning rate)."""
     _, tokenizer = tiny_policy

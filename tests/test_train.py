@@ -82,6 +82,9 @@ def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(t
     assert row["mismatch/first_abs_diff_mean"] < 1e-4 and row["tokens_per_s/rollout"] > 0  # before any update
 
 
+@pytest.mark.fault("a kill (`kill -9`)",
+                   "`--resume` continues exactly as an uninterrupted run (checkpoints and logs are written "
+                   "atomically)")
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
     """With a linear learning-rate decay too: the rate comes from the step, so a resumed run gets the same ones."""
     common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--lr-schedule", "linear", *SHORT]

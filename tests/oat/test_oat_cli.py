@@ -193,6 +193,11 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
     assert (spec.eval_sampling.temperature, spec.eval_sampling.top_p, spec.eval_sampling.top_k) == (0.6, 0.95, 20)
 
 
+@pytest.mark.fault("oat engine: `--wb_run_name ../x` or `a/b`",
+                   "one line: a run name is one folder inside `--save_path`")
+@pytest.mark.fault("oat engine: `--resume_dir`",
+                   "refused in one line: an oat run cannot be resumed; go on with a new run from a saved model "
+                   "(`--pretrain <run>/saved_models/step_NNNNN`)")
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -232,6 +237,8 @@ OTHER_VALUES = {"cliprange": "0.3", "tis_c": "2.0", "beta": "0.1", "kl_penalty_c
                 "non_stop_penalty": "-1", "non_stop_fixed_reward": "0"}
 
 
+@pytest.mark.fault("oat engine: an oat flag whose job DPPO does differently (`--cliprange 0.3`, `--beta 0.1`, …)",
+                   "refused in one line naming what to use instead ([the list](engines/oat.md#flags))")
 @pytest.mark.parametrize("name", sorted(REPLACED_OAT_FLAGS))
 def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     flag = [f"--{name}", OTHER_VALUES[name]] if name in OTHER_VALUES else [f"--{name}"]
@@ -241,6 +248,28 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     assert f"`--{name}`" in oat_page.read_text(), "docs/engines/oat.md lists every refused oat flag"
 
 
+def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
+    """scripts/docs_tables.py reads DPPOOatArgs from its source, without oat: every flag it lists has that default in
+    the class, and a field declared without a docstring is one of oat's own flags, whose default it changes."""
+    import dataclasses
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    ours = {field.name: field.default for field in dataclasses.fields(DPPOOatArgs)}
+    oats = {field.name: field.default for field in dataclasses.fields(PPOArgs)}
+    for name, (default, _) in tables.oat_engine_flags().items():
+        assert repr(ours[name]) == default, name
+    changed = tables.oat_default_changes()
+    assert changed
+    for name, default in changed.items():
+        assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
+
+
+@pytest.mark.fault("oat engine: `--use_wb` (`WANDB=1`) without a wandb login",
+                   "one line before anything launches (oat would otherwise ask for a key inside a learner, after the "
+                   "models loaded)")
 def test_wandb_is_off_unless_asked_and_refused_without_a_login(gpu_node, monkeypatch, tmp_path):
     """oat calls ``wandb.login(key=True)`` in the learner when no key is configured, after the models loaded."""
     assert "--use_wb" not in script_commands("gem.sh", "sudoku", "--gpus", "1")[0]
@@ -342,6 +371,8 @@ def test_main_prints_the_plan_and_launches_the_program(gpu_node, monkeypatch, ca
     assert "node: 2 GPU(s)" in capsys.readouterr().out
 
 
+@pytest.mark.fault("oat engine: Ctrl-C before anything is launched",
+                   "`error: interrupted before anything was launched` (exit 130)")
 def test_ctrl_c_before_launch_is_one_line(monkeypatch, capsys):
     def interrupted(argv):
         raise KeyboardInterrupt

@@ -80,6 +80,8 @@ register("mine:OatThreeValues-v0", ThreeValues, max_turns=4)
 '''
 
 
+@pytest.mark.fault("oat engine: a plugin env that breaks Gem's contract",
+                   "the local engine's one line, before anything launches (exit 2)")
 def test_a_plugin_env_that_breaks_gems_contract_is_one_line_before_anything_launches(tmp_path, capsys):
     """The same probe as the local engine's (made, reset and stepped once), in the launcher's checks."""
     plugin = tmp_path / "three_values.py"

@@ -193,6 +193,8 @@ def test_rebn_normalises_over_every_learners_batch():
     assert not torch.allclose(got, torch.as_tensor(batch_normalize(mine.numpy())), atol=1e-3)
 
 
+@pytest.mark.fault("oat engine: a non-finite minibatch",
+                   "not applied, through DeepSpeed's own skipped-step path; counted in `train/dppo/guard/skipped`")
 @pytest.mark.parametrize("zero_stage", [1, 2])
 def test_a_poisoned_minibatch_is_skipped_through_deepspeed(zero_stage, tiny_policy, tiny_policy_dir, tmp_path,
                                                            oat_on_cpu, gpu_node, monkeypatch):
@@ -238,6 +240,9 @@ def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, 
     assert learner.model.model.skipped_steps == 1
 
 
+@pytest.mark.fault("oat engine: a weight broken by a learning round",
+                   "the run stops: every learner checks its shard of the weights after every learning round, before "
+                   "oat saves them or sends them to vLLM")
 def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu,
                                                                   gpu_node, monkeypatch):
     """A non-finite weight that the update's π_θ check does not see (it reads the first rows of the batch only; here
@@ -270,6 +275,9 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
         learner.learning_step(oat_trajectory(learner, transitions))
 
 
+@pytest.mark.fault("oat engine: a run that keeps diverging",
+                   "every learner stops together, launchpad stops the program, and the launcher prints `error: "
+                   "training diverged: …` (exit 1)")
 def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkeypatch, tmp_path):
     """DPPOLearner.run: a TrainingDiverged (raised on every learner together) makes rank 0 close its logs and hand
     the reason to the launcher, and asks launchpad to stop the program (the test stand-in for launchpad records

@@ -25,6 +25,7 @@ from typing import Literal, Optional, Tuple
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
+from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.engines.oat.plan import check_plan, check_visible_gpus, plan_of
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
@@ -78,7 +79,11 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     holding the [N, V] logits; the loss's gradients computed in the same pass) or logits (the model's logits, for
     comparison)."""
     logprob_chunk_size: int = 1024
-    """Token rows per chunk of the logits path's fp32 log-softmax (the fused head sizes its chunks itself)."""
+    """Token rows per chunk of the logits path's fp32 log-softmax, whose logits memory grows with it (the fused head
+    sizes its chunks itself)."""
+    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    """How per-token losses are aggregated. None: oat's, from critic_type (drgrpo: seq-mean-token-sum-norm, each
+    response's token sum over generate_max_length; grpo: seq-mean-token-mean)."""
 
     eval_env_ids: Tuple[str, ...] = ()
     """Gem ids to evaluate on (default: env_ids)."""
@@ -89,7 +94,8 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     eval_env_seed: int = 4242
     """Constructor seed of the evaluation envs (a puzzle set apart from training's for reasoning-gym)."""
     dry_run: bool = False
-    """Parse, run every check that needs no GPU, print the resolved plan, and launch nothing."""
+    """Parse, run every check that needs no GPU, print the resolved plan, and launch nothing (oat's own dry run, a
+    fixed-length memory test, is not available here)."""
 
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
