@@ -276,6 +276,18 @@ def test_resume_ignores_trust_region_fields_the_rule_never_read(finished_run, tm
     assert validate_config(tyro.cli(TrainConfig, args=argv))[1] == 1
 
 
+@pytest.mark.fault("`--resume` with other logging, evaluation or device flags",
+                   "accepted: how long a run goes, where and how it logs and runs (`RESUMABLE`) may change")
+def test_resume_may_change_how_the_run_logs_and_where_it_runs(finished_run, tmp_path, cache_dir):
+    from dppo_oat.engines.local.validation import RESUMABLE, validate_config
+
+    runs = copy_run(finished_run, tmp_path)
+    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "3", *TINY,
+            "--threads", "1", "--eval-every", "7", "--probe-every", "2", "--token-samples", "0", "--device", "cpu"]
+    assert validate_config(tyro.cli(TrainConfig, args=argv))[1] == 1  # resumes from the checkpoint at step 1
+    assert {"threads", "eval_every", "probe_every", "token_samples", "device"} <= set(RESUMABLE)
+
+
 def test_the_divergence_probe_reads_delta_and_k_of_any_rule():
     from dppo_oat.engines.local.config import run_spec
 
