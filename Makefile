@@ -140,3 +140,9 @@ $(VERL_VENV)/.installed: pyproject.toml
 .PHONY: test-verl
 test-verl: $(VERL_VENV)/.installed
 	$(VERL_VENV)/bin/python -m pytest -q -m verl tests/verl $(ARGS)
+
+## GPU runbook (docs/gpu.md): the wheels a stock CUDA image lacks for the local engine and its tests, into .whl/
+## (pinned to the GPU node's lock; needs pip and the package index); scripts/gpu/device_check.sh installs them there
+.PHONY: gpu-wheels
+gpu-wheels:
+	PYTHON=$(PYTHON) bash scripts/gpu/device_wheels.sh

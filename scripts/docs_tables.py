@@ -1,7 +1,8 @@
 """The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``), the
 command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) and of the oat engine
-(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), and the faults a
-user can reach, each with the test that proves it (the ``@pytest.mark.fault`` markers of ``tests/``).
+(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), the faults a
+user can reach, each with the test that proves it (the ``@pytest.mark.fault`` markers of ``tests/``), and the GPU
+rows of ``docs/bench/`` that ``scripts/gpu/device_check.sh`` wrote ("not measured yet" until there are some).
 
 The oat engine's module and the tests are read with ``ast``: neither oat nor a test module is imported.
 
@@ -17,6 +18,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import math
 import re
 import sys
@@ -269,6 +271,57 @@ def faults_table() -> str:
 
 # --------------------------------------------------------------------------------- the pages
 
+GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target)
+    "gpu_tests": ("`pytest -m gpu`", "all pass"),
+    "default_run": ("the default run: wall time, held-out success before → after", "—"),
+    "rollout": ("multi-turn rollout (~100M Qwen3, V 32,768, batch 64): tokens/s ÷ `model.generate`, ÷ the decode "
+                "roofline", "≥ 1.0×; ≥ 0.5"),
+    "learner_mfu": ("the update in bf16 (same model): tokens/s, MFU against a measured bf16 matmul", "—"),
+    "learner_memory": ("fused head ÷ logits path (V 151,936): peak memory, time, max abs gradient difference",
+                       "≥ 5×, ≤ 1.1×, ≤ 1e-3"),
+}
+"""The device check's benchmarks, in the order of its steps."""
+
+
+def gpu_rows(bench: str, folder: Path) -> list[dict]:
+    """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU and size, oldest first."""
+    rows = [json.loads(line) for path in sorted(folder.glob(f"{bench}_*.jsonl")) if not path.stem.endswith("_cpu")
+            for line in path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if row.get("bench") == bench and row.get("cuda") and not row.get("smoke")]
+    newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens")): row for row in rows}
+    return sorted(newest.values(), key=lambda row: (row["gpu"], row.get("hidden") or 0, row.get("response_tokens") or 0))
+
+
+def gpu_result(row: dict) -> str:
+    """One GPU row in a few words, with its GPU and commit."""
+    bench = row["bench"]
+    if bench == "gpu_tests":
+        text = f"{row['passed']} passed, {row['failed'] + row['errors']} failed, {row['skipped']} skipped"
+    elif bench == "default_run":
+        text = (f"{row['wall_seconds']:.0f} s, success {row['success_before']:.3f} → {row['success_after']:.3f} "
+                f"(`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
+    elif bench == "rollout":
+        text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
+                f"generate, {row['roofline']['generator_vs_roofline']:.2f} of the roofline (batch {row['batch']})")
+    elif bench == "learner_mfu":
+        text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.2f} "
+                f"(peak {row['peak_flops'] / 1e12:.0f} TFLOP/s measured)")
+    else:
+        text = (f"H {row['hidden']}, {row['response_tokens']:,} tokens: {row['peak_mem_ratio']:.1f}×, "
+                f"{row['time_ratio']:.2f}×, {row['max_grad_abs_diff']:.1e}")
+    return f"{row['gpu']}: {text} ({row['commit'][:7]})"
+
+
+def gpu_rows_table(folder: Path = ROOT / "docs" / "bench") -> str:
+    """One line per benchmark of the device check: what it measures, its target and its GPU rows."""
+    lines = ["| step (`docs/bench/`) | measures | target | measured on a GPU |", "|---|---|---|---|"]
+    for bench, (measures, target) in GPU_BENCHES.items():
+        results = [gpu_result(row) for row in gpu_rows(bench, folder)] or ["not measured yet"]
+        measured = "<br>".join(results).replace("|", "\\|")
+        lines.append(f"| `{bench}` | {measures} | {target} | {measured} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "presets": ("docs/trust-region.md", presets_table),
     "local-flags": ("docs/engines/local.md", local_flags_table),
@@ -276,6 +329,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "oat-refused": ("docs/engines/oat.md", oat_refused_table),
     "oat-defaults": ("docs/engines/oat.md", oat_defaults_table),
     "faults": ("docs/faults.md", faults_table),
+    "gpu-rows": ("docs/gpu.md", gpu_rows_table),
 }
 """Each generated table: the page it is in and the function that makes it."""
 

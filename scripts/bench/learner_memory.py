@@ -13,10 +13,14 @@ the trust region blocks some tokens; each sequence starts with a prompt.
   ``time_ratio_recompute``: the same with the fused head's gradients recomputed in the backward pass (no loss
   announced), for comparison.
 - ``topk_vs_binary``: the fused step under DPPO-TopK-TV (K = 20) ÷ under DPPO-Binary-TV.
-- ``max_grad_rel_diff``: max |fused − logits| / max |logits| over the gradients of the hidden states and the head.
+- ``max_grad_rel_diff``: max |fused − logits| / max |logits| over the gradients of the hidden states and the head;
+  ``max_grad_abs_diff``: max |fused − logits| over them.
+- ``targets`` / ``meets_targets``: peak memory ratio ≥ 5, time ratio ≤ 1.1, largest absolute gradient difference
+  ≤ 1e-3.
 
     python scripts/bench/learner_memory.py                        # 2,048 tokens, H 2,048, V 151,936
     python scripts/bench/learner_memory.py --tokens 512 --rounds 1 # a quick look
+    python scripts/bench/learner_memory.py --device cuda --response-tokens 16384 --hidden 4096
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from dppo_oat.spec import UpdateSettings  # noqa: E402
 from dppo_oat.trust_region import TrustRegion  # noqa: E402
 from dppo_oat.update import minibatch_step  # noqa: E402
 
+TARGETS = {"peak_mem_ratio": (">=", 5.0), "time_ratio": ("<=", 1.1), "max_grad_abs_diff": ("<=", 1e-3)}
+"""What the fused head should reach against the logits path."""
 MMAP_THRESHOLD = "65536"
 """Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""
 
@@ -173,6 +179,15 @@ def rel_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
 
 
+def abs_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).abs().max())
+
+
+def meets(value: float, target: tuple[str, float]) -> bool:
+    comparison, bound = target
+    return value >= bound if comparison == ">=" else value <= bound
+
+
 def measure(args) -> dict:
     torch.manual_seed(0)
     dtype, rows = getattr(torch, args.dtype), args.sequences
@@ -182,7 +197,7 @@ def measure(args) -> dict:
     trust_regions = {name: TrustRegion.preset(name) for name in ("dppo_binary_tv", "dppo_topk_tv")}
     seconds = {name: [] for name in VARIANTS}
     extra = {name: 0 for name in VARIANTS}
-    diffs = {}
+    diffs, abs_diffs = {}, {}
     for _ in range(args.rounds):
         reference = None
         for name, (tr_name, lm_head, announce) in VARIANTS.items():
@@ -193,8 +208,14 @@ def measure(args) -> dict:
                 reference = out["grads"]
             elif tr_name == "dppo_binary_tv":
                 diffs[name] = [rel_diff(g, r) for g, r in zip(out["grads"], reference)]
+                abs_diffs[name] = [abs_diff(g, r) for g, r in zip(out["grads"], reference)]
             del out
-    return summary(args, seconds, extra, diffs, model.lm_head.weight)
+    row = summary(args, seconds, extra, diffs, model.lm_head.weight)
+    row["response_tokens"] = int(batch.response_mask.sum())
+    row["max_grad_abs_diff"] = max(max(values) for values in abs_diffs.values())
+    row["targets"] = {name: f"{comparison} {bound:g}" for name, (comparison, bound) in TARGETS.items()}
+    row["meets_targets"] = {name: meets(row[name], target) for name, target in TARGETS.items()}
+    return row
 
 
 def summary(args, seconds, extra, diffs, weight) -> dict:
@@ -219,6 +240,8 @@ def summary(args, seconds, extra, diffs, weight) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048, help="tokens of the micro-batch")
+    parser.add_argument("--response-tokens", type=int, default=None,
+                        help="response tokens of the micro-batch (sets --tokens: these plus each sequence's prompt)")
     parser.add_argument("--sequences", type=int, default=2, help="sequences the tokens are split into")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens at the start of each sequence")
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen3: 151,936)")
@@ -229,6 +252,8 @@ def main() -> None:
                         help="weights and hidden states (default: bfloat16 on a GPU, float32 on the CPU)")
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.response_tokens is not None:  # a row's length − 1 positions, its first prompt − 1 of them the prompt's
+        args.tokens = args.response_tokens + args.sequences * (args.prompt - 1)
     if args.device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))

@@ -1,12 +1,26 @@
-"""Rollout throughput on the tiny policy, printed as ONE JSON object on stdout.
+"""Rollout throughput, printed as ONE JSON object on stdout.
 
-Measures new tokens per second of :class:`HFGenerator` against a raw ``model.generate`` (same model, same 64
-prompts, same length; medians over repeats, the two run in back-to-back pairs), the same for
-:class:`VLLMGenerator` when ``vllm`` is importable (else null), and Gem Sudoku environment steps per second when
-``gem`` is importable (else null).
-Everything else (engine logs, progress bars) goes to stderr.
+``--model tiny`` (default) measures the tiny policy's shape: new tokens per second of :class:`HFGenerator` against
+a raw ``model.generate`` (same model, same 64 prompts, same length; medians over repeats, the two run in back-to-back
+pairs), the same for :class:`VLLMGenerator` when ``vllm`` is importable (else null), and Gem Sudoku environment steps
+per second when ``gem`` is importable (else null).
+
+Every model also gets the multi-turn measurement (``multi_turn``): ``--turns`` turns of ``--batch`` episodes, each
+turn's prompts being the last turn's prompts, completions and a 16-token observation, sampled by the generator the
+local engine uses (:class:`HFGenerator`: the direct-forward sampling loop, the prefix cache across turns) and by
+``model.generate`` from the same first prompts, in pairs; and its decode roofline (``roofline``): the rate at which the
+machine's memory bandwidth lets each decode step read the weights and the keys and values of every row's context,
+
+    roofline tokens/s = batch ÷ ((weight bytes + KV bytes of the context) ÷ bandwidth),  averaged over the steps,
+
+with the bandwidth measured here by a large copy (a device-to-device copy on a GPU, RAM on the CPU). The rollout's
+rate counts its prefills too. ``--model qwen3-100m`` is a ~100M-parameter Qwen3 with a 32,768-token vocabulary and
+random weights (throughput only: with random weights every row runs to ``--new-tokens``); ``--model smoke`` the
+same architecture at a tiny size. Targets (in the row): the generator ≥ 1.0× ``generate``, ≥ 0.5 of the roofline at
+batch 64. Everything else (engine logs, progress bars) goes to stderr.
 
     python scripts/bench/rollout.py [--batch 64] [--new-tokens 16] [--repeats 7] [--env-seconds 2]
+    python scripts/bench/rollout.py --model qwen3-100m --device cuda --dtype bfloat16 --new-tokens 128
 """
 
 from __future__ import annotations
@@ -19,14 +33,26 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
-from dppo_oat.spec import SamplingSettings
-from dppo_oat.rollout.hf_generator import HFGenerator, left_pad
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from machine import copy_bandwidth  # noqa: E402
+from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model  # noqa: E402
+
+from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus  # noqa: E402
+from dppo_oat.spec import SamplingSettings  # noqa: E402
+from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad  # noqa: E402
 
 TARGET_RATIO = 0.9
+"""The single-turn target of the tiny policy (``hf.meets_target``)."""
+TARGETS = {"multi_turn_vs_generate": 1.0, "vs_roofline_at_batch_64": 0.5}
+"""The multi-turn targets: the generator's rate ÷ ``generate``'s, and ÷ the decode roofline at batch 64."""
+OBSERVATION_TOKENS = 16
+"""Tokens an env adds between two turns (the next turn's prompt: the last one, its completion, then these)."""
 
 
 def bench_corpus() -> list[str]:
@@ -120,6 +146,146 @@ def bench_vllm(model, tokenizer, prompts, new_tokens: int, repeats: int) -> dict
         }
 
 
+def word_tokenizer(vocab_size: int):
+    """A word-level tokenizer of ``vocab_size`` tokens ``w0 w1 …`` (``w0`` the EOS, ``w1`` the pad): a real
+    ``batch_decode`` for a model with random weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w2"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="w0", pad_token="w1", padding_side="left")
+
+
+def random_qwen3(shape: str, seed: int):
+    """A Qwen3 of ``SHAPES[shape]`` with random weights, and its word-level tokenizer."""
+    tokenizer = word_tokenizer(SHAPES[shape]["vocab_size"])
+    model = random_qwen3_model(shape, seed, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
+    return model.eval(), tokenizer
+
+
+def random_tokens(count: int, vocab: int, generator: torch.Generator) -> list[int]:
+    """``count`` token ids drawn uniformly above the special ones (0, 1, 2)."""
+    return torch.randint(3, vocab, (count,), generator=generator).tolist()
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """``batch`` prompts of ``length`` down to ``length − 15`` random tokens (left padding is exercised)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [random_tokens(length - i % 16, vocab, generator) for i in range(batch)]
+
+
+def next_turn(prompts, completions, vocab: int, generator: torch.Generator) -> list[list[int]]:
+    """Each episode's next prompt: its prompt, its completion's tokens and an observation of random tokens."""
+    return [list(p) + list(c) + random_tokens(OBSERVATION_TOKENS, vocab, generator)
+            for p, c in zip(prompts, completions)]
+
+
+def multi_turn_runner(sample, prompts, turns: int, vocab: int, seed: int):
+    """A closure: ``turns`` turns of ``sample(prompts) → completions`` (token lists) from ``prompts``, each turn's
+    prompts built by :func:`next_turn`; returns the new-token count and records each turn's prompts."""
+    turn_prompts: list[list[list[int]]] = []
+
+    def run() -> int:
+        generator, current, produced = torch.Generator().manual_seed(seed), prompts, 0
+        turn_prompts.clear()
+        for _ in range(turns):
+            turn_prompts.append(current)
+            completions = sample(current)
+            produced += sum(len(c) for c in completions)
+            current = next_turn(current, completions, vocab, generator)
+        return produced
+
+    run.turn_prompts = turn_prompts
+    return run
+
+
+def generate_sampler(model, tokenizer, new_tokens: int):
+    """``model.generate`` on left-padded prompts (sampling at temperature 1, no scores): each row's new tokens up to
+    and including its EOS."""
+    eos = torch.as_tensor([tokenizer.eos_token_id])
+
+    def sample(prompts):
+        input_ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id, model.device)
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True, top_k=0,
+                                 max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)
+        new = out[:, input_ids.shape[1]:].cpu()
+        lengths, _ = completion_lengths(new, eos)
+        return [row[:n].tolist() for row, n in zip(new, lengths.tolist())]
+
+    return sample
+
+
+def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
+    """The generator and ``generate`` on the same multi-turn rollout, back to back in pairs: medians of their rates
+    and of the pairs' ratios, and the prompts' mean lengths per turn (for the roofline)."""
+    generator = HFGenerator(model, tokenizer, batch_size=len(prompts))
+    settings = SamplingSettings(max_new_tokens=args.new_tokens)
+    vocab = model.config.vocab_size
+
+    def ours(current):
+        if current is prompts:
+            generator.forget_prefixes()  # a rollout starts cold, as the collector's does
+        return [c.token_ids for c in generator.generate(current, settings)]
+
+    ours_run = multi_turn_runner(ours, prompts, args.turns, vocab, args.seed)
+    raw_run = multi_turn_runner(generate_sampler(model, tokenizer, args.new_tokens), prompts, args.turns, vocab,
+                                args.seed)
+    ours_run(), raw_run()  # warm-up
+    our_rates, raw_rates = [], []
+    for _ in range(args.repeats):
+        raw_rates += tokens_per_second(raw_run, 1)
+        our_rates += tokens_per_second(ours_run, 1)
+    ratio = statistics.median(o / r for o, r in zip(our_rates, raw_rates))
+    return {
+        "generator_tokens_per_s": round(statistics.median(our_rates), 1),
+        "generate_tokens_per_s": round(statistics.median(raw_rates), 1),
+        "ratio": round(ratio, 3),
+        "runs_direct": generator.runs_direct,
+        "prompt_tokens_by_turn": [round(statistics.mean(len(p) for p in turn), 1) for turn in ours_run.turn_prompts],
+    }
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads of the weights: every parameter once (a tied embedding is the LM head's matrix,
+    read whole; the lookup reads a few rows of it)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of the keys and values of one context token, over all layers."""
+    config, element = model.config, next(model.parameters()).element_size()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element
+
+
+def decode_roofline(model, batch: int, prompt_tokens_by_turn: list[float], new_tokens: int,
+                    bandwidth: float) -> float:
+    """Tokens/s of a multi-turn decode bound by memory traffic alone: each step reads the weights and every row's
+    context (its prompt and the tokens sampled so far) at ``bandwidth`` bytes/s; one token per row per step."""
+    weights, kv = weight_bytes(model), kv_bytes_per_token(model)
+    seconds = sum((weights + kv * batch * (prompt + step)) / bandwidth
+                  for prompt in prompt_tokens_by_turn for step in range(new_tokens))
+    return batch * new_tokens * len(prompt_tokens_by_turn) / seconds
+
+
+def roofline_report(model, multi: dict, args, bandwidth: float) -> dict:
+    """The roofline, the generator's share of it and what it was computed from."""
+    roofline = decode_roofline(model, args.batch, multi["prompt_tokens_by_turn"], args.new_tokens, bandwidth)
+    return {
+        "bandwidth_bytes_per_s": round(bandwidth),
+        "bandwidth_method": f"median of 10 copies of {args.copy_mib} MiB on {args.device}, bytes read + written",
+        "weight_bytes": weight_bytes(model),
+        "kv_bytes_per_context_token": kv_bytes_per_token(model),
+        "roofline_tokens_per_s": round(roofline, 1),
+        "generator_vs_roofline": round(multi["generator_tokens_per_s"] / roofline, 4),
+        "generate_vs_roofline": round(multi["generate_tokens_per_s"] / roofline, 4),
+    }
+
+
 def random_move() -> str:
     """A well-formed Sudoku action ``\\boxed{row col digit}`` with random 1-based values."""
     return "\\boxed{%d %d %d}" % (random.randint(1, 4), random.randint(1, 4), random.randint(1, 4))
@@ -143,15 +309,48 @@ def env_steps_per_second(seconds: float = 2.0, env_id: str = "game:Sudoku-v0-eas
     return round(steps / (time.perf_counter() - start), 1)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--env-seconds", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    parser.add_argument("--model", default="tiny", choices=["tiny", *SHAPES],
+                        help="tiny: the tiny policy's shape and BPE tokenizer; else a Qwen3 with random weights")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the model's weights (and so its KV cache)")
+    parser.add_argument("--batch", type=int, default=64, help="episodes sampled together")
+    parser.add_argument("--new-tokens", type=int, default=16, help="tokens sampled per turn and episode")
+    parser.add_argument("--prompt-tokens", type=int, default=256,
+                        help="the first turn's prompt length (random-weight models; the tiny one: 20-30 tokens)")
+    parser.add_argument("--turns", type=int, default=2, help="turns of the multi-turn measurement")
+    parser.add_argument("--repeats", type=int, default=11, help="timed pairs (generator, generate) per measurement")
+    parser.add_argument("--copy-mib", type=int, default=None,
+                        help="MiB of each buffer of the bandwidth copy (default: 2048 on a GPU, 256 on the CPU)")
+    parser.add_argument("--env-seconds", type=float, default=2.0, help="seconds of Gem env steps (tiny model only)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and observations")
+    args = parser.parse_args(argv)
+    if args.copy_mib is None:
+        args.copy_mib = 2048 if args.device.startswith("cuda") else 256
+    return args
+
+
+def build_model(args):
+    """The model, its tokenizer, the first turn's prompts and what the weights are."""
+    if args.model == "tiny":
+        model, tokenizer = build_tiny_policy(bench_corpus(), seed=args.seed)
+        prompts, weights = bench_prompts(tokenizer, args.batch), "tiny policy's shape, random initialisation"
+    else:
+        model, tokenizer = random_qwen3(args.model, args.seed)
+        prompts = random_prompts(args.batch, args.prompt_tokens, model.config.vocab_size, args.seed)
+        weights = "random (throughput only: rows run to --new-tokens)"
+    model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    return model, tokenizer, prompts, weights
+
+
+def targets_met(multi: dict, roofline: dict, batch: int) -> dict:
+    """Each target of :data:`TARGETS` met or not (the roofline's only at batch 64, else null)."""
+    return {"multi_turn_vs_generate": multi["ratio"] >= TARGETS["multi_turn_vs_generate"],
+            "vs_roofline_at_batch_64": (roofline["generator_vs_roofline"] >= TARGETS["vs_roofline_at_batch_64"]
+                                        if batch == 64 else None)}
 
 
 def main() -> None:
@@ -161,18 +360,23 @@ def main() -> None:
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # engine logs written to stdout land on stderr
     torch.manual_seed(args.seed)
-    model, tokenizer = build_tiny_policy(bench_corpus(), seed=args.seed)
-    prompts = bench_prompts(tokenizer, args.batch)
+    model, tokenizer, prompts, weights = build_model(args)
     result = {
-        "batch": args.batch,
-        "max_new_tokens": args.new_tokens,
-        "repeats": args.repeats,
-        "vocab_size": len(tokenizer),
+        "model": args.model, "parameters": sum(p.numel() for p in model.parameters()), "weights": weights,
+        "device": args.device, "dtype": args.dtype, "batch": args.batch, "max_new_tokens": args.new_tokens,
+        "turns": args.turns, "repeats": args.repeats, "vocab_size": model.config.vocab_size,
         "torch_threads": torch.get_num_threads(),
-        "hf": bench_hf(model, tokenizer, prompts, args.new_tokens, args.repeats),
-        "env_steps_per_s": env_steps_per_second(args.env_seconds),
-        "vllm": bench_vllm(model, tokenizer, prompts, args.new_tokens, args.repeats),
     }
+    if args.model == "tiny":
+        result["hf"] = bench_hf(model, tokenizer, prompts, args.new_tokens, args.repeats)
+    multi = bench_multi_turn(model, tokenizer, prompts, args)
+    roofline = roofline_report(model, multi, args, copy_bandwidth(args.device, args.copy_mib))
+    result.update(multi_turn=multi, roofline=roofline,
+                  targets={name: f">= {value}" for name, value in TARGETS.items()},
+                  meets_targets=targets_met(multi, roofline, args.batch))
+    if args.model == "tiny":
+        result["env_steps_per_s"] = env_steps_per_second(args.env_seconds)
+        result["vllm"] = bench_vllm(model, tokenizer, prompts, args.new_tokens, args.repeats)
     json_out.write(json.dumps(result) + "\n")
     json_out.flush()
 

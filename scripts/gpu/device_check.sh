@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The GPU check in one command, from a fresh checkout on a stock CUDA image (Python 3.12, torch with CUDA,
+# transformers; no gem-llm, tyro, reasoning-gym, math-verify): installs .whl/ (scripts/gpu/device_wheels.sh, run
+# where pip reaches the index) beside the image's torch, then runs each step below, each appending JSON rows to
+# $OUT_DIR/<bench>_<gpu>.jsonl (gpu: h100 for "NVIDIA H100 80GB HBM3"), stamped with the commit, the GPU's name and
+# the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
+#
+#   bash scripts/gpu/device_check.sh                      # every step, on the GPU
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests default-run rollout learner fused-head
+#   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
+#
+# Steps: tests (pytest -m gpu: gpu_tests), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out
+# success before → after: default_run), rollout (scripts/bench/rollout.py: the generator against generate and the
+# decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the update: learner_mfu),
+# fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response tokens:
+# learner_memory). A step that fails is reported in one line (its log has the rest) and the next one runs; the exit
+# status is 1 when any failed.
+#
+#   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
+#   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
+#                runs/device-check-smoke/logs)
+#   SITE         where .whl/ is installed, first on PYTHONPATH (default /tmp/dppo-site); torch is never touched.
+#                The install is skipped when the packages already import (FORCE_INSTALL=1 installs anyway)
+#   PYTHON       the interpreter that holds torch (default python3)
+#   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
+#   SMOKE=1      as --smoke
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+
+# The default run's flags (the GPU run; add e.g. --warm-start.shape qwen3-100m for a larger policy where the engine
+# has it), and the smoke run's, which only use flags every version of the engine has.
+RUN_FLAGS=(--device cuda --dtype bfloat16)
+SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
+# The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
+ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
+               --turns 2 --repeats 5)
+SMOKE_ROLLOUT_FLAGS=(--model smoke --device cpu --batch 4 --prompt-tokens 16 --new-tokens 4 --turns 2 --repeats 1
+                     --copy-mib 32)
+LEARNER_FLAGS=(--shape qwen3-100m --device cuda --dtype bfloat16)
+SMOKE_LEARNER_FLAGS=(--shape smoke --device cpu --dtype float32 --sequences 4 --prompt-tokens 8 --response-tokens 24
+                     --minibatch 2 --updates 1 --peak-size 128)
+FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, response tokens (V 151,936)
+FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
+SMOKE_FUSED_HEAD_SIZES=("64 128")
+SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
+STEPS=(tests default-run rollout learner fused-head)
+IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
+
+SMOKE=${SMOKE:-0}
+chosen=()
+for arg in "$@"; do
+    case $arg in
+        --smoke) SMOKE=1 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) [[ " ${STEPS[*]} " == *" $arg "* ]] || { echo "device_check: unknown step '$arg' (${STEPS[*]})" >&2; exit 2; }
+           chosen+=("$arg") ;;
+    esac
+done
+[[ ${#chosen[@]} -gt 0 ]] || chosen=("${STEPS[@]}")
+PY=${PYTHON:-python3}
+if [[ $SMOKE != 0 ]]; then
+    DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
+    LEARNER_FLAGS=("${SMOKE_LEARNER_FLAGS[@]}") FUSED_HEAD_SIZES=("${SMOKE_FUSED_HEAD_SIZES[@]}")
+    FUSED_HEAD_FLAGS=("${SMOKE_FUSED_HEAD_FLAGS[@]}")
+    OUT_DIR=${OUT_DIR:-runs/device-check-smoke} LOG_DIR=${LOG_DIR:-runs/device-check-smoke/logs}
+else
+    DEVICE=cuda OUT_DIR=${OUT_DIR:-docs/bench} LOG_DIR=${LOG_DIR:-runs/device-check}
+fi
+export DPPO_SMOKE=$SMOKE
+SITE=${SITE:-/tmp/dppo-site}
+export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$OUT_DIR" "$LOG_DIR"
+failed=()
+
+# report STEP RC SECONDS: one line per step; a failure names its log's last line and the log
+report() {
+    local log="$LOG_DIR/$1.log"
+    if [[ $2 == 0 ]]; then
+        echo "device_check: $1 ok (${3}s): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200)"
+    else
+        failed+=("$1")
+        echo "device_check: $1 FAILED (exit $2, ${3}s): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200) [log: $log]"
+    fi
+}
+
+# run STEP FUNCTION: the function's output into the step's log, then its one-line report
+run() {
+    local start=$SECONDS
+    "$2" >"$LOG_DIR/$1.log" 2>&1
+    report "$1" $? $((SECONDS - start))
+}
+
+# stamp BENCH FILE: the JSON rows of FILE, stamped, appended to $OUT_DIR/BENCH_<gpu>.jsonl
+stamp() {
+    "$PY" scripts/gpu/device_rows.py stamp --bench "$1" --device "$DEVICE" --out-dir "$OUT_DIR" <"$2"
+}
+
+install_wheels() {
+    if [[ ${FORCE_INSTALL:-0} == 0 ]] && "$PY" -c "$IMPORTS" 2>/dev/null; then
+        echo "the packages import already; install skipped"
+        return 0
+    fi
+    shopt -s nullglob
+    local files=(.whl/*.whl .whl/*.tar.gz) banned=(.whl/torch-* .whl/nvidia_* .whl/triton-*)
+    shopt -u nullglob
+    [[ ${#files[@]} -gt 0 ]] || { echo "no .whl/: run scripts/gpu/device_wheels.sh where pip reaches the index"; return 1; }
+    [[ ${#banned[@]} -eq 0 ]] || { echo "refused: .whl/ holds ${banned[*]} (the image's torch stays)"; return 1; }
+    local torch_before torch_after
+    torch_before=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --no-build-isolation --upgrade \
+        --target "$SITE" "${files[@]}" || return 1
+    torch_after=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
+    [[ $torch_before == "$torch_after" ]] || { echo "torch moved: $torch_before → $torch_after"; return 1; }
+    "$PY" -c "$IMPORTS" && echo "installed ${#files[@]} packages into $SITE beside $torch_after"
+}
+
+check_device() {
+    "$PY" - "$DEVICE" <<'EOF'
+import sys, torch
+device = sys.argv[1]
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit("no CUDA device: run with --smoke on a machine without one")
+name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+print(f"{name}; torch {torch.__version__}, CUDA {torch.version.cuda}")
+EOF
+}
+
+gpu_tests() {
+    local files start=$SECONDS rc
+    mapfile -t files < <(grep -rl --include='test_*.py' "pytest.mark.gpu" tests)
+    [[ ${#files[@]} -gt 0 ]] || { echo "no test is marked gpu"; return 1; }
+    "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml "$LOG_DIR/gpu-tests.xml" "${files[@]}"
+    rc=$?
+    "$PY" scripts/gpu/device_rows.py junit --xml "$LOG_DIR/gpu-tests.xml" --seconds $((SECONDS - start)) \
+        >"$LOG_DIR/gpu-tests.json" && stamp gpu_tests "$LOG_DIR/gpu-tests.json" || return 1
+    return $rc
+}
+
+default_run() {
+    local name start=$SECONDS rc
+    name=default-run-$(date -u +%Y%m%dT%H%M%S)  # the run's folder, under LOG_DIR
+    echo "python -m dppo_oat.train ${RUN_FLAGS[*]}"
+    "$PY" -m dppo_oat.train "${RUN_FLAGS[@]}" --run-dir "$LOG_DIR" --run-name "$name"
+    rc=$?
+    [[ $rc == 0 ]] || return $rc
+    "$PY" scripts/gpu/device_rows.py default-run --run-dir "$LOG_DIR/$name" --seconds $((SECONDS - start)) \
+        -- "${RUN_FLAGS[@]}" >"$LOG_DIR/default-run.json" && stamp default_run "$LOG_DIR/default-run.json"
+}
+
+rollout() {
+    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json"
+}
+
+learner() {
+    "$PY" scripts/bench/learner_mfu.py "${LEARNER_FLAGS[@]}" >"$LOG_DIR/learner.json" \
+        && stamp learner_mfu "$LOG_DIR/learner.json"
+}
+
+fused_head() {
+    local size hidden response rc=0
+    : >"$LOG_DIR/fused-head.json"
+    for size in "${FUSED_HEAD_SIZES[@]}"; do
+        read -r hidden response <<<"$size"
+        echo "hidden $hidden, $response response tokens"
+        "$PY" scripts/bench/learner_memory.py "${FUSED_HEAD_FLAGS[@]}" --hidden "$hidden" --response-tokens "$response" \
+            >>"$LOG_DIR/fused-head.json" || rc=1
+    done
+    stamp learner_memory "$LOG_DIR/fused-head.json" || rc=1
+    return $rc
+}
+
+echo "device_check ($([[ $SMOKE != 0 ]] && echo "smoke, CPU" || echo "CUDA")): rows → $OUT_DIR, logs → $LOG_DIR"
+run device check_device
+run install install_wheels
+for step in "${chosen[@]}"; do
+    case $step in
+        tests) run tests gpu_tests ;;
+        default-run) run default-run default_run ;;
+        rollout) run rollout rollout ;;
+        learner) run learner learner ;;
+        fused-head) run fused-head fused_head ;;
+    esac
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "device_check: ${#failed[@]} step(s) failed: ${failed[*]}"
+    exit 1
+fi
+echo "device_check: every step ok; rows in $OUT_DIR"

@@ -1,0 +1,192 @@
+"""The GPU runbook's tools on the CPU: the wheels' resolution (scripts/gpu/device_wheels.py) on made-up metadata, the
+rows' stamps and file names (scripts/gpu/device_rows.py), and scripts/gpu/device_check.sh --smoke end to end (slow):
+every step's rows carry their fields, and a failing step is reported in one line while the next one runs."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROVENANCE = {"bench", "gpu", "torch", "cuda", "commit", "date", "smoke"}
+
+
+def load(relative: str):
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+wheels = load("scripts/gpu/device_wheels.py")
+rows = load("scripts/gpu/device_rows.py")
+
+
+@pytest.mark.parametrize("name,slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                       ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+                                       ("cpu (2 cores)", "cpu")])
+def test_a_gpu_name_becomes_a_short_file_tag(name, slug):
+    assert rows.gpu_slug(name) == slug
+
+
+@pytest.mark.parametrize("filename,fits", [
+    ("tyro-1.0.17-py3-none-any.whl", True),
+    ("pytz-2026.6-py2.py3-none-any.whl", True),
+    ("msgspec-0.19.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+    ("multiprocess-0.70.16-py312-none-any.whl", True),
+    ("multiprocess-0.70.15-py311-none-any.whl", False),
+    ("msgspec-0.19.0-cp311-cp311-manylinux_2_17_x86_64.whl", False),
+    ("x-1.0-cp38-abi3-manylinux_2_28_x86_64.whl", True),
+    ("x-1.0-cp312-cp312-manylinux_2_17_aarch64.whl", False),
+    ("x-1.0-cp312-cp312-macosx_11_0_arm64.whl", False),
+])
+def test_only_wheels_for_cpython_312_on_linux_x86_64_fit(filename, fits):
+    assert (wheels.wheel_problem(filename) is None) == fits
+
+
+def fake_index(packages: dict[str, tuple[str, list[str]]], fetched: list[str]):
+    """A ``fetch`` over made-up packages: ``{name: (version, Requires-Dist lines)}``; the pinned version must be the
+    index's."""
+    def fetch(name, version):
+        have, requires = packages[name]
+        assert version == have, f"{name} fetched at {version}, pinned {have}"
+        fetched.append(name)
+        metadata = "Name: x\n" + "".join(f"Requires-Dist: {line}\n" for line in requires)
+        return wheels.Fetched(name, version, Path(f"{name}-{version}-py3-none-any.whl"), metadata)
+    return fetch
+
+
+def test_the_closure_skips_the_images_packages_and_follows_extras_and_markers():
+    Requirement = wheels.Requirement
+    packages = {
+        "gem-llm": ("0.1.0", ["math-verify[antlr]", "torch>=2", "nltk==3.9.1"]),
+        "math-verify": ("0.9.0", ["latex2sympy2-extended==1.11.0", 'antlr4-python3-runtime==4.13.2; extra == "antlr"',
+                                  'colorama; sys_platform == "win32"', 'docs-only; extra == "docs"']),
+        "latex2sympy2-extended": ("1.11.0", ["sympy"]),
+        "antlr4-python3-runtime": ("4.13.2", []),
+        "nltk": ("3.9.1", ["regex", 'backports-x; python_version < "3.11"']),
+    }
+    fetched: list[str] = []
+    pins = {"gem-llm": "0.1.0", "math-verify": "0.9.0", "latex2sympy2-extended": "1.11.0",
+            "antlr4-python3-runtime": "4.13.2", "nltk": "3.8.0"}
+    result = wheels.resolve([Requirement("gem-llm==0.1.0"), Requirement("math-verify")], {"torch", "sympy", "regex"},
+                            pins, {"nltk": "3.9.1"}, fake_index(packages, fetched))
+    assert sorted(result.fetched) == sorted(packages)
+    assert sorted(fetched) == sorted(packages), "each package is fetched once"
+    assert result.from_image == {"torch", "sympy", "regex"}
+
+
+def test_a_pin_outside_a_requirement_or_missing_is_refused():
+    Requirement = wheels.Requirement
+    packages = {"a": ("1.0", ["b>=2"]), "b": ("1.5", [])}
+    with pytest.raises(ValueError, match=r"a 1.0 requires b>=2, but b is pinned to 1.5"):
+        wheels.resolve([Requirement("a")], set(), {"a": "1.0", "b": "1.5"}, {}, fake_index(packages, []))
+    with pytest.raises(ValueError, match="b is needed on the image but pinned neither"):
+        wheels.resolve([Requirement("a")], set(), {"a": "1.0"}, {}, fake_index(packages, []))
+
+
+def test_every_package_the_project_needs_is_pinned_or_on_the_image():
+    """The project's own requirements are each on the image's list or pinned (lock or override), so that a new
+    requirement cannot leave the wheels silently short."""
+    image, pins = wheels.read_names(wheels.IMAGE_LIST), wheels.read_pins(wheels.LOCK)
+    overrides = wheels.read_pins(wheels.OVERRIDES)
+    for requirement in wheels.project_requirements(ROOT / "pyproject.toml"):
+        name = wheels.canonical(requirement.name)
+        assert name in image or name in pins or name in overrides, name
+    assert {"torch", "transformers", "pytest", "hypothesis"} <= image
+    assert {"gem-llm", "tyro", "reasoning-gym", "math-verify"}.isdisjoint(image)
+
+
+def test_rows_are_stamped_and_appended_to_the_benchs_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPPO_COMMIT", "abc123")
+    monkeypatch.setenv("DPPO_SMOKE", "1")
+    lines = ["a log line", json.dumps({"ratio": 1.5}), json.dumps({"ratio": 2.0})]
+    path = rows.stamp(lines, "rollout", "cpu", tmp_path)
+    rows.stamp([json.dumps({"ratio": 3.0})], "rollout", "cpu", tmp_path)
+    assert path == tmp_path / "rollout_cpu.jsonl"
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [row["ratio"] for row in written] == [1.5, 2.0, 3.0]
+    assert all(PROVENANCE <= row.keys() and row["commit"] == "abc123" and row["smoke"] for row in written)
+    with pytest.raises(ValueError, match="no JSON row"):
+        rows.stamp(["Traceback ..."], "rollout", "cpu", tmp_path)
+
+
+def test_a_junit_report_becomes_counts_and_the_failing_tests(tmp_path):
+    report = tmp_path / "r.xml"
+    report.write_text('<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1">'
+                      '<testcase classname="tests.test_gpu" name="test_a"/>'
+                      '<testcase classname="tests.test_gpu" name="test_b"><failure message="x"/></testcase>'
+                      '<testcase classname="tests.test_gpu" name="test_c"><skipped/></testcase>'
+                      '<testcase classname="tests.test_gpu" name="test_d"/></testsuite></testsuites>')
+    row = rows.junit_row(report, 3.0)
+    assert (row["passed"], row["failed"], row["skipped"], row["failing"]) == (2, 1, 1, ["tests.test_gpu::test_b"])
+
+
+def device_check(tmp_path, *args, env=None):
+    environment = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path / "out"),
+                   "LOG_DIR": str(tmp_path / "logs"), **(env or {})}
+    return subprocess.run(["bash", str(ROOT / "scripts/gpu/device_check.sh"), "--smoke", *args], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, timeout=900)
+
+
+EXPECTED = {  # each bench's file and the fields its rows must hold
+    "gpu_tests": {"passed", "failed", "errors", "skipped", "failing", "seconds"},
+    "default_run": {"command", "wall_seconds", "success_before", "success_after", "eval_episodes", "steps"},
+    "rollout": {"model", "parameters", "weights", "batch", "multi_turn", "roofline", "targets", "meets_targets"},
+    "learner_mfu": {"shape", "parameters", "dtype", "tokens_per_s", "mfu", "peak_flops", "peak_method",
+                    "model_flops_per_update", "flops_formula"},
+    "learner_memory": {"vocab", "hidden", "response_tokens", "peak_mem_ratio", "time_ratio", "max_grad_abs_diff",
+                       "targets", "meets_targets"},
+}
+
+
+@pytest.mark.slow
+def test_the_smoke_run_writes_every_benchs_rows(tmp_path):
+    done = device_check(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "every step ok" in done.stdout
+    for bench, fields in EXPECTED.items():
+        written = [json.loads(line) for line in (tmp_path / "out" / f"{bench}_cpu.jsonl").read_text().splitlines()]
+        assert written, bench
+        for row in written:
+            missing = (PROVENANCE | fields) - row.keys()
+            assert not missing, f"{bench} lacks {missing}"
+            assert row["bench"] == bench and row["smoke"] is True and row["cuda"] is None
+            assert row["gpu"].startswith("cpu") and row["commit"]
+    rollout = json.loads((tmp_path / "out" / "rollout_cpu.jsonl").read_text())
+    assert rollout["multi_turn"]["ratio"] > 0 and rollout["roofline"]["roofline_tokens_per_s"] > 0
+    assert 0 < json.loads((tmp_path / "out" / "learner_mfu_cpu.jsonl").read_text())["mfu"] < 1
+    run = json.loads((tmp_path / "out" / "default_run_cpu.jsonl").read_text())
+    assert 0 <= run["success_before"] <= 1 and 0 <= run["success_after"] <= 1 and run["steps"] == 2
+
+
+@pytest.mark.slow
+def test_a_failing_step_is_one_line_and_the_next_step_still_runs(tmp_path):
+    (tmp_path / "logs" / "rollout.json").mkdir(parents=True)  # the rollout step cannot write its output
+    done = device_check(tmp_path, "rollout", "learner")
+    assert done.returncode == 1
+    failures = [line for line in done.stdout.splitlines() if "FAILED" in line]
+    assert len(failures) == 1 and failures[0].startswith("device_check: rollout FAILED")
+    assert "device_check: learner ok" in done.stdout
+    assert (tmp_path / "out" / "learner_mfu_cpu.jsonl").exists()
+    assert done.stdout.splitlines()[-1] == "device_check: 1 step(s) failed: rollout"
+
+
+def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tmp_path):
+    tables = load("scripts/docs_tables.py")
+    stamp = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0", "commit": "0123456789ab",
+             "date": "2026-11-25T00:00:00+00:00", "smoke": False}
+    learner = {"bench": "learner_mfu", **stamp, "tokens_per_s": 250_000.0, "mfu": 0.31, "peak_flops": 7.9e14}
+    smoke = {**learner, "smoke": True, "mfu": 0.99}
+    (tmp_path / "learner_mfu_h100.jsonl").write_text(json.dumps(smoke) + "\n" + json.dumps(learner) + "\n")
+    (tmp_path / "learner_mfu_cpu.jsonl").write_text(json.dumps({**learner, "gpu": "cpu (2 cores)", "cuda": None}))
+    table = tables.gpu_rows_table(tmp_path)
+    line = next(row for row in table.splitlines() if row.startswith("| `learner_mfu`"))
+    assert "NVIDIA H100 80GB HBM3: 250,000 tokens/s, MFU 0.31 (peak 790 TFLOP/s measured) (0123456)" in line
+    assert "cpu" not in line and "0.99" not in line
+    assert table.count("not measured yet") == len(tables.GPU_BENCHES) - 1
