@@ -100,7 +100,7 @@ BAD_UPDATE_THRESHOLD = 0.5
 PREFIX_BUDGET_QUANTILE = 0.9
 """CPPO's per-response budget δ_b^seq is calibrated on this quantile (P90) of the response's D_t."""
 PREFIX_BUDGET_CEILING = 2.0
-"""... and clamped to ``[δ_b, PREFIX_BUDGET_CEILING · δ_b]``."""
+"""CPPO's δ_b^seq is clamped to ``[δ_b, PREFIX_BUDGET_CEILING · δ_b]`` (δ_b: the TrustRegion's floor)."""
 
 
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
