@@ -53,7 +53,8 @@ def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_re
     ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.fused_head.fused_head_logprobs`); a model
     whose head it cannot reproduce (:func:`~dppo_oat.fused_head.head_of`) takes the ``logits`` path, with a warning.
     Given the update's ``trust_region`` and ``settings``, the fused head computes the gradients of
-    :func:`~dppo_oat.update.minibatch_step`'s loss in the forward pass (:func:`announced_token_grad`).
+    :func:`~dppo_oat.update.minibatch_step`'s loss in the forward pass (:func:`announced_token_grad`), but for a rule
+    whose mask reads other tokens (``TrustRegion.couples_tokens``: CPPO, M2PO), which it recomputes in the backward.
     ``chunk_size``: token rows per chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on the logits
     path).
     """
@@ -69,7 +70,8 @@ def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_re
         options = dict(temperature=temperature, topk_ids=topk_ids, with_entropy=with_entropy)
         if fused:
             hidden = response_rows(last_hidden_states(model, batch.input_ids, batch.attention_mask), positions)
-            announced = announced_token_grad(batch, trust_region, settings) if trust_region and settings else None
+            announced = (announced_token_grad(batch, trust_region, settings)
+                         if trust_region and settings and not trust_region.couples_tokens else None)
             logp, entropy, topk_logp = fused_head_logprobs(hidden, head_of(model).weight, ids, chunk_size=chunk_size,
                                                            token_grad=at_positions(announced, positions), **options)
         else:
@@ -120,8 +122,9 @@ def on_response_positions(batch: UpdateBatch, positions: torch.Tensor, logp: tor
 def announced_token_grad(micro: UpdateBatch, tr: TrustRegion, settings: UpdateSettings) -> TokenGrad:
     """``g_t = ∂L/∂ log π_θ(a_t)`` of some token rows (of ``[B, T]`` flattened), ``L`` being the loss
     :func:`~dppo_oat.update.minibatch_step` takes on ``micro`` (:func:`policy_loss`, then :func:`aggregate_loss`).
-    The other tokens are set to μ: every rule's loss is a sum over tokens, each a function of its own log π_θ(a_t)
-    (eq:unified_grad)."""
+    The other tokens are set to μ: the loss of every rule that does not couple tokens is a sum over tokens, each a
+    function of its own log π_θ(a_t) (eq:unified_grad); the others are not announced
+    (``TrustRegion.couples_tokens``)."""
     mu = micro.behavior_logp.detach().float()
 
     def token_grad(rows: slice, logp: torch.Tensor, topk_logp: torch.Tensor | None) -> torch.Tensor:

@@ -30,7 +30,7 @@ FORMAT_ERROR_PENALTY = -0.1
 """Gem's reward for an unreadable action (``LanguageGameReward.format_error_reward``), also given to an episode
 whose prompt no longer fits (a test checks that the two agree; the spec does not import Gem)."""
 TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k", "mismatch_low", "mismatch_high",
-                          "kl_tau")
+                          "kl_tau", "w_min", "delta_b", "tau_m2")
 """The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``)."""
 
 
@@ -192,11 +192,11 @@ class DPPOFlags:
 
     trust_region: PresetName = "dppo_binary_tv"
     """Trust-region preset, a name of dppo_oat.trust_region.PRESETS: the paper's methods (ppo, grpo_clip_higher,
-    cispo, pg_is, minirl, dppo_binary_tv, ...) and the training-inference mismatch fixes of other frameworks (tis,
-    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl); docs/trust-region.md lists each with its
-    source."""
+    cispo, pg_is, minirl, dppo_binary_tv, ...), the training-inference mismatch fixes of other frameworks (tis,
+    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl) and later trust regions (drpo, cppo,
+    cppo_binary_tv, m2po); docs/trust-region.md lists each with its source."""
     tr_delta: Optional[float] = None
-    """Override the preset's divergence threshold δ (DPPO, mask_negative)."""
+    """Override the preset's divergence threshold δ (DPPO, mask_negative, CPPO; DRPO's regularization δ)."""
     tr_eps_low: Optional[float] = None
     """Override the preset's lower clip range ε_low (ratio rules)."""
     tr_eps_high: Optional[float] = None
@@ -213,6 +213,12 @@ class DPPOFlags:
     """Override the upper bound of the preset's band on π_θ'/μ (icepop, seq_geo_mask, decoupled_ppo)."""
     tr_kl_tau: Optional[float] = None
     """Override the preset's τ of the penalty τ·log²(π_θ/μ) per token (dppo_binary_tv_kl; 0: none)."""
+    tr_w_min: Optional[float] = None
+    """Override CPPO's position weight w_min of a response's last token, in (0, 1] (cppo, cppo_binary_tv)."""
+    tr_delta_b: Optional[float] = None
+    """Override CPPO's floor δ_b of the per-response prefix budget (cppo, cppo_binary_tv)."""
+    tr_tau_m2: Optional[float] = None
+    """Override M2PO's bound τ_M2 on the batch's mean (log r)² (m2po; inf: no mask)."""
     env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
     env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()

@@ -17,6 +17,12 @@ the training engine's own ratio ρ_t = π_θ'(a_t)/μ(a_t) (per token, or per re
 replace w_t by the *decoupled* weight (π_θ/π_θ')·min(ρ_t, C) of their PPO-on-π_θ' losses, and may add a penalty
 τ·log²(π_θ/μ) per token (its gradient 2τ·log(π_θ/μ)·∇log π_θ adds to the one above). Each preset's ``source`` names
 the file and defaults it follows.
+
+Three later methods are presets too. ``drpo`` (DRPO) keeps every token (M_t = 1) and adds a smooth quadratic
+regularizer on the policy shift, |A_t|·μ·(r_t − 1)²/(2δ) = |A_t|·(π_θ − μ)²/(2δ·μ); ``cppo`` and ``cppo_binary_tv``
+(CPPO) mask as DPPO does but against a position-weighted threshold and a cumulative budget over each response's
+prefix; ``m2po`` (M2PO) masks the tokens with the largest (log r_t)² until the batch's second moment is within τ_M2.
+The masks of CPPO and M2PO read more than their own token (:attr:`Rule.couples_tokens`).
 """
 
 from __future__ import annotations
@@ -38,15 +44,25 @@ class Rule:
     ``delta`` (δ), ``eps`` (PPO's ε_low/ε_high) or ``None``. Adding a rule is one entry of :data:`RULE_TABLE`."""
 
     divergence: str
-    """``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl`` or ``prob_drop`` (anchor − π)."""
+    """``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl``, ``prob_drop`` (anchor − π) or
+    ``log_ratio_sq`` ((log r)²)."""
     keep: str
-    """``all`` (M_t = 1), ``ratio`` (PPO's clip), ``divergence`` (DPPO: D_t > δ in the direction A_t pushes) or
-    ``negative`` (A_t < 0 and anchor − π ≥ δ blocked)."""
+    """``all`` (M_t = 1), ``ratio`` (PPO's clip), ``divergence`` (DPPO: D_t > δ in the direction A_t pushes),
+    ``negative`` (A_t < 0 and anchor − π ≥ δ blocked), ``regularize`` (M_t = 1, and DRPO's quadratic regularizer in
+    the loss: :func:`drpo_regularizer`), ``prefix_budget`` (CPPO: :func:`prefix_budget_keep`) or ``second_moment``
+    (M2PO: :func:`second_moment_keep`)."""
     threshold: str | None
+    """``delta`` (δ), ``eps`` (ε_low/ε_high), ``tau_m2`` (M2PO's τ_M2) or None."""
 
     @property
     def uses_topk(self) -> bool:
         return self.divergence.startswith("topk")
+
+    @property
+    def couples_tokens(self) -> bool:
+        """True when M_t reads other tokens than t: the earlier tokens of its response (``prefix_budget``) or the
+        whole batch (``second_moment``). The loss is then no sum of per-token functions of log π_θ(a_t) alone."""
+        return self.keep in ("prefix_budget", "second_moment")
 
 
 RULE_TABLE: dict[str, Rule] = {
@@ -57,6 +73,10 @@ RULE_TABLE: dict[str, Rule] = {
     "topk_tv": Rule("topk_tv", "divergence", "delta"),  # DPPO, top-K TV on TopK(μ, K) ∪ {a_t} + other
     "topk_kl": Rule("topk_kl", "divergence", "delta"),  # DPPO, top-K KL
     "mask_negative": Rule("prob_drop", "negative", "delta"),  # Takeaway 3's minimal mask
+    "drpo": Rule("binary_tv", "regularize", "delta"),  # DRPO: M_t = 1 plus |A|·μ·(r − 1)²/(2δ)
+    "cppo_topk_tv": Rule("topk_tv", "prefix_budget", "delta"),  # CPPO, top-K TV
+    "cppo_binary_tv": Rule("binary_tv", "prefix_budget", "delta"),  # CPPO, binary TV
+    "m2po": Rule("log_ratio_sq", "second_moment", "tau_m2"),  # M2PO: (log r)² until the batch's mean ≤ τ_M2
 }
 """Every rule by name: what it reads and how it masks (:class:`Rule`)."""
 RULES = tuple(RULE_TABLE)
@@ -77,16 +97,22 @@ MU_BUCKETS = ((0.0, 0.1, "mu_lt_0.1"), (0.1, 0.5, "mu_0.1_0.5"), (0.5, math.inf,
 """Behavior-probability buckets of the shadow-mask metrics (low-, mid-, high-probability tokens)."""
 BAD_UPDATE_THRESHOLD = 0.5
 """sec:stability, Takeaway 3: a 'bad update' is A < 0 and μ − π ≥ 0.5."""
+PREFIX_BUDGET_QUANTILE = 0.9
+"""CPPO's per-response budget δ_b^seq is calibrated on this quantile (P90) of the response's D_t."""
+PREFIX_BUDGET_CEILING = 2.0
+"""CPPO's δ_b^seq is clamped to ``[δ_b, PREFIX_BUDGET_CEILING · δ_b]`` (δ_b: the TrustRegion's floor)."""
 
 
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
                         mismatch_mask: str = "none") -> frozenset[str]:
-    """The numeric :class:`TrustRegion` fields a rule's loss reads: δ by the divergence rules and ``mask_negative``,
-    ε by ``ratio`` (α only when relaxed), K by top-K, C unless w_t is ``proximal``, the band by a mismatch mask, τ by
-    every rule. A value of any other field changes nothing."""
+    """The numeric :class:`TrustRegion` fields a rule's loss reads: δ by the divergence rules, ``mask_negative`` and
+    DRPO, ε by ``ratio`` (α only when relaxed), K by top-K, w_min and δ_b by CPPO, τ_M2 by M2PO, C unless w_t is
+    ``proximal``, the band by a mismatch mask, τ by every rule. A value of any other field changes nothing."""
     read, spec = {"kl_tau"}, RULE_TABLE[rule]
-    if spec.threshold == "delta":
-        read.add("delta")
+    if spec.threshold in ("delta", "tau_m2"):
+        read.add(spec.threshold)
+    if spec.keep == "prefix_budget":
+        read.update(("w_min", "delta_b"))
     if spec.threshold == "eps":
         read.update(("eps_low", "eps_high", *(("alpha",) if relax != "none" else ())))
     if spec.uses_topk:
@@ -115,6 +141,9 @@ class TrustRegion:
         mismatch_mask, mismatch_low, mismatch_high: the mask on ρ_t = π_θ'/μ and its band (see
             :data:`MISMATCH_MASKS`; ``mismatch_low`` 0: no lower bound).
         kl_tau: τ of the penalty τ·log²(π_θ/μ) added to every response token's loss (0: none).
+        w_min: CPPO's position weight at a response's last token (its first has 1; :func:`position_weights`).
+        delta_b: CPPO's floor δ_b of the per-response prefix budget (:func:`prefix_budget`).
+        tau_m2: M2PO's bound τ_M2 on the batch's second moment of log r (:func:`second_moment_keep`).
         name: the preset this came from (for logs).
     """
 
@@ -132,6 +161,9 @@ class TrustRegion:
     mismatch_low: float = 0.0
     mismatch_high: float = math.inf
     kl_tau: float = 0.0
+    w_min: float = 0.8
+    delta_b: float = 0.02
+    tau_m2: float = 0.04
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -140,7 +172,8 @@ class TrustRegion:
         _check_choice("relax", self.relax, RELAX_MODES)
         _check_choice("is_weight", self.is_weight, IS_WEIGHTS)
         _check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
-        for attr in ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau"):
+        for attr in ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau",
+                     "w_min", "delta_b", "tau_m2"):
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
         if not self.delta > 0:
@@ -162,11 +195,22 @@ class TrustRegion:
                              f"[{self.mismatch_low}, {self.mismatch_high}]")
         if not 0 <= self.kl_tau < math.inf:
             raise ValueError(f"kl_tau (τ) must be a finite number >= 0, got {self.kl_tau}")
+        if not 0 < self.w_min <= 1:
+            raise ValueError(f"w_min must be in (0, 1] (a response's last position weight), got {self.w_min}")
+        if not 0 <= self.delta_b < math.inf:
+            raise ValueError(f"delta_b (δ_b) must be a finite number >= 0, got {self.delta_b}")
+        if not self.tau_m2 >= 0:
+            raise ValueError(f"tau_m2 (τ_M2) must be >= 0 (math.inf: no mask), got {self.tau_m2}")
 
     @property
     def uses_topk(self) -> bool:
         """True when the rule needs μ's top-K set and π_θ's log-probs on it."""
         return RULE_TABLE[self.rule].uses_topk
+
+    @property
+    def couples_tokens(self) -> bool:
+        """True when the mask of a token reads other tokens (:attr:`Rule.couples_tokens`: CPPO, M2PO)."""
+        return RULE_TABLE[self.rule].couples_tokens
 
     @property
     def fields_read(self) -> frozenset[str]:
@@ -275,9 +319,38 @@ PRESETS: dict[str, Preset] = {
         "DPPO + KL, prime-rl's default loss: src/prime_rl/trainer/rl/loss.py default_loss_fn (DefaultLossConfig "
         "dppo_mask_low/high 0.2, kl_tau 1e-3): binary TV on π − μ + τ·log²(π/μ) on every loss token",
     ),
+    # --- later trust regions: DRPO, CPPO, M2PO (equation numbers as each source cites them)
+    "drpo": Preset(
+        {"rule": "drpo", "delta": 12.5},
+        "DRPO (arXiv 2606.09821): objective eq. 8, Σ_t r_t·A_t − |A_t|·μ(y_t|s_t)·(r_t − 1)²/(2δ), no IS "
+        "truncation; gradient eq. 9, weight (Table 1) 1 − sign(A_t(r_t − 1))·|π − μ|/δ; δ = 12.5 (§4). Reference "
+        "code Tencent-Hunyuan/UniRL unirl/algorithms/drpo.py _drpo_loss (drpo_epsilon 12.5); equation numbers and δ "
+        "as that code and its README cite the paper",
+    ),
+    "cppo": Preset(
+        {"rule": "cppo_topk_tv", "delta": 0.15, "k": 20, "w_min": 0.8, "delta_b": 0.02},
+        "CPPO (arXiv 2606.10968): DPPO's surrogate under the mask of eq. 8-10 and Algorithm 1: keep t iff "
+        "A_t(r_t − 1) ≤ 0 or w_t·D_t ≤ min(δ, δ + δ_b·W_{t−1} − S_{t−1}), w_t = 1 − (1 − w_min)(t − 1)/(T − 1) "
+        "(eq. 9), δ_b = clamp(P90(D_{1:T}), δ_b,min, 2δ_b,min) per response (eq. 22); top-K TV, K = 20 (the "
+        "paper's main runs), δ = 0.15 (dense models), w_min 0.8, δ_b,min 0.02. Reference code Tencent-Hunyuan/UniRL "
+        "unirl/algorithms/cppo.py _cppo_mask and verl PR 6731 docs/algo/cppo.md (binary TV); equation numbers as "
+        "those cite the paper",
+    ),
+    "cppo_binary_tv": Preset(
+        {"rule": "cppo_binary_tv", "delta": 0.15, "w_min": 0.8, "delta_b": 0.02},
+        "CPPO-Binary-TV: cppo with D_t = |π − μ|, as the reference code computes it (Tencent-Hunyuan/UniRL "
+        "unirl/algorithms/cppo.py, verl PR 6731 docs/algo/cppo.md)",
+    ),
+    "m2po": Preset(
+        {"rule": "m2po", "tau_m2": 0.04},
+        "M2PO (arXiv 2510.01161v2, sec. 5.2): M̂2 = mean (log r)² (eq. 4); Algorithm 1 masks the trust-region tokens "
+        "(A > 0 & r > 1 or A < 0 & r < 1) of largest (log r)² until their mean is ≤ τ_M2 = 0.04; objective eq. 5, "
+        "M·r·A averaged over all tokens (footnote 2), no IS truncation. Batch = one loss call (a micro-batch), as "
+        "Infini-AI-Lab/M2PO verl/workers/actor/dp_actor.py calls compute_m2po_policy_loss (M2_budget 0.04)",
+    ),
 }
 """The paper's methods with its stability-analysis defaults (sec:stability, app:sanity_test_details), then the
-training–inference mismatch fixes of other frameworks (see each ``source``)."""
+training–inference mismatch fixes of other frameworks, then later trust regions (see each ``source``)."""
 
 
 @dataclass
@@ -340,6 +413,72 @@ def divergence_keep(ratio, advantages, divergence, delta) -> torch.Tensor:
 def negative_keep(anchor_prob, prob, advantages, delta) -> torch.Tensor:
     """Takeaway 3's minimal mask (sec:stability): block A<0 & anchor(a_t) − π(a_t) ≥ δ."""
     return ~((advantages < 0) & (anchor_prob - prob >= delta))
+
+
+def position_weights(mask: torch.Tensor, w_min: float) -> torch.Tensor:
+    """CPPO's w_t (arXiv 2606.10968 eq. 9, Algorithm 1): ``1 − (1 − w_min)(t − 1)/(T − 1)``, t the 1-based position
+    among the row's response tokens ``mask`` and T their number: 1 at the first token, w_min at the last (1 for a
+    one-token response), 0 off the response. fp64 ``[B, T]``."""
+    position = mask.long().cumsum(-1)
+    length = mask.long().sum(-1, keepdim=True)
+    elapsed = (position - 1).clamp(min=0).double() / (length - 1).clamp(min=1).double()
+    return torch.where(mask, 1.0 - (1.0 - w_min) * elapsed, 0.0)
+
+
+def prefix_budget(divergence: torch.Tensor, mask: torch.Tensor, delta_b: float) -> torch.Tensor:
+    """CPPO's per-response budget δ_b^seq (arXiv 2606.10968 eq. 22): the P90 of the row's D_t over its response
+    tokens, clamped to ``[δ_b, 2δ_b]`` (:data:`PREFIX_BUDGET_QUANTILE`, :data:`PREFIX_BUDGET_CEILING`); δ_b for a row
+    with no response token or no finite D_t. fp64 ``[B, 1]``."""
+    values = torch.where(mask, divergence.double(), math.nan)
+    quantile = torch.nanquantile(values, PREFIX_BUDGET_QUANTILE, dim=-1, keepdim=True)
+    budget = quantile.clamp(min=delta_b, max=PREFIX_BUDGET_CEILING * delta_b)
+    return torch.where(torch.isnan(quantile), delta_b, budget)
+
+
+def prefix_thresholds(divergence: torch.Tensor, mask: torch.Tensor, tr: TrustRegion) -> tuple[torch.Tensor, ...]:
+    """``(Z_t, c_t, δ_b^seq)`` of CPPO (arXiv 2606.10968 eq. 8): Z_t = w_t·D_t and the effective threshold
+    ``c_t = min(δ, δ + δ_b^seq·W_{t−1} − S_{t−1})``, S and W the sums of Z and w over the response's earlier tokens
+    (S_0 = W_0 = 0). A NaN D_t makes every later c_t NaN: an unknown prefix leaves no budget. fp64 ``[B, T]``."""
+    weights = position_weights(mask, tr.w_min)
+    z = weights * torch.where(mask, divergence.double(), 0.0)
+    budget = prefix_budget(divergence, mask, tr.delta_b)
+    c = torch.clamp(tr.delta + budget * sum_before(weights) - sum_before(z), max=tr.delta)
+    return z, c, budget
+
+
+def sum_before(values: torch.Tensor) -> torch.Tensor:
+    """``Σ_{j<t} values_j`` along the last dimension (0 at t = 1)."""
+    return torch.cat([torch.zeros_like(values[..., :1]), values.cumsum(-1)[..., :-1]], -1)
+
+
+def prefix_budget_keep(ratio, advantages, divergence, mask, tr: TrustRegion) -> torch.Tensor:
+    """CPPO's mask (arXiv 2606.10968 eq. 10): keep t iff A_t(r_t − 1) ≤ 0 (toward the anchor) or Z_t ≤ c_t
+    (:func:`prefix_thresholds`). With w_min = 1 and an unbounded δ_b it is DPPO's :func:`divergence_keep`."""
+    z, c, _ = prefix_thresholds(divergence, mask, tr)
+    away = ((advantages > 0) & (ratio > 1)) | ((advantages < 0) & (ratio < 1))
+    return ~(away & ~(z <= c))
+
+
+def second_moment_keep(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                       tau_m2: float) -> torch.Tensor:
+    """M2PO's mask (arXiv 2510.01161 Algorithm 1): among the trust-region tokens T (response tokens with A > 0 and
+    r > 1, or A < 0 and r < 1), block those of largest M̂2_i = (log r_i)² until the mean over T of the rest is
+    ≤ τ_M2. The running mean of ascending values never decreases, so the kept ones are the longest ascending prefix
+    whose mean is ≤ τ_M2 (no host synchronisation). Over the whole ``[B, T]`` batch."""
+    trust = m2po_trust_region(log_ratio, advantages, mask)
+    second_moment = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).double().square().reshape(-1)
+    flat_trust = trust.reshape(-1)
+    ordered, order = torch.where(flat_trust, second_moment, math.inf).sort(stable=True)
+    count = torch.arange(1, ordered.numel() + 1, device=ordered.device, dtype=torch.float64)
+    prefix_mean = torch.where(torch.isfinite(ordered), ordered, 0.0).cumsum(0) / count
+    kept = ((prefix_mean <= tau_m2) & (count <= flat_trust.sum())).sum()
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return ~(flat_trust & (rank >= kept)).reshape(mask.shape)
+
+
+def m2po_trust_region(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The tokens M2PO constrains (arXiv 2510.01161 sec. 5.2, as PPO's clip would): A > 0 & r > 1 or A < 0 & r < 1."""
+    return mask & (((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0)))
 
 
 def relaxed_clip_range(behavior_prob, tr: TrustRegion) -> tuple[torch.Tensor | float, torch.Tensor | float]:
@@ -410,6 +549,25 @@ def kl_penalty(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tens
     return kl_tau * log_ratio.square()
 
 
+def drpo_regularizer(logp: torch.Tensor, anchor_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     delta: float) -> torch.Tensor:
+    """DRPO's regularizer (arXiv 2606.09821 eq. 8) on every response token: ``|A_t|·μ·(r_t − 1)²/(2δ)``, μ the anchor's
+    probability and r_t = π_θ/μ (log r clamped at :data:`MAX_LOG_RATIO`), written ``(π − μ)·(r − 1)`` so that it stays
+    finite at r = e^60. With the policy term −r_t·A_t its gradient is −r_t·A_t·ω_t·∇log π_θ, ω_t of
+    :func:`drpo_weight`."""
+    log_ratio = torch.where(mask, logp - anchor_logp, 0.0).clamp(max=MAX_LOG_RATIO)
+    ratio = log_ratio.exp()
+    shift = anchor_logp.exp() * (ratio - 1)  # π − μ, through r
+    return advantages.abs() * shift * (ratio - 1) / (2 * delta)
+
+
+def drpo_weight(prob: torch.Tensor, anchor_prob: torch.Tensor, advantages: torch.Tensor, delta: float) -> torch.Tensor:
+    """DRPO's gradient weight (arXiv 2606.09821 Table 1): ``ω_t = 1 − sign(A_t)·(π − μ)/δ`` = 1 − sign(A_t(r_t − 1))·
+    |π − μ|/δ, in [1 − 1/δ, 1 + 1/δ]: below 1 for a move away from μ, 0 at |π − μ| = δ, negative (corrective)
+    beyond, above 1 for a move back."""
+    return 1 - torch.sign(advantages) * (prob - anchor_prob) / delta
+
+
 DIVERGENCES = {
     "binary_tv": lambda logp, anchor_logp, topk: div.binary_tv(anchor_logp, logp),
     "binary_kl": lambda logp, anchor_logp, topk: div.binary_kl(anchor_logp, logp),
@@ -417,8 +575,10 @@ DIVERGENCES = {
     "topk_kl": lambda logp, anchor_logp, topk: div.topk_kl(topk.behavior_logp, topk.logp, topk.valid),
     "prob_drop": lambda logp, anchor_logp, topk: anchor_logp.exp() - logp.exp(),
     "ratio": lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs(),
+    "log_ratio_sq": lambda logp, anchor_logp, topk: (logp - anchor_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square(),
 }
-"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:topk), ``anchor − π``, or ``|r − 1|``."""
+"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:topk), ``anchor − π``, ``|r − 1|``, or
+M2PO's M̂2_t = (log r)²."""
 
 
 def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> torch.Tensor:
@@ -426,17 +586,24 @@ def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> to
     return DIVERGENCES[RULE_TABLE[tr.rule].divergence](logp, anchor_logp, topk)
 
 
-def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None):
-    """The mask M_t of ``tr`` and the divergence it thresholded. All inputs detached fp32 ``[B, T]``."""
+def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None, mask=None):
+    """The mask M_t of ``tr`` and the divergence it thresholded. All inputs detached fp32 ``[B, T]``; ``mask`` (the
+    response tokens) is read by the rules that couple tokens (:attr:`TrustRegion.couples_tokens`)."""
     divergence = rule_divergence(tr, logp, anchor_logp, topk)
     ratio = (logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp()
     how = RULE_TABLE[tr.rule].keep
-    if how == "all":
+    if tr.couples_tokens and mask is None:
+        raise ValueError(f"trust region {tr.name!r} masks a token by the others: pass the response mask")
+    if how in ("all", "regularize"):
         keep = torch.ones_like(logp, dtype=torch.bool)
     elif how == "ratio":
         keep = ratio_keep(ratio, advantages, *relaxed_clip_range(behavior_logp.exp(), tr))
     elif how == "negative":
         keep = negative_keep(anchor_logp.exp(), logp.exp(), advantages, tr.delta)
+    elif how == "prefix_budget":
+        keep = prefix_budget_keep(ratio, advantages, divergence, mask, tr)
+    elif how == "second_moment":
+        keep = second_moment_keep(logp - anchor_logp, advantages, mask, tr.tau_m2)
     else:
         keep = divergence_keep(ratio, advantages, divergence, tr.delta)
     return keep, divergence
@@ -478,16 +645,21 @@ def policy_loss(
         adv = advantages.detach().float().expand_as(lp)
         recomputed = None if recomputed_logp is None else recomputed_logp.detach().float()
         anchor = mu if tr.anchor == "behavior" else recomputed
-        keep, divergence = trust_region_keep(tr, lp, anchor, mu, adv, topk)
+        keep, divergence = trust_region_keep(tr, lp, anchor, mu, adv, topk, mask)
         keep = keep & mask & mismatch_keep(tr, recomputed, mu, mask)
         is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
         coefficient = torch.where(keep, adv * is_weight, 0.0)
     # value −M·w·A; gradient −M·w·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
     surrogate = torch.exp(torch.where(mask, logp32 - lp, 0.0))
     loss = -coefficient * surrogate
+    if RULE_TABLE[tr.rule].keep == "regularize":
+        loss = loss + drpo_regularizer(logp32, anchor, adv, mask, tr.delta)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated) if with_metrics else {}
+    metrics = {}
+    if with_metrics:
+        extra = rule_metrics(tr, lp, anchor, adv, mask, keep, divergence)
+        metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated, extra=extra)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=divergence, metrics=metrics)
 
 
@@ -519,12 +691,14 @@ SHADOW_MISMATCH_PRESETS = ("icepop", "seq_geo_mask")
 _SHADOW_TRUST_REGIONS = {name: TrustRegion.preset(name) for name in SHADOW_MISMATCH_PRESETS}
 
 
-def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, truncated) -> dict[str, float]:
+def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence, truncated,
+                         extra: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """Batch statistics of the trust region (sec:stability): mask fractions by sign of A (A ≠ 0 tokens only),
     training-inference mismatch |π − μ|, bad updates, IS truncation (``truncated``: tokens whose w_t hit C), and the
     *shadow masks*: what ``ppo`` and ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket
     (sec:method_limitations), and what ``icepop`` and ``seq_geo_mask`` would have masked. The shadows read the
-    current π_θ in place of π_θ' (equal on a rollout batch's first minibatch), so every run reports them.
+    current π_θ in place of π_θ' (equal on a rollout batch's first minibatch), so every run reports them. ``extra``:
+    0-d statistics of the rule's own (:func:`rule_metrics`), reported after these.
 
     One host synchronisation: every statistic is a 0-d tensor until the final ``tolist``.
     """
@@ -555,8 +729,46 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     for preset, shadow_blocked in mismatch_blocked.items():
         stats.update(_shadow_stats(preset, shadow_blocked, active, mu_prob))
     stats["shadow/seq_geo_mask/sequence_fraction"] = _fraction(mismatch_blocked["seq_geo_mask"].any(-1), mask.any(-1))
+    stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
+
+
+def rule_metrics(tr: TrustRegion, logp, anchor_logp, advantages, mask, keep, divergence) -> dict[str, torch.Tensor]:
+    """0-d statistics of the later rules (none for the others; inputs as :func:`trust_region_metrics`'s).
+
+    DRPO: ω_t of :func:`drpo_weight` over the A ≠ 0 tokens (``drpo/weight_mean``, ``drpo/weight_min``, and
+    ``drpo/corrective_fraction``, ω_t < 0: beyond the boundary) and its regularizer's mean per response token.
+    CPPO: ``cppo/budget_mask_fraction``, the A ≠ 0 tokens the prefix budget blocked although Z_t ≤ δ, and the mean
+    per-response budget δ_b^seq. M2PO: M̂2 over the trust-region tokens before and after the mask (Algorithm 1's
+    quantity; ``divergence/mean`` is eq. 4's over all tokens), the masked fraction of the response tokens and the
+    fraction that are trust-region tokens.
+    """
+    how = RULE_TABLE[tr.rule].keep
+    active = mask & (advantages != 0)
+    if how == "regularize":
+        weight = drpo_weight(logp.exp(), anchor_logp.exp(), advantages, tr.delta)
+        return {
+            "drpo/weight_mean": masked_mean(weight, active),
+            "drpo/weight_min": -_masked_max(-weight, active),
+            "drpo/corrective_fraction": _fraction(weight < 0, active),
+            "drpo/regularizer_mean": masked_mean(drpo_regularizer(logp, anchor_logp, advantages, mask, tr.delta), mask),
+        }
+    if how == "prefix_budget":
+        z, _, budget = prefix_thresholds(divergence, mask, tr)
+        return {
+            "cppo/budget_mask_fraction": _fraction(~keep & (z <= tr.delta), active),
+            "cppo/delta_b_mean": masked_mean(budget, mask.any(-1, keepdim=True)),
+        }
+    if how == "second_moment":
+        trust = m2po_trust_region(logp - anchor_logp, advantages, mask)
+        return {
+            "m2po/m2_before": masked_mean(divergence, trust),
+            "m2po/m2_after": masked_mean(divergence, trust & keep),
+            "m2po/masked_fraction": _fraction(~keep, mask),
+            "m2po/trust_region_fraction": _fraction(trust, mask),
+        }
+    return {}
 
 
 def _shadow_stats(preset: str, blocked: torch.Tensor, active: torch.Tensor, mu_prob: torch.Tensor) -> dict:

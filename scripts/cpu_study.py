@@ -119,6 +119,9 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "efficiency": Experiment(("relax_low", "relax_high", "relax_both", "relax_both@alpha=0.3", "grpo_clip_higher",
                               "dppo_binary_tv"), ("mb4-fp32",),
                              "sec:training_efficiency: which side of the ratio clip on low-μ tokens slows learning"),
+    "later": Experiment(("pg_is", "dppo_binary_tv", "dppo_topk_tv", "drpo", "cppo", "m2po"), ("mb4-fp32",),
+                        "later trust regions under staleness: DRPO's smooth regularizer, CPPO's prefix budget on "
+                        "top-K TV and M2PO's batch second-moment mask against DPPO and PG-IS"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]

@@ -54,3 +54,19 @@ def test_the_check_sees_an_undescribed_option():
     text = ("│ --steps INT                 │\n│       (default: 100)          │\n"
             "│ --lr FLOAT                  │\n│       Learning rate. (default: 0.0003) │\n")
     assert undescribed_options(text) == ["--steps"]
+
+
+def test_the_later_presets_and_their_flags_are_on_the_command_line(monkeypatch):
+    """DRPO, CPPO and M2PO are --trust-region choices with their --tr-* overrides; an override the preset does not
+    read is refused in one line before anything is built."""
+    from dppo_oat.engines.local.validation import validate_config
+
+    text = help_text(monkeypatch)
+    for name in ("drpo", "cppo", "cppo_binary_tv", "m2po", "--tr-w-min", "--tr-delta-b", "--tr-tau-m2"):
+        assert name in text, name
+    spec, _ = validate_config(tyro.cli(TrainConfig, args=["--trust-region", "m2po", "--tr-tau-m2", "0.1"]))
+    assert (spec.trust_region.rule, spec.trust_region.tau_m2) == ("m2po", 0.1)
+    spec, _ = validate_config(tyro.cli(TrainConfig, args=["--trust-region", "cppo_binary_tv", "--tr-w-min", "0.5"]))
+    assert (spec.trust_region.w_min, spec.trust_region.delta_b) == (0.5, 0.02)
+    with pytest.raises(ValueError, match="--tr-tau-m2: not read by the trust region drpo"):
+        validate_config(tyro.cli(TrainConfig, args=["--trust-region", "drpo", "--tr-tau-m2", "0.1"]))

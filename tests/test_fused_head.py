@@ -273,6 +273,34 @@ def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset
     assert math.isclose(found["fused"][0]["entropy"], found["logits"][0]["entropy"], rel_tol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["drpo", "cppo", "cppo_binary_tv", "m2po"])
+def test_later_presets_train_the_same_gradients_on_both_heads(policy, preset, monkeypatch):
+    """DRPO's loss is per token, so the fused head computes its gradients in the forward pass (no recompute); the
+    masks of CPPO and M2PO read other tokens, so none is announced and the backward recomputes them."""
+    model, _ = policy
+    small = {"m2po": {"tau_m2": 0.01}, "drpo": {"delta": 0.05}}.get(preset, {"delta": 5e-4, "delta_b": 1e-4, "k": 3})
+    tr = TrustRegion.preset(preset, **small)  # thresholds for this tiny model's probabilities (about 1/300)
+    batch = model_batch(policy, k=3 if tr.uses_topk else 0)
+    settings = UpdateSettings(minibatch_size=4, micro_batch_size=2, aggregation="token-mean", temperature=0.8)
+    recomputed, announced = [], []
+    original, announce = fused_head.head_grads, learner_forward_module.announced_token_grad
+    monkeypatch.setattr(fused_head, "head_grads", lambda *a, **k: recomputed.append(1) or original(*a, **k))
+    monkeypatch.setattr(learner_forward_module, "announced_token_grad",
+                        lambda *a, **k: announced.append(1) or announce(*a, **k))
+    found = {}
+    for lm_head in ("logits", "fused"):
+        copy_ = copy.deepcopy(model)
+        forward = causal_lm_forward(copy_, settings=settings, trust_region=tr, lm_head=lm_head)
+        metrics = minibatch_step(batch, torch.arange(4), tr, forward, lambda loss: loss.backward(), settings)
+        found[lm_head] = (metrics, {n: p.grad for n, p in copy_.named_parameters()})
+    for name, grad in found["logits"][1].items():
+        torch.testing.assert_close(found["fused"][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert math.isclose(found["fused"][0]["loss"], found["logits"][0]["loss"], rel_tol=1e-5)
+    assert bool(recomputed) == tr.couples_tokens and bool(announced) != tr.couples_tokens
+    if tr.couples_tokens and not tr.uses_topk:  # (the batch's top-K μ is the model's own: its top-K TV is 0)
+        assert found["fused"][0]["mask/fraction"] > 0, "the case exercises the mask"
+
+
 def test_a_head_the_fused_path_cannot_reproduce_takes_the_logits_path(policy):
     model = copy.deepcopy(policy[0])
     model.config.final_logit_softcapping = 30.0

@@ -146,6 +146,18 @@ def test_mismatch_presets_run_a_step(tmp_path, cache_dir, preset):
     assert 0 <= row["mask/fraction"] <= 1 and 0 <= row["shadow/seq_geo_mask/sequence_fraction"] <= 1
 
 
+@pytest.mark.parametrize("preset", ["drpo", "cppo", "m2po"])
+def test_later_presets_run_a_step(tmp_path, cache_dir, preset):
+    """DRPO, CPPO (top-K: the rollout returns μ's top 20) and M2PO train in the local engine and log their own
+    metrics."""
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
+          "--trust-region", preset, "--minibatches-per-rollout", "2", *SHORT])
+    (row,) = read_jsonl(tmp_path / preset / "metrics.jsonl")
+    assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
+    prefix = {"drpo": "drpo/weight_mean", "cppo": "cppo/delta_b_mean", "m2po": "m2po/m2_before"}[preset]
+    assert prefix in row and 0 <= row["mask/fraction"] <= 1
+
+
 def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
     main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
     with pytest.raises(SystemExit):

@@ -66,6 +66,10 @@ PRESET_NAMES = {
     "seq_geo_mask": "Seq-Geo-Mask",
     "decoupled_ppo": "Decoupled PPO",
     "dppo_binary_tv_kl": "DPPO-Binary-TV + KL",
+    "drpo": "DRPO",
+    "cppo": "CPPO",
+    "cppo_binary_tv": "CPPO-Binary-TV",
+    "m2po": "M2PO",
 }
 """The paper's (or the source framework's) name of each trust-region preset (legend entries)."""
 
@@ -73,9 +77,11 @@ TRUST_REGION_SYMBOLS = {
     "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
     "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K", "is_weight": "w",
     "mismatch_mask": "mismatch mask", "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ",
+    "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2",
 }
 """The trust-region fields a label mentions when a run overrides its preset's default, and how."""
-_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau")
+_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau", "w_min",
+                 "delta_b", "tau_m2")
 
 PathLike = Union[str, Path]
 

@@ -175,6 +175,16 @@ def test_mismatch_overrides_reach_the_run_spec(gpu_node):
     assert spec_of(prime).trust_region == TrustRegion.preset("dppo_binary_tv_kl", kl_tau=0.01)
 
 
+def test_later_overrides_reach_the_run_spec(gpu_node):
+    with gpu_node(2):
+        cppo = validate_args(launch.parse_args(SMALL + ["--trust_region", "cppo", "--tr_w_min", "0.5",
+                                                        "--tr_delta_b", "0.01"]))
+        m2po = validate_args(launch.parse_args(SMALL + ["--trust_region", "m2po", "--tr_tau_m2", "0.1"]))
+    assert spec_of(cppo).trust_region == TrustRegion.preset("cppo", w_min=0.5, delta_b=0.01)
+    assert spec_of(cppo).sampling.top_k_logprobs == 20
+    assert spec_of(m2po).trust_region == TrustRegion.preset("m2po", tau_m2=0.1)
+
+
 def test_greedy_evaluation_is_allowed_and_greedy_training_is_not(gpu_node):
     with gpu_node(2):
         args = validate_args(launch.parse_args(SMALL + ["--eval_temperature", "0"]))

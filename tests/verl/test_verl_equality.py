@@ -103,3 +103,29 @@ def test_decoupled_mode_recovers_mu_from_verls_is_weights(actor_config, preset):
     out = policy_loss(direct, mu, advantages, mask, trust_region_for(preset, config), recomputed_logp=recomputed)
     agg_loss(out.loss, mask, "token-mean").backward()
     torch.testing.assert_close(ours, direct.grad, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("preset", ["drpo", "cppo_binary_tv", "m2po"])
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_later_presets_are_the_cores_loss_in_bypass_mode(actor_config, preset, aggregation):
+    """DRPO, CPPO-Binary-TV and M2PO read μ only: in bypass mode verl's call is the core's policy_loss with δ and C
+    from verl's fields (DRPO's δ = 12.5 and CPPO's 0.15 through clip_ratio_low/high), reduced by verl's agg_loss; each
+    reports its own metrics."""
+    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+
+    from dppo_oat.engines.verl.mapping import trust_region_for
+
+    tr = TrustRegion.preset(preset)
+    delta = tr.delta if preset != "m2po" else 0.2  # M2PO reads no δ: verl's clip fields leave it unchanged
+    mu, logp, advantages, mask = random_batch(13, spread=0.3)
+    config = actor_config("dppo_oat." + preset, delta, delta, math.inf)
+    assert trust_region_for(preset, config) == tr
+    ours, metrics = gradient(get_policy_loss_fn("dppo_oat." + preset), mu, logp, advantages, mask, aggregation, config)
+    direct = logp.clone().requires_grad_(True)
+    agg_loss(policy_loss(direct, mu, advantages, mask, tr).loss, mask, aggregation).backward()
+    torch.testing.assert_close(ours, direct.grad, rtol=1e-6, atol=1e-9)
+    own = {"drpo": "dppo/drpo/weight_mean", "cppo_binary_tv": "dppo/cppo/budget_mask_fraction",
+           "m2po": "dppo/m2po/m2_before"}[preset]
+    assert isinstance(metrics[own], float)
+    if preset != "drpo":
+        assert 0 < metrics["actor/pg_clipfrac"] < 0.5, "the batch exercises the mask"

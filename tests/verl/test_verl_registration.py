@@ -67,3 +67,15 @@ def test_list_command(verl_adapter, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(PRESETS)
     assert "dppo_oat.dppo_binary_tv: registered" in lines
+
+
+def test_later_presets_are_registered_but_cppo_on_top_k(verl_adapter):
+    for preset in ("drpo", "cppo_binary_tv", "m2po"):
+        assert verl_adapter.REGISTERED[loss_name(preset)] == preset
+    assert "top-K" in verl_adapter.REFUSED[loss_name("cppo")]
+
+
+def test_a_refused_top_k_preset_names_its_binary_counterpart(verl_adapter):
+    assert verl_adapter.REFUSED[loss_name("cppo")].endswith("use dppo_oat.cppo_binary_tv")
+    assert verl_adapter.REFUSED[loss_name("dppo_topk_kl")].endswith("use dppo_oat.dppo_binary_tv or "
+                                                                     "dppo_oat.dppo_binary_kl")

@@ -61,12 +61,22 @@ def refusal(preset: str) -> str | None:
     except ValueError as error:
         return f"{loss_name(preset)}: the preset does not build ({error})"
     if tr.uses_topk:
+        instead = " or ".join(loss_name(name) for name in binary_alternatives(tr))
         return (f"{loss_name(preset)} is refused: top-K rules need μ's top-{tr.k} log-probs per token, and "
                 "verl 0.9.1's rollout keeps only the sampled token's log-prob (vLLM logprobs=0) while its actor hands "
-                "the loss log π_θ(a_t) only; use dppo_oat.dppo_binary_tv or dppo_oat.dppo_binary_kl")
+                f"the loss log π_θ(a_t) only; use {instead}")
     if tr.anchor not in ("behavior", "recompute"):
         return f"{loss_name(preset)} is refused: verl has no log-probs for the anchor {tr.anchor!r}"
     return None
+
+
+def binary_alternatives(tr: TrustRegion) -> list[str]:
+    """The presets to run instead of top-K rule ``tr``: DPPO's binary TV and KL for DPPO's top-K rules, else the
+    presets of the same rule on binary TV (``cppo`` → ``cppo_binary_tv``)."""
+    if RULE_TABLE[tr.rule].keep == "divergence":
+        return ["dppo_binary_tv", "dppo_binary_kl"]
+    binary = tr.rule.replace("topk", "binary")
+    return [name for name, preset in PRESETS.items() if preset.fields.get("rule") == binary]
 
 
 def supported_presets() -> dict[str, str | None]:
