@@ -123,6 +123,11 @@ class KVBuffer:
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
 
 
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters: where its KV buffer and every input of :func:`direct_forward` live."""
+    return next(model.parameters()).device
+
+
 def causal_mask(valid: torch.Tensor, start: int) -> torch.Tensor:
     """The boolean mask ``[B, 1, S, K]`` of ``S`` new tokens at columns ``start …`` over keys ``valid [B, K]``: a
     query sees the valid keys up to its own column, and always itself (so that a padding query has a key, and no
@@ -185,7 +190,7 @@ def runs_direct(model) -> bool:
     refuses the call (another library version's signature) counts as a no."""
     if not _has_plain_structure(model):
         return False
-    device, vocab = next(model.parameters()).device, model.config.vocab_size
+    device, vocab = model_device(model), model.config.vocab_size
     input_ids = (torch.arange(12, device=device).view(2, 6) * 7 + 3) % vocab
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, :2] = 0
