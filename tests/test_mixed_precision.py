@@ -17,6 +17,7 @@ from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.mixed_precision import (autocast, autocast_forward, check_compute_dtype, loss_scaler,
                                       rollout_compute_dtype)
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
+from dppo_oat.rollout.direct_forward import KVBuffer
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
@@ -134,6 +135,15 @@ def test_the_backward_recomputes_the_forwards_half_precision_logits(dtype):
         (g * logp).sum().backward()
         gradients.append(leaf.grad)
     torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_kv_buffer_keeps_the_keys_and_values_dtypes_apart():
+    """Under autocast Qwen3 hands its cache fp32 keys (normalised) and half-precision values: a buffer rebuilt from a
+    past (the prefix cache's, a grown one) keeps each in its own dtype, not both in the keys'."""
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4).to(torch.bfloat16)
+    buffer = KVBuffer.from_past([(keys, values)], torch.ones(2, 3, dtype=torch.bool), capacity=8)
+    assert buffer.keys[0].dtype == torch.float32 and buffer.values[0].dtype == torch.bfloat16
+    assert torch.equal(buffer.filled()[0][1], values)
 
 
 # ----------------------------------------------------------------------------------------- the loss scaler

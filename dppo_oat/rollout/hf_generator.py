@@ -272,7 +272,7 @@ class HFGenerator:
         spans = [int(reuse[bucket].max()) + max(len(suffixes[i]) for i in bucket) for bucket in buckets]
         width = max(spans)
         cached = self.prefix_cache.rows
-        buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys)
+        buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys, cached.values)
         parts, start = [], 0
         for bucket, span in zip(buckets, spans):
             index = torch.as_tensor(bucket, device="cpu")
