@@ -19,11 +19,13 @@ from dppo_oat.samples import UpdateBatch
 
 
 @torch.no_grad()
+@torch.no_grad()
 def response_logits(model, batch: UpdateBatch, micro_batch_size: int = 64, temperature: float = 1.0) -> torch.Tensor:
     """``[n, V]`` fp32 next-token logits of ``model`` at the ``n`` response tokens of ``batch`` (in row order),
-    divided by the sampling ``temperature`` (the distribution the rollout sampled from)."""
+    divided by the sampling ``temperature`` (the distribution the rollout sampled from). A measurement: no autograd
+    graph is kept (it would hold every micro-batch's activations until the probe ends)."""
     chunks = []
-    for index in torch.arange(len(batch)).split(micro_batch_size):
+    for index in torch.arange(len(batch), device=batch.input_ids.device).split(micro_batch_size):
         rows = batch.select(index)
         logits = model(input_ids=rows.input_ids, attention_mask=rows.attention_mask).logits[:, :-1].float()
         chunks.append(logits[rows.response_mask.bool()] / temperature)

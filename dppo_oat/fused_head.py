@@ -8,6 +8,9 @@ temperature T) and ``g_t = ∂L/∂ log π_θ(a_t|s_t)``::
 
     ∂L/∂z_t = g_t · (e_{a_t} − softmax(z_t)),   ∂L/∂h_t = Wᵀ ∂L/∂z_t / T,   ∂L/∂W = Σ_t ∂L/∂z_t h_tᵀ / T
 
+Under ``torch.autocast`` the head's product ``W h`` runs in the autocast dtype, as the model's own head would (the
+rollout samples from those logits); the statistics and the gradients' products stay fp32 (:func:`accumulate_grads`).
+
 A chunk holds about :data:`CHUNK_ELEMENTS` fp32 logits (220 tokens at V = 151,936). Per chunk the forward pass
 computes log π_θ(a_t), the log-normaliser, the top-K log-probs and the entropy, and keeps only those O(N · K) numbers.
 The gradients come one of two ways:
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -111,14 +114,17 @@ def chunk_logit_grad(z: torch.Tensor, lse: torch.Tensor, ids: torch.Tensor, grad
 
 def accumulate_grads(dz: torch.Tensor, rows_hidden: torch.Tensor, weight: torch.Tensor,
                      grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> torch.Tensor | None:
-    """``∂L/∂h = dz W`` of the chunk (returned) and ``grad_weight += dzᵀ h`` (fp32, in place)."""
-    dz = dz.to(weight.dtype)
-    if grad_weight is not None:
-        if dz.dtype == grad_weight.dtype:
-            grad_weight.addmm_(dz.T, rows_hidden)
-        else:
-            grad_weight.add_(dz.T @ rows_hidden)
-    return None if grad_hidden is None else dz @ weight
+    """``∂L/∂h = dz W`` of the chunk (returned) and ``grad_weight += dzᵀ h`` (fp32, in place), in the weight's dtype
+    even under autocast: ``dz`` of a token is ``g_t`` times probabilities (down to 1e-7 and below at a large V),
+    which float16 would flush to zero before any loss scale could lift them."""
+    with autocast_like((dz.device.type, False, None)):
+        dz = dz.to(weight.dtype)
+        if grad_weight is not None:
+            if dz.dtype == grad_weight.dtype:
+                grad_weight.addmm_(dz.T, rows_hidden)
+            else:
+                grad_weight.add_(dz.T @ rows_hidden)
+        return None if grad_hidden is None else dz @ weight
 
 
 # --------------------------------------------------------------------------------------------- all rows
@@ -231,6 +237,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                            chunk_size=chunk_size, token_grad=token_grad, grads_for=grads_for)
         ctx.save_for_backward(hidden, weight, ids, out.lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.autocast = autocast_state(hidden.device.type)
         # only the announced gradients: an output kept on ctx would make a reference cycle through its grad_fn
         ctx.announced = None if out.grad_logp is None else (out.grad_logp, out.grad_hidden, out.grad_weight)
         empty = out.logp.new_empty(0)
@@ -252,9 +259,33 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 grad_weight = grad_weight.to(ctx.saved_tensors[1].dtype)
         else:
             hidden, weight, ids, lse = ctx.saved_tensors
-            grad_hidden, grad_weight = head_grads(hidden, weight, ids, lse, grad_logp, temperature=ctx.temperature,
-                                                  chunk_size=ctx.chunk_size, grads_for=tuple(ctx.needs_input_grad[:2]))
+            with autocast_like(ctx.autocast):  # the logits of the forward, again
+                grad_hidden, grad_weight = head_grads(hidden, weight, ids, lse, grad_logp, temperature=ctx.temperature,
+                                                      chunk_size=ctx.chunk_size,
+                                                      grads_for=tuple(ctx.needs_input_grad[:2]))
         return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+AutocastState = Tuple[str, bool, Optional[torch.dtype]]
+"""``(device type, enabled, dtype)`` of an autocast (dtype None when it is off)."""
+
+
+def autocast_state(device_type: str) -> AutocastState:
+    """The autocast in force on ``device_type``: the backward recomputes the forward's logits under the same one,
+    whatever autocast (usually none) the backward pass itself runs under."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return device_type, False, None
+    return device_type, True, torch.get_autocast_dtype(device_type)
+
+
+def autocast_like(state: AutocastState) -> contextlib.AbstractContextManager:
+    """A context with the autocast ``state``: on, to its dtype; off (where autocast is on now); else nothing."""
+    device_type, enabled, dtype = state
+    if enabled:
+        return torch.autocast(device_type, dtype=dtype)
+    if autocast_state(device_type)[1]:
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _scaled(grad: torch.Tensor | None, scale: float) -> torch.Tensor | None:

@@ -26,6 +26,10 @@ from dppo_oat.trust_region import TopK
 
 SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+LOSS_SCALE_SKIPS = "guard/loss_scale_skips"
+"""1.0 for an optimizer step that float16's loss scaler skipped because its scaled gradients overflowed (it then
+lowers the scale: :func:`~dppo_oat.mixed_precision.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
+steps. Not a divergence: the guard neither counts it nor stops for it."""
 NONFINITE_PI = "guard/nonfinite_pi"
 """π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
 NONFINITE_CAUSES = {"guard/nonfinite_loss": "the policy loss", "guard/nonfinite_mu": "μ's log-probs (the rollout's)",
@@ -60,14 +64,19 @@ def diverged_error(here: bool) -> TrainingDiverged:
 
 @dataclass
 class DivergenceGuard:
-    """Counts optimizer steps skipped in a row; ``patience`` of them stop the run (it will not recover)."""
+    """Counts optimizer steps skipped in a row; ``patience`` of them stop the run (it will not recover). The loss
+    scaler's skips (:data:`LOSS_SCALE_SKIPS`) are counted apart and leave the run of skips as it was."""
 
     patience: int = 8
     skipped_in_a_row: int = 0
     skipped_total: int = 0
+    loss_scale_skips: int = 0
 
     def observe(self, metrics: dict[str, float]) -> None:
         """Record one optimizer step's metrics; raise :class:`TrainingDiverged` after ``patience`` skips in a row."""
+        if metrics.get(LOSS_SCALE_SKIPS) and not metrics.get(SKIPPED):
+            self.loss_scale_skips += 1
+            return
         if not metrics.get(SKIPPED):
             self.skipped_in_a_row = 0
             return
@@ -117,7 +126,7 @@ def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4,
                         any_learner: AnyLearner = one_learner) -> None:
     """After an update: π_θ's log-probs on the first ``rows`` samples are finite on every learner, or the weights
     diverged (every learner raises), before any checkpoint of them is written."""
-    first = batch.select(torch.arange(min(rows, len(batch))))
+    first = batch.select(torch.arange(min(rows, len(batch)), device=batch.input_ids.device))
     logp = forward(first, False).logp
     here = not torch.isfinite(logp[first.response_mask.bool()]).all()
     if any_learner(DIVERGED if here else HEALTHY) == DIVERGED:

@@ -17,6 +17,9 @@ import torch
 
 TOPK_PAD_ID = -1
 """Token id of an unused top-K slot (the K+1-th slot is used only when a_t is outside TopK(μ, K))."""
+HOST = torch.device("cpu")
+"""Where a batch is laid out from the samples' Python lists, whatever the default device: the engine then moves it
+to its own device in one copy per field (:meth:`UpdateBatch.to`)."""
 
 
 @dataclass
@@ -71,7 +74,9 @@ class UpdateBatch:
         return self.input_ids.shape[0]
 
     def select(self, index: torch.Tensor) -> "UpdateBatch":
-        """Rows ``index`` of every field, trimmed to the longest sequence among them."""
+        """Rows ``index`` of every field, trimmed to the longest sequence among them (``index`` is copied to the
+        batch's device once, not once per field)."""
+        index = index.to(self.input_ids.device)
         length = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 1
         picked = {}
         for f in fields(self):
@@ -104,6 +109,7 @@ def build_update_batch(
 
     Position ``t`` of every per-token field describes the token ``input_ids[:, t + 1]``, so a response starting at
     index ``p`` (the prompt length) fills positions ``p − 1 … p + r − 2``. Advantages are per sequence, ``[N, 1]``.
+    The batch is on the host (:data:`HOST`).
     """
     if len(samples) != len(advantages):
         raise ValueError(f"{len(samples)} samples but {len(advantages)} advantages")
@@ -111,22 +117,23 @@ def build_update_batch(
         raise ValueError("no samples to learn from")
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     n, width = len(samples), max(lengths)
-    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    response_mask = torch.zeros((n, width - 1), dtype=torch.bool)
-    behavior_logp = torch.zeros((n, width - 1), dtype=torch.float32)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long, device=HOST)
+    attention_mask = torch.zeros((n, width), dtype=torch.long, device=HOST)
+    response_mask = torch.zeros((n, width - 1), dtype=torch.bool, device=HOST)
+    behavior_logp = torch.zeros((n, width - 1), dtype=torch.float32, device=HOST)
     for row, sample in enumerate(samples):
         p, r = len(sample.prompt_ids), len(sample.response_ids)
-        input_ids[row, : p + r] = torch.tensor(list(sample.prompt_ids) + list(sample.response_ids))
+        input_ids[row, : p + r] = torch.tensor(list(sample.prompt_ids) + list(sample.response_ids), device=HOST)
         attention_mask[row, : p + r] = 1
         response_mask[row, p - 1 : p + r - 1] = True
-        behavior_logp[row, p - 1 : p + r - 1] = torch.tensor(sample.behavior_logprobs, dtype=torch.float32)
+        behavior_logp[row, p - 1 : p + r - 1] = torch.tensor(sample.behavior_logprobs, dtype=torch.float32,
+                                                             device=HOST)
     batch = UpdateBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
         behavior_logp=behavior_logp,
-        advantages=torch.tensor(np.asarray(advantages, dtype=np.float32)).reshape(n, 1),
+        advantages=torch.from_numpy(np.asarray(advantages, dtype=np.float32)).reshape(n, 1),
     )
     if with_topk:
         batch.topk_ids, batch.topk_behavior_logp = _padded_topk(samples, width - 1)
@@ -138,11 +145,11 @@ def _padded_topk(samples: Sequence[LearnerSample], positions: int) -> tuple[torc
     if any(s.topk_ids is None for s in samples):
         raise ValueError("a top-K rule needs every sample's top-K set: sample with top_k_logprobs=K")
     width = max(s.topk_ids.shape[1] for s in samples)
-    ids = torch.full((len(samples), positions, width), TOPK_PAD_ID, dtype=torch.long)
-    logps = torch.full((len(samples), positions, width), float("-inf"), dtype=torch.float32)
+    ids = torch.full((len(samples), positions, width), TOPK_PAD_ID, dtype=torch.long, device=HOST)
+    logps = torch.full((len(samples), positions, width), float("-inf"), dtype=torch.float32, device=HOST)
     for row, sample in enumerate(samples):
         p, r = len(sample.prompt_ids), len(sample.response_ids)
         k = sample.topk_ids.shape[1]
-        ids[row, p - 1 : p + r - 1, :k] = torch.as_tensor(sample.topk_ids, dtype=torch.long)
-        logps[row, p - 1 : p + r - 1, :k] = torch.as_tensor(sample.topk_logprobs, dtype=torch.float32)
+        ids[row, p - 1 : p + r - 1, :k] = torch.as_tensor(sample.topk_ids, dtype=torch.long, device=HOST)
+        logps[row, p - 1 : p + r - 1, :k] = torch.as_tensor(sample.topk_logprobs, dtype=torch.float32, device=HOST)
     return ids, logps

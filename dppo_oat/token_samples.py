@@ -95,7 +95,7 @@ class TokenSampler:
         if self.per_step == 0:
             return
         blocked, columns = token_fields(micro_rows, micro, logp, entropy, result)
-        keys = torch.rand(blocked.shape, generator=self.generator)
+        keys = torch.rand(blocked.shape, generator=self.generator, device="cpu")  # the sample lives on the host
         for stratum, members in (("blocked", blocked), ("other", ~blocked)):
             self.population[stratum] += int(members.sum())
             offered = {name: value[members] for name, value in columns.items()}

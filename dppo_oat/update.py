@@ -27,9 +27,9 @@ import torch
 
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import (DIVERGED, HEALTHY, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED, AnyLearner, DivergenceGuard,
-                            check_policy_finite, diverged_error, minibatch_state, nonfinite_cause, one_learner,
-                            zero_surrogate)
+from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED, AnyLearner,
+                            DivergenceGuard, check_policy_finite, diverged_error, minibatch_state, nonfinite_cause,
+                            one_learner, zero_surrogate)
 from dppo_oat.learner_forward import ForwardFn
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
@@ -56,19 +56,41 @@ def clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.opt
     return {"grad_norm": grad_norm, **({} if applied else {SKIPPED: 1.0, "guard/nonfinite_grad": 1.0})}
 
 
+def scaled_clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                         scaler: torch.amp.GradScaler, max_grad_norm: float) -> dict[str, float]:
+    """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.mixed_precision`): unscale,
+    clip the norm, step, and let the scaler adapt its scale. A non-finite gradient at a scale above 1 is an overflow
+    of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.guard.LOSS_SCALE_SKIPS` (never a
+    reason to stop), and the scale halves. At a scale of 1 or below the gradient itself is non-finite: the divergence
+    guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop the run."""
+    scale = float(scaler.get_scale())
+    scaler.unscale_(optimizer)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
+    applied = math.isfinite(grad_norm)
+    if applied:
+        scaler.step(optimizer)
+    scaler.update()  # the inf check of unscale_ halves the scale on an overflow, else it may grow
+    optimizer.zero_grad(set_to_none=True)
+    metrics = {"grad_norm": grad_norm, "loss_scale": scale, LOSS_SCALE_SKIPS: 0.0}
+    if not applied:
+        metrics.update({LOSS_SCALE_SKIPS: 1.0} if scale > 1.0 else {SKIPPED: 1.0, "guard/nonfinite_grad": 1.0})
+    return metrics
+
+
 @torch.no_grad()
 def recompute_logprobs(batch: UpdateBatch, forward: ForwardFn, micro_batch_size: int) -> torch.Tensor:
     """log π_θ'(a_t) of the current (rollout) weights, before any update: the anchor of ``minirl``/``*_recompute``."""
     out = torch.zeros_like(batch.behavior_logp, dtype=torch.float32)
-    for index in torch.arange(len(batch)).split(micro_batch_size):
+    for index in torch.arange(len(batch), device=out.device).split(micro_batch_size):
         logp = forward(batch.select(index), False).logp
         out[index, : logp.shape[1]] = logp.float()
     return out
 
 
 def minibatch_indices(num_rows: int, minibatch_size: int, generator: torch.Generator | None) -> list[torch.Tensor]:
-    """A random permutation of the rows, split into minibatches (the last one may be smaller)."""
-    return list(torch.randperm(num_rows, generator=generator).split(minibatch_size))
+    """A random permutation of the rows, split into minibatches (the last one may be smaller); drawn on the host,
+    as ``generator`` is, so that the order is the same on every device."""
+    return list(torch.randperm(num_rows, generator=generator, device="cpu").split(minibatch_size))
 
 
 def update_policy(
@@ -192,6 +214,8 @@ def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -
     return combined
 
 
+SUMMED_STEP_METRICS = ("tokens", LOSS_SCALE_SKIPS)
+"""Optimizer-step metrics that add up over a rollout batch (the rest are averaged or, for maxima, maxed)."""
 FIRST_STEP_PREFIX = "mismatch/"
 """Metrics also reported for the first optimizer step alone (``mismatch/first_*``): before any update on the batch,
 |π − μ| there is the engine's mismatch with no staleness from earlier minibatches in it."""
@@ -199,7 +223,7 @@ FIRST_STEP_PREFIX = "mismatch/"
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
-    ``tokens`` summed, everything else averaged, each over the steps that report it (a skipped step has no
+    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has no
     gradient norm); ``mismatch/*`` of the first step also as ``mismatch/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}
@@ -207,7 +231,7 @@ def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str]
         values = np.array([step[key] for step in history if key in step], dtype=np.float64)
         if key.endswith("max") or key in max_keys:
             summary[key] = float(values.max())
-        elif key == "tokens":
+        elif key in SUMMED_STEP_METRICS:
             summary[key] = float(values.sum())
         else:
             summary[key] = float(values.mean())

@@ -1,7 +1,8 @@
 """A tiny Qwen3-architecture policy and its byte-level BPE tokenizer, built without the model hub.
 
 The defaults (hidden 128, 2 layers, 4 heads x 32, 4 KV heads, FFN 512, tied embeddings, vocab 512) give a
-~0.59M-parameter fp32 model that samples a Sudoku move in milliseconds on a CPU. Everything is saved with
+~0.59M-parameter fp32 model that samples a Sudoku move in milliseconds on a CPU; the larger named shapes of
+:mod:`dppo_oat.models.shapes` are built here too (:func:`build_shaped_policy`). Everything is saved with
 ``save_pretrained`` so that a directory can be cached on disk and opened by Hugging Face or vLLM.
 """
 
@@ -14,6 +15,8 @@ from typing import Iterable, Sequence
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from dppo_oat.models.shapes import FIXED_SHAPES, PADDED_VOCAB_SIZE
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -114,15 +117,50 @@ def build_tiny_model(config: Qwen3Config, seed: int) -> Qwen3ForCausalLM:
 
 
 def build_tiny_policy(
-    texts: Iterable[str], seed: int = 0, *, vocab_size: int = 512, **overrides
+    texts: Iterable[str], seed: int = 0, *, vocab_size: int = 512, padded_vocab_size: int | None = None, **overrides
 ) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
     """Train a tokenizer on ``texts`` and build a tiny Qwen3 whose vocabulary is exactly the tokenizer's.
 
-    ``overrides`` go to :func:`tiny_qwen3_config` (e.g. ``hidden_size=64, num_hidden_layers=4``).
+    ``overrides`` go to :func:`tiny_qwen3_config` (e.g. ``hidden_size=64, num_hidden_layers=4``);
+    ``padded_vocab_size`` pads the tokenizer to that many entries first (:func:`pad_vocabulary`).
     """
     tokenizer = train_bpe_tokenizer(texts, vocab_size=vocab_size)
+    if padded_vocab_size is not None:
+        pad_vocabulary(tokenizer, padded_vocab_size)
     config = tiny_qwen3_config(len(tokenizer), **{**_token_ids_config(tokenizer), **overrides})
     return build_tiny_model(config, seed), tokenizer
+
+
+RESERVED_TOKEN = "<|reserved_{}|>"
+"""The reserved tokens that pad a vocabulary (:func:`pad_vocabulary`), numbered from 0."""
+
+
+def pad_vocabulary(tokenizer: PreTrainedTokenizerFast, size: int) -> PreTrainedTokenizerFast:
+    """Pad ``tokenizer`` in place with special reserved tokens (:data:`RESERVED_TOKEN`) to exactly ``size`` entries.
+
+    A BPE trained on a small corpus stops merging long before a real vocabulary's size (a game's demonstrations have
+    a few hundred distinct words): the reserved ids make the vocabulary, and with it the embedding and the LM head,
+    the size of a real model's. Text never encodes to them and decoding skips them as special tokens; the policy
+    learns to give them no probability, as a real model does its unused ids."""
+    missing = size - len(tokenizer)
+    if missing < 0:
+        raise ValueError(f"the tokenizer already has {len(tokenizer)} entries, more than the {size} to pad it to")
+    tokenizer.add_tokens([RESERVED_TOKEN.format(index) for index in range(missing)], special_tokens=True)
+    return tokenizer
+
+
+def build_shaped_policy(texts: Iterable[str], seed: int, shape: str, *, vocab_size: int, hidden_size: int,
+                        num_layers: int) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
+    """The built-in policy of a named ``shape`` (:mod:`dppo_oat.models.shapes`): ``tiny`` of ``hidden_size`` and
+    ``num_layers``, else the shape's fixed architecture over its padded vocabulary; a tokenizer of ``vocab_size``
+    BPE merges on ``texts`` either way."""
+    if shape == "tiny":
+        return build_tiny_policy(texts, seed=seed, vocab_size=vocab_size, hidden_size=hidden_size,
+                                 num_hidden_layers=num_layers)
+    if shape not in FIXED_SHAPES:
+        raise ValueError(f"unknown policy shape {shape!r}; choose one of: tiny, {', '.join(FIXED_SHAPES)}")
+    return build_tiny_policy(texts, seed=seed, vocab_size=vocab_size, padded_vocab_size=PADDED_VOCAB_SIZE[shape],
+                             **FIXED_SHAPES[shape])
 
 
 def count_parameters(model: torch.nn.Module) -> int:

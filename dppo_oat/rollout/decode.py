@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from dppo_oat.rollout.direct_forward import KVBuffer, direct_forward
+from dppo_oat.rollout.direct_forward import KVBuffer, direct_forward, model_device
 
 
 @dataclass
@@ -106,17 +106,20 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix
     """Run the prompts (``prefix_ids`` [P] shared by every row, then each row's left-padded rest) through the model,
     leaving ``room`` columns for the tokens to sample. The shared prefix is one forward of batch 1 whose keys and
     values are copied to every row; the rows' padding then sits between the prefix and their own tokens, masked,
-    and positions continue from P."""
+    and positions continue from P. The buffer, and every tensor of the decode after it, lives on the model's device
+    (the prompts are moved there once, here)."""
+    device = model_device(model)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     batch, width = input_ids.shape
     prefix_length = 0 if prefix_ids is None else int(prefix_ids.numel())
     capacity = prefix_length + width + room
     if prefix_length:
-        one_row = KVBuffer(1, prefix_length, input_ids.device)
-        prefix_positions = torch.arange(prefix_length, device=input_ids.device).view(1, -1)
-        direct_forward(model, one_row, prefix_ids.view(1, -1), prefix_positions, prefix_positions >= 0)
+        one_row = KVBuffer(1, prefix_length, device)
+        prefix_positions = torch.arange(prefix_length, device=device).view(1, -1)
+        direct_forward(model, one_row, prefix_ids.to(device).view(1, -1), prefix_positions, prefix_positions >= 0)
         buffer = one_row.repeat_rows(batch, capacity)
     else:
-        buffer = KVBuffer(batch, capacity, input_ids.device)
+        buffer = KVBuffer(batch, capacity, device)
     positions = prefix_length + left_padded_positions(attention_mask)
     logits = direct_forward(model, buffer, input_ids, positions, attention_mask.bool())
     return Prefilled(logits, buffer, buffer.valid[:, : buffer.width], positions[:, -1:] + 1)

@@ -38,13 +38,15 @@ class KVBuffer:
         self._is_view = False
 
     @classmethod
-    def allocate(cls, batch: int, capacity: int, layers: Sequence[torch.Tensor]) -> "KVBuffer":
-        """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``layers[l]``
-        (``[·, H, ·, D]``)."""
-        buffer = cls(batch, capacity, layers[0].device)
-        for like in layers:
-            buffer.keys.append(buffer._columns_like(like))
-            buffer.values.append(buffer._columns_like(like))
+    def allocate(cls, batch: int, capacity: int, keys: Sequence[torch.Tensor],
+                 values: Sequence[torch.Tensor] | None = None) -> "KVBuffer":
+        """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``keys[l]`` and ``values[l]``
+        (``[·, H, ·, D]``; ``values`` default to ``keys``). Under autocast the two differ: a layer that normalises its
+        keys hands them back in fp32, its values in the autocast dtype."""
+        buffer = cls(batch, capacity, keys[0].device)
+        for keys_like, values_like in zip(keys, keys if values is None else values):
+            buffer.keys.append(buffer._columns_like(keys_like))
+            buffer.values.append(buffer._columns_like(values_like))
         return buffer
 
     @classmethod
@@ -52,7 +54,8 @@ class KVBuffer:
                   capacity: int) -> "KVBuffer":
         """A buffer whose first columns are ``past`` (per layer ``(keys, values)`` of ``[B, H, R, D]``), valid where
         ``past_mask [B, R]`` is, with room for ``capacity`` columns in all."""
-        buffer = cls.allocate(past_mask.shape[0], capacity, [keys for keys, _ in past]) if past else cls(
+        buffer = cls.allocate(past_mask.shape[0], capacity, [keys for keys, _ in past],
+                              [values for _, values in past]) if past else cls(
             past_mask.shape[0], capacity, past_mask.device)
         buffer.fill(past, past_mask)
         return buffer
@@ -123,6 +126,11 @@ class KVBuffer:
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
 
 
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters: where its KV buffer and every input of :func:`direct_forward` live."""
+    return next(model.parameters()).device
+
+
 def causal_mask(valid: torch.Tensor, start: int) -> torch.Tensor:
     """The boolean mask ``[B, 1, S, K]`` of ``S`` new tokens at columns ``start …`` over keys ``valid [B, K]``: a
     query sees the valid keys up to its own column, and always itself (so that a padding query has a key, and no
@@ -185,7 +193,7 @@ def runs_direct(model) -> bool:
     refuses the call (another library version's signature) counts as a no."""
     if not _has_plain_structure(model):
         return False
-    device, vocab = next(model.parameters()).device, model.config.vocab_size
+    device, vocab = model_device(model), model.config.vocab_size
     input_ids = (torch.arange(12, device=device).view(2, 6) * 7 + 3) % vocab
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, :2] = 0

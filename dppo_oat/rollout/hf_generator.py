@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from dppo_oat.mixed_precision import autocast, torch_dtype
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
@@ -37,16 +38,17 @@ comes from the sampling settings)."""
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of shape ``[B, L]``, prompts right-aligned behind ``pad_id``."""
+    """``(input_ids, attention_mask)`` of shape ``[B, L]`` on ``device``, prompts right-aligned behind ``pad_id``
+    (laid out on the host, then one copy each)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    input_ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(prompts), width), dtype=np.int64)
     for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+        input_ids[row, width - len(prompt) :] = prompt
         attention_mask[row, width - len(prompt) :] = 1
-    return input_ids.to(device), attention_mask.to(device)
+    return torch.from_numpy(input_ids).to(device), torch.from_numpy(attention_mask).to(device)
 
 
 def generate_kwargs(settings: SamplingSettings, eos_ids: Sequence[int], pad_id: int) -> dict:
@@ -159,12 +161,16 @@ class HFGenerator:
     is the vocabulary size. The EOS token, when sampled, is part of ``token_ids`` with its log-prob. With
     ``reuse_prefixes``, the sampling loop keeps the keys and values of the last call's
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
+    ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
+    (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
-                 reuse_prefixes: bool = True):
+                 reuse_prefixes: bool = True, compute_dtype: str = "float32"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        torch_dtype(compute_dtype)  # a known name
+        self.compute_dtype = compute_dtype
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -182,6 +188,10 @@ class HFGenerator:
         """Where the model (and so every input tensor) lives."""
         return next(self.model.parameters()).device
 
+    def autocast(self):
+        """The context every forward pass of this sampler runs in (:func:`~dppo_oat.mixed_precision.autocast`)."""
+        return autocast(self.device, self.compute_dtype)
+
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
         """One completion per prompt, in order; seeded by ``settings.seed`` when set."""
         if settings.top_k_logprobs > self.max_topk:
@@ -193,20 +203,22 @@ class HFGenerator:
         self._draws = None  # the sampling loop's own generator: the global RNG is left alone, at no fork's cost
         if loop and settings.seed is not None:
             self._draws = torch.Generator(self.device).manual_seed(settings.seed)
-        with contextlib.nullcontext() if loop else seeded(settings.seed, self.device), torch.inference_mode():
+        eos = torch.as_tensor(self.eos_token_ids, device=self.device)
+        with contextlib.nullcontext() if loop else seeded(settings.seed, self.device), torch.inference_mode(), \
+                self.autocast():
             sample = self._sample_loop if loop else self._sample_generate
             for start in range(0, len(prompts), self.batch_size):
-                completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings, sample))
+                completions.extend(self._generate_batch(prompts[start : start + self.batch_size], settings, sample,
+                                                        eos))
         if self.prefix_cache is not None and self._cached_parts:
             self.prefix_cache.store(concat_rows(self._cached_parts), self._version)
             self._cached_parts = []
         return completions
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings,
-                        sample) -> list[Completion]:
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, sample,
+                        eos: torch.Tensor) -> list[Completion]:
         """Sample one batch with ``sample`` (:meth:`_sample_loop` or :meth:`_sample_generate`) and turn its output
-        into completions in one vectorized pass."""
-        eos = torch.as_tensor(self.eos_token_ids, device=self.device)
+        into completions in one vectorized pass (``eos``: the stop ids, on the model's device)."""
         new_ids, action_logprobs, logprobs = sample(prompts, settings, eos)
         lengths, stopped = completion_lengths(new_ids, eos)
         topk = None
@@ -251,18 +263,19 @@ class HFGenerator:
 
     def _prefill_after_cached(self, prompts, found: list[tuple[int, int]], room: int) -> tuple[list[int], Prefilled]:
         """Each bucket gathers its rows' cached pasts into its rows of the buffer, right-aligned with the others,
-        and prefills the rest of its prompts there."""
-        sources = torch.as_tensor([row for row, _ in found])
-        reuse = torch.as_tensor([length for _, length in found])
+        and prefills the rest of its prompts there. The bookkeeping (which cached row, how many tokens) stays on the
+        host, as the cache's own does; the keys and values never leave the device."""
+        sources = torch.as_tensor([row for row, _ in found], device="cpu")
+        reuse = torch.as_tensor([length for _, length in found], device="cpu")
         suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found)]
         buckets = length_buckets([len(suffix) for suffix in suffixes])
         spans = [int(reuse[bucket].max()) + max(len(suffixes[i]) for i in bucket) for bucket in buckets]
         width = max(spans)
         cached = self.prefix_cache.rows
-        buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys)
+        buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys, cached.values)
         parts, start = [], 0
         for bucket, span in zip(buckets, spans):
-            index = torch.as_tensor(bucket)
+            index = torch.as_tensor(bucket, device="cpu")
             part = buffer.rows(start, start + len(bucket), width - span)
             part.fill(*gather_past(cached, sources[index], reuse[index]))
             input_ids, attention_mask = left_pad([suffixes[i] for i in bucket], self.pad_token_id, self.device)
@@ -280,8 +293,8 @@ class HFGenerator:
         fed = torch.clamp(lengths, max=decoded.fed)
         steps = torch.arange(decoded.fed, device=lengths.device)
         valid = torch.cat([state.attention_mask.bool(), steps[None, :] < fed[:, None]], dim=1)
-        new_ids = decoded.new_ids.cpu().tolist()
-        tokens = [tuple(prompt) + tuple(new_ids[row][: int(fed[row])]) for row, prompt in enumerate(prompts)]
+        new_ids, fed_counts = decoded.new_ids.tolist(), fed.tolist()  # one copy each, not one per row
+        tokens = [tuple(prompt) + tuple(new_ids[row][: fed_counts[row]]) for row, prompt in enumerate(prompts)]
         return pack_rows(decoded.cache, valid, tokens)
 
     def _sample_generate(self, prompts, settings: SamplingSettings, eos: torch.Tensor):

@@ -107,7 +107,8 @@ class PrefixCache:
 def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     """The past of a batch whose row ``j`` reuses the first ``reuse[j]`` tokens of cached row ``sources[j]``:
     per layer ``(keys, values)`` of ``[B, H, R, D]`` (``R = max(reuse)``, rows right-aligned) and the past's
-    attention mask ``[B, R]``. Rows reusing nothing (``reuse[j] == 0``) get an all-masked past."""
+    attention mask ``[B, R]``, on the cache's device. Rows reusing nothing (``reuse[j] == 0``) get an all-masked
+    past."""
     width = int(reuse.max())
     columns = torch.arange(width, device=reuse.device)
     mask = (columns[None, :] >= (width - reuse)[:, None]).long()
@@ -120,7 +121,7 @@ def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     index = rows.columns.to(device)[source_rows, index.to(device)]  # the cached tokens' columns in the keys
     past = [(keys[source_rows, :, index].transpose(1, 2), values[source_rows, :, index].transpose(1, 2))
             for keys, values in zip(rows.keys, rows.values)]  # [B, R, H, D] -> [B, H, R, D]
-    return past, mask
+    return past, mask.to(device)
 
 
 def pack_rows(cache: KVBuffer, valid: torch.Tensor, tokens: list[tuple[int, ...]]) -> CachedRows:

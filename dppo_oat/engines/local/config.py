@@ -10,6 +10,8 @@ from typing import Literal, Optional, Tuple
 
 from dppo_oat import spec
 from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.mixed_precision import ComputeDtype
+from dppo_oat.models.shapes import PolicyShape
 from dppo_oat.rollout.precision import RolloutPrecision
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
@@ -17,7 +19,7 @@ DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start of the built-in tiny policy on oracle demonstrations."""
+    """Supervised warm start of the built-in policy on oracle demonstrations."""
 
     demo_episodes: int = 6000
     """Oracle episodes of the training env used as demonstrations."""
@@ -38,12 +40,17 @@ class WarmStartConfig:
     max_steps: int = 4000
     """Supervised optimizer steps at most; a warm start that stops here below --warm-start.target-success is
     cached as such, with a warning on every use."""
+    shape: PolicyShape = "tiny"
+    """The policy's architecture: tiny (a Qwen3 of --warm-start.hidden-size and --warm-start.num-layers over the
+    tokenizer's own vocabulary, ~0.6M parameters: seconds per step on a CPU), or qwen3-100m (a ~100M-parameter
+    Qwen3, hidden 768, 12 layers, whose 32,768-entry vocabulary is the tokenizer's padded with reserved tokens: a
+    realistic LM head for a GPU run)."""
     vocab_size: int = 512
-    """BPE merges of the tiny policy's tokenizer, trained on the demonstrations (fewer when they need fewer)."""
+    """BPE merges of the policy's tokenizer, trained on the demonstrations (fewer when they need fewer)."""
     hidden_size: int = 128
-    """Hidden size of the tiny Qwen3 policy."""
+    """Hidden size of the tiny Qwen3 policy (--warm-start.shape tiny)."""
     num_layers: int = 2
-    """Transformer layers of the tiny Qwen3 policy."""
+    """Transformer layers of the tiny Qwen3 policy (--warm-start.shape tiny)."""
     seed: Optional[int] = 0
     """Seed of the tokenizer, model and demonstrations. Every RL --seed starts from this one warm-started policy, as
     the paper's seeds share one initial model (the default run's ships with the package); None: the run's --seed."""
@@ -125,9 +132,18 @@ class TrainConfig(spec.DPPOFlags):
     probe_every: int = 0
     """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
     (probe/* metrics; HF generator only). 0: never."""
+    dtype: ComputeDtype = "float32"
+    """Compute precision of the learner and of the hf rollout sampler. The weights, gradients and AdamW state stay
+    fp32 (an AdamW step at a small --lr is far below a bfloat16 weight's rounding step and would vanish); each
+    forward pass runs under torch.autocast to this dtype, the learner's and the sampler's alike, so μ and π_θ come
+    from the same weights under the same autocast and their mismatch stays the injected one. float16 also scales
+    the loss (guard/loss_scale_skips counts the steps the scaler skips). bfloat16 needs a GPU of compute capability
+    8.0 or later, or a CPU."""
     rollout_dtype: RolloutPrecision = "float32"
     """Injected training-inference mismatch: sample from a lower-precision copy of the policy (bfloat16 or float16
-    throughout, or int8-, int6- or int4-quantised weights), learn in float32."""
+    weights and arithmetic throughout, whatever --dtype; or int8-, int6- or int4-quantised weights computing at
+    --dtype), while the learner computes at --dtype. float32: no injected mismatch (the sampler computes as the
+    learner does)."""
     logprob_noise: float = 0.0
     """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
@@ -139,7 +155,7 @@ class TrainConfig(spec.DPPOFlags):
     cache_dir: Optional[str] = None
     """Where the tiny policy is cached (default: $DPPO_CACHE or ~/.cache/dppo_oat)."""
     device: str = "cpu"
-    """Torch device of the policy and the update: cpu, cuda, cuda:1, ..."""
+    """Torch device of the policy, the rollouts, the update and the warm start: cpu, cuda, cuda:1, ..."""
     threads: Optional[int] = None
     """CPU threads torch may use (torch.set_num_threads). None: torch's default."""
     wandb: bool = False
@@ -147,7 +163,7 @@ class TrainConfig(spec.DPPOFlags):
     tensorboard: bool = False
     """Also write TensorBoard event files into the run directory."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    """The tiny policy's supervised warm start (with --pretrain None)."""
+    """The built-in policy's shape and supervised warm start (with --pretrain None)."""
 
     # ------------------------------------------------------------------ derived
     @property

@@ -24,7 +24,7 @@ from rich.progress import Progress
 from dppo_oat.engines.local.config import run_spec
 from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
 from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.models.tiny import build_tiny_policy, load_policy, save_policy
+from dppo_oat.models.tiny import build_shaped_policy, load_policy, save_policy
 from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
@@ -53,17 +53,21 @@ class WarmStartReport:
 
 
 def policy_cache_key(env_id: str, template: str, warm_start, seed: int) -> str:
-    """A stable, flat folder name for one warm-started policy: the env id's flat form and a hash of everything
-    that changes the policy, the env's data and user code included (:func:`envs.fingerprint.env_content`)."""
+    """A stable, flat folder name for one warm-started policy: its shape, the env id's flat form and a hash of
+    everything that changes the policy, the env's data and user code included (:func:`envs.fingerprint.env_content`).
+    The tiny shape leaves its name out of the hash, which keeps its keys the names of the shipped policies; every
+    other shape hashes it (and prefixes it), so no two shapes share a key."""
     from envs.fingerprint import env_content, flat_name
 
     settings = {name: value for name, value in asdict(warm_start).items() if name != "seed"}  # resolved: ``seed``
+    if settings.get("shape") == "tiny":
+        del settings["shape"]
     payload = {**settings, "env": env_id, "template": template, "seed": seed, "format": CACHE_FORMAT}
     content = env_content(env_id)
     if content:  # the package's own envs have none: their keys are the shipped policies' names
         payload["content"] = content
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-    return f"tiny-{flat_name(env_id)}-{digest}"
+    return f"{warm_start.shape}-{flat_name(env_id)}-{digest}"
 
 
 def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
@@ -79,8 +83,8 @@ def demonstration_samples(demos, tokenizer, template: str) -> list[TurnSample]:
 
 
 def supervised_step(model, optimizer, samples, pad_token_id: int) -> float:
-    """One step of maximum likelihood on the response tokens of ``samples``."""
-    batch = build_update_batch(samples, [0.0] * len(samples), pad_token_id)
+    """One step of maximum likelihood on the response tokens of ``samples`` (on the model's device, in fp32)."""
+    batch = build_update_batch(samples, [0.0] * len(samples), pad_token_id).to(next(model.parameters()).device)
     forward = causal_lm_forward(model, with_entropy=False, lm_head="logits")  # as the shipped policies were built
     logp = forward(batch, False).logp
     loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
@@ -134,28 +138,31 @@ def load_or_build_tiny_policy(config, console) -> tuple:
     path = config.resolved_cache_dir() / "policies" / key
     for found, where in ((path, "cached"), (SHIPPED_POLICIES / key, "shipped with the package")):
         if (found / "warm_start.json").exists():
-            console.print(f"tiny policy: {where} at {found}")
-            _say_if_below_target(read_report(found, ws.target_success), console)
+            console.print(f"{ws.shape} policy: {where} at {found}")
+            _say_if_below_target(read_report(found, ws.target_success), ws.shape, console)
             return load_policy(found)
     model, tokenizer, report = build_tiny_policy_for(config, key, console)
     _save_atomically(model.eval(), tokenizer, report, path)
-    _say_if_below_target(report, console)
+    _say_if_below_target(report, ws.shape, console)
     return model, tokenizer
 
 
 def build_tiny_policy_for(config, key: str, console) -> tuple:
-    """Tokenizer, model and supervised warm start on oracle moves of ``config.env_ids[0]``."""
+    """Tokenizer, model of ``--warm-start.shape`` and supervised warm start on oracle moves of ``config.env_ids[0]``,
+    on ``config.device``."""
     from envs.oracles import demonstrations
 
     env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
-    console.print(f"tiny policy: building {key} (tokenizer, model, supervised warm start on oracle moves) ...")
+    console.print(f"{ws.shape} policy: building {key} (tokenizer, model, supervised warm start on oracle moves) "
+                  "...")
     demos = demonstrations(env_id, ws.demo_episodes, seed=DEMO_SEED + seed, mistake_rate=ws.mistake_rate)
     texts = [render_prompt(template, obs) + " " + action for episode in demos for obs, action in episode]
-    model, tokenizer = build_tiny_policy(texts, seed=seed, vocab_size=ws.vocab_size,
-                                         hidden_size=ws.hidden_size, num_hidden_layers=ws.num_layers)
+    model, tokenizer = build_shaped_policy(texts, seed, ws.shape, vocab_size=ws.vocab_size,
+                                           hidden_size=ws.hidden_size, num_layers=ws.num_layers)
+    model.to(config.device)  # the warm start runs where the run will, in fp32 (a model of any shape)
     samples = demonstration_samples(demos, tokenizer, template)
     report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer), seed, console)
-    console.print(f"tiny policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
+    console.print(f"{ws.shape} policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
                   f"validation success {report.success:.2f}")
     return model, tokenizer, report
 
@@ -166,11 +173,12 @@ def read_report(directory: Path, target: float) -> WarmStartReport:
     return WarmStartReport(record["steps"], record["seconds"], record["success"], record["checks"], target)
 
 
-def _say_if_below_target(report: WarmStartReport, console) -> None:
-    """One warning when the warm start stopped at --warm-start.max-steps short of its target."""
+def _say_if_below_target(report: WarmStartReport, shape: str, console) -> None:
+    """One warning when the warm start of the ``shape`` policy stopped at --warm-start.max-steps short of its
+    target."""
     if report.reached_target:
         return
-    console.print(f"warning: the tiny policy's warm start ended below its target (validation success "
+    console.print(f"warning: the {shape} policy's warm start ended below its target (validation success "
                   f"{report.success:.2f} < --warm-start.target-success {report.target:.2f} after {report.steps} "
                   "steps): RL starts from a weaker policy than intended; raise --warm-start.max-steps (a new "
                   "policy is built), or train a model of your own with --pretrain", soft_wrap=True)

@@ -30,6 +30,7 @@ from dppo_oat.engines.local.validation import settings_free_on_resume, validate_
 from dppo_oat.errors import RunError
 from dppo_oat.guard import DivergenceGuard
 from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.mixed_precision import autocast, autocast_forward, loss_scaler, rollout_compute_dtype
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
@@ -38,7 +39,7 @@ from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, 
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import clip_and_step, summarize_steps, update_policy
+from dppo_oat.update import clip_and_step, scaled_clip_and_step, summarize_steps, update_policy
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -87,8 +88,10 @@ class LocalTrainer:
             ensure_registered(env_id)
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
-        self.model.to(config.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                           fused=True if torch.device(config.device).type == "cuda" else None)
+        self.scaler = loss_scaler(config.device, config.dtype)
         self.generator = self._make_generator()
         self.collector = EpisodeCollector(config.env_ids, config.groups_per_step, config.group_size,
                                           self.tokenizer, self.spec.rollout)
@@ -133,7 +136,8 @@ class LocalTrainer:
 
             return make_vllm_generator(self.model, self.tokenizer, c)
         rollout_model = rollout_copy(self.model, c.rollout_dtype)  # a lower precision: training-inference mismatch
-        generator = HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step))
+        generator = HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step),
+                                compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype))
         if not generator.runs_direct:
             self.console.print("note: the sampling loop cannot run this model's layers itself (its architecture or "
                                "transformers version); rollouts sample with model.generate, which is slower")
@@ -186,15 +190,19 @@ class LocalTrainer:
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
-        behavior_logits = (response_logits(self.generator.model, batch, temperature=self.spec.sampling.temperature)
-                           if probing else None)
+        behavior_logits = None
+        if probing:
+            with self.generator.autocast():
+                behavior_logits = response_logits(self.generator.model, batch,
+                                                  temperature=self.spec.sampling.temperature)
         update_started = time.perf_counter()
         for group in self.optimizer.param_groups:  # from the step alone: a resumed run gets the same rates
             group["lr"] = scheduled_lr(c.lr, c.lr_schedule, step, c.steps)
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
-        forward = causal_lm_forward(self.model, settings=settings, trust_region=self.tr)
+        forward = autocast_forward(causal_lm_forward(self.model, settings=settings, trust_region=self.tr), c.device,
+                                   c.dtype)
         history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
                                 generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
                                 discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
@@ -227,15 +235,19 @@ class LocalTrainer:
     def _probe(self, batch, behavior_logits) -> dict[str, float]:
         """Binary vs top-K vs exact divergence between μ (the rollout model before the step) and the updated π."""
         # every TrustRegion has a K and a δ: rules that use neither keep the defaults (K = 20, δ = 0.15)
-        logits = response_logits(self.model, batch, temperature=self.spec.update.temperature)
+        with autocast(self.config.device, self.config.dtype):
+            logits = response_logits(self.model, batch, temperature=self.spec.update.temperature)
         estimates = divergence_estimates(behavior_logits, logits, response_actions(batch), self.tr.k)
         return probe_metrics(estimates, self.tr.delta)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def _optimizer_step(self) -> dict[str, float]:
-        return clip_and_step(list(self.model.parameters()), self.optimizer, self.config.grad_clip)
+        parameters = list(self.model.parameters())
+        if self.scaler is None:
+            return clip_and_step(parameters, self.optimizer, self.config.grad_clip)
+        return scaled_clip_and_step(parameters, self.optimizer, self.scaler, self.config.grad_clip)
 
     def _discard_step(self) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -265,6 +277,8 @@ class LocalTrainer:
         weights = self.model.state_dict()
         state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
                  "run_id": self.run_id, "settings_hash": self.settings_hash}
+        if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
+            state["loss_scaler"] = self.scaler.state_dict()
         atomic_torch_save(state, self._checkpoint_path(), weights=weights)
         self.checkpointed_step = self.step
 
@@ -274,6 +288,8 @@ class LocalTrainer:
             state = torch.load(path, map_location=self.config.device, weights_only=True)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None:
+                self.scaler.load_state_dict(state["loss_scaler"])
         except (RuntimeError, KeyError, ValueError, EOFError, OSError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "

@@ -11,7 +11,9 @@ import json
 import math
 from pathlib import Path
 
-from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
+from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
+from dppo_oat.mixed_precision import check_compute_dtype
+from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, PROVENANCE, check_can_write,
@@ -30,6 +32,8 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
         check_tensorboard("--tensorboard")
     _check_numbers(config, spec)
     _check_device(config.device)
+    check_compute_dtype(config.device, config.dtype)
+    _check_policy_shape(config)
     _check_envs(config, spec.rollout.env_seed)
     _check_math_data(config.env_ids)
     _check_pretrain(config)
@@ -94,6 +98,10 @@ def _check_warm_start_oracle(env_id: str) -> None:
                          "(envs/README.md), or train a model of your own with --pretrain")
 
 
+TOKENIZER_BASE_ENTRIES = 256 + 3
+"""Entries of the built-in tokenizer besides its merges: the byte alphabet and the three special tokens."""
+
+
 def _check_device(device: str) -> None:
     """``--device`` names a device torch knows and this machine has."""
     import torch
@@ -110,6 +118,26 @@ def _check_device(device: str) -> None:
     count = backend.device_count() if hasattr(backend, "device_count") else 1
     if parsed.index is not None and parsed.index >= count:
         raise ValueError(f"--device {device}: this machine has {count} {parsed.type} device(s)")
+
+
+def _check_policy_shape(c: TrainConfig) -> None:
+    """``--warm-start.shape`` names the built-in policy's architecture: the flags it fixes are left at their
+    defaults, and its padded vocabulary has room for the tokenizer."""
+    ws, defaults = c.warm_start, WarmStartConfig()
+    if ws.shape == "tiny":
+        return
+    if c.pretrain is not None:
+        raise ValueError(f"--warm-start.shape {ws.shape} shapes the built-in policy: leave it out with --pretrain")
+    fixed = [flag for flag, name in (("--warm-start.hidden-size", "hidden_size"), ("--warm-start.num-layers",
+                                                                                  "num_layers"))
+             if getattr(ws, name) != getattr(defaults, name)]
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} size the tiny shape; --warm-start.shape {ws.shape} has an "
+                         "architecture of its own: leave them out")
+    room = PADDED_VOCAB_SIZE[ws.shape] - TOKENIZER_BASE_ENTRIES
+    if ws.vocab_size > room:
+        raise ValueError(f"--warm-start.vocab-size {ws.vocab_size}: at most {room} merges fit in the "
+                         f"{PADDED_VOCAB_SIZE[ws.shape]}-entry vocabulary of --warm-start.shape {ws.shape}")
 
 
 def _check_math_data(env_ids) -> None:
@@ -175,6 +203,8 @@ def _check_model_directory(flag_value: str, path: Path) -> None:
 def _vocab_size(c: TrainConfig) -> int:
     """The policy's vocabulary size, read from its config only (no weights are loaded)."""
     if c.pretrain is None:
+        if c.warm_start.shape in PADDED_VOCAB_SIZE:
+            return PADDED_VOCAB_SIZE[c.warm_start.shape]
         return c.warm_start.vocab_size + 256  # byte alphabet + merges (an upper bound is enough here)
     config_path = Path(c.pretrain).expanduser() / "config.json"
     if config_path.exists():
