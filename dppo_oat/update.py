@@ -19,7 +19,7 @@ with :class:`~dppo_oat.errors.TrainingDiverged`.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -30,7 +30,7 @@ from dppo_oat.errors import TrainingDiverged
 from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED, AnyLearner,
                             DivergenceGuard, check_policy_finite, diverged_error, minibatch_state, nonfinite_cause,
                             one_learner, zero_surrogate)
-from dppo_oat.learner_forward import ForwardFn
+from dppo_oat.learner_forward import ForwardFn, causal_lm_forward
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler
@@ -134,6 +134,32 @@ def update_policy(
                 on_step()
     check_policy_finite(batch, forward, any_learner=any_learner)
     return history
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """An engine's side of the update: how a micro-batch's loss is backpropagated, and how a minibatch's accumulated
+    gradients are applied (:data:`OptimizerStepFn`) or dropped (:data:`DiscardStepFn`)."""
+
+    backward: BackwardFn
+    optimizer_step: OptimizerStepFn
+    discard_step: DiscardStepFn
+
+
+def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: UpdateSettings, steps: EngineSteps, *,
+                       shuffle: torch.Generator | None, guard: DivergenceGuard, token_sampler: TokenSampler | None,
+                       precision: Callable[[ForwardFn], ForwardFn] | None = None, lm_head: str = "fused",
+                       chunk_size: int | None = None, any_learner: AnyLearner = one_learner) -> list[dict[str, float]]:
+    """Every optimizer step of one rollout batch on a causal LM, as every engine takes them: π_θ from
+    :func:`~dppo_oat.learner_forward.causal_lm_forward` (at the sampling temperature; the fused head unless
+    ``lm_head`` is ``logits``), run under ``precision`` (e.g. an autocast) when given, then :func:`update_policy`
+    with the engine's ``steps``."""
+    forward = causal_lm_forward(model, settings=settings, trust_region=tr, chunk_size=chunk_size, lm_head=lm_head)
+    if precision is not None:
+        forward = precision(forward)
+    return update_policy(batch, tr, forward, steps.backward, steps.optimizer_step, settings, generator=shuffle,
+                         discard_step=steps.discard_step, guard=guard, token_sampler=token_sampler,
+                         any_learner=any_learner)
 
 
 def finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn, discard_step: DiscardStepFn | None,

@@ -1,7 +1,7 @@
 """The local engine's RL loop, cleanrl-style: validate → build → (rollout → advantages → update → log)*.
 
 Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with the generator (μ), compute per-turn
-advantages, run the core's :func:`~dppo_oat.update.update_policy` with a plain torch optimizer, sync the generator,
+advantages, run the core's :func:`~dppo_oat.update.learn_from_rollout` with a plain torch optimizer, sync the generator,
 log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
 ``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
 """
@@ -29,7 +29,6 @@ from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_see
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.guard import DivergenceGuard
-from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.mixed_precision import autocast, autocast_forward, loss_scaler, rollout_compute_dtype
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
@@ -39,7 +38,7 @@ from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, 
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import clip_and_step, scaled_clip_and_step, summarize_steps, update_policy
+from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -201,11 +200,11 @@ class LocalTrainer:
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
-        forward = autocast_forward(causal_lm_forward(self.model, settings=settings, trust_region=self.tr), c.device,
-                                   c.dtype)
-        history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
-                                generator=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
-                                discard_step=self._discard_step, guard=self.guard, token_sampler=sampler)
+        steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
+        history = learn_from_rollout(self.model, batch, self.tr, settings, steps, guard=self.guard,
+                                     shuffle=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
+                                     token_sampler=sampler,
+                                     precision=lambda forward: autocast_forward(forward, c.device, c.dtype))
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
         self.model.eval()
         if self.generator.model is not self.model:

@@ -2,21 +2,21 @@
 
 oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
 MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
-:class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs :func:`~dppo_oat.update.update_policy`
-with fp32 log-probs from :func:`~dppo_oat.learner_forward.causal_lm_forward` and oat's DeepSpeed strategy as backward
-and optimizer step, and returns the core's metrics beside oat's usual names. Everything else (process topology,
-buffers, DeepSpeed set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the
-notebooks read (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a
-sample of rank 0's share of each learning round's tokens, :mod:`~dppo_oat.token_samples`).
+:class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
+:func:`~dppo_oat.update.learn_from_rollout` (fp32 log-probs from :func:`~dppo_oat.learner_forward.causal_lm_forward`)
+with oat's DeepSpeed strategy as backward and optimizer step, and returns the core's metrics beside oat's usual names.
+Everything else (process topology, buffers, DeepSpeed set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also
+writes the run directory the notebooks read (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``,
+``tokens.jsonl`` included (a sample of rank 0's share of each learning round's tokens,
+:mod:`~dppo_oat.token_samples`).
 
-Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries
-advantages and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders,
-and held-out evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line).
-Every step, skip and stop of the update is agreed over the learners (an all-reduce MAX,
-:data:`~dppo_oat.guard.AnyLearner`), and after each learning round every learner's shard of the weights is checked
-finite before oat may save them or send them to vLLM. Group advantages are computed by the actor, over whole GRPO
-groups, before any sub-sampling; ``rebn`` returns are normalised here, over every learner's batch (Gem's
-``norm_return``).
+Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries advantages
+and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out
+evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line). Every step, skip and
+stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.guard.AnyLearner`), and after each
+learning round every learner's shard of the weights is checked finite before oat may save them or send them to vLLM.
+Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
+normalised here, over every learner's batch (Gem's ``norm_return``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_divergence
 from dppo_oat.errors import TrainingDiverged
 from dppo_oat.guard import SKIPPED, DivergenceGuard, check_weights_finite
-from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import summarize_steps, update_policy
+from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -210,16 +209,13 @@ class DPPOLearner(PPOLearner):
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
-        forward = causal_lm_forward(self.model, settings=self.update_settings, trust_region=tr, chunk_size=chunk_size,
-                                    lm_head=self.args.lm_head)
         self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
         sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
                                seed=self.args.seed + self.learning_rounds)
-        history = update_policy(
-            batch, tr, forward, self._backward, self._optimizer_step, self.update_settings,
-            generator=self.shuffle_generator, discard_step=self._discard_step, guard=self.guard,
-            token_sampler=sampler, any_learner=self._any_learner,
-        )
+        steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
+        history = learn_from_rollout(self.model, batch, tr, self.update_settings, steps, shuffle=self.shuffle_generator,
+                                     guard=self.guard, token_sampler=sampler, lm_head=self.args.lm_head,
+                                     chunk_size=chunk_size, any_learner=self._any_learner)
         check_weights_finite(weight_shards(self.model.model.module), self._any_learner)
         if self.strategy.is_rank_0():
             rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
