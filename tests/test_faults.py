@@ -471,6 +471,33 @@ def test_a_pretrain_directory_that_does_not_load_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.fault("`--pretrain org/model` already in the Hugging Face cache, with no network",
+                   "loads from the cache at once, without asking the hub")
+def test_a_cached_hub_id_loads_without_the_hub(tmp_path, monkeypatch, offline):
+    """A real tiny model saved in the hub cache's own layout (models--org--tiny/snapshots/<rev>, refs/main): the
+    check passes and the model loads with the hub offline."""
+    import huggingface_hub.constants
+
+    from dppo_oat.engines.local.policy import load_pretrained
+    from dppo_oat.engines.local.validation import _check_pretrain
+    from dppo_oat.models.tiny import build_tiny_policy, save_policy
+
+    cache = tmp_path / "hub"
+    revision = "0" * 40  # the commit hash refs/main names
+    snapshot = cache / "models--org--tiny" / "snapshots" / revision
+    model, tokenizer = build_tiny_policy(["1 2 3 a b c"] * 4, vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                         intermediate_size=64)
+    save_policy(model, tokenizer, snapshot)
+    (cache / "models--org--tiny" / "refs").mkdir()
+    (cache / "models--org--tiny" / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    _check_pretrain(TrainConfig(pretrain="org/tiny"))  # cached: no "unreachable" refusal
+    loaded, loaded_tokenizer = load_pretrained("org/tiny")
+    assert loaded.config.vocab_size == model.config.vocab_size and len(loaded_tokenizer) == len(tokenizer)
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
 FULL_DISK = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk's does
