@@ -2,6 +2,7 @@
 accepts; a small real study plays, skips finished runs, completes an interrupted one, packs and reports."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import pack_study  # noqa: E402
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.engines.local.validation import validate_config  # noqa: E402
-from dppo_oat.analysis.study import CONTRASTS, condition_of, readme_summary, summary_block  # noqa: E402
+from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_summary,  # noqa: E402
+                                     summary_block)
 from dppo_oat.runlog import read_jsonl  # noqa: E402
 from dppo_oat.trust_region import TrustRegion  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
@@ -162,6 +164,53 @@ def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_su
         assert line in text
     committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
     assert all(line in printed(committed) for line in summary_block(README.read_text()))  # the committed outputs too
+
+
+NUMBER = re.compile(r"[−+-]?\d+\.\d+(?:e[−+-]?\d+)?")
+"""A decimal number as prose and notebooks write it (integers, the counts of seeds and runs, are not compared)."""
+
+
+def shown_values(text: str) -> list[float]:
+    return [float(n.replace("−", "-")) for n in NUMBER.findall(text)]
+
+
+def unprinted_numbers(prose: str, shown: list[float]) -> list[str]:
+    """The decimal numbers of ``prose`` that no number in ``shown`` rounds to, at the prose's own precision (its
+    decimals, or its significant digits in e-notation)."""
+    def written_as(value: float, number: str) -> bool:
+        mantissa = number.replace("−", "-").split("e")[0]
+        places = len(mantissa.split(".")[1])
+        if "e" in number:
+            return float(f"{value:.{places}e}") == float(number.replace("−", "-"))
+        return round(abs(value), places) == round(abs(float(mantissa)), places)
+    return [n for n in NUMBER.findall(prose) if not any(written_as(value, n) for value in shown)]
+
+
+def study_prose(page: str) -> str:
+    """docs/cpu-study.md's reading of the study: the text after the summary, before the pilot's section (whose
+    numbers come from docs/bench, not from the notebook)."""
+    return page.split(SUMMARY_MARKER)[2].split("## An engine mismatch that binds")[0]
+
+
+def notebook_text(notebook) -> str:
+    """Everything the notebook shows: printed lines and the plain-text and HTML forms of its tables."""
+    shown = [printed(notebook)]
+    for output in outputs(notebook):
+        data = output.get("data", {})
+        shown += [data.get("text/plain", ""), data.get("text/html", "")]
+    return "\n".join(shown)
+
+
+def test_the_study_page_carries_no_number_the_notebook_does_not_show():
+    """One reading: every decimal number of the page's reading of the study is one the committed notebook shows."""
+    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
+    missing = unprinted_numbers(study_prose(README.read_text()), shown_values(notebook_text(notebook)))
+    assert not missing, f"numbers of docs/cpu-study.md the notebook does not show: {missing}"
+
+
+def test_the_one_reading_check_sees_a_number_nobody_printed():
+    assert unprinted_numbers("AUC 0.275, CI [−0.143, +0.05], 1.3e-3 and 0.7", [0.2745, -0.1431, 0.05, 0.00131, 0.88]) \
+        == ["0.7"]  # 0.88 is 0.9 at one decimal, not 0.7
 
 
 def test_a_study_whose_experiments_run_on_none_of_its_tasks_is_refused(tmp_path, capsys):
