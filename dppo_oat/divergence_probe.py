@@ -19,7 +19,6 @@ from dppo_oat.samples import UpdateBatch
 
 
 @torch.no_grad()
-@torch.no_grad()
 def response_logits(model, batch: UpdateBatch, micro_batch_size: int = 64, temperature: float = 1.0) -> torch.Tensor:
     """``[n, V]`` fp32 next-token logits of ``model`` at the ``n`` response tokens of ``batch`` (in row order),
     divided by the sampling ``temperature`` (the distribution the rollout sampled from). A measurement: no autograd

@@ -28,7 +28,7 @@ SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
 LOSS_SCALE_SKIPS = "guard/loss_scale_skips"
 """1.0 for an optimizer step that float16's loss scaler skipped because its scaled gradients overflowed (it then
-lowers the scale: :func:`~dppo_oat.mixed_precision.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
+lowers the scale: :func:`~dppo_oat.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
 steps. Not a divergence: the guard neither counts it nor stops for it."""
 NONFINITE_PI = "guard/nonfinite_pi"
 """π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""

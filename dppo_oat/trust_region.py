@@ -453,7 +453,7 @@ def sum_before(values: torch.Tensor) -> torch.Tensor:
 
 def prefix_budget_keep(ratio, advantages, divergence, mask, tr: TrustRegion) -> torch.Tensor:
     """CPPO's mask (arXiv 2606.10968 eq. 10): keep t iff A_t(r_t − 1) ≤ 0 (toward the anchor) or Z_t ≤ c_t
-    (:func:`prefix_thresholds`). With w_min = 1 and an unbounded δ_b it is DPPO's :func:`divergence_keep`."""
+    (:func:`prefix_thresholds`). With w_min = 1 and a δ_b too large to bind it is DPPO's :func:`divergence_keep`."""
     z, c, _ = prefix_thresholds(divergence, mask, tr)
     away = ((advantages > 0) & (ratio > 1)) | ((advantages < 0) & (ratio < 1))
     return ~(away & ~(z <= c))

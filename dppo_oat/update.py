@@ -61,19 +61,27 @@ def scaled_clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: to
     """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.mixed_precision`): unscale,
     clip the norm, step, and let the scaler adapt its scale. A non-finite gradient at a scale above 1 is an overflow
     of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.guard.LOSS_SCALE_SKIPS` (never a
-    reason to stop), and the scale halves. At a scale of 1 or below the gradient itself is non-finite: the divergence
-    guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop the run."""
+    reason to stop), and the scale halves; it reports no gradient norm. At a scale of 1 or below the gradient itself
+    is non-finite: the divergence guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop
+    the run, and the scale stays."""
     scale = float(scaler.get_scale())
     scaler.unscale_(optimizer)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
     applied = math.isfinite(grad_norm)
+    overflow = not applied and scale > 1.0
     if applied:
         scaler.step(optimizer)
-    scaler.update()  # the inf check of unscale_ halves the scale on an overflow, else it may grow
+    # the inf check of unscale_ halves the scale on an overflow, else it may grow; at a scale of 1 or below a
+    # non-finite gradient is not the scaling's doing, and the scale stays
+    scaler.update(None if applied or overflow else scale)
     optimizer.zero_grad(set_to_none=True)
-    metrics = {"grad_norm": grad_norm, "loss_scale": scale, LOSS_SCALE_SKIPS: 0.0}
+    metrics = {"loss_scale": scale, LOSS_SCALE_SKIPS: 0.0}
+    if overflow:  # routine while the scale settles: no gradient norm to average into the step's
+        metrics[LOSS_SCALE_SKIPS] = 1.0
+        return metrics
+    metrics["grad_norm"] = grad_norm
     if not applied:
-        metrics.update({LOSS_SCALE_SKIPS: 1.0} if scale > 1.0 else {SKIPPED: 1.0, "guard/nonfinite_grad": 1.0})
+        metrics.update({SKIPPED: 1.0, "guard/nonfinite_grad": 1.0})
     return metrics
 
 

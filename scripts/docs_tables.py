@@ -274,6 +274,8 @@ def faults_table() -> str:
 GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target)
     "gpu_tests": ("`pytest -m gpu`", "all pass"),
     "default_run": ("the default run: wall time, held-out success before → after", "—"),
+    "shaped_run": ("the local engine with the ~100M policy (`--warm-start.shape qwen3-100m`), warm-started on the GPU: "
+                   "wall time, held-out success before → after", "—"),
     "rollout": ("multi-turn rollout (~100M Qwen3, V 32,768, batch 64): tokens/s ÷ `model.generate`, ÷ the decode "
                 "roofline", "≥ 1.0×; ≥ 0.5"),
     "learner_mfu": ("the update in bf16 (same model): tokens/s, MFU against a measured bf16 matmul", "—"),
@@ -297,7 +299,7 @@ def gpu_result(row: dict) -> str:
     bench = row["bench"]
     if bench == "gpu_tests":
         text = f"{row['passed']} passed, {row['failed'] + row['errors']} failed, {row['skipped']} skipped"
-    elif bench == "default_run":
+    elif bench in ("default_run", "shaped_run"):
         text = (f"{row['wall_seconds']:.0f} s, success {row['success_before']:.3f} → {row['success_after']:.3f} "
                 f"(`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
     elif bench == "rollout":

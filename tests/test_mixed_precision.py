@@ -196,11 +196,11 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
         for parameter in parameters:
             parameter.grad = torch.full_like(parameter, float("inf"))
         metrics = scaled_clip_and_step(parameters, optimizer, scaler, 1.0)
-        assert metrics[LOSS_SCALE_SKIPS] == 1.0 and SKIPPED not in metrics
+        assert metrics[LOSS_SCALE_SKIPS] == 1.0 and SKIPPED not in metrics and "grad_norm" not in metrics
         guard.observe(metrics)
         history.append(metrics)
     assert len(history) == 16 and guard.loss_scale_skips == 16 and guard.skipped_in_a_row == 0
-    assert summarize_steps(history)[LOSS_SCALE_SKIPS] == 16.0
+    assert summarize_steps(history)[LOSS_SCALE_SKIPS] == 16.0 and "grad_norm" not in summarize_steps(history)
     assert all(torch.equal(p.data, b) for p, b in zip(parameters, before))
     with pytest.raises(TrainingDiverged, match="the gradient norm non-finite in 3 optimizer steps in a row"):
         for _ in range(3):
@@ -208,6 +208,7 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
                 parameter.grad = torch.full_like(parameter, float("nan"))
             metrics = scaled_clip_and_step(parameters, optimizer, scaler, 1.0)
             assert metrics[SKIPPED] == 1.0 and metrics["guard/nonfinite_grad"] == 1.0
+            assert scaler.get_scale() == 1.0  # the guard's skips leave the scale where it is
             guard.observe(metrics)
 
 

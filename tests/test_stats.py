@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dppo_oat.analysis.stats import (MarginTests, decide, holm, interval_coverage, margin_tests, paired_difference,
-                                     sample_std, time_to_threshold, verdict)
+                                     sample_std, time_to_threshold)
 
 seeds_values = st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=10)
 
@@ -34,7 +34,7 @@ def test_a_threshold_nobody_reaches_has_no_median_and_the_whole_horizon():
 def test_identical_arms_differ_by_exactly_nothing():
     result = paired_difference([0.3, 0.5, 0.4], [0.3, 0.5, 0.4])
     assert (result.mean, result.low, result.high, result.p_value) == (0, 0, 0, 1.0)
-    assert verdict(result) == "inconclusive"
+    assert result.identical and decide(margin_tests(result, 0.0)) == "inconclusive"
 
 
 def test_a_clear_difference_holds_and_its_reverse_is_refuted():
@@ -42,9 +42,9 @@ def test_a_clear_difference_holds_and_its_reverse_is_refuted():
     right = rng.uniform(0.2, 0.4, 8)
     left = right + 0.3 + rng.normal(0, 0.02, 8)
     result = paired_difference(left, right)
-    assert verdict(result, margin=0.1) == "holds" and result.p_value < 0.01
-    assert verdict(paired_difference(right, left), margin=0.1) == "refuted"
-    assert verdict(result, margin=0.5) == "inconclusive"
+    assert decide(margin_tests(result, 0.1)) == "holds" and result.p_value < 0.01
+    assert decide(margin_tests(paired_difference(right, left), 0.1)) == "refuted"
+    assert decide(margin_tests(result, 0.5)) == "equivalent"  # a difference near 0.3 is inside ±0.5
 
 
 @settings(max_examples=25, deadline=None)
@@ -66,7 +66,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError):
         paired_difference([1], [2])
     with pytest.raises(ValueError):
-        verdict(paired_difference([1, 2], [0, 0.5]), margin=-1)
+        margin_tests(paired_difference([1, 2], [0, 0.5]), margin=-1)
 
 
 def test_sample_std_uses_ddof_1():

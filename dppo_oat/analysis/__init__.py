@@ -27,7 +27,8 @@ from dppo_oat.analysis.runs import (
     run_patterns,
     summarize_runs,
 )
-from dppo_oat.analysis.stats import paired_difference, sample_std, time_to_threshold, verdict
+from dppo_oat.analysis.stats import (decide, holm, margin_tests, paired_difference, sample_std,
+                                     time_to_threshold)
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
     disagreements,
@@ -48,5 +49,5 @@ __all__ = [
     "load_tokens", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
     "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
     "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",
-    "verdict",
+    "decide", "holm", "margin_tests",
 ]

@@ -86,18 +86,6 @@ def paired_difference(left: Sequence[float], right: Sequence[float], *, confiden
                             confidence, method, kept)
 
 
-def verdict(difference: PairedDifference, margin: float = 0.0) -> str:
-    """``holds`` when the whole CI is above ``margin``, ``refuted`` when it is below ``−margin``, else
-    ``inconclusive`` (the claim being ``left − right > margin``; the margin is fixed before the runs)."""
-    if margin < 0:
-        raise ValueError(f"the margin must be >= 0, got {margin}")
-    if difference.low > margin:
-        return "holds"
-    if difference.high < -margin:
-        return "refuted"
-    return "inconclusive"
-
-
 @dataclass(frozen=True)
 class MarginTests:
     """One-sided p-values of a claim ``left − right > margin``: ``above`` (the claim), ``below`` (its reverse,

@@ -9,7 +9,8 @@ A study directory holds one folder per task, each with one run directory per (me
 columns, ``task`` (its folder), ``condition`` (from the run's name) and ``mismatch`` (the rollout's precision or
 log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are scored
 on, :func:`contrast_table` scores the pre-registered :data:`CONTRASTS` by paired seeds (t-interval, one-sided and
-equivalence tests against the margin, Holm over the primary claims), and :func:`summary_lines` writes the summary in docs/cpu-study.md from that table.
+equivalence tests against the margin, Holm over the primary claims), and :func:`summary_lines` writes the summary
+in docs/cpu-study.md from that table.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The learner's update: tokens per second and model FLOP utilisation (MFU); prints one JSON object.
 
-One update is the local engine's: the core's :func:`~dppo_oat.update.update_policy` (DPPO-Binary-TV, the fused head
-with the loss announced, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
-``qwen3_shapes.SHAPES`` with random weights (throughput only) and random token ids, weights and AdamW states in
-``--dtype``. Sequences are ``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
+One update is the local engine's: the core's :func:`~dppo_oat.update.learn_from_rollout` (DPPO-Binary-TV, the fused
+head with the loss announced, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
+``qwen3_shapes.SHAPES`` with random weights (throughput only) and random token ids; weights and AdamW states in fp32
+and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are ``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
 
 - ``tokens_per_s``: tokens (prompt and response) of the rollout batch ÷ the median seconds of one update.
 - ``mfu``: the update's model FLOPs per second ÷ ``peak_flops``, the rate of one large matrix product in ``--dtype``
@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from machine import matmul_flops, synchronize  # noqa: E402
 from qwen3_shapes import SHAPES, random_qwen3  # noqa: E402
 
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
+from dppo_oat.guard import DivergenceGuard  # noqa: E402
+from dppo_oat.mixed_precision import autocast_forward  # noqa: E402
 from dppo_oat.samples import UpdateBatch  # noqa: E402
 from dppo_oat.spec import UpdateSettings  # noqa: E402
 from dppo_oat.trust_region import TrustRegion  # noqa: E402
-from dppo_oat.update import clip_and_step, update_policy  # noqa: E402
+from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout  # noqa: E402
 
 
 def rollout_batch(sequences: int, prompt: int, response: int, vocab: int, device: str) -> UpdateBatch:
@@ -75,12 +76,13 @@ def time_updates(model, batch: UpdateBatch, args) -> list[float]:
     settings = UpdateSettings(minibatch_size=args.minibatch, micro_batch_size=args.micro_batch,
                               norm_constant=float(args.response_tokens))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    forward = causal_lm_forward(model, settings=settings, trust_region=tr)
+    steps = EngineSteps(lambda loss: loss.backward(), lambda: clip_and_step(list(model.parameters()), optimizer, 1.0),
+                        lambda: optimizer.zero_grad(set_to_none=True))
 
     def update() -> None:
-        update_policy(batch, tr, forward, lambda loss: loss.backward(),
-                      lambda: clip_and_step(list(model.parameters()), optimizer, 1.0), settings,
-                      generator=torch.Generator().manual_seed(0))
+        learn_from_rollout(model, batch, tr, settings, steps, shuffle=torch.Generator().manual_seed(0),
+                           guard=DivergenceGuard(), token_sampler=None,
+                           precision=lambda forward: autocast_forward(forward, args.device, args.dtype))
 
     seconds = []
     for round_ in range(args.updates + 1):
@@ -115,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     dtype = getattr(torch, args.dtype)
-    model = random_qwen3(args.shape, seed=0).to(device=args.device, dtype=dtype).train()
+    model = random_qwen3(args.shape, seed=0).to(device=args.device).train()  # fp32 master weights
     batch = rollout_batch(args.sequences, args.prompt_tokens, args.response_tokens, model.config.vocab_size,
                           args.device)
     seconds = statistics.median(time_updates(model, batch, args))
@@ -124,6 +126,8 @@ def main() -> None:
     print(json.dumps({
         "shape": args.shape, "parameters": sum(p.numel() for p in model.parameters()),
         "weights": "random (throughput only)", "device": args.device, "dtype": args.dtype,
+        "precision": "fp32 weights and AdamW states, forward passes under torch.autocast(dtype) (the local engine's "
+                     "--dtype)",
         "sequences": args.sequences, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
         "minibatch": args.minibatch, "micro_batch": args.micro_batch or args.minibatch, "updates": args.updates,
         "update_seconds": seconds, "tokens_per_s": int(batch.attention_mask.sum()) / seconds,

@@ -364,6 +364,8 @@ def main() -> None:
     result = {
         "model": args.model, "parameters": sum(p.numel() for p in model.parameters()), "weights": weights,
         "device": args.device, "dtype": args.dtype, "batch": args.batch, "max_new_tokens": args.new_tokens,
+        "precision": "weights cast to dtype, as an inference engine holds them (the local engine's --dtype samples "
+                     "from fp32 weights under torch.autocast instead)",
         "turns": args.turns, "repeats": args.repeats, "vocab_size": model.config.vocab_size,
         "torch_threads": torch.get_num_threads(),
     }

@@ -6,11 +6,13 @@
 # the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
 #
 #   bash scripts/gpu/device_check.sh                      # every step, on the GPU
-#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests default-run rollout learner fused-head
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests default-run shaped-run rollout learner
+#                                                         #   fused-head
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
 # Steps: tests (pytest -m gpu: gpu_tests), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out
-# success before → after: default_run), rollout (scripts/bench/rollout.py: the generator against generate and the
+# success before → after: default_run), shaped-run (the same with the ~100M policy, --warm-start.shape qwen3-100m,
+# warm-started on the GPU: shaped_run; on the CPU only when named, a 100M policy being slow there), rollout (scripts/bench/rollout.py: the generator against generate and the
 # decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the update: learner_mfu),
 # fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response tokens:
 # learner_memory). A step that fails is reported in one line (its log has the rest) and the next one runs; the exit
@@ -32,6 +34,13 @@ ROOT=$PWD
 # has it), and the smoke run's, which only use flags every version of the engine has.
 RUN_FLAGS=(--device cuda --dtype bfloat16)
 SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
+# The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
+# first guess for that size; the row shows whether it reached --warm-start.target-success), cached under LOG_DIR.
+SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4 --steps 50
+                  --eval-every 25)
+SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
+                        --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
+                        --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
 # The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
                --turns 2 --repeats 5)
@@ -44,7 +53,8 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
-STEPS=(tests default-run rollout learner fused-head)
+STEPS=(tests default-run shaped-run rollout learner fused-head)
+SMOKE_SKIPS=(shaped-run)  # steps --smoke runs only when named
 IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
 SMOKE=${SMOKE:-0}
@@ -57,10 +67,14 @@ for arg in "$@"; do
            chosen+=("$arg") ;;
     esac
 done
-[[ ${#chosen[@]} -gt 0 ]] || chosen=("${STEPS[@]}")
+if [[ ${#chosen[@]} -eq 0 ]]; then
+    for step in "${STEPS[@]}"; do
+        [[ $SMOKE != 0 && " ${SMOKE_SKIPS[*]} " == *" $step "* ]] || chosen+=("$step")
+    done
+fi
 PY=${PYTHON:-python3}
 if [[ $SMOKE != 0 ]]; then
-    DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
+    DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") SHAPED_RUN_FLAGS=("${SMOKE_SHAPED_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
     LEARNER_FLAGS=("${SMOKE_LEARNER_FLAGS[@]}") FUSED_HEAD_SIZES=("${SMOKE_FUSED_HEAD_SIZES[@]}")
     FUSED_HEAD_FLAGS=("${SMOKE_FUSED_HEAD_FLAGS[@]}")
     OUT_DIR=${OUT_DIR:-runs/device-check-smoke} LOG_DIR=${LOG_DIR:-runs/device-check-smoke/logs}
@@ -137,16 +151,23 @@ gpu_tests() {
     return $rc
 }
 
-default_run() {
-    local name start=$SECONDS rc
-    name=default-run-$(date -u +%Y%m%dT%H%M%S)  # the run's folder, under LOG_DIR
-    echo "python -m dppo_oat.train ${RUN_FLAGS[*]}"
-    "$PY" -m dppo_oat.train "${RUN_FLAGS[@]}" --run-dir "$LOG_DIR" --run-name "$name"
+# train_run BENCH FLAGS...: a local-engine run with FLAGS, in a folder of its own under LOG_DIR; its row (wall time,
+# held-out success before → after) stamped as BENCH
+train_run() {
+    local bench=$1 name start=$SECONDS rc
+    shift
+    name=$bench-$(date -u +%Y%m%dT%H%M%S)
+    echo "python -m dppo_oat.train $*"
+    "$PY" -m dppo_oat.train "$@" --run-dir "$LOG_DIR" --run-name "$name"
     rc=$?
     [[ $rc == 0 ]] || return $rc
     "$PY" scripts/gpu/device_rows.py default-run --run-dir "$LOG_DIR/$name" --seconds $((SECONDS - start)) \
-        -- "${RUN_FLAGS[@]}" >"$LOG_DIR/default-run.json" && stamp default_run "$LOG_DIR/default-run.json"
+        -- "$@" >"$LOG_DIR/$bench.json" && stamp "$bench" "$LOG_DIR/$bench.json"
 }
+
+default_run() { train_run default_run "${RUN_FLAGS[@]}"; }
+
+shaped_run() { train_run shaped_run "${SHAPED_RUN_FLAGS[@]}" --cache-dir "$LOG_DIR/policy-cache"; }
 
 rollout() {
     "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json"
@@ -177,6 +198,7 @@ for step in "${chosen[@]}"; do
     case $step in
         tests) run tests gpu_tests ;;
         default-run) run default-run default_run ;;
+        shaped-run) run shaped-run shaped_run ;;
         rollout) run rollout rollout ;;
         learner) run learner learner ;;
         fused-head) run fused-head fused_head ;;

@@ -214,6 +214,10 @@ def _vocab_size(c: TrainConfig) -> int:
 
 def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
     k = spec.sampling.top_k_logprobs
+    if c.dtype != "float32" and c.generator != "hf":  # μ and π would come from two precisions
+        raise ValueError(f"--dtype {c.dtype} applies to the HF generator and the learner together: vLLM samples in "
+                         "the model's own dtype, so the learner alone would autocast; use --dtype float32 with "
+                         "--generator vllm")
     if c.generator == "vllm":
         try:
             import vllm
