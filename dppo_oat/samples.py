@@ -44,6 +44,8 @@ class TurnSample:
     response_text: str = ""
     topk_ids: np.ndarray | None = None
     topk_logprobs: np.ndarray | None = None
+    weights_version: int | None = None
+    """The learner step whose weights sampled it (with ``--max-staleness``; None: the latest weights)."""
 
 
 class LearnerSample(Protocol):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import pytest
@@ -564,6 +565,33 @@ def test_sigterm_says_how_to_continue_and_restores_the_handler(tmp_path, capsys,
     monkeypatch.setattr(LocalTrainer, "rl_step", real_step)
     code, errors, text = run(["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
                               "--steps", "3", "--resume", *TINY], capsys)
+    assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
+
+
+@pytest.mark.fault("SIGTERM or Ctrl-C while a background rollout samples (`--max-staleness k`)",
+                   "the same line as without it (exit 143 or 130); the rollout stops at its next generator call, no "
+                   "thread is left running")
+def test_sigterm_during_a_background_rollout_is_one_line_and_leaves_no_thread(tmp_path, capsys, cache_dir,
+                                                                              monkeypatch):
+    """The real signal, sent while the rollout of step 3 samples in the background (beside the update of step 2)."""
+    from dppo_oat.rollout.episodes import EpisodeCollector
+
+    real_collect, background_calls = EpisodeCollector.collect, []
+
+    def signalled_third_rollout(self, generator, sampling, seeds):
+        if threading.current_thread().name == "rollout":
+            background_calls.append(seeds)
+            if len(background_calls) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_collect(self, generator, sampling, seeds)
+
+    monkeypatch.setattr(EpisodeCollector, "collect", signalled_third_rollout)
+    common = ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+              "--max-staleness", "1", *TINY]
+    one_error(capsys, common, 143, "terminated (SIGTERM) at step", "is checkpointed", "--resume")
+    assert not [thread for thread in threading.enumerate() if thread.name == "rollout"]
+    monkeypatch.setattr(EpisodeCollector, "collect", real_collect)
+    code, errors, text = run([*common, "--resume"], capsys)
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
 
 

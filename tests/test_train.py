@@ -105,6 +105,37 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir)
         [(t["step"], t["token_id"], t["position"]) for t in straight_tokens]
 
 
+@pytest.mark.fault("a kill (`kill -9`) of a run with `--max-staleness k`",
+                   "`--resume` continues exactly as an uninterrupted run: the checkpoint keeps the older weights the "
+                   "next rollouts sample with")
+def test_stale_rollouts_follow_their_schedule_and_resume_exactly(tmp_path, capsys):
+    """--max-staleness 2: the rollout of step t samples with the weights after step max(0, t − 3), whatever the
+    threads' timing; a run stopped after step 2 (its rollout of step 3 pending) and resumed is the uninterrupted run
+    token for token, and resuming it as a synchronous run is refused."""
+    synchronous = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--lr-schedule", "constant",
+                   "--minibatches-per-rollout", "2", *SHIPPED]
+    common = [*synchronous, "--max-staleness", "2"]
+    main(["--steps", "4", "--run-name", "straight", *common])
+    main(["--steps", "2", "--run-name", "killed", *common])
+    main(["--steps", "4", "--run-name", "killed", "--resume", *common])
+    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    assert [r["staleness/mean"] for r in straight] == [0, 1, 2, 2] == [r["staleness/max"] for r in straight]
+    assert all(r["time/rollout_wait"] >= 0 for r in straight)
+    # μ before the first update is π; later, μ is older weights than the π the update starts from
+    assert straight[0]["mismatch/first_abs_diff_mean"] < 1e-4 < straight[1]["mismatch/first_abs_diff_mean"]
+    resumed = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
+            {k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}
+    for name in ("tokens.jsonl", "eval.jsonl"):
+        assert read_jsonl(tmp_path / "killed" / name) == read_jsonl(tmp_path / "straight" / name)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--steps", "5", "--run-name", "killed", "--resume", *synchronous])
+    assert "max_staleness: 2 → 0" in " ".join(capsys.readouterr().out.split())
+
+
 def test_learning_rate_schedules():
     assert [scheduled_lr(1e-3, "constant", t, 4) for t in (1, 4)] == [1e-3, 1e-3]
     assert [scheduled_lr(1e-3, "linear", t, 4) for t in (1, 2, 3, 4)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
@@ -179,6 +210,9 @@ def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
         ({"generator": "vllm", "temperature": 0.7}, "vLLM"),
         ({"wrappers": ("concat",)}, "--wrappers needs --pretrain"),
         ({"temperature": 0.0}, "greedy decoding has no μ"),
+        ({"max_staleness": -1}, "--max-staleness must be >= 0"),
+        ({"max_staleness": 1, "generator": "vllm"}, "only the HF generator"),
+        ({"max_staleness": 1, "probe_every": 2}, "leave it out with --max-staleness"),
     ],
 )
 def test_bad_input_fails_before_any_model_is_built(tmp_path, monkeypatch, overrides, message):

@@ -81,6 +81,12 @@ class TrainConfig(spec.DPPOFlags):
     generator: Literal["hf", "vllm"] = "hf"
     """Rollout sampler (μ): hf samples with the training model's own layers (any device); vllm runs a vLLM
     engine in this process on the GPU, synced after every update."""
+    max_staleness: int = 0
+    """Asynchronous rollouts with bounded staleness: sample the next rollout batch in a background thread while the
+    learner updates on the current one, from a copy of the weights at most k updates old. The rollout of step t
+    samples with the weights after step max(0, t − 1 − k), whatever the timing, so runs are reproducible and resume
+    exactly; μ keeps the log-probabilities of those stale weights (the trust region anchors on them). 0: the
+    synchronous loop (each rollout samples with the latest weights). HF generator only; not with --probe-every."""
     steps: int = 100
     """RL steps: each samples one rollout batch (--groups-per-step × --group-size episodes) and updates on it."""
     groups_per_step: int = 16
@@ -211,8 +217,12 @@ def run_spec(config: TrainConfig) -> spec.RunSpec:
 
 
 def logged_config(config: TrainConfig, run: spec.RunSpec) -> dict:
-    """What ``config.json`` records: every flag, the resolved run name, trust region and template."""
+    """What ``config.json`` records: every flag (``max_staleness`` only when > 0), the resolved run name, trust region
+    and template."""
     from dataclasses import asdict
 
-    return {**asdict(config), "run_name": config.resolved_run_name(), "trust_region": asdict(run.trust_region),
-            "prompt_template": run.rollout.template, "engine": "local"}
+    logged = {**asdict(config), "run_name": config.resolved_run_name(), "trust_region": asdict(run.trust_region),
+              "prompt_template": run.rollout.template, "engine": "local"}
+    if not config.max_staleness:  # a synchronous run records what it always did (and its settings hash with it)
+        del logged["max_staleness"]
+    return logged

@@ -4,10 +4,15 @@ Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with th
 advantages, run the core's :func:`~dppo_oat.update.learn_from_rollout` with a plain torch optimizer, sync the generator,
 log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
 ``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
+
+With ``--max-staleness k > 0`` the rollout of step ``t + 1`` is sampled in a background thread while step ``t``
+updates, by a copy of the weights after step ``max(0, t − k)`` (:mod:`dppo_oat.rollout.background`); the last
+``k + 1`` weights versions are kept (and checkpointed) so that the schedule never depends on timing.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import uuid
@@ -30,6 +35,8 @@ from dppo_oat.engines.local.validation import settings_free_on_resume, validate_
 from dppo_oat.errors import RunError
 from dppo_oat.guard import DivergenceGuard
 from dppo_oat.mixed_precision import autocast, autocast_forward, loss_scaler, rollout_compute_dtype
+from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, behavior_version,
+                                         staleness_metrics, versions_to_keep)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
@@ -92,8 +99,14 @@ class LocalTrainer:
                                            fused=True if torch.device(config.device).type == "cuda" else None)
         self.scaler = loss_scaler(config.device, config.dtype)
         self.generator = self._make_generator()
+        self.max_staleness = config.max_staleness
+        # the background rollout tokenizes with a tokenizer of its own: a fast tokenizer is not safe to share
+        rollout_tokenizer = copy.deepcopy(self.tokenizer) if self.max_staleness else self.tokenizer
+        self.stale_generator = self._make_stale_generator(rollout_tokenizer) if self.max_staleness else None
+        self.pending: BackgroundRollout | None = None
+        self.pending_step = 0
         self.collector = EpisodeCollector(config.env_ids, config.groups_per_step, config.group_size,
-                                          self.tokenizer, self.spec.rollout)
+                                          rollout_tokenizer, self.spec.rollout)
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
                                                self.spec.eval_rollout)
         self.step = self.step_in_progress = self.checkpointed_step = 0
@@ -102,6 +115,7 @@ class LocalTrainer:
         self._noted_small_batch = False
         self._check_prompts_fit()
         self._open_log()
+        self.weight_versions = {0: self._weights_snapshot()} if self.max_staleness else {}
         if self.resume_step is not None:
             self._load_checkpoint()
 
@@ -142,6 +156,17 @@ class LocalTrainer:
                                "transformers version); rollouts sample with model.generate, which is slower")
         return generator
 
+    def _make_stale_generator(self, tokenizer) -> HFGenerator:
+        """The background rollout's sampler: its own copy of the rollout model (never the learner's weights, which
+        the update changes while it samples), loaded with an older weights version before every rollout."""
+        c = self.config
+        return HFGenerator(copy.deepcopy(self.generator.model), tokenizer, batch_size=max(64, c.episodes_per_step),
+                           compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype))
+
+    def _weights_snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of the learner's current weights (one weights version)."""
+        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+
     def _sync_generator(self) -> None:
         """The rollout copy takes the learner's new weights, at its own precision."""
         self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype))
@@ -164,6 +189,8 @@ class LocalTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """Success and return on the held-out seeds, sampling at the training temperature."""
+        if self.pending is not None:  # never beside a background rollout: both may seed torch's global RNG
+            self.pending.wait()
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
         rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
         stats = rollout.stats()
@@ -174,10 +201,13 @@ class LocalTrainer:
     def rl_step(self) -> dict[str, float]:
         """Rollout → advantages → update → generator sync, for step ``self.step + 1``."""
         c, step = self.config, self.step + 1
-        started = time.perf_counter()
-        seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
-        rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
-        rollout_seconds = time.perf_counter() - started
+        if self.max_staleness:
+            rollout, rollout_seconds, waited_seconds = self._stale_rollout(step)
+        else:
+            started = time.perf_counter()
+            seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
+            rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
+            rollout_seconds = time.perf_counter() - started
         if c.logprob_noise > 0:
             perturb_logprobs(rollout, c.logprob_noise, step_seed(c.seed, step, 2))
         stats = rollout.stats()
@@ -209,12 +239,63 @@ class LocalTrainer:
         self.model.eval()
         if self.generator.model is not self.model:
             self._sync_generator()
+        if self.max_staleness:
+            self._keep_weights_version(step)
         update_seconds = time.perf_counter() - update_started
         self.step = step
         metrics = self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
+        if self.max_staleness:
+            metrics.update(staleness_metrics([sample.weights_version for sample in samples], step))
+            metrics["time/rollout_wait"] = waited_seconds
         if probing:
             metrics.update(self._probe(batch, behavior_logits))
         return metrics
+
+    # ------------------------------------------------------------------ rollouts with bounded staleness
+    def _stale_rollout(self, step: int) -> tuple[Rollout, float, float]:
+        """The rollout of ``step`` (its background one, else sampled now), then the next step's launched in the
+        background: ``(rollout, seconds it sampled, seconds the update waited for it)``."""
+        waiting = time.perf_counter()
+        if self.pending is None or self.pending_step != step:  # the first step, or the first after a resume
+            self._launch_rollout(step)
+        rollout, rollout_seconds = self.pending.result()
+        waited_seconds = time.perf_counter() - waiting
+        self.pending = None
+        if step < self.config.steps:
+            self._launch_rollout(step + 1)
+        return rollout, rollout_seconds, waited_seconds
+
+    def _launch_rollout(self, step: int) -> None:
+        """Sample the rollout of ``step`` in the background with the weights version :func:`behavior_version` gives
+        (loaded now, so that the update may change the learner's weights meanwhile); every sample records it."""
+        c = self.config
+        version = behavior_version(step, self.max_staleness)
+        self.stale_generator.update_weights(rollout_state_dict(self.weight_versions[version], c.rollout_dtype))
+        seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
+        sampling, threads = self._sampling(step_seed(c.seed, step, 1)), torch.get_num_threads()
+
+        def sample(cancelled) -> tuple[Rollout, float]:
+            torch.set_num_threads(threads)  # a new thread's own thread count would otherwise be the default
+            started = time.perf_counter()
+            rollout = self.collector.collect(CancellableGenerator(self.stale_generator, cancelled), sampling, seeds)
+            for turn_sample in rollout.samples:
+                turn_sample.weights_version = version
+            return rollout, time.perf_counter() - started
+
+        self.pending, self.pending_step = BackgroundRollout(sample), step
+        self.pending.start()
+
+    def _keep_weights_version(self, step: int) -> None:
+        """Keep the weights after ``step``, and only the versions later rollouts will sample with."""
+        self.weight_versions[step] = self._weights_snapshot()
+        needed = versions_to_keep(step, self.max_staleness)
+        self.weight_versions = {v: w for v, w in self.weight_versions.items() if v in needed}
+
+    def _cancel_pending_rollout(self) -> None:
+        """Stop a background rollout at its next generator call (Ctrl-C, a failure, the end of the run)."""
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
 
     def _update_settings_for(self, rows: int) -> UpdateSettings:
         """The update settings of a rollout batch of ``rows`` turn samples (--minibatches-per-rollout)."""
@@ -278,6 +359,8 @@ class LocalTrainer:
                  "run_id": self.run_id, "settings_hash": self.settings_hash}
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
+        if self.max_staleness:  # the older weights the next rollouts sample with (the current ones are "model")
+            state["weight_versions"] = {v: w for v, w in self.weight_versions.items() if v != self.step}
         atomic_torch_save(state, self._checkpoint_path(), weights=weights)
         self.checkpointed_step = self.step
 
@@ -289,6 +372,8 @@ class LocalTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["loss_scaler"])
+            if self.max_staleness:
+                self.weight_versions = self._checkpointed_versions(state)
         except (RuntimeError, KeyError, ValueError, EOFError, OSError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "
@@ -297,6 +382,17 @@ class LocalTrainer:
         if self.generator.model is not self.model:
             self._sync_generator()
         self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
+
+    def _checkpointed_versions(self, state: dict) -> dict[int, dict]:
+        """The weights versions a checkpoint of ``--max-staleness k`` holds, the current weights included; a
+        KeyError when one that the next rollouts sample with is missing."""
+        step = int(state["step"])
+        versions = {int(v): weights for v, weights in state.get("weight_versions", {}).items()}
+        versions[step] = self._weights_snapshot()
+        missing = [v for v in versions_to_keep(step, self.max_staleness) if v not in versions]
+        if missing:
+            raise KeyError(f"no weights of version(s) {missing} for the next rollouts")
+        return versions
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, float]:
@@ -346,6 +442,7 @@ class LocalTrainer:
             return
         unused = failed and self.checkpointed_step == 0 and self.resume_step is None
         try:
+            self._cancel_pending_rollout()
             self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()

@@ -37,6 +37,7 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     _check_envs(config, spec.rollout.env_seed)
     _check_math_data(config.env_ids)
     _check_pretrain(config)
+    _check_staleness(config)
     _check_generator(config, spec)
     return spec, _check_run_dir(config, spec)
 
@@ -212,6 +213,19 @@ def _vocab_size(c: TrainConfig) -> int:
     return 1 << 30  # a hub id: checked by the generator when it is built
 
 
+def _check_staleness(c: TrainConfig) -> None:
+    """``--max-staleness``: ≥ 0; above 0, a generator that can sample with an older copy of the weights (the HF one,
+    which then gets a copy of its own) and no divergence probe (it compares μ with π at the same step)."""
+    if c.max_staleness < 0:
+        raise ValueError(f"--max-staleness must be >= 0 (0: synchronous rollouts), got {c.max_staleness}")
+    if c.max_staleness > 0 and c.generator != "hf":
+        raise ValueError("--max-staleness > 0 samples with an older copy of the weights, which only the HF generator "
+                         "keeps: use --generator hf (the vLLM engine holds the latest weights only)")
+    if c.max_staleness > 0 and c.probe_every:
+        raise ValueError("--probe-every compares the rollout model's logits with the updated policy of the same "
+                         "step: leave it out with --max-staleness > 0")
+
+
 def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
     k = spec.sampling.top_k_logprobs
     if c.dtype != "float32" and c.generator != "hf":  # μ and π would come from two precisions
@@ -275,7 +289,9 @@ def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
         raise ValueError(f"--resume: {path / CONFIG_FILE} is missing, so nothing says which settings this run was "
                          "trained with: restore it, or start a new run with another --run-name")
     stored.setdefault("lr_schedule", "constant")  # a config.json without the field: a constant rate
-    differences = config_differences(stored, logged_config(c, spec), settings_free_on_resume(spec))
+    synchronous = {"max_staleness": 0}  # recorded only when > 0
+    differences = config_differences({**synchronous, **stored}, {**synchronous, **logged_config(c, spec)},
+                                     settings_free_on_resume(spec))
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
                          "with its settings (see its config.json), or start a new run with another --run-name")
