@@ -21,6 +21,7 @@ normalised here, over every learner's batch (Gem's ``norm_return``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Iterator, Sequence
@@ -34,7 +35,8 @@ from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_t
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_divergence
 from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import SKIPPED, DivergenceGuard, check_weights_finite
+from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, DivergenceGuard, check_weights_finite,
+                            one_learner)
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
@@ -231,9 +233,12 @@ class DPPOLearner(PPOLearner):
             self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
 
     def _optimizer_step(self) -> dict[str, float]:
-        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless the gradient norm is non-finite
-        (DeepSpeed applies bf16 gradients unchecked). The core calls it only when every learner's minibatch is
+        """DeepSpeed's step at the boundary (gradient clipping, LR schedule). In bf16 (oat's default) a non-finite
+        gradient norm skips it (DeepSpeed applies bf16 gradients unchecked); in fp16 DeepSpeed's loss scaler judges
+        the step itself (:func:`loss_scaled_step`). The core calls it only when every learner's minibatch is
         healthy, and the norm is all-reduced: every learner takes the same branch."""
+        if self.model.model.fp16_enabled():
+            return loss_scaled_step(self.model.model, self._any_learner)
         grad_norm = float(self.strategy.get_gradient_norm(self.model))
         if not math.isfinite(grad_norm):
             skip_deepspeed_step(self.model.model)
@@ -254,16 +259,67 @@ class DPPOLearner(PPOLearner):
         return int(flag.item())
 
 
+def loss_scaled_step(engine, any_learner: AnyLearner = one_learner) -> dict[str, float]:
+    """DeepSpeed's fp16 step, its own overflow path included: its ZeRO optimizer finds the scaled gradients
+    non-finite (all-reduced over the learners), skips the step (gradients cleared; weights, Adam state and LR
+    schedule untouched) and lowers the loss scale; else it unscales, clips and steps, and its gradient norm is the
+    unscaled one of that step (oat's ``get_gradient_norm`` cannot serve here: after an overflow DeepSpeed 0.16's
+    ZeRO-1/2 parameters still point at the gradients of the skipped step).
+
+    An overflow at a scale above the scaler's minimum is its search for a scale (:data:`LOSS_SCALE_SKIPS`, never a
+    reason to stop). At the minimum (DeepSpeed's ``min_loss_scale``, 1 by default; a static scale is its own
+    minimum) the gradient is non-finite however small the scale: the divergence guard's skip (:data:`SKIPPED`),
+    ``patience`` of which in a row stop the run with one line, where DeepSpeed itself would raise a bare exception
+    ("Current loss scale already at minimum") halfway through its step."""
+    optimizer = engine.optimizer
+    check_can_skip(optimizer, needs=("check_overflow", "_update_scale", "loss_scaler"))
+    scaler = optimizer.loss_scaler
+    scale = float(optimizer.loss_scale)
+    at_minimum = scale <= getattr(scaler, "min_scale", scale) if scaler.dynamic else True
+    with overriding(scaler, raise_error_at_min_scale=False):
+        engine.step()
+    metrics = {"loss_scale": scale, LOSS_SCALE_SKIPS: 0.0}
+    if any_learner(int(bool(optimizer.overflow))) == HEALTHY:
+        return {**metrics, "policy_grad_norm": float(engine.get_global_grad_norm())}
+    if at_minimum:
+        return {**metrics, SKIPPED: 1.0, "guard/nonfinite_grad": 1.0}
+    return {**metrics, LOSS_SCALE_SKIPS: 1.0}
+
+
 def skip_deepspeed_step(engine) -> None:
     """End an accumulation window without applying its gradients, by DeepSpeed's own fp16 overflow path: its ZeRO
     optimizers then clear the gradients, leave the weights and the LR schedule, and count a skipped step. bf16 never
-    sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step."""
+    sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step; in fp16
+    the optimizer's own overflow check is held off for it too (the discarded gradients may well be finite), and so
+    is its loss-scale update (a discarded minibatch says nothing about the scale)."""
     optimizer = engine.optimizer
-    if not hasattr(optimizer, "overflow"):
-        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
-                               "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation)")
-    optimizer.overflow = True
-    try:
+    fp16 = engine.fp16_enabled()
+    check_can_skip(optimizer, needs=("check_overflow", "_update_scale") if fp16 else ())
+    held_off = {"check_overflow": lambda *args, **kwargs: None, "_update_scale": lambda *args, **kwargs: None}
+    with overriding(optimizer, overflow=True, **(held_off if fp16 else {})):
         engine.step()
+
+
+def check_can_skip(optimizer, needs: Sequence[str] = ()) -> None:
+    """DeepSpeed's ZeRO optimizers (stage 1, 2 or 3) have the overflow path a skipped step takes; the others not."""
+    if not all(hasattr(optimizer, name) for name in ("overflow", *needs)):
+        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
+                               "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation, "
+                               "or in fp16)")
+
+
+@contextlib.contextmanager
+def overriding(obj, **values):
+    """``obj``'s attributes set to ``values`` for the block (an instance attribute shadows a method), then as they
+    were."""
+    saved = {name: vars(obj)[name] for name in values if name in vars(obj)}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
     finally:
-        optimizer.overflow = False
+        for name in values:
+            if name in saved:
+                setattr(obj, name, saved[name])
+            else:
+                delattr(obj, name)
