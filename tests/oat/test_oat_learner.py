@@ -436,3 +436,49 @@ def test_fp16_discarded_minibatch_leaves_weights_and_loss_scale(tiny_policy, tin
     assert learner.model.model.skipped_steps == skipped + 4 and optimizer.loss_scale == scale
     assert max_change(learner, start) == 0.0
     assert not optimizer.overflow and "check_overflow" not in vars(optimizer)
+
+
+def test_staleness_counts_learning_rounds_between_the_sampling_and_the_trained_weights():
+    """Sync runs learn on-policy (the samples of round r come from the broadcast of round r − 1's weights); one
+    actor step of ``--asynchronous`` prefetch lags one round; ``--sync_params_every 2`` up to two."""
+    from dppo_oat.engines.oat.learner import sample_staleness
+
+    def ages(versions, rounds_trained, broadcast_rounds):
+        out = sample_staleness(versions, rounds_trained, broadcast_rounds)
+        return out["staleness/mean"].item(), out["staleness/max"].item()
+
+    assert ages([0, 0], 0, []) == (0.0, 0.0)  # round 1 of any run: --pretrain's weights
+    assert ages([2, 2], 2, [1, 2]) == (0.0, 0.0)  # sync, round 3
+    assert ages([1, 1], 2, [1, 2]) == (1.0, 1.0)  # asynchronous, round 3: sampled while round 2 trained
+    assert ages([0, 1, 1], 3, [2]) == (pytest.approx(5 / 3), 3.0)  # --sync_params_every 2, round 4
+
+
+def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node,
+                                                         monkeypatch):
+    """The weight version each sample carries from its actor becomes ``staleness/mean`` and ``staleness/max``."""
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 0, 0.1)
+    learner = oat_learner(args, "sgd", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}, weight_version=i % 2) for i, (s, a) in
+                   enumerate(zip(samples, advantages))]
+    learner.learning_rounds, learner.broadcast_rounds = 1, [1]  # round 2; broadcast 1 holds round 1's weights
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+    assert infos["staleness/mean"].item() == 0.5 and infos["staleness/max"].item() == 1.0
+
+
+def test_the_actor_counts_the_broadcasts_it_loads_but_not_an_evaluations():
+    """A broadcast is complete at oat's ``empty_cache`` (its last parameter); an evaluation's loads, which oat undoes
+    after it, are not a new weight version."""
+    from dppo_oat.engines.oat.actor import DPPOGemActor
+
+    actor = DPPOGemActor.__new__(DPPOGemActor)
+    calls = []
+    actor.llm = type("LLM", (), {"collective_rpc": staticmethod(lambda name, args: calls.append(args[-1]))})()
+    actor.weight_version, actor.eval_mode = 0, False
+    for last in (False, False, True):
+        actor.update_weight("w", "float32", (1,), empty_cache=last)
+    assert actor.weight_version == 1 and calls == [False, False, True]
+    actor.eval_mode = True
+    actor.update_weight("w", "float32", (1,), empty_cache=True)
+    assert actor.weight_version == 1

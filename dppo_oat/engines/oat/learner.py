@@ -151,6 +151,19 @@ def stop_program(error: TrainingDiverged, rank_0: bool, finish_logs) -> None:
     lp.stop()
 
 
+def sample_staleness(weight_versions: Sequence[int], rounds_trained: int,
+                     broadcast_rounds: Sequence[int]) -> dict[str, torch.Tensor]:
+    """How many weight versions old the actors' weights were when they sampled a learning round's batch, its mean
+    and max (``staleness/mean``, ``staleness/max``): a weight version is the policy after one more learning round,
+    the weights being trained hold ``rounds_trained`` of them, and a sample of the actor's weight version v (the
+    broadcasts it had loaded, 0 for ``--pretrain``'s weights) was drawn from the policy after
+    ``broadcast_rounds[v - 1]`` rounds. 0 for an on-policy round; one actor step of ``--asynchronous`` prefetch
+    makes it 1, and ``--sync_params_every`` n up to n."""
+    rounds_of_version = [0, *broadcast_rounds]
+    ages = torch.tensor([float(rounds_trained - rounds_of_version[int(v)]) for v in weight_versions])
+    return {"staleness/mean": ages.mean(), "staleness/max": ages.max()}
+
+
 def summarize_history(history: Sequence[dict], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """The core's per-optimizer-step metrics as oat's learner infos (0-d tensors): every metric under ``dppo/``,
     plus oat's own names for the loss, entropy, gradient norm and advantages."""
@@ -178,6 +191,7 @@ class DPPOLearner(PPOLearner):
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
         self.guard = DivergenceGuard()
         self.learning_rounds = 0
+        self.broadcast_rounds: list[int] = []  # learning rounds in the weights of each broadcast, in order
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
@@ -189,6 +203,12 @@ class DPPOLearner(PPOLearner):
             super().run()
         except TrainingDiverged as error:
             stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
+
+    def sync_params_to_actors(self) -> None:
+        """oat's weight broadcast; remembers how many learning rounds the broadcast weights hold (the actors count
+        the broadcasts they have loaded: :func:`sample_staleness`)."""
+        super().sync_params_to_actors()
+        self.broadcast_rounds.append(self.learning_rounds)
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
@@ -211,6 +231,7 @@ class DPPOLearner(PPOLearner):
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
+        staleness = sample_staleness(trajectory["weight_version"], self.learning_rounds, self.broadcast_rounds)
         self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
         sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
                                seed=self.args.seed + self.learning_rounds)
@@ -222,7 +243,7 @@ class DPPOLearner(PPOLearner):
         if self.strategy.is_rank_0():
             rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
             self._wandb.log_tokens(rows)
-        return summarize_history(history, batch.advantages)
+        return {**summarize_history(history, batch.advantages), **staleness}
 
     def _backward(self, loss: torch.Tensor) -> None:
         """One micro-batch through oat's strategy. DeepSpeed counts micro-batches itself, so its ``step`` follows
