@@ -208,6 +208,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
 @pytest.mark.fault("oat engine: `--resume_dir`",
                    "refused in one line: an oat run cannot be resumed; go on with a new run from a saved model "
                    "(`--pretrain <run>/saved_models/step_NNNNN`)")
+@pytest.mark.fault("oat engine: `--asynchronous`",
+                   "refused in one line: oat 0.2.4's asynchronous collector fails at its first actor step (its "
+                   "prefill scatters no samples); train synchronously")
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -234,6 +237,7 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--wb_run_name", "sweep/arm"], "must be one folder name"),
         (["--fp16"], r"--fp16 replaces oat's default --bf16: pass --fp16 --no-bf16"),
         (["--fp16", "--no-bf16", "--zero_stage", "0"], "--fp16 needs --zero_stage 1, 2 or 3"),
+        (["--asynchronous"], r"--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):

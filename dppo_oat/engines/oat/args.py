@@ -180,6 +180,8 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
     if args.resume_dir:
         raise ValueError(RESUME_REFUSED)
+    if args.asynchronous:
+        raise ValueError(ASYNCHRONOUS_REFUSED)
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     plan = plan_of(args)
@@ -203,6 +205,13 @@ RESUME_REFUSED = (
     "continue in a new run from a saved model: --pretrain <run>/saved_models/step_NNNNN (fresh optimizer state)"
 )
 """Why ``--resume_dir`` is refused, and what to do instead (the local engine's ``--resume`` is exact)."""
+
+ASYNCHRONOUS_REFUSED = (
+    "--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step (the prefill has no samples "
+    "yet, and it scatters None from the source rank, which torch.distributed.scatter_object_list refuses); train "
+    "synchronously (samples are then on-policy: train/staleness/max 0)"
+)
+"""Why oat's ``--asynchronous`` is refused: the program would fail after every model has loaded."""
 
 
 FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
