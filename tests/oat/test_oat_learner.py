@@ -440,7 +440,8 @@ def test_fp16_discarded_minibatch_leaves_weights_and_loss_scale(tiny_policy, tin
 
 def test_staleness_counts_learning_rounds_between_the_sampling_and_the_trained_weights():
     """Sync runs learn on-policy (the samples of round r come from the broadcast of round r − 1's weights); one
-    actor step of ``--asynchronous`` prefetch lags one round; ``--sync_params_every 2`` up to two."""
+    actor step of prefetch (oat's ``--asynchronous``) lags one round; ``--sync_params_every 2`` every other round
+    one; actors at different versions average."""
     from dppo_oat.engines.oat.learner import sample_staleness
 
     def ages(versions, rounds_trained, broadcast_rounds):
@@ -450,7 +451,9 @@ def test_staleness_counts_learning_rounds_between_the_sampling_and_the_trained_w
     assert ages([0, 0], 0, []) == (0.0, 0.0)  # round 1 of any run: --pretrain's weights
     assert ages([2, 2], 2, [1, 2]) == (0.0, 0.0)  # sync, round 3
     assert ages([1, 1], 2, [1, 2]) == (1.0, 1.0)  # asynchronous, round 3: sampled while round 2 trained
-    assert ages([0, 1, 1], 3, [2]) == (pytest.approx(5 / 3), 3.0)  # --sync_params_every 2, round 4
+    assert ages([1, 1], 2, [2]) == (0.0, 0.0)  # --sync_params_every 2, round 3
+    assert ages([1, 1], 3, [2]) == (1.0, 1.0)  # --sync_params_every 2, round 4
+    assert ages([0, 1, 1], 3, [2]) == (pytest.approx(5 / 3), 3.0)  # one actor still on --pretrain's weights
 
 
 def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node,

@@ -225,6 +225,8 @@ def test_rehearsal_learns_in_two_rounds(rehearsal):
     assert any(r["info"]["train/policy_grad_norm"] > 0 for r in rounds)
     assert max(r["actor_info"]["actor/turns_per_episode"] for r in rounds) > 1, "episodes should be multi-turn"
     assert rounds[-1]["policy_sgd_step"] == 4  # 2 rounds x 8 samples / minibatches of 4
+    staleness = [(r["info"]["train/staleness/mean"], r["info"]["train/staleness/max"]) for r in rounds]
+    assert staleness == [(0, 0), (0, 0)], "a synchronous round learns from the weights broadcast just before it"
     syncs = rehearsal.learner("sync")
     assert [s["pi_beta_version"] for s in syncs] == [1, 2], "the weights are broadcast after every round"
 

@@ -157,8 +157,8 @@ def sample_staleness(weight_versions: Sequence[int], rounds_trained: int,
     and max (``staleness/mean``, ``staleness/max``): a weight version is the policy after one more learning round,
     the weights being trained hold ``rounds_trained`` of them, and a sample of the actor's weight version v (the
     broadcasts it had loaded, 0 for ``--pretrain``'s weights) was drawn from the policy after
-    ``broadcast_rounds[v - 1]`` rounds. 0 for an on-policy round; one actor step of ``--asynchronous`` prefetch
-    makes it 1, and ``--sync_params_every`` n up to n."""
+    ``broadcast_rounds[v - 1]`` rounds. 0 for an on-policy round; up to n − 1 with ``--sync_params_every`` n (oat's
+    ``--asynchronous`` prefetch would make it 1)."""
     rounds_of_version = [0, *broadcast_rounds]
     ages = torch.tensor([float(rounds_trained - rounds_of_version[int(v)]) for v in weight_versions])
     return {"staleness/mean": ages.mean(), "staleness/max": ages.max()}
