@@ -31,7 +31,8 @@ In the actor's process:
 
 In both: oat's ``init_process_group`` passes ``pg_options`` to torch's ``_new_process_group_helper`` because it
 compares versions as strings (``"2.13.0" >= "2.6"`` is False); torch 2.13 calls it ``backend_options``. A GPU node's
-torch 2.6 takes oat's branch as intended.
+torch 2.6 takes oat's branch as intended. Actors and learners that are not collocated (``--asynchronous``) make
+oat ask for an NCCL weight-sync group, which a CPU torch lacks: gloo instead, as collocated ones use.
 
 Test-only probes (observability, no behaviour change), as JSON lines under ``probe_dir``:
 
@@ -102,19 +103,23 @@ def torch_adamw(self, model, **kwargs):
 
 
 def patch_process_group_helper() -> None:
-    """oat's ``init_process_group`` names torch's ``backend_options`` ``pg_options`` on torch >= 2.10 (see above)."""
+    """oat's ``init_process_group`` names torch's ``backend_options`` ``pg_options`` on torch >= 2.10 (see above),
+    and asks for NCCL when actors and learners are not collocated (``--asynchronous``): gloo here, as the
+    collocated weight sync uses."""
     import inspect
 
     import oat.utils.distributed as oat_distributed
+    from torch.distributed import Backend
     from torch.distributed.distributed_c10d import _new_process_group_helper
 
-    if "pg_options" in inspect.signature(_new_process_group_helper).parameters:
-        return  # an older torch, which oat's branch is right about
+    renames_options = "pg_options" not in inspect.signature(_new_process_group_helper).parameters
 
     @functools.wraps(_new_process_group_helper)
     def helper(*args, **kwargs):
-        if "pg_options" in kwargs:
+        if renames_options and "pg_options" in kwargs:
             kwargs["backend_options"] = kwargs.pop("pg_options")
+        if len(args) > 3 and args[3] == Backend.NCCL:
+            args = (*args[:3], Backend(Backend.GLOO), *args[4:])
         return _new_process_group_helper(*args, **kwargs)
 
     oat_distributed._new_process_group_helper = helper

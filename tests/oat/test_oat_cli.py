@@ -208,6 +208,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
 @pytest.mark.fault("oat engine: `--resume_dir`",
                    "refused in one line: an oat run cannot be resumed; go on with a new run from a saved model "
                    "(`--pretrain <run>/saved_models/step_NNNNN`)")
+@pytest.mark.fault("oat engine: `--asynchronous`",
+                   "refused in one line: oat 0.2.4's asynchronous collector fails at its first actor step (its "
+                   "prefill scatters no samples); train synchronously")
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -232,6 +235,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--trust_region", "ppo", "--tr_delta", "0.2"], "not read by the trust region ppo"),
         (["--wb_run_name", "../elsewhere"], "--wb_run_name '../elsewhere' must be one folder name inside --save_path"),
         (["--wb_run_name", "sweep/arm"], "must be one folder name"),
+        (["--fp16"], r"--fp16 replaces oat's default --bf16: pass --fp16 --no-bf16"),
+        (["--fp16", "--no-bf16", "--zero_stage", "0"], "--fp16 needs --zero_stage 1, 2 or 3"),
+        (["--asynchronous"], r"--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):
@@ -346,6 +352,19 @@ def test_the_scripts_default_to_the_exported_gpus():
 
 
 @recorder_only
+def test_fp16_is_accepted_in_place_of_bf16(gpu_node):
+    """``--fp16 --no-bf16`` reaches oat's DeepSpeed config as fp16 with a dynamic loss scale (the learner counts the
+    scaler's skips apart from divergence); bf16 stays oat's default."""
+    from oat.utils.deepspeed import get_train_ds_config
+
+    with gpu_node(2):
+        fp16 = validate_args(launch.parse_args(SMALL + ["--fp16", "--no-bf16"]))
+        default = validate_args(launch.parse_args(SMALL))
+    assert (fp16.fp16, fp16.bf16, default.fp16, default.bf16) == (True, False, False, True)
+    config = get_train_ds_config(offload=False, stage=fp16.zero_stage, bf16=fp16.bf16, fp16=fp16.fp16)
+    assert config["fp16"] == {"enabled": True} and config["bf16"] == {"enabled": False}
+
+
 def test_program_runs_dppo_learners_and_actors(gpu_node):
     """oat's builder gets DPPOLearner and DPPOGemActor: 8 collocated actors and learners for the Sudoku command."""
     with gpu_node(8):

@@ -332,3 +332,156 @@ def test_a_zero3_shard_is_checked_without_its_padding(monkeypatch):
     assert local_shard(parameter).numel() == 3  # rank 0: a full partition, no padding
     plain = torch.nn.Parameter(torch.ones(2, 2))
     assert local_shard(plain) is plain
+
+
+@pytest.fixture
+def fp16_on_cpu(monkeypatch):
+    """DeepSpeed refuses fp16 on a CPU whose oneDNN has no fp16 kernels (``is_fp16_supported``); torch computes in
+    float16 on any CPU, so the check is lifted and DeepSpeed's real ZeRO fp16 optimizer and loss scaler run."""
+    from deepspeed.accelerator import get_accelerator
+
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: True)
+
+
+def fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch, zero_stage=2):
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", ["--fp16"], zero_stage, 1e-3)
+    learner = oat_learner(args, "adamw", monkeypatch)
+    assert learner.model.model.fp16_enabled() and next(learner.model.model.module.parameters()).dtype == torch.float16
+    return learner
+
+
+def weights_of(learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
+
+
+def max_change(learner, start: dict[str, torch.Tensor]) -> float:
+    return max((v.float() - start[k].float()).abs().max().item()
+               for k, v in learner.model.model.module.state_dict().items())
+
+
+@pytest.mark.fault("oat engine: an fp16 run (`--fp16 --no-bf16`) whose scaled gradients overflow",
+                   "DeepSpeed's loss scaler skips the step and lowers its scale, counted in "
+                   "`train/dppo/guard/loss_scale_skips`: never a reason to stop; at DeepSpeed's minimum scale a "
+                   "non-finite gradient is the guard's skip (`train/dppo/guard/skipped`)")
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_fp16_loss_scale_overflows_are_deepspeeds_skips_not_divergence(zero_stage, tiny_policy, tiny_policy_dir,
+                                                                       tmp_path, oat_on_cpu, gpu_node, fp16_on_cpu,
+                                                                       monkeypatch):
+    """DeepSpeed's dynamic scale starts at 2^32 (oat sets no fp16 options): every scaled gradient overflows, and
+    DeepSpeed skips the step and halves the scale, four times in a learning step of 2 epochs × 2 minibatches. The
+    guard counts none of them; the weights stay. At a workable scale the next learning step trains."""
+    learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch, zero_stage)
+    engine, optimizer = learner.model.model, learner.model.model.optimizer
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    start = weights_of(learner)
+    assert optimizer.loss_scale == 2.0**32
+
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+    assert infos["dppo/guard/loss_scale_skips"].item() == 4.0 and infos["dppo/guard/skipped"].item() == 0.0
+    assert learner.guard.loss_scale_skips == 4 and learner.guard.skipped_in_a_row == 0
+    assert engine.skipped_steps == 4 and optimizer.loss_scale == 2.0**28
+    assert max_change(learner, start) == 0.0
+
+    optimizer.loss_scale = 2.0**8
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+    assert infos["dppo/guard/loss_scale_skips"].item() == 0.0 and engine.skipped_steps == 4
+    assert infos["dppo/loss_scale"].item() == 2.0**8
+    assert 0 < infos["policy_grad_norm"].item() < 1e3  # unscaled: the scaled norm would be 2^8 times larger
+    assert max_change(learner, start) > 1e-4
+
+
+def test_fp16_overflow_at_the_minimum_scale_is_the_guards_skip(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu,
+                                                               gpu_node, fp16_on_cpu, monkeypatch):
+    """An overflow at DeepSpeed's minimum scale (here raised to the starting 2^32) cannot be cured by a lower scale:
+    DeepSpeed still skips the step (it would raise a bare exception at the minimum), the guard counts it as a
+    non-finite gradient, and ``patience`` of them in a row stop the run."""
+    from dppo_oat.errors import TrainingDiverged
+
+    learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch)
+    learner.model.model.optimizer.loss_scaler.min_scale = 2.0**32
+    learner.guard.patience = 6
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+    assert infos["dppo/guard/skipped"].item() == 1.0 and infos["dppo/guard/nonfinite_grad"].item() == 1.0
+    assert infos["dppo/guard/loss_scale_skips"].item() == 0.0 and learner.guard.skipped_in_a_row == 4
+    assert learner.model.model.optimizer.loss_scale == 2.0**32
+    with pytest.raises(TrainingDiverged, match="the gradient norm non-finite in 6 optimizer steps in a row"):
+        learner.learning_step(oat_trajectory(learner, transitions))
+
+
+def test_fp16_discarded_minibatch_leaves_weights_and_loss_scale(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu,
+                                                                gpu_node, fp16_on_cpu, monkeypatch):
+    """A minibatch the guard discards (non-finite μ) in fp16: its zero-surrogate gradients are finite, so
+    DeepSpeed's own overflow check would apply them (Adam's momentum would move the weights); it is held off, and
+    so is the scale's update: nothing changes but DeepSpeed's count of skipped steps."""
+    learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch)
+    optimizer = learner.model.model.optimizer
+    optimizer.loss_scale = 2.0**8
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    learner.model.train()
+    learner.learning_step(oat_trajectory(learner, transitions))  # Adam now has momentum to move weights with
+    for sample in samples:
+        sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    start, skipped, scale = weights_of(learner), learner.model.model.skipped_steps, optimizer.loss_scale
+
+    infos = learner.learning_step(oat_trajectory(learner, poisoned))
+    assert infos["dppo/guard/skipped"].item() == 1.0 and infos["dppo/guard/nonfinite_mu"].item() == 1.0
+    assert learner.model.model.skipped_steps == skipped + 4 and optimizer.loss_scale == scale
+    assert max_change(learner, start) == 0.0
+    assert not optimizer.overflow and "check_overflow" not in vars(optimizer)
+
+
+def test_staleness_counts_learning_rounds_between_the_sampling_and_the_trained_weights():
+    """Sync runs learn on-policy (the samples of round r come from the broadcast of round r − 1's weights); one
+    actor step of prefetch (oat's ``--asynchronous``) lags one round; ``--sync_params_every 2`` every other round
+    one; actors at different versions average."""
+    from dppo_oat.engines.oat.learner import sample_staleness
+
+    def ages(versions, rounds_trained, broadcast_rounds):
+        out = sample_staleness(versions, rounds_trained, broadcast_rounds)
+        return out["staleness/mean"].item(), out["staleness/max"].item()
+
+    assert ages([0, 0], 0, []) == (0.0, 0.0)  # round 1 of any run: --pretrain's weights
+    assert ages([2, 2], 2, [1, 2]) == (0.0, 0.0)  # sync, round 3
+    assert ages([1, 1], 2, [1, 2]) == (1.0, 1.0)  # asynchronous, round 3: sampled while round 2 trained
+    assert ages([1, 1], 2, [2]) == (0.0, 0.0)  # --sync_params_every 2, round 3
+    assert ages([1, 1], 3, [2]) == (1.0, 1.0)  # --sync_params_every 2, round 4
+    assert ages([0, 1, 1], 3, [2]) == (pytest.approx(5 / 3), 3.0)  # one actor still on --pretrain's weights
+
+
+def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_policy_dir, tmp_path, oat_on_cpu, gpu_node,
+                                                         monkeypatch):
+    """The weight version each sample carries from its actor becomes ``staleness/mean`` and ``staleness/max``."""
+    args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 0, 0.1)
+    learner = oat_learner(args, "sgd", monkeypatch)
+    samples, advantages = behavior_samples(tiny_policy)
+    transitions = [transition_from_sample(s, a, "", {}, weight_version=i % 2) for i, (s, a) in
+                   enumerate(zip(samples, advantages))]
+    learner.learning_rounds, learner.broadcast_rounds = 1, [1]  # round 2; broadcast 1 holds round 1's weights
+    learner.model.train()
+    infos = learner.learning_step(oat_trajectory(learner, transitions))
+    assert infos["staleness/mean"].item() == 0.5 and infos["staleness/max"].item() == 1.0
+
+
+def test_the_actor_counts_the_broadcasts_it_loads_but_not_an_evaluations():
+    """A broadcast is complete at oat's ``empty_cache`` (its last parameter); an evaluation's loads, which oat undoes
+    after it, are not a new weight version."""
+    from dppo_oat.engines.oat.actor import DPPOGemActor
+
+    actor = DPPOGemActor.__new__(DPPOGemActor)
+    calls = []
+    actor.llm = type("LLM", (), {"collective_rpc": staticmethod(lambda name, args: calls.append(args[-1]))})()
+    actor.weight_version, actor.eval_mode = 0, False
+    for last in (False, False, True):
+        actor.update_weight("w", "float32", (1,), empty_cache=last)
+    assert actor.weight_version == 1 and calls == [False, False, True]
+    actor.eval_mode = True
+    actor.update_weight("w", "float32", (1,), empty_cache=True)
+    assert actor.weight_version == 1

@@ -17,7 +17,8 @@ Checked: two learning rounds with a non-zero policy gradient, each round's weigh
 vLLM's log-probs of a fixed sequence equal Hugging Face teacher forcing of the checkpoint oat saves right after it,
 to 1e-4, and at the end differ from the initial policy's), the weights move, evaluation results and checkpoints are
 written, every node ends cleanly on ``launchpad.stop()``, and a learner that raises fails the launch with its
-traceback instead of hanging. Not covered: NCCL and CUDA IPC weight transport (replaced here), vLLM sleep mode,
+traceback instead of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason). Not
+covered: NCCL and CUDA IPC weight transport (replaced here), vLLM sleep mode,
 several GPUs / learners / actors (oat's per-rank split of actor steps, ZeRO sharding across ranks), bf16.
 """
 
@@ -72,8 +73,10 @@ SHORT_BUFFER = {
 }
 
 
-def rehearsal_argv(policy_dir: str, save_path: Path, batches: dict, *extra: str) -> list[str]:
-    """The command line of a small multi-turn Sudoku run on one collocated "GPU" (what ``dppo_oat.train`` gets)."""
+def rehearsal_argv(policy_dir: str, save_path: Path, batches: dict, *extra: str, collocate: bool = True) -> list[str]:
+    """The command line of a small multi-turn Sudoku run on one "GPU" (what ``dppo_oat.train`` gets): collocated,
+    or (``collocate`` False, as ``--asynchronous`` needs) the actor and the learner sharing it as oat shares an odd
+    GPU."""
     flags = {
         "--pretrain": policy_dir, "--gpus": "1", "--zero_stage": "2", "--env_ids": ENV,
         "--prompt_template": "qwen3_game", "--gamma": "1.0", "--num_samples": "4", "--groups_per_step": "6",
@@ -84,7 +87,7 @@ def rehearsal_argv(policy_dir: str, save_path: Path, batches: dict, *extra: str)
         "--save_steps": "1", "--save_path": str(save_path), "--wb_run_name": "rehearsal", "--seed": "3",
         "--shm_size_mb": "256", **batches,
     }
-    switches = ["--collocate", "--enable_prefix_caching", "--no-bf16", "--no-flash_attn"]
+    switches = ["--collocate"] * collocate + ["--enable_prefix_caching", "--no-bf16", "--no-flash_attn"]
     return ["--engine", "oat", *[part for item in flags.items() for part in item], *switches, *extra]
 
 
@@ -222,6 +225,8 @@ def test_rehearsal_learns_in_two_rounds(rehearsal):
     assert any(r["info"]["train/policy_grad_norm"] > 0 for r in rounds)
     assert max(r["actor_info"]["actor/turns_per_episode"] for r in rounds) > 1, "episodes should be multi-turn"
     assert rounds[-1]["policy_sgd_step"] == 4  # 2 rounds x 8 samples / minibatches of 4
+    staleness = [(r["info"]["train/staleness/mean"], r["info"]["train/staleness/max"]) for r in rounds]
+    assert staleness == [(0, 0), (0, 0)], "a synchronous round learns from the weights broadcast just before it"
     syncs = rehearsal.learner("sync")
     assert [s["pi_beta_version"] for s in syncs] == [1, 2], "the weights are broadcast after every round"
 
@@ -293,3 +298,21 @@ def test_rehearsal_writes_the_run_directory_the_notebooks_read(rehearsal):
     assert tokens is not None and set(tokens["step"]) == with_advantage
     assert tokens.groupby("step").size().le(32).all() and (tokens["token"] != "").all()
     assert tokens["mu"].between(0, 1).all() and tokens["pi"].between(0, 1).all() and (tokens["weight"] >= 1).all()
+
+
+# --asynchronous (actor and learner not collocated): oat's first actor step only prefills.
+ASYNCHRONOUS = {**CONSISTENT, "--max_train": "24"}
+
+
+def test_rehearsal_asynchronous_fails_in_oats_prefill(sudoku_policy, gpu_node, tmp_path, capsys):
+    """Why DPPO refuses oat's ``--asynchronous``: launched past that check, oat 0.2.4's asynchronous collector fails
+    at its first actor step, after every model has loaded (the prefill has no samples, and the source rank scatters
+    None). When this test fails, oat's collector works: lift the refusal and rehearse a run instead."""
+    argv = rehearsal_argv(sudoku_policy[2], tmp_path / "out", ASYNCHRONOUS, "--asynchronous", collocate=False)
+    with gpu_node(1), pytest.raises(SystemExit):
+        train.main(argv)
+    assert "--asynchronous: oat 0.2.4's asynchronous collector fails" in capsys.readouterr().err
+    with pytest.raises(NodeFailed, match="learner_0_0 raised") as failure:
+        launch_unchecked(argv, gpu_node, tmp_path)
+    message = str(failure.value)
+    assert "collect_feedback" in message and "scatter_object_list" in message

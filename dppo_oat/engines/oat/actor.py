@@ -12,10 +12,13 @@ carry their discounted returns and the learners normalise them over the whole le
 do.
 
 While it samples, the actor reports itself as generating (oat's ``is_generating``), so that with
-``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call.
+``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call. Each sample
+carries the actor's weight version: how many of the learner's broadcasts it has loaded (a broadcast ends with oat's
+``empty_cache`` on its last parameter; the loads of an evaluation, which oat undoes after it, do not count), from
+which the learner logs the samples' staleness.
 
-Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes) and
-``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's ``LearnerBase.evaluate``).
+Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes), ``update_weight`` (counts
+the weight versions) and ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's ``LearnerBase.evaluate``).
 """
 
 from __future__ import annotations
@@ -97,6 +100,15 @@ class DPPOGemActor(PPOActor):
         )
         self.eval_collectors: dict = {}
         self.seed_rng = np.random.default_rng([args.seed, actor_id])
+        self.weight_version = 0
+
+    def update_weight(self, name, dtype, shape, cuda_ipc_handles=None, empty_cache=False):
+        """oat's load of one parameter of the learner's broadcast; the last one (``empty_cache``) completes a new
+        weight version, unless it is an evaluation's (oat restores the sampling weights after it)."""
+        result = super().update_weight(name, dtype, shape, cuda_ipc_handles, empty_cache)
+        if empty_cache and not self.eval_mode:
+            self.weight_version += 1
+        return result
 
     @contextlib.contextmanager
     def generating(self):
@@ -111,10 +123,11 @@ class DPPOGemActor(PPOActor):
         """One sample per prompt oat asks for (oat splits the samples between learners by prompt count)."""
         wanted = len(prompts) if prompts else self.args.rollout_batch_size_per_device
         with self.generating():
-            transitions = self.collect_transitions(wanted)
+            version = self.weight_version  # the broadcast waits for the step: no load happens within it
+            transitions = self.collect_transitions(wanted, version)
         return self.ipc_client.serialize_ipc(transitions)
 
-    def collect_transitions(self, wanted: int) -> list[DPPOTransitionData]:
+    def collect_transitions(self, wanted: int, weight_version: int = 0) -> list[DPPOTransitionData]:
         """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them,
         each carrying the statistics of every episode of the step (oat averages ``info`` over the samples)."""
         rollouts: list[Rollout] = []
@@ -126,7 +139,7 @@ class DPPOGemActor(PPOActor):
             scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples)))
         keep = self.seed_rng.choice(len(scored), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(scored)} turn samples, keeping {wanted}")
-        return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts))
+        return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts), weight_version)
 
     def advantages_of(self, samples: list[TurnSample]) -> list[float]:
         """The core's advantages over whole groups, or, for ``rebn``, the discounted returns the learners normalise."""
@@ -137,11 +150,13 @@ class DPPOGemActor(PPOActor):
             return sample_returns(samples, settings.gamma).tolist()
         return sample_advantages(samples, settings).tolist()
 
-    def transitions_of(self, scored: list[tuple[TurnSample, float]], info: dict) -> list[DPPOTransitionData]:
+    def transitions_of(self, scored: list[tuple[TurnSample, float]], info: dict,
+                       weight_version: int = 0) -> list[DPPOTransitionData]:
         """oat transitions of ``(sample, advantage)`` pairs (prompts decoded only for the samples sent)."""
         prompts = self.tokenizer.batch_decode([sample.prompt_ids for sample, _ in scored])
         return [
-            transition_from_sample(sample, advantage, prompt, info, ignore_no_eos=self.args.ignore_no_eos)
+            transition_from_sample(sample, advantage, prompt, info, ignore_no_eos=self.args.ignore_no_eos,
+                                   weight_version=weight_version)
             for (sample, advantage), prompt in zip(scored, prompts)
         ]
 

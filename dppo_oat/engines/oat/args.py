@@ -175,13 +175,13 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     args.check_logging()
     if args.use_wb:
         check_wandb("--use_wb")
-    if args.fp16:
-        raise ValueError("--fp16: DeepSpeed's loss scaling skips steps of its own, which the divergence guard would "
-                         "count as divergence; use --bf16 (oat's default)")
+    _check_precision(args)
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
     if args.resume_dir:
         raise ValueError(RESUME_REFUSED)
+    if args.asynchronous:
+        raise ValueError(ASYNCHRONOUS_REFUSED)
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     plan = plan_of(args)
@@ -206,6 +206,13 @@ RESUME_REFUSED = (
 )
 """Why ``--resume_dir`` is refused, and what to do instead (the local engine's ``--resume`` is exact)."""
 
+ASYNCHRONOUS_REFUSED = (
+    "--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step (the prefill has no samples "
+    "yet, and it scatters None from the source rank, which torch.distributed.scatter_object_list refuses); train "
+    "synchronously (samples are then on-policy: train/staleness/max 0)"
+)
+"""Why oat's ``--asynchronous`` is refused: the program would fail after every model has loaded."""
+
 
 FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
 """Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step); the
@@ -217,6 +224,19 @@ def _check_finite(args: DPPOOatArgs) -> None:
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
+
+
+def _check_precision(args: DPPOOatArgs) -> None:
+    """``--fp16`` replaces oat's default ``--bf16`` (oat runs one of them) and needs a ZeRO optimizer: the
+    learner's skipped steps take DeepSpeed's fp16 overflow path, which only ZeRO's optimizers have (the learner
+    counts the loss scaler's own skips in ``guard/loss_scale_skips``, never as divergence)."""
+    if not args.fp16:
+        return
+    if args.bf16:
+        raise ValueError("--fp16 replaces oat's default --bf16: pass --fp16 --no-bf16")
+    if args.zero_stage not in (1, 2, 3):
+        raise ValueError(f"--fp16 needs --zero_stage 1, 2 or 3 (got {args.zero_stage}): a skipped step takes the "
+                         "overflow path of DeepSpeed's ZeRO optimizers")
 
 
 def _check_replaced_flags(args: DPPOOatArgs) -> None:

@@ -20,7 +20,7 @@ from oat.utils.data import TransitionDataset
 
 from dppo_oat.samples import TurnSample, UpdateBatch, build_update_batch
 
-DPPO_FIELDS = ("advantage", "turn", "topk_ids", "topk_logprobs")
+DPPO_FIELDS = ("advantage", "turn", "topk_ids", "topk_logprobs", "weight_version")
 """What :class:`DPPOTransitionData` adds to oat's transition, carried through the learner's collation."""
 
 
@@ -29,19 +29,23 @@ class DPPOTransitionData(TransitionData):
     """One turn of one episode, as oat moves it from actor to learner (``turn``: its index in the episode).
 
     ``topk_ids``/``topk_logprobs`` are ``[len(response_ids), K+1]`` arrays of the paper's set ``TopK(μ, K) ∪ {a_t}``
-    (see :class:`dppo_oat.samples.TurnSample`), ``None`` unless a top-K rule is trained.
+    (see :class:`dppo_oat.samples.TurnSample`), ``None`` unless a top-K rule is trained. ``weight_version``: how many
+    of the learner's weight broadcasts the actor had loaded when it sampled the turn (0: ``--pretrain``'s weights).
     """
 
     advantage: float = 0.0
     turn: int = 0
     topk_ids: Optional[np.ndarray] = None
     topk_logprobs: Optional[np.ndarray] = None
+    weight_version: int = 0
 
 
 def transition_from_sample(
-    sample: TurnSample, advantage: float, prompt_text: str, info: dict, *, ignore_no_eos: bool = False
+    sample: TurnSample, advantage: float, prompt_text: str, info: dict, *, ignore_no_eos: bool = False,
+    weight_version: int = 0,
 ) -> DPPOTransitionData:
-    """oat's view of a core sample: the turn's reward on its last token (oat's dense-reward convention).
+    """oat's view of a core sample: the turn's reward on its last token (oat's dense-reward convention), sampled
+    with the actor's ``weight_version``.
 
     ``ignore_no_eos`` (oat's flag): a response cut at the length limit is kept out of the loss (``loss_mask``);
     either way the env received it as an invalid action.
@@ -60,6 +64,7 @@ def transition_from_sample(
         turn=int(sample.turn),
         topk_ids=sample.topk_ids,
         topk_logprobs=sample.topk_logprobs,
+        weight_version=int(weight_version),
     )
 
 

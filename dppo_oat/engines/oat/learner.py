@@ -21,6 +21,7 @@ normalised here, over every learner's batch (Gem's ``norm_return``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Iterator, Sequence
@@ -34,7 +35,8 @@ from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_t
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_divergence
 from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import SKIPPED, DivergenceGuard, check_weights_finite
+from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, DivergenceGuard, check_weights_finite,
+                            one_learner)
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
@@ -149,6 +151,19 @@ def stop_program(error: TrainingDiverged, rank_0: bool, finish_logs) -> None:
     lp.stop()
 
 
+def sample_staleness(weight_versions: Sequence[int], rounds_trained: int,
+                     broadcast_rounds: Sequence[int]) -> dict[str, torch.Tensor]:
+    """How many weight versions old the actors' weights were when they sampled a learning round's batch, its mean
+    and max (``staleness/mean``, ``staleness/max``): a weight version is the policy after one more learning round,
+    the weights being trained hold ``rounds_trained`` of them, and a sample of the actor's weight version v (the
+    broadcasts it had loaded, 0 for ``--pretrain``'s weights) was drawn from the policy after
+    ``broadcast_rounds[v - 1]`` rounds. 0 for an on-policy round; up to n − 1 with ``--sync_params_every`` n (oat's
+    ``--asynchronous`` prefetch would make it 1)."""
+    rounds_of_version = [0, *broadcast_rounds]
+    ages = torch.tensor([float(rounds_trained - rounds_of_version[int(v)]) for v in weight_versions])
+    return {"staleness/mean": ages.mean(), "staleness/max": ages.max()}
+
+
 def summarize_history(history: Sequence[dict], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """The core's per-optimizer-step metrics as oat's learner infos (0-d tensors): every metric under ``dppo/``,
     plus oat's own names for the loss, entropy, gradient norm and advantages."""
@@ -176,6 +191,7 @@ class DPPOLearner(PPOLearner):
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
         self.guard = DivergenceGuard()
         self.learning_rounds = 0
+        self.broadcast_rounds: list[int] = []  # learning rounds in the weights of each broadcast, in order
         if self.strategy.is_rank_0():
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
@@ -187,6 +203,12 @@ class DPPOLearner(PPOLearner):
             super().run()
         except TrainingDiverged as error:
             stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
+
+    def sync_params_to_actors(self) -> None:
+        """oat's weight broadcast; remembers how many learning rounds the broadcast weights hold (the actors count
+        the broadcasts they have loaded: :func:`sample_staleness`)."""
+        super().sync_params_to_actors()
+        self.broadcast_rounds.append(self.learning_rounds)
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
@@ -209,6 +231,7 @@ class DPPOLearner(PPOLearner):
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
+        staleness = sample_staleness(trajectory["weight_version"], self.learning_rounds, self.broadcast_rounds)
         self.learning_rounds += 1  # oat's learning round: its learn() hands over one batch, the whole buffer
         sampler = TokenSampler(self.args.token_samples if self.strategy.is_rank_0() else 0,
                                seed=self.args.seed + self.learning_rounds)
@@ -220,7 +243,7 @@ class DPPOLearner(PPOLearner):
         if self.strategy.is_rank_0():
             rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
             self._wandb.log_tokens(rows)
-        return summarize_history(history, batch.advantages)
+        return {**summarize_history(history, batch.advantages), **staleness}
 
     def _backward(self, loss: torch.Tensor) -> None:
         """One micro-batch through oat's strategy. DeepSpeed counts micro-batches itself, so its ``step`` follows
@@ -231,9 +254,12 @@ class DPPOLearner(PPOLearner):
             self.strategy.optimizer_step(self.optimizer, self.model, self.scheduler)
 
     def _optimizer_step(self) -> dict[str, float]:
-        """DeepSpeed's step at the boundary (gradient clipping, LR schedule), unless the gradient norm is non-finite
-        (DeepSpeed applies bf16 gradients unchecked). The core calls it only when every learner's minibatch is
+        """DeepSpeed's step at the boundary (gradient clipping, LR schedule). In bf16 (oat's default) a non-finite
+        gradient norm skips it (DeepSpeed applies bf16 gradients unchecked); in fp16 DeepSpeed's loss scaler judges
+        the step itself (:func:`loss_scaled_step`). The core calls it only when every learner's minibatch is
         healthy, and the norm is all-reduced: every learner takes the same branch."""
+        if self.model.model.fp16_enabled():
+            return loss_scaled_step(self.model.model, self._any_learner)
         grad_norm = float(self.strategy.get_gradient_norm(self.model))
         if not math.isfinite(grad_norm):
             skip_deepspeed_step(self.model.model)
@@ -254,16 +280,67 @@ class DPPOLearner(PPOLearner):
         return int(flag.item())
 
 
+def loss_scaled_step(engine, any_learner: AnyLearner = one_learner) -> dict[str, float]:
+    """DeepSpeed's fp16 step, its own overflow path included: its ZeRO optimizer finds the scaled gradients
+    non-finite (all-reduced over the learners), skips the step (gradients cleared; weights, Adam state and LR
+    schedule untouched) and lowers the loss scale; else it unscales, clips and steps, and its gradient norm is the
+    unscaled one of that step (oat's ``get_gradient_norm`` cannot serve here: after an overflow DeepSpeed 0.16's
+    ZeRO-1/2 parameters still point at the gradients of the skipped step).
+
+    An overflow at a scale above the scaler's minimum is its search for a scale (:data:`LOSS_SCALE_SKIPS`, never a
+    reason to stop). At the minimum (DeepSpeed's ``min_loss_scale``, 1 by default; a static scale is its own
+    minimum) the gradient is non-finite however small the scale: the divergence guard's skip (:data:`SKIPPED`),
+    ``patience`` of which in a row stop the run with one line, where DeepSpeed itself would raise a bare exception
+    ("Current loss scale already at minimum") halfway through its step."""
+    optimizer = engine.optimizer
+    check_can_skip(optimizer, needs=("check_overflow", "_update_scale", "loss_scaler"))
+    scaler = optimizer.loss_scaler
+    scale = float(optimizer.loss_scale)
+    at_minimum = scale <= getattr(scaler, "min_scale", scale) if scaler.dynamic else True
+    with overriding(scaler, raise_error_at_min_scale=False):
+        engine.step()
+    metrics = {"loss_scale": scale, LOSS_SCALE_SKIPS: 0.0}
+    if any_learner(int(bool(optimizer.overflow))) == HEALTHY:
+        return {**metrics, "policy_grad_norm": float(engine.get_global_grad_norm())}
+    if at_minimum:
+        return {**metrics, SKIPPED: 1.0, "guard/nonfinite_grad": 1.0}
+    return {**metrics, LOSS_SCALE_SKIPS: 1.0}
+
+
 def skip_deepspeed_step(engine) -> None:
     """End an accumulation window without applying its gradients, by DeepSpeed's own fp16 overflow path: its ZeRO
     optimizers then clear the gradients, leave the weights and the LR schedule, and count a skipped step. bf16 never
-    sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step."""
+    sets ``overflow`` itself (DeepSpeed checks it for fp16 only), so the flag is raised for this one step; in fp16
+    the optimizer's own overflow check is held off for it too (the discarded gradients may well be finite), and so
+    is its loss-scale update (a discarded minibatch says nothing about the scale)."""
     optimizer = engine.optimizer
-    if not hasattr(optimizer, "overflow"):
-        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
-                               "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation)")
-    optimizer.overflow = True
-    try:
+    fp16 = engine.fp16_enabled()
+    check_can_skip(optimizer, needs=("check_overflow", "_update_scale") if fp16 else ())
+    held_off = {"check_overflow": lambda *args, **kwargs: None, "_update_scale": lambda *args, **kwargs: None}
+    with overriding(optimizer, overflow=True, **(held_off if fp16 else {})):
         engine.step()
+
+
+def check_can_skip(optimizer, needs: Sequence[str] = ()) -> None:
+    """DeepSpeed's ZeRO optimizers (stage 1, 2 or 3) have the overflow path a skipped step takes; the others not."""
+    if not all(hasattr(optimizer, name) for name in ("overflow", *needs)):
+        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
+                               "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation, "
+                               "or in fp16)")
+
+
+@contextlib.contextmanager
+def overriding(obj, **values):
+    """``obj``'s attributes set to ``values`` for the block (an instance attribute shadows a method), then as they
+    were."""
+    saved = {name: vars(obj)[name] for name in values if name in vars(obj)}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
     finally:
-        optimizer.overflow = False
+        for name in values:
+            if name in saved:
+                setattr(obj, name, saved[name])
+            else:
+                delattr(obj, name)
