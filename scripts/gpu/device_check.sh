@@ -35,9 +35,10 @@ ROOT=$PWD
 RUN_FLAGS=(--device cuda --dtype bfloat16)
 SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
 # The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
-# first guess for that size; the row shows whether it reached --warm-start.target-success), cached under LOG_DIR.
-SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4 --steps 50
-                  --eval-every 25)
+# first guess for that size; at most 2,000 supervised steps so that it takes minutes, and the row shows whether it
+# reached --warm-start.target-success), cached under LOG_DIR.
+SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
+                  --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 50 --eval-every 25)
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
