@@ -123,7 +123,7 @@ install_wheels() {
     [[ ${#banned[@]} -eq 0 ]] || { echo "refused: .whl/ holds ${banned[*]} (the image's torch stays)"; return 1; }
     local torch_before torch_after
     torch_before=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --no-build-isolation --upgrade \
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --no-build-isolation --upgrade --ignore-requires-python \
         --target "$SITE" "${files[@]}" || return 1
     torch_after=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
     [[ $torch_before == "$torch_after" ]] || { echo "torch moved: $torch_before → $torch_after"; return 1; }
