@@ -375,13 +375,21 @@ CODE_PATHS = ("dppo_oat", "envs", "scripts", "requirements", "pyproject.toml")
 """The parts of the checkout that decide what a run does (not its docs, notebooks or run folders)."""
 
 
+COMMIT_VARIABLE = "DPPO_COMMIT"
+"""Names the commit for a copy of the checkout whose ``.git`` is missing or not its own (a tree copied to another
+machine): when set, :func:`code_commit` returns it as it is."""
+
+
 def code_commit() -> str:
     """The commit of the checkout this package runs from (``-dirty`` when its code, :data:`CODE_PATHS`, differs
-    from it), or ``dppo_oat <version>`` for an installed package or a machine without git."""
+    from it), or ``dppo_oat <version>`` for an installed package or a machine without git; ``$DPPO_COMMIT`` when
+    set (:data:`COMMIT_VARIABLE`)."""
     import subprocess
 
     from dppo_oat import __version__
 
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return f"dppo_oat {__version__}"

@@ -276,6 +276,8 @@ GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target
     "default_run": ("the default run: wall time, held-out success before → after", "—"),
     "shaped_run": ("the local engine with the ~100M policy (`--warm-start.shape qwen3-100m`), warm-started on the GPU: "
                    "wall time, held-out success before → after", "—"),
+    "rollout_ops": ("one default-run rollout: operations dispatched (about one kernel launch each on a GPU) per "
+                    "sampled token, and its wall time", "—"),
     "rollout": ("multi-turn rollout (~100M Qwen3, V 32,768, batch 64): tokens/s ÷ `model.generate`, ÷ the decode "
                 "roofline", "≥ 1.0×; ≥ 0.5"),
     "learner_mfu": ("the update in bf16 (same model): tokens/s, MFU against a measured bf16 matmul", "—"),
@@ -299,12 +301,21 @@ def gpu_result(row: dict) -> str:
     bench = row["bench"]
     if bench == "gpu_tests":
         text = f"{row['passed']} passed, {row['failed'] + row['errors']} failed, {row['skipped']} skipped"
+        if row.get("interrupted"):
+            text += f", {len(row['interrupted'])} interrupted ({row['note']})"
+    elif bench in ("default_run", "shaped_run") and row.get("stopped"):
+        text = (f"stopped {row['stopped']}; success before {row['success_before']:.3f}; median "
+                f"{row['median_rollout_seconds']:.2f} s of rollout and {row['median_update_seconds']:.2f} s of "
+                f"update per step (`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
     elif bench in ("default_run", "shaped_run"):
         text = (f"{row['wall_seconds']:.0f} s, success {row['success_before']:.3f} → {row['success_after']:.3f} "
                 f"(`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
+    elif bench == "rollout_ops":
+        text = (f"{row['kernel_ops']:,} operations for {row['sampled_tokens']:,} tokens "
+                f"({row['kernel_ops_per_token']:.1f} per token, {row['forwards']} forwards), {row['seconds']:.2f} s")
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
-                f"generate, {row['roofline']['generator_vs_roofline']:.2f} of the roofline (batch {row['batch']})")
+                f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']})")
     elif bench == "learner_mfu":
         text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.2f} "
                 f"(peak {row['peak_flops'] / 1e12:.0f} TFLOP/s measured)")

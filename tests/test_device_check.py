@@ -13,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVENANCE = {"bench", "gpu", "torch", "cuda", "commit", "date", "smoke"}
+STEPS = ("tests", "rollout-ops", "rollout", "learner", "fused-head", "default-run", "shaped-run")
+"""device_check.sh's steps, in the order it runs them."""
 
 
 def load(relative: str):
@@ -137,6 +139,8 @@ def device_check(tmp_path, *args, env=None):
 EXPECTED = {  # each bench's file and the fields its rows must hold
     "gpu_tests": {"passed", "failed", "errors", "skipped", "failing", "seconds"},
     "default_run": {"command", "wall_seconds", "success_before", "success_after", "eval_episodes", "steps"},
+    "rollout_ops": {"sampled_tokens", "forwards", "kernel_ops", "kernel_ops_per_token", "dispatched_ops",
+                    "scalar_reads", "top_self_ms", "top_python_s", "seconds"},
     "rollout": {"model", "parameters", "weights", "batch", "multi_turn", "roofline", "targets", "meets_targets"},
     "learner_mfu": {"shape", "parameters", "dtype", "tokens_per_s", "mfu", "peak_flops", "peak_method",
                     "model_flops_per_update", "flops_formula"},
@@ -161,6 +165,8 @@ def test_the_smoke_run_writes_every_benchs_rows(tmp_path):
     rollout = json.loads((tmp_path / "out" / "rollout_cpu.jsonl").read_text())
     assert rollout["multi_turn"]["ratio"] > 0 and rollout["roofline"]["roofline_tokens_per_s"] > 0
     assert 0 < json.loads((tmp_path / "out" / "learner_mfu_cpu.jsonl").read_text())["mfu"] < 1
+    ops = json.loads((tmp_path / "out" / "rollout_ops_cpu.jsonl").read_text())
+    assert ops["forwards"] > 0 and ops["kernel_ops"] > ops["forwards"] and ops["sampled_tokens"] > 0
     run = json.loads((tmp_path / "out" / "default_run_cpu.jsonl").read_text())
     assert 0 <= run["success_before"] <= 1 and 0 <= run["success_after"] <= 1 and run["steps"] == 2
 
@@ -190,3 +196,50 @@ def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tm
     assert "NVIDIA H100 80GB HBM3: 250,000 tokens/s, MFU 0.31 (peak 790 TFLOP/s measured) (0123456)" in line
     assert "cpu" not in line and "0.99" not in line
     assert table.count("not measured yet") == len(tables.GPU_BENCHES) - 1
+
+
+@pytest.mark.slow
+def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
+    """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
+    training run that would sleep 60 s) and reported in one line; the steps after it are skipped, each said so; the
+    rows of the steps that finished stay."""
+    pids = tmp_path / "pids"
+    slow_python = tmp_path / "python"
+    slow_python.write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *" dppo_oat.train "* ]]; then\n'
+                           f'    echo $$ >>{pids}; exec sleep 60\nfi\nexec {sys.executable} "$@"\n')
+    slow_python.chmod(0o755)
+    done = device_check(tmp_path, "learner", "default-run", "fused-head",
+                        env={"PYTHON": str(slow_python), "BUDGET": "25"})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert any(line.startswith("device_check: learner ok") for line in lines), done.stdout
+    [stopped] = [line for line in lines if line.startswith("device_check: default-run")]
+    assert "STOPPED at the budget of 25s" in stopped
+    assert "device_check: fused-head skipped: the budget of 25s is spent" in lines
+    assert lines[-1] == "device_check: 1 step(s) failed: default-run; skipped: fused-head"
+    assert (tmp_path / "out" / "learner_mfu_cpu.jsonl").exists()
+    [pid] = pids.read_text().split()
+    assert process_ends(int(pid), within=15), "the stopped step's training process still runs"
+
+
+def process_ends(pid: int, within: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie awaiting its reaper) within ``within`` seconds."""
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_an_unknown_step_is_refused_in_one_line(tmp_path):
+    for args in (["warp-drive"], ["--only", "warp-drive"]):
+        done = device_check(tmp_path, *args)
+        assert done.returncode == 2 and done.stderr.strip() == "device_check: unknown step 'warp-drive'" + (
+            f" ({' '.join(STEPS)})" if args[0] != "--only" else "")

@@ -6,17 +6,20 @@
 # the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
 #
 #   bash scripts/gpu/device_check.sh                      # every step, on the GPU
-#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests default-run shaped-run rollout learner
-#                                                         #   fused-head
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests rollout-ops rollout learner fused-head
+#                                                         #   default-run shaped-run
+#   BUDGET=540 bash scripts/gpu/device_check.sh           # stop after 540 s: what is done keeps its rows
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
-# Steps: tests (pytest -m gpu: gpu_tests), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out
-# success before → after: default_run), shaped-run (the same with the ~100M policy, --warm-start.shape qwen3-100m,
-# warm-started on the GPU: shaped_run; on the CPU only when named, a 100M policy being slow there), rollout (scripts/bench/rollout.py: the generator against generate and the
-# decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the update: learner_mfu),
-# fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response tokens:
-# learner_memory). A step that fails is reported in one line (its log has the rest) and the next one runs; the exit
-# status is 1 when any failed.
+# Steps, the short ones first: tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the
+# operations one default-run rollout dispatches and where its host time goes: rollout_ops), rollout
+# (scripts/bench/rollout.py: the generator
+# against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the
+# update: learner_mfu), fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response
+# tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success before →
+# after: default_run), shaped-run (the same with the ~100M policy, --warm-start.shape qwen3-100m, warm-started on the
+# GPU: shaped_run; on the CPU only when named, a 100M policy being slow there). A step that fails is reported in one
+# line (its log has the rest) and the next one runs; the exit status is 1 when any failed or was stopped.
 #
 #   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
 #   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
@@ -26,6 +29,9 @@
 #   PYTHON       the interpreter that holds torch (default python3)
 #   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
 #   SMOKE=1      as --smoke
+#   BUDGET       seconds the whole check may take (default 0: no limit), for a machine lent for a while: each step
+#                runs in what is left of it and is stopped (SIGTERM, then SIGKILL 10 s later) when it runs out; the
+#                steps after it are reported as skipped
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -43,6 +49,8 @@ SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
 # The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
+ROLLOUT_OPS_FLAGS=(--repeats 3 -- --device cuda --dtype bfloat16)
+SMOKE_ROLLOUT_OPS_FLAGS=(--repeats 1 -- --device cpu --groups-per-step 2 --group-size 2)
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
                --turns 2 --repeats 5)
 SMOKE_ROLLOUT_FLAGS=(--model smoke --device cpu --batch 4 --prompt-tokens 16 --new-tokens 4 --turns 2 --repeats 1
@@ -54,15 +62,21 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
-STEPS=(tests default-run shaped-run rollout learner fused-head)
+STEPS=(tests rollout-ops rollout learner fused-head default-run shaped-run)
 SMOKE_SKIPS=(shaped-run)  # steps --smoke runs only when named
 IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
 SMOKE=${SMOKE:-0}
+BUDGET=${BUDGET:-0}
+ONLY=""  # --only STEP: run that step's function alone (the budgeted child of run())
 chosen=()
-for arg in "$@"; do
+while [[ $# -gt 0 ]]; do
+    arg=$1
+    shift
     case $arg in
         --smoke) SMOKE=1 ;;
+        --only) ONLY=${1:-}; shift
+                [[ " ${STEPS[*]} " == *" $ONLY "* ]] || { echo "device_check: unknown step '$ONLY'" >&2; exit 2; } ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) [[ " ${STEPS[*]} " == *" $arg "* ]] || { echo "device_check: unknown step '$arg' (${STEPS[*]})" >&2; exit 2; }
            chosen+=("$arg") ;;
@@ -75,6 +89,7 @@ if [[ ${#chosen[@]} -eq 0 ]]; then
 fi
 PY=${PYTHON:-python3}
 if [[ $SMOKE != 0 ]]; then
+    ROLLOUT_OPS_FLAGS=("${SMOKE_ROLLOUT_OPS_FLAGS[@]}")
     DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") SHAPED_RUN_FLAGS=("${SMOKE_SHAPED_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
     LEARNER_FLAGS=("${SMOKE_LEARNER_FLAGS[@]}") FUSED_HEAD_SIZES=("${SMOKE_FUSED_HEAD_SIZES[@]}")
     FUSED_HEAD_FLAGS=("${SMOKE_FUSED_HEAD_FLAGS[@]}")
@@ -85,25 +100,43 @@ fi
 export DPPO_SMOKE=$SMOKE
 SITE=${SITE:-/tmp/dppo-site}
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export OUT_DIR LOG_DIR
 mkdir -p "$OUT_DIR" "$LOG_DIR"
-failed=()
+failed=() skipped=()
 
 # report STEP RC SECONDS: one line per step; a failure names its log's last line and the log
 report() {
-    local log="$LOG_DIR/$1.log"
+    local log="$LOG_DIR/$1.log" last
+    last=$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200)
     if [[ $2 == 0 ]]; then
-        echo "device_check: $1 ok (${3}s): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200)"
+        echo "device_check: $1 ok (${3}s): $last"
+    elif [[ $BUDGET -gt 0 && ( $2 == 124 || $2 == 137 ) ]]; then
+        failed+=("$1")
+        echo "device_check: $1 STOPPED at the budget of ${BUDGET}s (${3}s): $last [log: $log]"
     else
         failed+=("$1")
-        echo "device_check: $1 FAILED (exit $2, ${3}s): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200) [log: $log]"
+        echo "device_check: $1 FAILED (exit $2, ${3}s): $last [log: $log]"
     fi
 }
 
-# run STEP FUNCTION: the function's output into the step's log, then its one-line report
+# run STEP FUNCTION: the function's output into the step's log, then its one-line report; under a BUDGET the step
+# runs as a child of its own (--only STEP) that timeout stops when the budget runs out, with all its processes
 run() {
-    local start=$SECONDS
-    "$2" >"$LOG_DIR/$1.log" 2>&1
-    report "$1" $? $((SECONDS - start))
+    local start=$SECONDS left rc
+    if [[ $BUDGET -le 0 || " ${STEPS[*]} " != *" $1 "* ]]; then  # the device and install checks: never stopped
+        "$2" >"$LOG_DIR/$1.log" 2>&1
+        rc=$?
+    else
+        left=$((BUDGET - SECONDS))
+        if [[ $left -lt 5 ]]; then
+            skipped+=("$1")
+            echo "device_check: $1 skipped: the budget of ${BUDGET}s is spent"
+            return
+        fi
+        timeout -k 10 "$left" bash "$0" --only "$1" $([[ $SMOKE != 0 ]] && echo --smoke) >"$LOG_DIR/$1.log" 2>&1
+        rc=$?
+    fi
+    report "$1" $rc $((SECONDS - start))
 }
 
 # stamp BENCH FILE: the JSON rows of FILE, stamped, appended to $OUT_DIR/BENCH_<gpu>.jsonl
@@ -170,6 +203,11 @@ default_run() { train_run default_run "${RUN_FLAGS[@]}"; }
 
 shaped_run() { train_run shaped_run "${SHAPED_RUN_FLAGS[@]}" --cache-dir "$LOG_DIR/policy-cache"; }
 
+rollout_ops() {
+    "$PY" scripts/bench/rollout_ops.py "${ROLLOUT_OPS_FLAGS[@]}" >"$LOG_DIR/rollout-ops.json" \
+        && stamp rollout_ops "$LOG_DIR/rollout-ops.json"
+}
+
 rollout() {
     "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json"
 }
@@ -192,21 +230,31 @@ fused_head() {
     return $rc
 }
 
-echo "device_check ($([[ $SMOKE != 0 ]] && echo "smoke, CPU" || echo "CUDA")): rows → $OUT_DIR, logs → $LOG_DIR"
+# step_function STEP: the function that runs STEP
+step_function() {
+    case $1 in
+        tests) echo gpu_tests ;;
+        default-run) echo default_run ;;
+        shaped-run) echo shaped_run ;;
+        rollout-ops) echo rollout_ops ;;
+        rollout) echo rollout ;;
+        learner) echo learner ;;
+        fused-head) echo fused_head ;;
+    esac
+}
+
+if [[ -n $ONLY ]]; then
+    "$(step_function "$ONLY")"
+    exit $?
+fi
+echo "device_check ($([[ $SMOKE != 0 ]] && echo "smoke, CPU" || echo "CUDA")): rows → $OUT_DIR, logs → $LOG_DIR$([[ $BUDGET -gt 0 ]] && echo ", budget ${BUDGET}s")"
 run device check_device
 run install install_wheels
 for step in "${chosen[@]}"; do
-    case $step in
-        tests) run tests gpu_tests ;;
-        default-run) run default-run default_run ;;
-        shaped-run) run shaped-run shaped_run ;;
-        rollout) run rollout rollout ;;
-        learner) run learner learner ;;
-        fused-head) run fused-head fused_head ;;
-    esac
+    run "$step" "$(step_function "$step")"
 done
-if [[ ${#failed[@]} -gt 0 ]]; then
-    echo "device_check: ${#failed[@]} step(s) failed: ${failed[*]}"
+if [[ ${#failed[@]} -gt 0 || ${#skipped[@]} -gt 0 ]]; then
+    echo "device_check: ${#failed[@]} step(s) failed: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}"
     exit 1
 fi
 echo "device_check: every step ok; rows in $OUT_DIR"

@@ -58,7 +58,7 @@ def provenance(device: str) -> dict:
     from dppo_oat.runlog import code_commit
 
     return {"gpu": device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "commit": os.environ.get("DPPO_COMMIT") or code_commit(),
+            "commit": code_commit(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "smoke": os.environ.get("DPPO_SMOKE", "0") not in ("", "0")}
 
