@@ -52,16 +52,21 @@ from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read
 @dataclass(frozen=True)
 class Condition:
     """Where μ and π part in a run: the rollout engine's precision (a real engine mismatch), noise on the reported
-    log μ, and staleness (gradient steps per rollout batch, at a learning rate)."""
+    log μ, and staleness (gradient steps per rollout batch, at a learning rate; or rollouts sampled by weights
+    ``max_staleness`` updates old, the local engine's asynchronous rollouts)."""
 
     precision: str = "float32"
     minibatches: int = 1
     lr: float = 5e-4
     logprob_noise: float = 0.0
+    max_staleness: int = 0
 
     def args(self) -> tuple[str, ...]:
-        return ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
-                "--num-epochs", "1", "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise))
+        flags = ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
+                 "--num-epochs", "1", "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise))
+        if self.max_staleness:  # asynchronous rollouts run without the divergence probe (the engine refuses both)
+            flags += ("--max-staleness", str(self.max_staleness), "--probe-every", "0")
+        return flags
 
 
 CONDITIONS: Dict[str, Condition] = {
@@ -74,13 +79,15 @@ CONDITIONS: Dict[str, Condition] = {
     "mb4-fp32": Condition(minibatches=4),
     "mb4-fp32-lr1e-4": Condition(minibatches=4, lr=1e-4),
     "mb4-bf16": Condition(precision="bfloat16", minibatches=4),
+    "mb1-fp32-k2": Condition(max_staleness=2),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
 ``mb1-noise*``: Gaussian noise of that σ on every reported log μ (the sampled token's and its top-K), a mismatch far
 larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
 seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy
-drift."""
+drift. ``*-k2``: one gradient step per rollout, but each rollout sampled by the weights of two updates before
+(``--max-staleness 2``, from step 3 on): staleness between rollout batches rather than within one."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,8 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "later": Experiment(("pg_is", "dppo_binary_tv", "dppo_topk_tv", "drpo", "cppo", "m2po"), ("mb4-fp32",),
                         "later trust regions under staleness: DRPO's smooth regularizer, CPPO's prefix budget on "
                         "top-K TV and M2PO's batch second-moment mask against DPPO and PG-IS"),
+    "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
+                              "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]

@@ -48,6 +48,8 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         assert spec.trust_region.name == run.method.partition("@")[0] and resume_step is None
         assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
         assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
+        assert train_config.max_staleness == condition.max_staleness
+        assert train_config.probe_every == (0 if condition.max_staleness else config.probe_every)
         assert train_config.lr_schedule == "constant"  # as the committed runs: the default run's decay is its own
         assert train_config.warm_start.target_success == 0.25 and train_config.warm_start.check_every == 40
         assert condition_of(run.name) == run.condition
@@ -218,3 +220,14 @@ def test_a_study_whose_experiments_run_on_none_of_its_tasks_is_refused(tmp_path,
         cpu_study.main(["--out-dir", str(tmp_path), "--tasks", "guess", "--experiments", "staleness"])
     assert exit_info.value.code == 2 and "none of the experiments ['staleness']" in capsys.readouterr().err
     assert not (tmp_path / "study.json").exists()
+
+
+def test_an_asynchronous_condition_samples_two_updates_stale_without_the_probe(tmp_path):
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path), experiments=("later_async",), tasks=("sudoku",))
+    runs = cpu_study.plan(config)
+    assert {run.method for run in runs} == {"dppo_binary_tv", "drpo", "cppo", "m2po"} and len(runs) == 20
+    for run in runs[:4]:
+        train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
+        spec, _ = validate_config(train_config)  # the engine refuses --max-staleness with the probe
+        assert (train_config.max_staleness, train_config.probe_every) == (2, 0)
+        assert train_config.minibatches_per_rollout == 1 and spec.trust_region.name == run.method

@@ -278,6 +278,13 @@ CONTRASTS = (
              ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32"), task="guess"),
     Contrast("Guess: DPPO-TopK-TV is worse than DPPO-Binary-TV", "sec:method_topk",
              ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32"), task="guess"),
+    # Added before the runs of the ``later_async`` experiment.
+    Contrast("asynchronous rollouts two updates stale: DRPO's smooth regularizer beats DPPO-Binary-TV's mask",
+             "DRPO (arXiv 2606.09821)", ("drpo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    Contrast("asynchronous rollouts two updates stale: CPPO's prefix budget on top-K TV beats DPPO-Binary-TV",
+             "CPPO (arXiv 2606.10968)", ("cppo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    Contrast("asynchronous rollouts two updates stale: M2PO's second-moment mask beats DPPO-Binary-TV",
+             "M2PO (arXiv 2510.01161)", ("m2po", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
 )
 """The study's claims, fixed before its runs (every one of them on 5 seeds, so exploratory). ``auc``: mean training
 success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test of
