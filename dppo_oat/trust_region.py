@@ -41,7 +41,8 @@ from dppo_oat import divergence as div
 class Rule:
     """One mask M_t of the unified gradient (eq:unified_grad): the divergence D_t it reads (of π_θ against the
     anchor, :func:`rule_divergence`), how it decides what is kept (:func:`trust_region_keep`), and its threshold:
-    ``delta`` (δ), ``eps`` (PPO's ε_low/ε_high) or ``None``. Adding a rule is one entry of :data:`RULE_TABLE`."""
+    ``delta`` (δ), ``eps`` (PPO's ε_low/ε_high), ``tau_m2`` (M2PO's τ_M2) or ``None``. Adding a rule is one entry
+    of :data:`RULE_TABLE`."""
 
     divergence: str
     """``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl``, ``prob_drop`` (anchor − π) or

@@ -1,7 +1,8 @@
 """The policy update: one rollout batch → epochs × minibatches of ``policy_loss`` steps.
 
-Written once, for every engine: the model's forward pass, the backward pass and the optimizer step are parameters,
-so the local engine passes a plain torch model and optimizer while the oat engine passes oat's DeepSpeed strategy.
+Written once, for the engines whose update loop is ours (local and oat; verl runs its own and takes only the loss):
+the model's forward pass, the backward pass and the optimizer step are parameters, so the local engine passes a
+plain torch model and optimizer while the oat engine passes oat's DeepSpeed strategy.
 
 Per rollout batch (as in PPO with several updates per rollout):
 1. if the trust region reads π_θ' (``minirl``, ``*_recompute``, the mismatch presets), recompute π_θ'(a_t) once,
@@ -158,7 +159,7 @@ def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: Upd
                        shuffle: torch.Generator | None, guard: DivergenceGuard, token_sampler: TokenSampler | None,
                        precision: Callable[[ForwardFn], ForwardFn] | None = None, lm_head: str = "fused",
                        chunk_size: int | None = None, any_learner: AnyLearner = one_learner) -> list[dict[str, float]]:
-    """Every optimizer step of one rollout batch on a causal LM, as every engine takes them: π_θ from
+    """Every optimizer step of one rollout batch on a causal LM, as the local and oat engines take them: π_θ from
     :func:`~dppo_oat.learner_forward.causal_lm_forward` (at the sampling temperature; the fused head unless
     ``lm_head`` is ``logits``), run under ``precision`` (e.g. an autocast) when given, then :func:`update_policy`
     with the engine's ``steps``."""

@@ -47,8 +47,8 @@ TRIALS: dict[str, dict] = {
 }
 
 TRIAL_BASE = {"lr_schedule": "constant"}
-"""What every trial starts from, under its overrides: the constant rate that every committed trial before ``linear``
-ran with (the default run's rate decays linearly since), so that ``base`` still means what its rows measured."""
+"""What every trial starts from, under its overrides: a constant learning rate (the default run's decays linearly;
+the ``linear`` trial is that), so that ``base`` and each trial's row measure one change against the same base."""
 
 
 def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
@@ -70,12 +70,13 @@ def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trial", action="append", choices=sorted(TRIALS), required=True)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[100])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--trial", action="append", choices=sorted(TRIALS), required=True,
+                        help="a trial to run (repeat for more)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[100], help="RL seeds, apart from the held-out ones")
+    parser.add_argument("--steps", type=int, default=60, help="RL steps per trial")
+    parser.add_argument("--eval-every", type=int, default=20, help="steps between evaluations on the selection puzzles")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: torch's)")
+    parser.add_argument("--out", required=True, help="the JSONL file the rows are appended to")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

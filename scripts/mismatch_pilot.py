@@ -55,10 +55,12 @@ def level_row(level: str, rows: list[dict], seeds: list[int], steps: int) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", nargs="+", default=["int8", "int6", "int5", "int4", "int3"])
+    parser.add_argument("--levels", nargs="+", default=["int8", "int6", "int5", "int4", "int3"],
+                        help="--rollout-dtype levels to try")
     parser.add_argument("--seeds", nargs="+", type=int, default=[900], help="pilot seeds, apart from the study's")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "mismatch_pilot_cpu.jsonl")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps per level")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "mismatch_pilot_cpu.jsonl",
+                        help="the JSONL file the rows are appended to")
     args = parser.parse_args(argv)
     provenance = {"code_commit": code_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory() as run_dir:

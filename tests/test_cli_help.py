@@ -70,3 +70,18 @@ def test_the_later_presets_and_their_flags_are_on_the_command_line(monkeypatch):
     assert (spec.trust_region.w_min, spec.trust_region.delta_b) == (0.5, 0.02)
     with pytest.raises(ValueError, match="--tr-tau-m2: not read by the trust region drpo"):
         validate_config(tyro.cli(TrainConfig, args=["--trust-region", "drpo", "--tr-tau-m2", "0.1"]))
+
+
+def test_every_argparse_option_of_the_package_and_its_scripts_has_help_text():
+    """The verl command, the benchmarks and the study scripts: each ``add_argument`` call says what it is for."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    silent = []
+    for path in sorted([*root.glob("dppo_oat/**/*.py"), *root.glob("scripts/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "add_argument" and not any(k.arg == "help" for k in node.keywords)):
+                silent.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert silent == []

@@ -198,3 +198,24 @@ def test_documented_trust_region_comparisons_give_several_optimizer_steps_per_ro
                 if "--trust-region" in command and "--engine oat" not in command]
     assert commands, "no documented --trust-region command found"
     assert [c for c in commands if "--minibatches-per-rollout" not in c[1]] == []
+
+
+def readme_preset_names() -> set[str]:
+    """The preset names the README's presets table lists (``a`` / ``b`` and ``x_{tv,kl}_y`` spelled out)."""
+    import re
+
+    text = README.read_text()
+    table = text[text.index("| preset | name |"): text.index("<!-- --8<-- [end:trust-region] -->")]
+    names = set()
+    for line in table.splitlines()[2:]:
+        for name in re.findall(r"`([a-z0-9_{},]+)`", line.split("|")[1]):
+            head, _, rest = name.partition("{")
+            options, _, tail = rest.partition("}")
+            names |= {head + option + tail for option in options.split(",")} if rest else {name}
+    return names
+
+
+def test_the_readme_presets_table_lists_every_preset_and_no_other():
+    from dppo_oat.trust_region import PRESETS
+
+    assert readme_preset_names() == set(PRESETS)

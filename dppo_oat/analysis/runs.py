@@ -102,8 +102,8 @@ class Run:
 
     @property
     def algo(self) -> str:
-        """The trust-region preset it trained with (``custom`` when the config does not say; runs written before
-        the preset moved into ``trust_region.name`` have it as ``algo``)."""
+        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key,
+        else ``custom``."""
         trust_region = self.config.get("trust_region")
         name = trust_region.get("name") if isinstance(trust_region, dict) else None
         return str(name or self.config.get("algo") or "custom")

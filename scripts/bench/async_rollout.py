@@ -48,9 +48,9 @@ def step_seconds(max_staleness: int, steps: int, run_dir: str) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--note", default="")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps of each timed run")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of k = 0, 1, 2")
+    parser.add_argument("--note", default="", help="a note stored in the row (the machine's state)")
     args = parser.parse_args()
     times: dict[int, list[float]] = {k: [] for k in STALENESS}
     with tempfile.TemporaryDirectory() as run_dir:

@@ -247,7 +247,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen3: 151,936)")
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size (Qwen3-1.7B: 2,048)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every variant")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where it runs (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                         help="weights and hidden states (default: bfloat16 on a GPU, float32 on the CPU)")
     args = parser.parse_args()

@@ -136,9 +136,12 @@ def default_run_seconds(cache_dir: str | None) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--default-run", action="store_true")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="RL steps measured, each paired with its raw counterparts")
+    parser.add_argument("--cache-dir", default=None,
+                        help="the tiny policy's cache (default: $DPPO_CACHE or ~/.cache/dppo_oat)")
+    parser.add_argument("--default-run", action="store_true",
+                        help="also time `python -m dppo_oat.train` with no arguments")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(run_dir=run_dir, cache_dir=args.cache_dir, steps=args.steps)

@@ -95,9 +95,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936, help="vocabulary (Qwen3: 151,936)")
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size (Qwen3-1.7B: 2,048)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (few: the head is what is measured)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="logits dtype")
     parser.add_argument("--chunk", type=int, default=1024, help="rows per chunk of the fp32 log-softmax")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where it runs (default: cuda when available)")
     args = parser.parse_args()
     big_peak, big_seconds = measure(args, args.vocab)
     small_peak, small_seconds = measure(args, SMALL_VOCAB)

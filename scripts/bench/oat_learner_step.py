@@ -530,7 +530,8 @@ def check_sizes(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where it runs (default: cuda when available)")
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen3: 151,936)")
     parser.add_argument("--hidden", type=int, default=128, help="hidden size (Qwen3-1.7B: 2,048)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (Qwen3-1.7B: 28)")

@@ -107,12 +107,13 @@ def peak_memory_ratio(tokens: int, device: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls (the median is reported)")
+    parser.add_argument("--batch", type=int, default=64, help="sequences")
+    parser.add_argument("--length", type=int, default=4096, help="tokens per sequence")
+    parser.add_argument("--k", type=int, default=20, help="K of the top-K divergence")
     parser.add_argument("--tokens", type=int, default=4096, help="N of the memory benchmark")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where it runs (default: cuda when available)")
     parser.add_argument("--memory-child", choices=("naive", "chunked"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     slug = commands.add_parser("slug", help="print the file-name tag of the device")
-    slug.add_argument("--device", default="cuda")
+    slug.add_argument("--device", default="cuda", help="the device to name")
     stamp_cmd = commands.add_parser("stamp", help="stamp the JSON rows on stdin and append them to OUT_DIR")
     stamp_cmd.add_argument("--bench", required=True, help="the benchmark's name (the file's first part)")
     stamp_cmd.add_argument("--device", default="cuda", help="the device the rows were measured on")

@@ -46,10 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="presets registered and refused")
     over = sub.add_parser("overrides", help="the Hydra overrides of a preset")
-    over.add_argument("preset")
+    over.add_argument("preset", help="a preset name (python -m dppo_oat.engines.verl list)")
     over.add_argument("fields", nargs="*", help="TrustRegion field overrides, FIELD=VALUE")
     chk = sub.add_parser("check", help="compose verl's config with these overrides and check it")
-    chk.add_argument("overrides", nargs="*")
+    chk.add_argument("overrides", nargs="*", help="Hydra overrides, KEY=VALUE (as `overrides` prints them)")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
