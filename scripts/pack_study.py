@@ -11,6 +11,7 @@ With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in
 difference, 95% CI and verdict, as the report notebook prints them.
 
     python scripts/pack_study.py                       # runs/cpu_study → notebooks/data/cpu_study
+    python scripts/pack_study.py --merge               # add a sitting played elsewhere to the packed runs
     python scripts/pack_study.py --study other/study --out notebooks/data/other
 """
 
@@ -38,7 +39,11 @@ class PackConfig:
     study: str = "runs/cpu_study"
     """The study folder (``scripts/cpu_study.py --out-dir``)."""
     out: str = "notebooks/data/cpu_study"
-    """Where the packed runs go; replaced as a whole."""
+    """Where the packed runs go; replaced as a whole, unless --merge."""
+    merge: bool = False
+    """Keep the runs already packed in --out and add (or replace) the study's finished runs: for a study played in
+    sittings on machines that do not share its folder. The manifest lists both, and its settings name every
+    experiment either played."""
     readme: Optional[str] = None
     """A Markdown file whose ``<!-- cpu-study:summary -->`` block is rewritten from the packed runs."""
 
@@ -61,12 +66,24 @@ def pack_run(run_dir: Path, out_dir: Path) -> int:
     return written
 
 
-def pack_manifest(study: Path, out: Path) -> None:
-    """``study.json`` without machine-specific fields (log paths, timings of a sitting are kept as seconds)."""
+def pack_manifest(study: Path, out: Path, packed: Optional[dict] = None) -> None:
+    """``study.json`` without machine-specific fields (log paths, timings of a sitting are kept as seconds); with
+    ``packed`` (the manifest already in ``out``), its runs first, each replaced by the study's run of the same task
+    and name, and its settings with the experiments of both."""
     manifest = json.loads((study / "study.json").read_text())
     runs = [{key: run[key] for key in MANIFEST_KEYS if key in run} for run in manifest["runs"]]
     settings = {key: value for key, value in manifest["config"].items() if key not in ("out_dir", "dry_run")}
+    if packed is not None:
+        new = {(run["task"], run["name"]): run for run in runs}
+        runs = [new.pop((run["task"], run["name"]), run) for run in packed["runs"]] + list(new.values())
+        experiments = list(dict.fromkeys([*packed["config"]["experiments"], *settings["experiments"]]))
+        settings = {**packed["config"], "experiments": experiments}
     (out / "study.json").write_text(json.dumps({"config": settings, "runs": runs}, indent=1) + "\n")
+
+
+def packed_bytes(out: Path) -> int:
+    """Bytes of the packed runs in ``out`` (their configs and compressed logs)."""
+    return sum(path.stat().st_size for path in out.glob("*/*/*") if path.is_file())
 
 
 def main(argv=None) -> None:
@@ -77,14 +94,19 @@ def main(argv=None) -> None:
     runs = finished_runs(study)
     if not runs:
         raise SystemExit(f"error: {study} has no finished run yet: nothing to pack")
-    if out.exists():
+    packed = None
+    if config.merge and (out / "study.json").is_file():
+        packed = json.loads((out / "study.json").read_text())
+    elif out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
-    total = sum(pack_run(run, out / run.parent.name / run.name) for run in runs)
-    pack_manifest(study, out)
+    out.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        pack_run(run, out / run.parent.name / run.name)
+    total = packed_bytes(out)
+    pack_manifest(study, out, packed)
     if total > MAX_BYTES:
         raise SystemExit(f"error: the packed study is {total / 2**20:.1f} MB, over {MAX_BYTES / 2**20:.0f} MB")
-    print(f"packed {len(runs)} finished runs into {out} ({total / 2**20:.2f} MB)")
+    print(f"packed {len(runs)} finished runs into {out}{' (merged)' if packed else ''} ({total / 2**20:.2f} MB)")
     if config.readme:
         readme = Path(config.readme)
         try:

@@ -231,3 +231,32 @@ def test_an_asynchronous_condition_samples_two_updates_stale_without_the_probe(t
         spec, _ = validate_config(train_config)  # the engine refuses --max-staleness with the probe
         assert (train_config.max_staleness, train_config.probe_every) == (2, 0)
         assert train_config.minibatches_per_rollout == 1 and spec.trust_region.name == run.method
+
+
+def fake_study(folder: Path, experiments: list[str], names: list[str]) -> Path:
+    """A study folder with finished runs of ``names`` (sudoku), each with a config and one metrics and eval row."""
+    runs = []
+    for name in names:
+        run = folder / "sudoku" / name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"run_name": name}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "from": str(folder)}) + "\n")
+        (run / "eval.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+        runs.append({"task": "sudoku", "name": name, "state": "done", "seconds": 1.0, "log": "x.log"})
+    (folder / "study.json").write_text(json.dumps({"config": {"experiments": experiments, "out_dir": "x"},
+                                                   "runs": runs}))
+    return folder
+
+
+def test_packing_with_merge_adds_a_sitting_played_elsewhere_and_keeps_the_rest(tmp_path):
+    packed = tmp_path / "packed"
+    pack_study.main(["--study", str(fake_study(tmp_path / "one", ["int8"], ["a-s0", "b-s0"])), "--out", str(packed)])
+    second = fake_study(tmp_path / "two", ["later_async"], ["b-s0", "c-s0"])
+    pack_study.main(["--study", str(second), "--out", str(packed), "--merge"])
+    manifest = json.loads((packed / "study.json").read_text())
+    assert [run["name"] for run in manifest["runs"]] == ["a-s0", "b-s0", "c-s0"]
+    assert manifest["config"]["experiments"] == ["int8", "later_async"] and "out_dir" not in manifest["config"]
+    assert read_jsonl(packed / "sudoku" / "b-s0" / "metrics.jsonl")[0]["from"] == str(second)  # replaced
+    assert read_jsonl(packed / "sudoku" / "a-s0" / "metrics.jsonl")[0]["from"] == str(tmp_path / "one")  # kept
+    pack_study.main(["--study", str(second), "--out", str(packed)])  # without --merge: replaced as a whole
+    assert sorted(p.name for p in (packed / "sudoku").iterdir()) == ["b-s0", "c-s0"]
