@@ -60,10 +60,13 @@ class Condition:
     lr: float = 5e-4
     logprob_noise: float = 0.0
     max_staleness: int = 0
+    dtype: str = "float32"
+    """The learner's and the sampler's compute dtype (``--dtype``; float16 scales the loss)."""
 
     def args(self) -> tuple[str, ...]:
         flags = ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
-                 "--num-epochs", "1", "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise))
+                 "--num-epochs", "1", "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise),
+                 "--dtype", self.dtype)
         if self.max_staleness:  # asynchronous rollouts run without the divergence probe (the engine refuses both)
             flags += ("--max-staleness", str(self.max_staleness), "--probe-every", "0")
         return flags
@@ -80,6 +83,7 @@ CONDITIONS: Dict[str, Condition] = {
     "mb4-fp32-lr1e-4": Condition(minibatches=4, lr=1e-4),
     "mb4-bf16": Condition(precision="bfloat16", minibatches=4),
     "mb1-fp32-k2": Condition(max_staleness=2),
+    "mb1-fp16-train": Condition(dtype="float16"),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -87,7 +91,9 @@ mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-
 larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
 seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy
 drift. ``*-k2``: one gradient step per rollout, but each rollout sampled by the weights of two updates before
-(``--max-staleness 2``, from step 3 on): staleness between rollout batches rather than within one."""
+(``--max-staleness 2``, from step 3 on): staleness between rollout batches rather than within one.
+``mb1-fp16-train``: the learner and the sampler both compute in float16 (fp32 master weights, loss scaling), as
+FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks what the precision itself costs."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "later": Experiment(("pg_is", "dppo_binary_tv", "dppo_topk_tv", "drpo", "cppo", "m2po"), ("mb4-fp32",),
                         "later trust regions under staleness: DRPO's smooth regularizer, CPPO's prefix budget on "
                         "top-K TV and M2PO's batch second-moment mask against DPPO and PG-IS"),
+    "fp16": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-fp16-train",),
+                       "FP16 training (learner and sampler in float16, loss-scaled): does it change anything here?"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

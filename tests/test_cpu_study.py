@@ -48,7 +48,7 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         assert spec.trust_region.name == run.method.partition("@")[0] and resume_step is None
         assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
         assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
-        assert train_config.max_staleness == condition.max_staleness
+        assert train_config.max_staleness == condition.max_staleness and train_config.dtype == condition.dtype
         assert train_config.probe_every == (0 if condition.max_staleness else config.probe_every)
         assert train_config.lr_schedule == "constant"  # as the committed runs: the default run's decay is its own
         assert train_config.warm_start.target_success == 0.25 and train_config.warm_start.check_every == 40
