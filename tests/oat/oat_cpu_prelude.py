@@ -14,6 +14,9 @@ In the learner's process (oat's ``LearnerBase``/``PPOLearner`` assume CUDA):
   CUDA ``FusedAdam``, same AdamW update);
 - DeepSpeed's CPU shared-memory collective op is marked unavailable (JIT-compiled for ~75 s on first use; a
   one-learner group never uses it);
+- with ``fp16_on_cpu`` (the ``--fp16`` rehearsal), DeepSpeed's ``is_fp16_supported`` → True: DeepSpeed refuses fp16
+  on a CPU whose oneDNN has no fp16 kernels, while torch computes in float16 on any CPU, so its real ZeRO fp16
+  optimizer and loss scaler run;
 - ``torch.cuda.empty_cache``, ``memory_allocated`` and ``manual_seed_all`` need nothing: on a CPU-only torch they
   are already no-ops (CUDA is never initialised); ``device_count`` is only read by ``get_program`` and argument
   validation, in the test process (the ``gpu_node`` fixture).
@@ -53,11 +56,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
-def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int]) -> None:
+def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int], fp16_on_cpu: bool = False) -> None:
     """Patch this node's process for the CPU according to its role (learner, actor or other), and add the probes."""
     if is_subclass_of(constructor, "oat.learners.base", "LearnerBase"):
         patch_process_group_helper()
-        patch_learner_for_cpu()
+        patch_learner_for_cpu(fp16_on_cpu)
         probe_learner(constructor, Path(probe_dir) / "learner.jsonl")
     elif is_subclass_of(constructor, "oat.actors.base", "ActorBase"):
         patch_process_group_helper()
@@ -75,7 +78,7 @@ def is_subclass_of(constructor, module: str, name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------- learner
 
 
-def patch_learner_for_cpu() -> None:
+def patch_learner_for_cpu(fp16_on_cpu: bool = False) -> None:
     """The learner-side patches listed in the module docstring."""
     import deepspeed
     import torch
@@ -89,6 +92,8 @@ def patch_learner_for_cpu() -> None:
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    if fp16_on_cpu:
+        type(get_accelerator()).is_fp16_supported = lambda self: True
 
 
 def torch_adamw(self, model, **kwargs):

@@ -17,7 +17,8 @@ Checked: two learning rounds with a non-zero policy gradient, each round's weigh
 vLLM's log-probs of a fixed sequence equal Hugging Face teacher forcing of the checkpoint oat saves right after it,
 to 1e-4, and at the end differ from the initial policy's), the weights move, evaluation results and checkpoints are
 written, every node ends cleanly on ``launchpad.stop()``, and a learner that raises fails the launch with its
-traceback instead of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason). Not
+traceback instead of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason); and
+``--fp16`` trains two rounds through DeepSpeed's ZeRO fp16 optimizer into vLLM run in float16. Not
 covered: NCCL and CUDA IPC weight transport (replaced here), vLLM sleep mode,
 several GPUs / learners / actors (oat's per-rank split of actor steps, ZeRO sharding across ranks), bf16.
 """
@@ -91,15 +92,17 @@ def rehearsal_argv(policy_dir: str, save_path: Path, batches: dict, *extra: str,
     return ["--engine", "oat", *[part for item in flags.items() for part in item], *switches, *extra]
 
 
-def local_runner(workdir: Path, probe_ids: list[int]) -> LocalRunner:
+def local_runner(workdir: Path, probe_ids: list[int], fp16_on_cpu: bool = False) -> LocalRunner:
     """The stand-in launcher, with the CPU prelude; node logs and probes go under ``workdir``."""
-    prelude = functools.partial(oat_cpu_prelude.prelude, probe_dir=str(workdir / "probes"), probe_ids=probe_ids)
+    prelude = functools.partial(oat_cpu_prelude.prelude, probe_dir=str(workdir / "probes"), probe_ids=probe_ids,
+                                fp16_on_cpu=fp16_on_cpu)
     return LocalRunner(prelude=prelude, timeout_s=TIMEOUT_S, log_dir=workdir / "logs")
 
 
-def launch_rehearsal(argv: list[str], gpu_node, workdir: Path, probe_ids: list[int]) -> ProgramResult:
+def launch_rehearsal(argv: list[str], gpu_node, workdir: Path, probe_ids: list[int],
+                     fp16_on_cpu: bool = False) -> ProgramResult:
     """Run ``python -m dppo_oat.train`` ``argv`` on the local launcher."""
-    runner = local_runner(workdir, probe_ids)
+    runner = local_runner(workdir, probe_ids, fp16_on_cpu)
     with gpu_node(1), launchpad.running(runner):
         train.main(argv)
     return runner.result
@@ -316,3 +319,23 @@ def test_rehearsal_asynchronous_fails_in_oats_prefill(sudoku_policy, gpu_node, t
         launch_unchecked(argv, gpu_node, tmp_path)
     message = str(failure.value)
     assert "collect_feedback" in message and "scatter_object_list" in message
+
+
+def test_rehearsal_trains_in_fp16_through_deepspeeds_loss_scaler(sudoku_policy, gpu_node, tmp_path):
+    """``--fp16 --no-bf16`` (FP16 training) through the whole program: DeepSpeed's ZeRO fp16 optimizer on the learner,
+    two learning rounds whose weights reach vLLM, and the loss scaler's own skips counted apart from divergence
+    (early steps of a dynamic scale overflow and are skipped by DeepSpeed; none is a guard's skip)."""
+    _, tokenizer, policy_dir = sudoku_policy
+    probe_ids = tokenizer(toy_corpus(1, seed=11)[0], add_special_tokens=False)["input_ids"]
+    argv = rehearsal_argv(policy_dir, tmp_path / "out", CONSISTENT, "--fp16")
+    run = Rehearsal(launch_rehearsal(argv, gpu_node, tmp_path, probe_ids, fp16_on_cpu=True), tmp_path / "probes",
+                    probe_ids)
+    assert set(run.result.exit_codes.values()) == {0}, run.result.exit_codes
+    rounds = run.learner("learn")
+    assert [r["round"] for r in rounds] == [1, 2]
+    for record in rounds:
+        info = record["info"]
+        assert np.isfinite(info["train/pg_loss"]) and info["train/dppo/guard/skipped"] == 0
+        assert info["train/dppo/guard/loss_scale_skips"] >= 0
+    assert [s["pi_beta_version"] for s in run.learner("sync")] == [1, 2]
+    assert len(run.actor("loaded")) == 2, "each round's fp16-trained weights reach vLLM"

@@ -53,6 +53,8 @@ def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
     if on_cpu:
         overrides.update(CPU_ENGINE_KWARGS)
         overrides["enable_sleep_mode"] = False
+        if vllm_args.get("dtype") == "float16":  # --fp16: the learner broadcasts float16 weights, which oat's
+            overrides["dtype"] = "float16"  # weight sync loads only into an engine of the same dtype
     return {**vllm_args, **overrides}
 
 
