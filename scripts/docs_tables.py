@@ -1,10 +1,13 @@
 """The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``), the
 command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) and of the oat engine
-(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), the faults a
+(``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), every preset in
+verl's terms (``dppo_oat/engines/verl/mapping.py``: its loss mode, the numbers verl's config sets, its anchoring
+mode, or why verl cannot run it), the faults a
 user can reach, each with the test that proves it (the ``@pytest.mark.fault`` markers of ``tests/``), and the GPU
 rows of ``docs/bench/`` that ``scripts/gpu/device_check.sh`` wrote ("not measured yet" until there are some).
 
-The oat engine's module and the tests are read with ``ast``: neither oat nor a test module is imported.
+The oat engine's module and the tests are read with ``ast``: neither oat nor a test module is imported; the verl
+mapping is loaded from its file alone (it imports nothing of verl; its package registers the losses with verl).
 
 Each table sits in a docs page between two markers, ``<!-- generated:NAME -->`` and ``<!-- end generated:NAME -->``.
 
@@ -182,6 +185,34 @@ def oat_refused_table() -> str:
     return "\n".join(["| oat flag | the one value accepted | instead |", "|---|---|---|", *rows])
 
 
+def verl_mapping():
+    """``dppo_oat/engines/verl/mapping.py`` as a module of its own, without its package (whose ``__init__`` imports
+    verl to register the losses)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verl_mapping", ROOT / "dppo_oat" / "engines" / "verl" / "mapping.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def verl_presets_table() -> str:
+    """Every preset on the verl engine: its ``loss_mode``, the numbers verl's actor config sets (the rest are the
+    preset's), and the mode that anchors it (bypass: μ only; decoupled: μ and π_θ'), or why verl cannot run it."""
+    mapping, names = verl_mapping(), {"eps_low": "ε_low", "eps_high": "ε_high", "delta": "δ", "is_cap": "C"}
+    rows = []
+    for name, reason in mapping.supported_presets().items():
+        if reason:
+            rows.append(f"| `{name}` | refused | | {cell(reason.split(' is refused: ', 1)[-1])} |")
+            continue
+        tr = mapping.TrustRegion.preset(name)
+        settable = ", ".join(names[field] for field in mapping.verl_settable_fields(tr))
+        mode = "decoupled (μ and π_θ')" if tr.needs_recompute else "bypass (μ)"
+        rows.append(f"| `{name}` | `{mapping.loss_name(name)}` | {settable} | {mode} |")
+    return "\n".join(["| preset | verl `policy_loss.loss_mode` | set by verl's config | anchoring mode |",
+                      "|---|---|---|---|", *rows])
+
+
 def oat_defaults_table() -> str:
     """oat's flags whose default the oat engine changes."""
     rows = [f"| `--{name}` | `{default}` |" for name, default in oat_default_changes().items()]
@@ -341,6 +372,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "oat-flags": ("docs/engines/oat.md", oat_flags_table),
     "oat-refused": ("docs/engines/oat.md", oat_refused_table),
     "oat-defaults": ("docs/engines/oat.md", oat_defaults_table),
+    "verl-presets": ("docs/engines/verl.md", verl_presets_table),
     "faults": ("docs/faults.md", faults_table),
     "gpu-rows": ("docs/gpu.md", gpu_rows_table),
 }
