@@ -129,11 +129,14 @@ def test_a_junit_report_becomes_counts_and_the_failing_tests(tmp_path):
     assert (row["passed"], row["failed"], row["skipped"], row["failing"]) == (2, 1, 1, ["tests.test_gpu::test_b"])
 
 
-def device_check(tmp_path, *args, env=None):
+def device_check(tmp_path, *args, env=None, from_its_folder=False):
+    """The smoke check with ``args``; ``from_its_folder``: called as ``bash device_check.sh`` from scripts/gpu."""
     environment = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path / "out"),
                    "LOG_DIR": str(tmp_path / "logs"), **(env or {})}
-    return subprocess.run(["bash", str(ROOT / "scripts/gpu/device_check.sh"), "--smoke", *args], cwd=ROOT,
-                          env=environment, capture_output=True, text=True, timeout=900)
+    script, cwd = ("device_check.sh", ROOT / "scripts" / "gpu") if from_its_folder else (
+        str(ROOT / "scripts/gpu/device_check.sh"), ROOT)
+    return subprocess.run(["bash", script, "--smoke", *args], cwd=cwd, env=environment, capture_output=True,
+                          text=True, timeout=900)
 
 
 EXPECTED = {  # each bench's file and the fields its rows must hold
@@ -201,21 +204,21 @@ def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tm
 @pytest.mark.slow
 def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
     """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
-    training run that would sleep 60 s) and reported in one line; the steps after it are skipped, each said so; the
-    rows of the steps that finished stay."""
+    training run that would sleep 600 s) and reported in one line; the steps after it are skipped, each said so; the
+    rows of the steps that finished stay. Called by a relative path from another folder, as a user may."""
     pids = tmp_path / "pids"
     slow_python = tmp_path / "python"
     slow_python.write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *" dppo_oat.train "* ]]; then\n'
-                           f'    echo $$ >>{pids}; exec sleep 60\nfi\nexec {sys.executable} "$@"\n')
+                           f'    echo $$ >>{pids}; exec sleep 600\nfi\nexec {sys.executable} "$@"\n')
     slow_python.chmod(0o755)
     done = device_check(tmp_path, "learner", "default-run", "fused-head",
-                        env={"PYTHON": str(slow_python), "BUDGET": "25"})
+                        env={"PYTHON": str(slow_python), "BUDGET": "45"}, from_its_folder=True)
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert any(line.startswith("device_check: learner ok") for line in lines), done.stdout
     [stopped] = [line for line in lines if line.startswith("device_check: default-run")]
-    assert "STOPPED at the budget of 25s" in stopped
-    assert "device_check: fused-head skipped: the budget of 25s is spent" in lines
+    assert "STOPPED at the budget of 45s" in stopped
+    assert "device_check: fused-head skipped: the budget of 45s is spent" in lines
     assert lines[-1] == "device_check: 1 step(s) failed: default-run; skipped: fused-head"
     assert (tmp_path / "out" / "learner_mfu_cpu.jsonl").exists()
     [pid] = pids.read_text().split()

@@ -16,7 +16,7 @@ run (the trainer's own collector, generator and settings), after one untimed rol
   and ``cudaMemcpyAsync``), and ``top_python_s``, the Python functions with the most time of their own (cProfile,
   a separate rollout).
 
-    python scripts/bench/rollout_ops.py [--dtype bfloat16] [--repeats 3] [TrainConfig flags after --]
+    python scripts/bench/rollout_ops.py [--repeats 3] [-- TrainConfig flags, e.g. --device cuda --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -74,8 +74,11 @@ def leaf_counts(events) -> Counter:
 
 
 def count_ops(trainer: LocalTrainer, step: int) -> dict:
-    """The operation counts of the rollout of ``step`` (see the module docstring)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    """The operation counts of the rollout of ``step`` (see the module docstring); on a GPU the profiler also
+    records the CUDA runtime's calls (launches, synchronisations, copies)."""
+    on_gpu = trainer.config.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
+    with profile(activities=activities) as prof:
         rollout = collect(trainer, step)
     events = prof.events()
     leaves = leaf_counts(events)
@@ -116,8 +119,9 @@ def main() -> None:
                 started = time.perf_counter()
                 collect(trainer, 2 + repeat)
                 seconds.append(time.perf_counter() - started)
-            report = count_ops(trainer, 2)
-            report["top_python_s"] = python_hotspots(trainer, 2)
+            fresh = 2 + args.repeats  # a step none of the timed rollouts sampled
+            report = count_ops(trainer, fresh)
+            report["top_python_s"] = python_hotspots(trainer, fresh + 1)
         finally:
             trainer.close()
     print(json.dumps({"device": config.device, "dtype": config.dtype, "flags": args.flags, **report,

@@ -19,7 +19,7 @@
 # tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success before →
 # after: default_run), shaped-run (the same with the ~100M policy, --warm-start.shape qwen3-100m, warm-started on the
 # GPU: shaped_run; on the CPU only when named, a 100M policy being slow there). A step that fails is reported in one
-# line (its log has the rest) and the next one runs; the exit status is 1 when any failed or was stopped.
+# line (its log has the rest) and the next one runs; the exit status is 1 when any failed, was stopped or skipped.
 #
 #   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
 #   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
@@ -29,10 +29,12 @@
 #   PYTHON       the interpreter that holds torch (default python3)
 #   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
 #   SMOKE=1      as --smoke
-#   BUDGET       seconds the whole check may take (default 0: no limit), for a machine lent for a while: each step
-#                runs in what is left of it and is stopped (SIGTERM, then SIGKILL 10 s later) when it runs out; the
-#                steps after it are reported as skipped
+#   BUDGET       seconds the steps may take, counted from the start (default 0: no limit), for a time-limited GPU
+#                session: each step runs in what is left and is stopped (SIGTERM, then SIGKILL 10 s later) when it
+#                runs out; the steps after it are reported as skipped. The device and install checks are never
+#                stopped. A budgeted step runs in a process group of its own: Ctrl-C stops the check and its step
 set -uo pipefail
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # for the budgeted steps' children, after the cd below
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 
@@ -41,8 +43,8 @@ ROOT=$PWD
 RUN_FLAGS=(--device cuda --dtype bfloat16)
 SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
 # The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
-# first guess for that size; at most 2,000 supervised steps so that it takes minutes, and the row shows whether it
-# reached --warm-start.target-success), cached under LOG_DIR.
+# first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends below
+# --warm-start.target-success), cached under LOG_DIR.
 SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
                   --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 50 --eval-every 25)
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
@@ -110,7 +112,7 @@ report() {
     last=$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-200)
     if [[ $2 == 0 ]]; then
         echo "device_check: $1 ok (${3}s): $last"
-    elif [[ $BUDGET -gt 0 && ( $2 == 124 || $2 == 137 ) ]]; then
+    elif [[ $BUDGET -gt 0 && ( $2 == 124 || $2 == 137 ) && $SECONDS -ge $BUDGET ]]; then
         failed+=("$1")
         echo "device_check: $1 STOPPED at the budget of ${BUDGET}s (${3}s): $last [log: $log]"
     else
@@ -133,8 +135,12 @@ run() {
             echo "device_check: $1 skipped: the budget of ${BUDGET}s is spent"
             return
         fi
-        timeout -k 10 "$left" bash "$0" --only "$1" $([[ $SMOKE != 0 ]] && echo --smoke) >"$LOG_DIR/$1.log" 2>&1
+        timeout -k 10 "$left" bash "$SELF" --only "$1" $([[ $SMOKE != 0 ]] && echo --smoke) >"$LOG_DIR/$1.log" 2>&1 &
+        CHILD=$!
+        trap 'kill -TERM "$CHILD" 2>/dev/null; exit 130' INT TERM  # timeout's group does not get the terminal's ^C
+        wait "$CHILD"
         rc=$?
+        trap - INT TERM
     fi
     report "$1" $rc $((SECONDS - start))
 }
@@ -254,7 +260,10 @@ for step in "${chosen[@]}"; do
     run "$step" "$(step_function "$step")"
 done
 if [[ ${#failed[@]} -gt 0 || ${#skipped[@]} -gt 0 ]]; then
-    echo "device_check: ${#failed[@]} step(s) failed: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}"
+    summary=()
+    [[ ${#failed[@]} -gt 0 ]] && summary+=("${#failed[@]} step(s) failed: ${failed[*]}")
+    [[ ${#skipped[@]} -gt 0 ]] && summary+=("skipped: ${skipped[*]}")
+    echo "device_check: $(IFS=';'; echo "${summary[*]}" | sed 's/;/; /g')"
     exit 1
 fi
 echo "device_check: every step ok; rows in $OUT_DIR"
