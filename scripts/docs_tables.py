@@ -348,7 +348,7 @@ def gpu_result(row: dict) -> str:
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']})")
     elif bench == "learner_mfu":
-        text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.2f} "
+        text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.3f} "
                 f"(peak {row['peak_flops'] / 1e12:.0f} TFLOP/s measured)")
     else:
         text = (f"H {row['hidden']}, {row['response_tokens']:,} tokens: {row['peak_mem_ratio']:.1f}×, "

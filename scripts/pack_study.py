@@ -73,8 +73,8 @@ def pack_manifest(study: Path, out: Path, packed: Optional[dict] = None) -> None
     manifest = json.loads((study / "study.json").read_text())
     runs = [{key: run[key] for key in MANIFEST_KEYS if key in run} for run in manifest["runs"]]
     settings = {key: value for key, value in manifest["config"].items() if key not in ("out_dir", "dry_run")}
-    if packed is not None:
-        new = {(run["task"], run["name"]): run for run in runs}
+    if packed is not None:  # the study's finished runs replace or join the packed ones (those were packed: done)
+        new = {(run["task"], run["name"]): run for run in runs if run.get("state") == "done"}
         runs = [new.pop((run["task"], run["name"]), run) for run in packed["runs"]] + list(new.values())
         experiments = list(dict.fromkeys([*packed["config"]["experiments"], *settings["experiments"]]))
         settings = {**packed["config"], "experiments": experiments}

@@ -260,3 +260,27 @@ def test_packing_with_merge_adds_a_sitting_played_elsewhere_and_keeps_the_rest(t
     assert read_jsonl(packed / "sudoku" / "a-s0" / "metrics.jsonl")[0]["from"] == str(tmp_path / "one")  # kept
     pack_study.main(["--study", str(second), "--out", str(packed)])  # without --merge: replaced as a whole
     assert sorted(p.name for p in (packed / "sudoku").iterdir()) == ["b-s0", "c-s0"]
+
+
+def test_packing_with_merge_keeps_a_packed_run_the_new_sitting_did_not_finish(tmp_path):
+    packed = tmp_path / "packed"
+    pack_study.main(["--study", str(fake_study(tmp_path / "one", ["int8"], ["a-s0"])), "--out", str(packed)])
+    second = fake_study(tmp_path / "two", ["int8"], ["a-s0"])
+    manifest = json.loads((second / "study.json").read_text())
+    manifest["runs"][0]["state"] = "new"  # listed in the new sitting's plan, not played there
+    (second / "study.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="no finished run"):
+        pack_study.main(["--study", str(second), "--out", str(packed), "--merge"])
+    assert [run["state"] for run in json.loads((packed / "study.json").read_text())["runs"]] == ["done"]
+
+
+def test_the_committed_manifest_names_every_experiment_its_runs_belong_to():
+    manifest = json.loads((COMMITTED / "study.json").read_text())
+    arms = {(run["task"], run["method"], run["condition"]) for run in manifest["runs"]}
+    for name in manifest["config"]["experiments"]:  # each listed experiment played in full
+        experiment = cpu_study.EXPERIMENTS[name]
+        assert all((task, method, condition) in arms for task in experiment.tasks
+                   for condition in experiment.conditions for method in experiment.methods), name
+    listed = {(t, m, c) for name in manifest["config"]["experiments"] for e in [cpu_study.EXPERIMENTS[name]]
+              for t in e.tasks for c in e.conditions for m in e.methods}
+    assert arms <= listed

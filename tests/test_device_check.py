@@ -196,7 +196,7 @@ def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tm
     (tmp_path / "learner_mfu_cpu.jsonl").write_text(json.dumps({**learner, "gpu": "cpu (2 cores)", "cuda": None}))
     table = tables.gpu_rows_table(tmp_path)
     line = next(row for row in table.splitlines() if row.startswith("| `learner_mfu`"))
-    assert "NVIDIA H100 80GB HBM3: 250,000 tokens/s, MFU 0.31 (peak 790 TFLOP/s measured) (0123456)" in line
+    assert "NVIDIA H100 80GB HBM3: 250,000 tokens/s, MFU 0.310 (peak 790 TFLOP/s measured) (0123456)" in line
     assert "cpu" not in line and "0.99" not in line
     assert table.count("not measured yet") == len(tables.GPU_BENCHES) - 1
 

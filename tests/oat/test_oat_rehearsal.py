@@ -336,6 +336,7 @@ def test_rehearsal_trains_in_fp16_through_deepspeeds_loss_scaler(sudoku_policy, 
     for record in rounds:
         info = record["info"]
         assert np.isfinite(info["train/pg_loss"]) and info["train/dppo/guard/skipped"] == 0
-        assert info["train/dppo/guard/loss_scale_skips"] >= 0
+        assert "train/dppo/guard/loss_scale_skips" in info  # DeepSpeed's skips, counted apart
     assert [s["pi_beta_version"] for s in run.learner("sync")] == [1, 2]
-    assert len(run.actor("loaded")) == 2, "each round's fp16-trained weights reach vLLM"
+    loads = run.actor("loaded")
+    assert len(loads) == 2 and all(load["dtype"] == "f16" for load in loads), "fp16 weights reach vLLM"
