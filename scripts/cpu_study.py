@@ -82,6 +82,7 @@ CONDITIONS: Dict[str, Condition] = {
     "mb4-fp32": Condition(minibatches=4),
     "mb4-fp32-lr1e-4": Condition(minibatches=4, lr=1e-4),
     "mb4-bf16": Condition(precision="bfloat16", minibatches=4),
+    "mb1-int4": Condition(precision="int4"),
     "mb1-fp32-k2": Condition(max_staleness=2),
     "mb1-fp16-train": Condition(dtype="float16"),
 }
@@ -90,7 +91,8 @@ mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-
 ``mb1-noise*``: Gaussian noise of that σ on every reported log μ (the sampled token's and its top-K), a mismatch far
 larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
 seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy
-drift. ``*-k2``: one gradient step per rollout, but each rollout sampled by the weights of two updates before
+drift. ``mb1-int4``: a 4-bit weight-only rollout copy, the coarsest level at which the pilot
+(``scripts/mismatch_pilot.py``) saw DPPO's mask bind without training falling apart. ``*-k2``: one gradient step per rollout, but each rollout sampled by the weights of two updates before
 (``--max-staleness 2``, from step 3 on): staleness between rollout batches rather than within one.
 ``mb1-fp16-train``: the learner and the sampler both compute in float16 (fp32 master weights, loss scaling), as
 FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks what the precision itself costs."""
@@ -135,6 +137,10 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "later": Experiment(("pg_is", "dppo_binary_tv", "dppo_topk_tv", "drpo", "cppo", "m2po"), ("mb4-fp32",),
                         "later trust regions under staleness: DRPO's smooth regularizer, CPPO's prefix budget on "
                         "top-K TV and M2PO's batch second-moment mask against DPPO and PG-IS"),
+    "takeaway2": Experiment(("dppo_binary_kl", "dppo_binary_kl_recompute", "minirl", "minirl_tis", "pg_is"),
+                            ("mb1-int4",),
+                            "Takeaway 2 where the anchor matters: an int4 rollout copy, whose engine mismatch makes the "
+                            "mask fire at one gradient step per rollout (the pilot's level); eight seeds"),
     "fp16": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-fp16-train",),
                        "FP16 training (learner and sampler in float16, loss-scaled): does it change anything here?"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),

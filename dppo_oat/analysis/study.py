@@ -278,6 +278,17 @@ CONTRASTS = (
              ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32"), task="guess"),
     Contrast("Guess: DPPO-TopK-TV is worse than DPPO-Binary-TV", "sec:method_topk",
              ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32"), task="guess"),
+    # Added before the runs of the ``takeaway2`` experiment (eight seeds: its first three claims are primary).
+    Contrast("under a binding engine mismatch (int4 rollout), the DPPO-KL mask anchored on μ beats the same mask on "
+             "the recomputed π_θ'", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"),
+             ("dppo_binary_kl_recompute", "mb1-int4"), family="primary"),
+    Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip "
+             "anchored on π_θ')", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"), ("minirl", "mb1-int4"),
+             family="primary"),
+    Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL beats PG-IS", "Takeaway 1",
+             ("dppo_binary_kl", "mb1-int4"), ("pg_is", "mb1-int4"), family="primary"),
+    Contrast("under a binding engine mismatch (int4 rollout), truncated IS (MiniRL-TIS) beats MiniRL", "Takeaway 2",
+             ("minirl_tis", "mb1-int4"), ("minirl", "mb1-int4")),
     # Added before the runs of the ``later_async`` experiment.
     Contrast("asynchronous rollouts two updates stale: DRPO's smooth regularizer beats DPPO-Binary-TV's mask",
              "DRPO (arXiv 2606.09821)", ("drpo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
