@@ -92,8 +92,9 @@ mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-
 larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
 seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy
 drift. ``mb1-int4``: a 4-bit weight-only rollout copy, the coarsest level at which the pilot
-(``scripts/mismatch_pilot.py``) saw DPPO's mask bind without training falling apart. ``*-k2``: one gradient step per rollout, but each rollout sampled by the weights of two updates before
-(``--max-staleness 2``, from step 3 on): staleness between rollout batches rather than within one.
+(``scripts/mismatch_pilot.py``) saw DPPO's mask bind without training falling apart. ``*-k2``: one gradient step per
+rollout, but each rollout sampled by the weights of two updates before (``--max-staleness 2``, from step 3 on):
+staleness between rollout batches rather than within one.
 ``mb1-fp16-train``: the learner and the sampler both compute in float16 (fp32 master weights, loss scaling), as
 FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks what the precision itself costs."""
 
@@ -139,8 +140,8 @@ EXPERIMENTS: Dict[str, Experiment] = {
                         "top-K TV and M2PO's batch second-moment mask against DPPO and PG-IS"),
     "takeaway2": Experiment(("dppo_binary_kl", "dppo_binary_kl_recompute", "minirl", "minirl_tis", "pg_is"),
                             ("mb1-int4",),
-                            "Takeaway 2 where the anchor matters: an int4 rollout copy, whose engine mismatch makes the "
-                            "mask fire at one gradient step per rollout (the pilot's level); eight seeds"),
+                            "Takeaway 2 where the anchor matters: an int4 rollout copy, whose engine mismatch makes "
+                            "the mask fire at one gradient step per rollout (the pilot's level); eight seeds"),
     "fp16": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-fp16-train",),
                        "FP16 training (learner and sampler in float16, loss-scaled): does it change anything here?"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),

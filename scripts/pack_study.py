@@ -54,16 +54,13 @@ def finished_runs(study: Path) -> list[Path]:
     return [study / run["task"] / run["name"] for run in manifest["runs"] if run["state"] == "done"]
 
 
-def pack_run(run_dir: Path, out_dir: Path) -> int:
-    """One run's config and logs into ``out_dir``; returns the bytes written."""
+def pack_run(run_dir: Path, out_dir: Path) -> None:
+    """One run's config and logs into ``out_dir`` (the logs gzip-compressed, without a timestamp)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run_dir / CONFIG_FILE, out_dir / CONFIG_FILE)
-    written = (out_dir / CONFIG_FILE).stat().st_size
     for name in (METRICS_FILE, EVAL_FILE):
         data = gzip.compress((run_dir / name).read_bytes(), compresslevel=9, mtime=0)
         (out_dir / f"{name}.gz").write_bytes(data)
-        written += len(data)
-    return written
 
 
 def pack_manifest(study: Path, out: Path, packed: Optional[dict] = None) -> None:

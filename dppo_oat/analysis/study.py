@@ -297,8 +297,8 @@ CONTRASTS = (
     Contrast("asynchronous rollouts two updates stale: M2PO's second-moment mask beats DPPO-Binary-TV",
              "M2PO (arXiv 2510.01161)", ("m2po", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
 )
-"""The study's claims, fixed before its runs (every one of them on 5 seeds, so exploratory). ``auc``: mean training
-success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test of
+"""The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected together, and scored as
+exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``: mean training success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test of
 ``left − right > margin`` rejects at 0.025 (for one claim alone: the paired 95% t-interval lies above the margin),
 is refuted when that of ``left − right < −margin`` does, and the arms are equivalent when the two one-sided tests of
 ``|left − right| < margin`` do; else inconclusive."""
