@@ -93,7 +93,13 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {study} has no finished run yet: nothing to pack")
     packed = None
     if config.merge and (out / "study.json").is_file():
-        packed = json.loads((out / "study.json").read_text())
+        try:
+            packed = json.loads((out / "study.json").read_text())
+            if not isinstance(packed["runs"], list) or not isinstance(packed["config"]["experiments"], list):
+                raise TypeError("runs and config.experiments must be lists")
+        except (ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"error: --merge: {out / 'study.json'} is not a packed study's manifest ({error!r}); "
+                             "pack without --merge to replace it") from None
     elif out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -280,3 +280,13 @@ def test_the_committed_manifest_names_an_experiment_for_every_run():
     listed = {(t, m, c) for name in manifest["config"]["experiments"] for e in [cpu_study.EXPERIMENTS[name]]
               for t in e.tasks for c in e.conditions for m in e.methods}
     assert arms <= listed
+
+
+def test_merging_into_a_damaged_manifest_is_one_line_and_leaves_it(tmp_path):
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "study.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="is not a packed study's manifest .* pack without --merge"):
+        pack_study.main(["--study", str(fake_study(tmp_path / "one", ["int8"], ["a-s0"])), "--out", str(packed),
+                         "--merge"])
+    assert (packed / "study.json").read_text() == "{not json"
