@@ -10,11 +10,15 @@ run (the trainer's own collector, generator and settings), after one untimed rol
   views and allocations (:data:`NO_KERNEL`); ``kernel_ops_per_token`` and ``kernel_ops_per_forward``;
 - ``dispatched_ops``: every ``aten`` call, nested ones included; ``scalar_reads``: ``.item()``-style reads (a host
   sync each on a GPU);
-- ``seconds``: the rollout's wall time here, unprofiled (median of ``--repeats``);
+- ``seconds``: the rollout's wall time here, unprofiled (median of ``--repeats``); ``runs_direct``: whether the
+  generator samples with its own loop (:func:`~dppo_oat.rollout.direct_forward.runs_direct`) or ``generate``;
+- ``op_microseconds``: the host's cost of one small operation on the device (a loop of in-place adds, then one
+  synchronisation), the floor under every kernel op above;
 - where the host's time goes, for a rollout slower than its operations explain: ``top_self_ms``, the profiler's
   entries with the most time of their own (on a GPU these include ``cudaLaunchKernel``, ``cudaStreamSynchronize``
-  and ``cudaMemcpyAsync``), and ``top_python_s``, the Python functions with the most time of their own (cProfile,
-  a separate rollout).
+  and ``cudaMemcpyAsync``), ``device_busy_ms``, the time the GPU spent in kernels, ``top_python_s``, the Python
+  functions with the most time of their own, and ``top_project_cumulative_s``, the project's functions with the most
+  time under them (cProfile, a separate rollout).
 
     python scripts/bench/rollout_ops.py [--repeats 3] [-- TrainConfig flags, e.g. --device cuda --dtype bfloat16]
 """
@@ -92,16 +96,44 @@ def count_ops(trainer: LocalTrainer, step: int) -> dict:
             "scalar_reads": leaves["aten::_local_scalar_dense"],
             "top_kernel_ops": dict(Counter({n: c for n, c in leaves.items() if n not in NO_KERNEL}).most_common(8)),
             "top_self_ms": {entry.key: round(entry.self_cpu_time_total / 1e3, 1) for entry in
-                            sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:TOP]}}
+                            sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:TOP]},
+            "device_busy_ms": round(sum(device_self_us(entry) for entry in prof.key_averages()) / 1e3, 1)
+            if on_gpu else None}
+
+
+def device_self_us(entry) -> float:
+    """An entry's own time on the device (the attribute's name differs between torch versions)."""
+    return float(getattr(entry, "self_device_time_total", getattr(entry, "self_cuda_time_total", 0.0)) or 0.0)
+
+
+def op_microseconds(device: str, ops: int = 2000) -> float:
+    """The host's cost of one tiny operation on ``device``: ``ops`` in-place adds on a one-element tensor, then one
+    synchronisation (after a warm-up)."""
+    x = torch.zeros(1, device=device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(100):
+        x.add_(1)
+    sync()
+    started = time.perf_counter()
+    for _ in range(ops):
+        x.add_(1)
+    sync()
+    return round((time.perf_counter() - started) / ops * 1e6, 2)
 
 
 def python_hotspots(trainer: LocalTrainer, step: int) -> dict:
-    """The :data:`TOP` Python functions with the most time of their own in the rollout of ``step`` (cProfile)."""
+    """The :data:`TOP` Python functions with the most time of their own in the rollout of ``step``, and the project's
+    :data:`TOP` with the most time under them (cProfile)."""
     profiler = cProfile.Profile()
     profiler.runcall(collect, trainer, step)
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive, own, cumulative, callers)}
     top = sorted(stats.items(), key=lambda item: -item[1][2])[:TOP]
-    return {f"{Path(file).name}:{line}:{name}": round(own, 3) for (file, line, name), (_, _, own, _, _) in top}
+    project = sorted(((key, cumulative) for key, (_, _, _, cumulative, _) in stats.items()
+                      if "dppo_oat" in Path(key[0]).parts), key=lambda item: -item[1])[:TOP]
+    return {"top_python_s": {f"{Path(file).name}:{line}:{name}": round(own, 3)
+                             for (file, line, name), (_, _, own, _, _) in top},
+            "top_project_cumulative_s": {f"{Path(file).name}:{line}:{name}": round(cumulative, 3)
+                                         for (file, line, name), cumulative in project}}
 
 
 def main() -> None:
@@ -121,11 +153,13 @@ def main() -> None:
                 seconds.append(time.perf_counter() - started)
             fresh = 2 + args.repeats  # a step none of the timed rollouts sampled
             report = count_ops(trainer, fresh)
-            report["top_python_s"] = python_hotspots(trainer, fresh + 1)
+            report.update(python_hotspots(trainer, fresh + 1))
+            report["runs_direct"] = getattr(trainer.generator, "runs_direct", None)
         finally:
             trainer.close()
     print(json.dumps({"device": config.device, "dtype": config.dtype, "flags": args.flags, **report,
-                      "seconds": round(statistics.median(seconds), 3), "threads": torch.get_num_threads()}))
+                      "seconds": round(statistics.median(seconds), 3), "threads": torch.get_num_threads(),
+                      "op_microseconds": op_microseconds(config.device)}))
 
 
 if __name__ == "__main__":
