@@ -287,3 +287,35 @@ def test_a_float16_run_scales_its_loss_and_checkpoints_the_scale(tmp_path):
     state = torch.load(run / "checkpoint.pt", weights_only=True)
     assert state["loss_scaler"]["scale"] == 65536.0
     assert all(tensor.dtype == torch.float32 for tensor in state["model"].values() if tensor.is_floating_point())
+
+
+@pytest.fixture
+def cudnn_attention_flag():
+    """The process-wide cuDNN attention flag, restored after the test."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_cuda_turns_cudnn_attention_off_for_the_process_and_other_devices_leave_it(cudnn_attention_flag):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    mixed_precision.use_shape_agnostic_attention("cpu")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    mixed_precision.use_shape_agnostic_attention("cuda:0")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+
+
+def test_a_generator_on_cuda_turns_cudnn_attention_off(cudnn_attention_flag, monkeypatch):
+    """The HF generator asks for it with its model's device (a CPU model here, its device reported as CUDA)."""
+    from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
+    from dppo_oat.rollout import hf_generator
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    model, tokenizer = build_tiny_policy(toy_corpus(20), seed=0, vocab_size=64)
+    asked = []
+    monkeypatch.setattr(hf_generator, "use_shape_agnostic_attention",
+                        lambda device: asked.append(str(device)) or mixed_precision.use_shape_agnostic_attention(
+                            "cuda" if str(device) == "cpu" else device))
+    hf_generator.HFGenerator(model, tokenizer)
+    assert asked == ["cpu"] and not torch.backends.cuda.cudnn_sdp_enabled()

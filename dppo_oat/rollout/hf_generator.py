@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.mixed_precision import autocast, torch_dtype
+from dppo_oat.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
@@ -177,6 +177,7 @@ class HFGenerator:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
+        use_shape_agnostic_attention(self.device)  # each decode step attends over a new length
         self.runs_direct = runs_direct(self.model)
         self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
         self._version: WeightsVersion | None = None

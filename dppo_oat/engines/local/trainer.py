@@ -34,7 +34,8 @@ from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_see
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.guard import DivergenceGuard
-from dppo_oat.mixed_precision import autocast, autocast_forward, loss_scaler, rollout_compute_dtype
+from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
+                                      use_shape_agnostic_attention)
 from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, behavior_version,
                                          staleness_metrics, versions_to_keep)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
@@ -95,6 +96,7 @@ class LocalTrainer:
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
         self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
+        use_shape_agnostic_attention(config.device)  # minibatches and decode steps differ in length
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=True if torch.device(config.device).type == "cuda" else None)
         self.scaler = loss_scaler(config.device, config.dtype)
