@@ -344,6 +344,8 @@ def gpu_result(row: dict) -> str:
     elif bench == "rollout_ops":
         text = (f"{row['kernel_ops']:,} operations for {row['sampled_tokens']:,} tokens "
                 f"({row['kernel_ops_per_token']:.1f} per token, {row['forwards']} forwards), {row['seconds']:.2f} s")
+        if row.get("device_busy_ms") is not None:
+            text += f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; {row['op_microseconds']:.0f} µs per small op)"
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']})")
