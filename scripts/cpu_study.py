@@ -62,10 +62,12 @@ class Condition:
     max_staleness: int = 0
     dtype: str = "float32"
     """The learner's and the sampler's compute dtype (``--dtype``; float16 scales the loss)."""
+    epochs: int = 1
+    """Passes over each rollout batch (``--num-epochs``): every pass after the first is off-policy."""
 
     def args(self) -> tuple[str, ...]:
         flags = ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
-                 "--num-epochs", "1", "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise),
+                 "--num-epochs", str(self.epochs), "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise),
                  "--dtype", self.dtype)
         if self.max_staleness:  # asynchronous rollouts run without the divergence probe (the engine refuses both)
             flags += ("--max-staleness", str(self.max_staleness), "--probe-every", "0")
@@ -85,6 +87,10 @@ CONDITIONS: Dict[str, Condition] = {
     "mb1-int4": Condition(precision="int4"),
     "mb1-fp32-k2": Condition(max_staleness=2),
     "mb1-fp16-train": Condition(dtype="float16"),
+    "steps-mb1": Condition(),
+    "steps-mb4": Condition(minibatches=4),
+    "steps-ep4": Condition(epochs=4),
+    "steps-lr2e-3": Condition(lr=2e-3),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -96,7 +102,12 @@ drift. ``mb1-int4``: a 4-bit weight-only rollout copy, the coarsest level at whi
 rollout, but each rollout sampled by the weights of two updates before (``--max-staleness 2``, from step 3 on):
 staleness between rollout batches rather than within one.
 ``mb1-fp16-train``: the learner and the sampler both compute in float16 (fp32 master weights, loss scaling), as
-FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks what the precision itself costs."""
+FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks what the precision itself costs.
+``steps-*``: staleness apart from the number of steps, on the policy of the later sittings (``steps-mb1`` and
+``steps-mb4`` repeat the flags of ``mb1-fp32`` and ``mb4-fp32`` under their own names, so that the experiment
+compares runs of one policy): four quarter-batch steps per rollout (``steps-mb4``), four full-batch passes
+(``steps-ep4``: as many steps, as stale, on the whole batch), one step (``steps-mb1``) and one step at four times the
+lr (``steps-lr2e-3``: about as far per rollout, never stale)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,12 @@ EXPERIMENTS: Dict[str, Experiment] = {
                             "the mask fire at one gradient step per rollout (the pilot's level); eight seeds"),
     "fp16": Experiment(("pg_is", "dppo_binary_tv"), ("mb1-fp16-train",),
                        "FP16 training (learner and sampler in float16, loss-scaled): does it change anything here?"),
+    "steps": Experiment(("pg_is", "dppo_binary_tv"), ("steps-mb4", "steps-ep4"),
+                        "staleness apart from step count: four stale steps per rollout on quarter batches or on the "
+                        "whole batch, with and without DPPO's mask; eight seeds"),
+    "steps_size": Experiment(("pg_is",), ("steps-mb1", "steps-lr2e-3"),
+                             "the steps experiment's on-policy references: one step per rollout at the lr and at four "
+                             "times it (DPPO equals PG-IS there); eight seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

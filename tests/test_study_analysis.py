@@ -2,7 +2,7 @@
 seeds, scored by the pre-registered contrasts."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -114,6 +114,9 @@ def test_primary_claims_are_holm_adjusted_and_need_eight_seeds(tmp_path):
     assert "Holm-adjusted over 2 primary claims" in summary_lines(both.reset_index())[0]
     few = outcomes[outcomes["seed"] < 5]
     assert contrast_table(few, (first,)).iloc[0]["family"] == "exploratory"
+    apart = contrast_table(outcomes, (replace(first, experiment="a"), replace(second, experiment="b")))
+    assert list(apart["p_above_adjusted"]) == list(apart["p_above"])  # each experiment is its own family
+    assert all("Holm-adjusted over 1 primary claims" in line for line in summary_lines(apart))
 
 
 def test_claims_scored_on_the_same_runs_share_one_line(study):

@@ -212,8 +212,11 @@ class Contrast:
     margin: float = AUC_MARGIN
     task: str = "sudoku"
     family: str = "exploratory"
-    """``primary``: a claim the design tests, Holm-corrected with the other primary claims; ``exploratory``:
-    uncorrected, reported as such."""
+    """``primary``: a claim the design tests, Holm-corrected with the other primary claims of its ``experiment``;
+    ``exploratory``: uncorrected, reported as such."""
+    experiment: str = ""
+    """The experiment whose primary claims are Holm-corrected together (each experiment was designed, and its
+    claims written, on its own)."""
 
 
 CONTRASTS = (
@@ -281,12 +284,12 @@ CONTRASTS = (
     # Added before the runs of the ``takeaway2`` experiment (eight seeds: its first three claims are primary).
     Contrast("under a binding engine mismatch (int4 rollout), the DPPO-KL mask anchored on μ beats the same mask on "
              "the recomputed π_θ'", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"),
-             ("dppo_binary_kl_recompute", "mb1-int4"), family="primary"),
+             ("dppo_binary_kl_recompute", "mb1-int4"), family="primary", experiment="takeaway2"),
     Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip "
              "anchored on π_θ')", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"), ("minirl", "mb1-int4"),
-             family="primary"),
+             family="primary", experiment="takeaway2"),
     Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL beats PG-IS", "Takeaway 1",
-             ("dppo_binary_kl", "mb1-int4"), ("pg_is", "mb1-int4"), family="primary"),
+             ("dppo_binary_kl", "mb1-int4"), ("pg_is", "mb1-int4"), family="primary", experiment="takeaway2"),
     Contrast("under a binding engine mismatch (int4 rollout), truncated IS (MiniRL-TIS) beats MiniRL", "Takeaway 2",
              ("minirl_tis", "mb1-int4"), ("minirl", "mb1-int4")),
     # Added before the runs of the ``later_async`` experiment.
@@ -296,10 +299,28 @@ CONTRASTS = (
              "CPPO (arXiv 2606.10968)", ("cppo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
     Contrast("asynchronous rollouts two updates stale: M2PO's second-moment mask beats DPPO-Binary-TV",
              "M2PO (arXiv 2510.01161)", ("m2po", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    # Added before the runs of the ``steps`` and ``steps_size`` experiments (eight seeds: the first three claims are
+    # primary, Holm-corrected together).
+    Contrast("four full-batch gradient steps per rollout (stale after the first, no small minibatches): "
+             "DPPO-Binary-TV beats PG-IS", "fig:sanity_test", ("dppo_binary_tv", "steps-ep4"), ("pg_is", "steps-ep4"),
+             family="primary", experiment="steps"),
+    Contrast("four minibatch steps per rollout (the later sittings' policy): DPPO-Binary-TV beats PG-IS",
+             "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb4"), family="primary",
+             experiment="steps"),
+    Contrast("without a trust region, one on-policy step at four times the lr beats four stale minibatch steps at "
+             "the lr (staleness, not the size of the update per rollout, is what hurts)", "staleness apart from "
+             "step count", ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb4"), family="primary", experiment="steps"),
+    Contrast("without a trust region, four full-batch steps per rollout beat four quarter-batch steps",
+             "staleness apart from step count", ("pg_is", "steps-ep4"), ("pg_is", "steps-mb4")),
+    Contrast("PG-IS: one step per rollout at four times the lr beats one at the lr", "staleness apart from step count",
+             ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb1")),
+    Contrast("DPPO-Binary-TV: four minibatch steps per rollout beat one on-policy step (PG-IS, which DPPO equals "
+             "there)", "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb1")),
 )
-"""The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected together, and scored as
-exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``: mean training success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test of
-``left − right > margin`` rejects at 0.025 (for one claim alone: the paired 95% t-interval lies above the margin),
+"""The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
+of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
+mean training success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test
+of ``left − right > margin`` rejects at 0.025 (for one claim alone: the paired 95% t-interval lies above the margin),
 is refuted when that of ``left − right < −margin`` does, and the arms are equivalent when the two one-sided tests of
 ``|left − right| < margin`` do; else inconclusive."""
 
@@ -320,7 +341,8 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
     right = arm_values(outcomes, contrast.task, contrast.right, contrast.metric)
     pairs = left.index.intersection(right.index)
-    row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family, "metric": contrast.metric,
+    row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family,
+           "experiment": contrast.experiment, "metric": contrast.metric,
            "margin": contrast.margin, "pairs": len(pairs), "seeds": tuple(sorted(pairs)),
            "left_values": tuple(left.loc[pairs]), "right_values": tuple(right.loc[pairs]),
            "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
@@ -339,16 +361,19 @@ P_COLUMNS = ("p_above", "p_below", "p_equivalent")
 
 
 def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
-    """``*_adjusted`` p-values: Holm over the primary claims that ran with at least :data:`PRIMARY_MIN_PAIRS`
-    pairs (each of the three tests its own family); every other claim keeps its own p-values and counts as
-    exploratory (``family`` rewritten so)."""
+    """``*_adjusted`` p-values: Holm over the primary claims of one experiment that ran with at least
+    :data:`PRIMARY_MIN_PAIRS` pairs (each of the three tests its own family); every other claim keeps its own
+    p-values and counts as exploratory (``family`` rewritten so). ``holm_size``: the claims of its correction."""
     table = table.copy()
     primary = (table["family"] == "primary") & (table["pairs"] >= PRIMARY_MIN_PAIRS) & ~table["identical"]
     table.loc[(table["family"] == "primary") & ~primary, "family"] = "exploratory"
+    table["holm_size"] = 0
     for column in P_COLUMNS:
         table[f"{column}_adjusted"] = table[column]
-        if primary.any():
-            table.loc[primary, f"{column}_adjusted"] = holm(table.loc[primary, column].to_numpy())
+    for _, rows in table[primary].groupby("experiment"):
+        table.loc[rows.index, "holm_size"] = len(rows)
+        for column in P_COLUMNS:
+            table.loc[rows.index, f"{column}_adjusted"] = holm(rows[column].to_numpy())
     return table
 
 
@@ -391,22 +416,21 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
     for row in table.itertuples():
         if row.same_as:
             also.setdefault(row.same_as, []).append(f"{row.claim} ({row.source})")
-    primaries = int(((table["family"] == "primary") & (table["verdict"] != "not run")).sum())
     lines = []
     for row in table.itertuples():
         if not row.same_as:
-            lines.append(_summary_line(row, also.get(row.claim, []), primaries))
+            lines.append(_summary_line(row, also.get(row.claim, [])))
     return lines
 
 
-def _summary_line(row, duplicates: list[str], primaries: int) -> str:
+def _summary_line(row, duplicates: list[str]) -> str:
     head = f"- {row.claim} ({row.source}; {row.family})" + "".join(f"; same runs: {d}" for d in duplicates)
     if row.verdict == "not run":
         return f"{head}: not run yet"
     if row.verdict == "identical runs":
         return (f"{head}: **identical runs** — both arms gave {row.metric} {row.left:.3g} on each of {row.pairs} "
                 f"seeds; no verdict")
-    correction = f", Holm-adjusted over {primaries} primary claims" if row.family == "primary" else ""
+    correction = f", Holm-adjusted over {row.holm_size} primary claims" if row.family == "primary" else ""
     return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {row.right:.3g}, difference "
             f"{row.difference:+.3g}, 95% t-interval [{row.ci_low:+.3g}, {row.ci_high:+.3g}], {row.pairs} paired "
             f"seeds, margin {row.margin:g}; one-sided p{correction}: claim {row.p_above_adjusted:.2g}, reverse "
