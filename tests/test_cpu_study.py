@@ -1,8 +1,10 @@
 """The CPU study script: its grid is every arm of every experiment on five paired seeds, with flags the local engine
 accepts; a small real study plays, skips finished runs, completes an interrupted one, packs and reports."""
 
+import ast
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,7 +149,8 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert no_markers.read_text() == "# notes\n"
 
 
-COMMITTED = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "cpu_study"
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "notebooks" / "data" / "cpu_study"
 README = Path(__file__).resolve().parents[1] / "docs" / "cpu-study.md"  # the page with the summary
 
 
@@ -290,3 +293,41 @@ def test_merging_into_a_damaged_manifest_is_one_line_and_leaves_it(tmp_path):
         pack_study.main(["--study", str(fake_study(tmp_path / "one", ["int8"], ["a-s0"])), "--out", str(packed),
                          "--merge"])
     assert (packed / "study.json").read_text() == "{not json"
+
+
+def claims_at(commit: str) -> set[str]:
+    """The claims of ``CONTRASTS`` as ``dppo_oat/analysis/study.py`` held them at ``commit`` (each claim's text is
+    the first argument of a ``Contrast(...)``; Python's parser joins its string pieces)."""
+    source = subprocess.run(["git", "show", f"{commit}:dppo_oat/analysis/study.py"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    return {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "Contrast" and node.args and isinstance(node.args[0], ast.Constant)}
+
+
+def full_history() -> bool:
+    """Whether this checkout has its whole git history (not a copy without .git, nor a shallow clone)."""
+    done = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout.strip() == "false"
+
+
+@pytest.mark.skipif(not full_history(), reason="needs the repository's whole git history")
+def test_every_claim_was_committed_before_the_runs_it_scores():
+    """Provenance: a committed run that records its code commit ran code whose study already held every claim
+    scored on its arm (for a run of an uncommitted tree, ``<commit>-dirty``, the commit it started from). Runs packed
+    before runs recorded their commit are not checked; the test fails if none is left to check."""
+    runs_by_commit: dict[str, set[tuple[str, str]]] = {}
+    for config_path in sorted(COMMITTED.glob("*/*/config.json")):
+        commit = json.loads(config_path.read_text()).get("code_commit")
+        if commit:
+            runs_by_commit.setdefault(commit.removesuffix("-dirty"), set()).add(
+                (config_path.parent.parent.name, config_path.parent.name))
+    assert runs_by_commit, "no committed run records its code commit"
+    late = []
+    for commit, runs in runs_by_commit.items():
+        written = claims_at(commit)
+        for contrast in CONTRASTS:
+            arms = {f"{method}-{condition}" for method, condition in (contrast.left, contrast.right)}
+            if contrast.claim not in written and any(task == contrast.task and name.rsplit("-s", 1)[0] in arms
+                                                     for task, name in runs):
+                late.append(f"{contrast.claim!r} is not in study.py at {commit[:7]}, whose runs it scores")
+    assert not late, "\n".join(late)
