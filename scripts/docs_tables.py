@@ -319,12 +319,15 @@ GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target
 
 
 def gpu_rows(bench: str, folder: Path) -> list[dict]:
-    """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU and size, oldest first."""
+    """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU, size and decode (eager or in a
+    CUDA graph), oldest first."""
     rows = [json.loads(line) for path in sorted(folder.glob(f"{bench}_*.jsonl")) if not path.stem.endswith("_cpu")
             for line in path.read_text().splitlines() if line.strip()]
     rows = [row for row in rows if row.get("bench") == bench and row.get("cuda") and not row.get("smoke")]
-    newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens")): row for row in rows}
-    return sorted(newest.values(), key=lambda row: (row["gpu"], row.get("hidden") or 0, row.get("response_tokens") or 0))
+    newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens"), bool(row.get("cuda_graphs"))): row
+              for row in rows}
+    return sorted(newest.values(), key=lambda row: (row["gpu"], row.get("hidden") or 0,
+                                                    row.get("response_tokens") or 0, bool(row.get("cuda_graphs"))))
 
 
 def gpu_result(row: dict) -> str:
@@ -348,7 +351,8 @@ def gpu_result(row: dict) -> str:
             text += f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; {row['op_microseconds']:.0f} µs per small op)"
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
-                f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']})")
+                f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']}"
+                f"{', decode in a CUDA graph' if row.get('cuda_graphs') else ''})")
     elif bench == "learner_mfu":
         text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.3f} "
                 f"(peak {row['peak_flops'] / 1e12:.0f} TFLOP/s measured)")

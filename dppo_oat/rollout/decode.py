@@ -21,11 +21,50 @@ its own rows, and decode together. Every function here needs a model that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.rollout.direct_forward import KVBuffer, direct_forward, model_device
+from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward, direct_forward, model_device
+
+DecodeStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""One decode step: ``(token_ids [B, 1], positions [B, 1]) -> next-token logits [B, V]``, the tokens' keys and values
+appended to the batch's buffer."""
+
+
+class EagerStep:
+    """A decode step as :func:`direct_forward` runs it: attention over the columns filled so far."""
+
+    def __init__(self, model, buffer: KVBuffer):
+        self.model, self.buffer = model, buffer
+        self.valid: torch.Tensor | None = None
+
+    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.valid is None:
+            self.valid = torch.ones_like(token_ids, dtype=torch.bool)
+        return direct_forward(self.model, self.buffer, token_ids, positions, self.valid)
+
+
+class StaticStep:
+    """A decode step as :func:`decode_forward` runs it: the same shapes at every step (attention over the buffer's
+    whole capacity), the column given by a device tensor; the form a CUDA graph captures."""
+
+    def __init__(self, model, buffer: KVBuffer):
+        self.model, self.buffer = model, buffer
+        buffer.zero_room()
+        self.column = torch.zeros(1, dtype=torch.long, device=buffer.valid.device)
+
+    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.point_at_next_column()
+        logits = decode_forward(self.model, self.buffer, token_ids, positions, self.column)
+        self.buffer.width += 1
+        return logits
+
+    def point_at_next_column(self) -> None:
+        """Set the column tensor to the buffer's next free column (no host synchronisation)."""
+        if self.buffer.width >= self.buffer.capacity:
+            raise RuntimeError("the KV buffer is full: allocate it with room for every token to sample")
+        self.column.fill_(self.buffer.width)
 
 
 @dataclass
@@ -150,16 +189,17 @@ def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 @torch.inference_mode()
 def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, stop_ids: torch.Tensor, pad_id: int,
            keep_logprobs: bool, draw_order: torch.Tensor | None = None,
-           generator: torch.Generator | None = None) -> Decoded:
+           generator: torch.Generator | None = None, step: DecodeStep | None = None) -> Decoded:
     """Sample from a prefilled batch, one forward per token on its buffer (see :func:`sample_with_cache`). With
     ``draw_order``, row ``b`` takes each step's ``draw_order[b]``-th uniform: a batch laid out in another row order
     (length buckets) draws what the caller's order would; the uniforms come from ``generator`` (default: torch's
     global RNG). ``temperature`` > 0 (the generator calls it only then:
-    :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`)."""
+    :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`). ``step`` runs each forward on the state's buffer
+    (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same)."""
     buffer, logits, next_position = state.cache, state.logits, state.next_position
+    forward = step if step is not None else EagerStep(model, buffer)
     fed = 0
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    fed_valid = torch.ones_like(next_position, dtype=torch.bool)
     tokens, action_logprobs, all_logprobs = [], [], []
     for step in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -172,7 +212,7 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
         stopped |= torch.isin(token, stop_ids)
         if bool(stopped.all()) or step == max_new_tokens - 1:
             break
-        logits = direct_forward(model, buffer, token.unsqueeze(-1), next_position, fed_valid)
+        logits = forward(token.unsqueeze(-1), next_position)
         next_position, fed = next_position + 1, fed + 1
     return Decoded(torch.stack(tokens, dim=1), torch.stack(action_logprobs, dim=1),
                    torch.stack(all_logprobs, dim=1) if keep_logprobs else None, buffer, fed)

@@ -36,6 +36,9 @@ class KVBuffer:
         self.valid = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
         self.width = 0
         self._is_view = False
+        self.write_column: torch.Tensor | None = None
+        """Set by :func:`decode_forward`: the one column (a one-element device tensor) a layer's new keys and values
+        go to, and :meth:`update` then returns every column (static shapes, for a CUDA graph)."""
 
     @classmethod
     def allocate(cls, batch: int, capacity: int, keys: Sequence[torch.Tensor],
@@ -75,7 +78,7 @@ class KVBuffer:
         filled with lands here). The columns before ``first_column`` become zeros, masked, so that batches of
         different widths end together, right-aligned, and decode as one."""
         view = KVBuffer.__new__(KVBuffer)
-        view.keys, view.values = [], []
+        view.keys, view.values, view.write_column = [], [], None
         for keys, values in zip(self.keys, self.values):
             keys[start:stop, :, :first_column] = 0
             values[start:stop, :, :first_column] = 0
@@ -108,6 +111,13 @@ class KVBuffer:
         grown = KVBuffer.from_past(self.filled(), self.valid[:, : self.width], capacity)
         self.keys, self.values, self.valid = grown.keys, grown.values, grown.valid
 
+    def zero_room(self) -> None:
+        """Zero the columns after the filled ones (their storage is uninitialised until written, and may hold
+        non-finite values), for :func:`decode_forward`, which reads them masked."""
+        for keys, values in zip(self.keys, self.values):
+            keys[:, :, self.width :].zero_()
+            values[:, :, self.width :].zero_()
+
     def repeat_rows(self, batch: int, capacity: int) -> "KVBuffer":
         """A buffer of ``batch`` rows, each a copy of this one-row buffer's filled columns."""
         past = [(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)) for keys, values in self.filled()]
@@ -120,6 +130,10 @@ class KVBuffer:
         if layer_idx == len(self.keys):
             self.keys.append(self._columns_like(keys))
             self.values.append(self._columns_like(values))
+        if self.write_column is not None:  # decode_forward: one token, written where the column tensor says
+            self.keys[layer_idx].index_copy_(2, self.write_column, keys)
+            self.values[layer_idx].index_copy_(2, self.write_column, values)
+            return self.keys[layer_idx], self.values[layer_idx]
         end = self.width + keys.shape[2]
         self.keys[layer_idx][:, :, self.width : end] = keys
         self.values[layer_idx][:, :, self.width : end] = values
@@ -159,6 +173,31 @@ def direct_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: 
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
     buffer.width = start + new
     return model.lm_head(body.norm(hidden[:, -1:]))[:, -1]
+
+
+def decode_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: torch.Tensor,
+                   column: torch.Tensor) -> torch.Tensor:
+    """:func:`direct_forward` for one new token per row (``input_ids``, ``positions`` ``[B, 1]``) written at the
+    buffer's ``column`` (a one-element device tensor) and attending over the buffer's whole capacity, the columns
+    after ``column`` masked: every shape and every host-side value is the same from one step to the next, so the call
+    can be captured once in a CUDA graph and replayed with new inputs (:mod:`dppo_oat.rollout.cuda_graphs`). The
+    columns not yet written must hold finite values (:meth:`KVBuffer.zero_room`): a masked key still enters the
+    products with weight 0. The caller moves ``buffer.width`` on."""
+    body = model.model
+    buffer.valid.index_fill_(1, column, True)
+    key_columns = torch.arange(buffer.capacity, device=column.device)
+    mask = (buffer.valid & (key_columns <= column))[:, None, None, :]
+    hidden = body.embed_tokens(input_ids)
+    position_embeddings = body.rotary_emb(hidden, positions)
+    buffer.write_column = column
+    try:
+        for layer in body.layers:
+            hidden = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
+                           position_embeddings=position_embeddings, **{cache_keyword(type(layer)): buffer})
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    finally:
+        buffer.write_column = None
+    return model.lm_head(body.norm(hidden))[:, -1]
 
 
 @functools.lru_cache(maxsize=None)

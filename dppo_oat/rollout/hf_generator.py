@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dppo_oat.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
+from dppo_oat.rollout.cuda_graphs import decode_step
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
@@ -162,15 +163,18 @@ class HFGenerator:
     ``reuse_prefixes``, the sampling loop keeps the keys and values of the last call's
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
-    (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits.
+    (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``: on a
+    CUDA device, a call sampling enough tokens captures its decode step in a CUDA graph
+    (:mod:`dppo_oat.rollout.cuda_graphs`).
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
-                 reuse_prefixes: bool = True, compute_dtype: str = "float32"):
+                 reuse_prefixes: bool = True, compute_dtype: str = "float32", cuda_graphs: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         torch_dtype(compute_dtype)  # a known name
         self.compute_dtype = compute_dtype
+        self.cuda_graphs = cuda_graphs
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -237,9 +241,10 @@ class HFGenerator:
         prompt order); the batch's keys and values are then cached for the next call."""
         order, state = self._prefill(prompts, settings.max_new_tokens)
         draw_order = torch.as_tensor(order, device=self.device)
+        step = decode_step(self.model, state.cache, len(order), settings.max_new_tokens, self.cuda_graphs)
         decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                          stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0,
-                         draw_order=draw_order, generator=self._draws)
+                         draw_order=draw_order, generator=self._draws, step=step)
         if self.prefix_cache is not None:
             self._cached_parts.append(self._rows_to_cache([prompts[i] for i in order], state, decoded, eos))
         prompt_order = torch.argsort(draw_order)

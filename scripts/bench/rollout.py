@@ -222,7 +222,7 @@ def generate_sampler(model, tokenizer, new_tokens: int):
 def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
     """The generator and ``generate`` on the same multi-turn rollout, back to back in pairs: medians of their rates
     and of the pairs' ratios, and the prompts' mean lengths per turn (for the roofline)."""
-    generator = HFGenerator(model, tokenizer, batch_size=len(prompts))
+    generator = HFGenerator(model, tokenizer, batch_size=len(prompts), cuda_graphs=args.cuda_graphs)
     settings = SamplingSettings(max_new_tokens=args.new_tokens)
     vocab = model.config.vocab_size
 
@@ -327,6 +327,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="MiB of each buffer of the bandwidth copy (default: 2048 on a GPU, 256 on the CPU)")
     parser.add_argument("--env-seconds", type=float, default=2.0, help="seconds of Gem env steps (tiny model only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and observations")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="the generator captures its decode step in a CUDA graph (on a CUDA device; the local "
+                             "engine's --cuda-graphs)")
     args = parser.parse_args(argv)
     if args.copy_mib is None:
         args.copy_mib = 2048 if args.device.startswith("cuda") else 256
@@ -367,7 +370,7 @@ def main() -> None:
         "precision": "weights cast to dtype, as an inference engine holds them (the local engine's --dtype samples "
                      "from fp32 weights under torch.autocast instead)",
         "turns": args.turns, "repeats": args.repeats, "vocab_size": model.config.vocab_size,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "cuda_graphs": args.cuda_graphs,
     }
     if args.model == "tiny":
         result["hf"] = bench_hf(model, tokenizer, prompts, args.new_tokens, args.repeats)

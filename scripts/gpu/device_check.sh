@@ -214,8 +214,12 @@ rollout_ops() {
         && stamp rollout_ops "$LOG_DIR/rollout-ops.json"
 }
 
-rollout() {
-    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json"
+rollout() {  # on a GPU twice: the eager decode, then the decode step captured in a CUDA graph
+    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json" \
+        || return 1
+    [[ $SMOKE == 1 ]] && return 0
+    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" --cuda-graphs >"$LOG_DIR/rollout-graphs.json" \
+        && stamp rollout "$LOG_DIR/rollout-graphs.json"
 }
 
 learner() {

@@ -152,7 +152,8 @@ class LocalTrainer:
             return make_vllm_generator(self.model, self.tokenizer, c)
         rollout_model = rollout_copy(self.model, c.rollout_dtype)  # a lower precision: training-inference mismatch
         generator = HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step),
-                                compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype))
+                                compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype),
+                                cuda_graphs=c.cuda_graphs)
         if not generator.runs_direct:
             self.console.print("note: the sampling loop cannot run this model's layers itself (its architecture or "
                                "transformers version); rollouts sample with model.generate, which is slower")
@@ -163,7 +164,7 @@ class LocalTrainer:
         the update changes while it samples), loaded with an older weights version before every rollout."""
         c = self.config
         return HFGenerator(copy.deepcopy(self.generator.model), tokenizer, batch_size=max(64, c.episodes_per_step),
-                           compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype))
+                           compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype), cuda_graphs=c.cuda_graphs)
 
     def _weights_snapshot(self) -> dict[str, torch.Tensor]:
         """A copy of the learner's current weights (one weights version)."""

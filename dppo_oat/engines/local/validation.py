@@ -248,6 +248,9 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError("--probe-every needs the rollout model's full logits: use --generator hf")
     if c.rollout_dtype != "float32" and c.generator != "hf":
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
+    if c.cuda_graphs and (c.generator != "hf" or not c.device.startswith("cuda")):
+        raise ValueError("--cuda-graphs captures the HF generator's decode on a CUDA device: use it with --device "
+                         "cuda and --generator hf (vLLM captures its own)")
 
 
 def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
@@ -267,8 +270,8 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     return None
 
 
-RESUMABLE = ("steps", "resume", "threads", "device", "wandb", "tensorboard", "cache_dir", "run_dir", "eval_every",
-             "probe_every", "token_samples")
+RESUMABLE = ("steps", "resume", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
+             "eval_every", "probe_every", "token_samples")
 """Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
 
 

@@ -1,0 +1,82 @@
+"""The static decode step (the form a CUDA graph captures): attention over the buffer's whole capacity, the column
+given by a device tensor, computes what the eager step does, for every architecture the sampling loop runs; the
+generator picks the eager step off CUDA, and ``--cuda-graphs`` is refused where it cannot apply. The capture itself
+needs CUDA: ``tests/test_gpu_local.py``."""
+
+import pytest
+import torch
+
+from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, decode_step
+from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, left_padded_positions, prefill
+from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
+
+from test_faults import no_model, one_error  # noqa: F401 - fixtures
+from test_generators import small_model
+
+
+def prefilled(model, room=6):
+    """Two left-padded rows (one three tokens shorter) prefilled with ``room`` columns to sample into."""
+    input_ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :3] = 0
+    return prefill(model, input_ids, attention_mask, room=room)
+
+
+@pytest.mark.parametrize("name", ["Qwen3", "Llama", "Gemma"])
+def test_the_static_step_samples_what_the_eager_step_samples(name):
+    """Same seed, same draws: the tokens are equal and μ's log-probs equal to float rounding; the buffer ends with
+    the same width and the same keys in its filled columns."""
+    model = small_model(name)
+    results = []
+    with torch.inference_mode():
+        for make_step in (EagerStep, StaticStep):
+            state = prefilled(model)
+            state.cache.keys[0][:, :, state.cache.width :] = float("nan")  # unwritten storage: NaN must not leak
+            decoded = decode(model, state, max_new_tokens=6, temperature=1.0, stop_ids=torch.tensor([49]),
+                             pad_id=0, keep_logprobs=True, generator=torch.Generator().manual_seed(3),
+                             step=make_step(model, state.cache))
+            results.append((decoded, state.cache))
+    (eager, eager_cache), (static, static_cache) = results
+    assert torch.equal(eager.new_ids, static.new_ids)
+    torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-5, rtol=1e-5)
+    assert eager_cache.width == static_cache.width == 7 + eager.fed
+    for (keys, values), (static_keys, static_values) in zip(eager_cache.filled(), static_cache.filled()):
+        torch.testing.assert_close(static_keys, keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(static_values, values, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_forward_writes_one_column_and_attends_to_the_filled_ones_only():
+    """A token written at column c sees columns ≤ c that are valid, whatever the later columns hold."""
+    model = small_model("Qwen3")
+    with torch.inference_mode():
+        state = prefilled(model, room=3)
+        buffer = state.cache
+        buffer.zero_room()
+        token, position = torch.tensor([[5], [6]]), state.next_position
+        expected = EagerStep(model, KVBuffer.from_past(buffer.filled(), buffer.valid[:, : buffer.width], 10))(
+            token, position)
+        for keys in buffer.keys:
+            keys[:, :, buffer.width + 1 :] = 1e4  # beyond the written column: masked
+        logits = decode_forward(model, buffer, token, position, torch.tensor([buffer.width]))
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert buffer.valid[:, 7].all() and not buffer.valid[:, 8:].any()
+
+
+def test_a_full_buffer_is_one_clear_error():
+    model = small_model("Qwen3")
+    with torch.inference_mode():
+        state = prefilled(model, room=0)
+        with pytest.raises(RuntimeError, match="KV buffer is full"):
+            StaticStep(model, state.cache)(torch.tensor([[1], [2]]), state.next_position)
+
+
+def test_off_cuda_or_for_short_calls_the_generator_decodes_eagerly():
+    model = small_model("Qwen3")
+    buffer = KVBuffer(2, 8, torch.device("cpu"))
+    assert isinstance(decode_step(model, buffer, 2, MIN_GRAPH_STEPS, cuda_graphs=True), EagerStep)
+    assert isinstance(decode_step(model, buffer, 2, MIN_GRAPH_STEPS - 1, cuda_graphs=False), EagerStep)
+
+
+def test_cuda_graphs_off_cuda_is_refused_before_any_model_loads(capsys, no_model, tmp_path):
+    one_error(capsys, ["--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path)], 2,
+              "--cuda-graphs captures the HF generator's decode on a CUDA device")
