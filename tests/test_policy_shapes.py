@@ -1,5 +1,6 @@
 """--warm-start.shape: qwen3-100m is a ~100M-parameter Qwen3 over a 32,768-entry vocabulary (the trained BPE padded
-with reserved tokens), its own cache key, refused where it makes no sense; tiny stays the default, key included."""
+with reserved tokens) and tiny-8k the tiny architecture over 8,192 entries, each with its own cache key, refused where
+it makes no sense; tiny stays the default, key included."""
 
 from dataclasses import replace
 
@@ -23,6 +24,15 @@ def test_qwen3_100m_has_about_100m_parameters_and_a_32k_vocabulary():
     assert model.config.vocab_size == 32_768
     assert 95e6 <= count_parameters(model) <= 105e6, count_parameters(model)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied: counted once
+
+
+def test_tiny_8k_is_the_default_tiny_architecture_over_8192_entries():
+    texts = toy_corpus(300)
+    tiny, _ = build_shaped_policy(texts, 0, "tiny", vocab_size=512, hidden_size=128, num_layers=2)
+    padded, tokenizer = build_shaped_policy(texts, 0, "tiny-8k", vocab_size=512, hidden_size=128, num_layers=2)
+    assert len(tokenizer) == 8_192 == padded.config.vocab_size
+    same = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "tie_word_embeddings")
+    assert all(getattr(padded.config, name) == getattr(tiny.config, name) for name in same)
 
 
 def test_a_padded_tokenizer_round_trips_and_the_models_embedding_matches_it(tmp_path):
@@ -57,6 +67,9 @@ def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
     tiny, big = key(WarmStartConfig()), key(replace(WarmStartConfig(), shape="qwen3-100m"))
     assert tiny == "tiny-game_Sudoku-v0-easy-compact-wrong-1ed8e576263b"  # the shipped policy's folder
     assert big.startswith("qwen3-100m-game_Sudoku-v0-easy-compact-wrong-") and big.split("-")[-1] != tiny.split("-")[-1]
+    padded = key(replace(WarmStartConfig(), shape="tiny-8k"))
+    assert padded.startswith("tiny-8k-game_Sudoku") and padded.split("-")[-1] not in (tiny.split("-")[-1],
+                                                                                      big.split("-")[-1])
 
 
 @pytest.mark.fault("`--warm-start.shape qwen3-100m` with `--warm-start.hidden-size` / `--warm-start.num-layers`, "

@@ -42,7 +42,9 @@ class WarmStartConfig:
     cached as such, with a warning on every use."""
     shape: PolicyShape = "tiny"
     """The policy's architecture: tiny (a Qwen3 of --warm-start.hidden-size and --warm-start.num-layers over the
-    tokenizer's own vocabulary, ~0.6M parameters: seconds per step on a CPU), or qwen3-100m (a ~100M-parameter
+    tokenizer's own vocabulary, ~0.6M parameters: seconds per step on a CPU), tiny-8k (the default tiny one over a
+    vocabulary padded to 8,192 entries with reserved tokens, for top-K divergences that leave mass outside their K
+    tokens), or qwen3-100m (a ~100M-parameter
     Qwen3, hidden 768, 12 layers, whose 32,768-entry vocabulary is the tokenizer's padded with reserved tokens: a
     realistic LM head for a GPU run)."""
     vocab_size: int = 512
