@@ -201,7 +201,7 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
     fed = 0
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens, action_logprobs, all_logprobs = [], [], []
-    for step in range(max_new_tokens):
+    for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         token = inverse_cdf_sample(logprobs, draw_order, generator)
         token = torch.where(stopped, torch.full_like(token, pad_id), token)
@@ -210,7 +210,7 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
         if keep_logprobs:
             all_logprobs.append(logprobs)
         stopped |= torch.isin(token, stop_ids)
-        if bool(stopped.all()) or step == max_new_tokens - 1:
+        if bool(stopped.all()) or t == max_new_tokens - 1:
             break
         logits = forward(token.unsqueeze(-1), next_position)
         next_position, fed = next_position + 1, fed + 1
