@@ -6,8 +6,9 @@ vLLM does for its decode batches, :class:`GraphedStep` records the step's kernel
 step then replays them with new inputs in one launch. A graph replays fixed shapes and fixed host-side values, so
 the captured step is :class:`~dppo_oat.rollout.decode.StaticStep` (attention over the buffer's whole capacity, the
 column to write given by a device tensor); one graph serves the decode of one generator call, on that call's
-buffer. Capturing costs about a few eager steps, so a call with fewer than :data:`MIN_GRAPH_STEPS` tokens to sample
-decodes eagerly; a capture that fails falls back to the eager step with one warning.
+buffer. A capture first runs the step eagerly :data:`WARMUP_STEPS` times and then records it, so a call with fewer
+than :data:`MIN_GRAPH_STEPS` tokens to sample decodes eagerly; a capture that fails warns and decodes eagerly. Not
+yet measured on a GPU: the GPU check's ``rollout`` step times it.
 """
 
 from __future__ import annotations
