@@ -424,8 +424,8 @@ NOT_SETTINGS = frozenset({"run_name", "run_id", "code_commit", "started_at", "ru
                           "cuda_graphs", "resume", "resumes", "cache_dir", "wandb", "tensorboard", "token_samples",
                           "probe_every", "trust_region"})
 """Config fields that do not change what a run trains: its name, identity, provenance and folders, its seed, its
-resumes, where and how it ran (device, threads, a decode replayed from a CUDA graph), what it logs besides its metrics (``trust_region`` and the ``tr_*``
-overrides are the curve's method)."""
+resumes, where and how it ran (device, threads, a decode replayed from a CUDA graph), what it logs besides its
+metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method)."""
 
 
 def is_setting(name: str) -> bool:

@@ -160,18 +160,27 @@ def direct_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: 
                    valid: torch.Tensor) -> torch.Tensor:
     """The next-token logits ``[B, V]`` (last position) of ``input_ids [B, S]`` at ``positions [B, S]`` after the
     buffer's columns; their keys and values join the buffer, valid where ``valid [B, S]`` is."""
-    body, new = model.model, input_ids.shape[1]
+    new = input_ids.shape[1]
     buffer.reserve(new)
     start = buffer.width
     buffer.valid[:, start : start + new] = valid
-    mask = causal_mask(buffer.valid[:, : start + new], start)
+    logits = last_logits(model, buffer, input_ids, positions, causal_mask(buffer.valid[:, : start + new], start))
+    buffer.width = start + new
+    return logits
+
+
+def last_logits(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+    """The model's own modules on ``input_ids`` under the boolean attention ``mask`` (``[B, 1, S, K]``), every
+    layer's keys and values going to ``buffer``: the next-token logits ``[B, V]`` of the last position (only it goes
+    through the LM head)."""
+    body = model.model
     hidden = body.embed_tokens(input_ids)
     position_embeddings = body.rotary_emb(hidden, positions)
     for layer in body.layers:
         hidden = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
                        position_embeddings=position_embeddings, **{cache_keyword(type(layer)): buffer})
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-    buffer.width = start + new
     return model.lm_head(body.norm(hidden[:, -1:]))[:, -1]
 
 
@@ -183,21 +192,14 @@ def decode_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: 
     can be captured once in a CUDA graph and replayed with new inputs (:mod:`dppo_oat.rollout.cuda_graphs`). The
     columns not yet written must hold finite values (:meth:`KVBuffer.zero_room`): a masked key still enters the
     products with weight 0. The caller moves ``buffer.width`` on."""
-    body = model.model
     buffer.valid.index_fill_(1, column, True)
     key_columns = torch.arange(buffer.capacity, device=column.device)
     mask = (buffer.valid & (key_columns <= column))[:, None, None, :]
-    hidden = body.embed_tokens(input_ids)
-    position_embeddings = body.rotary_emb(hidden, positions)
     buffer.write_column = column
     try:
-        for layer in body.layers:
-            hidden = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
-                           position_embeddings=position_embeddings, **{cache_keyword(type(layer)): buffer})
-            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return last_logits(model, buffer, input_ids, positions, mask)
     finally:
         buffer.write_column = None
-    return model.lm_head(body.norm(hidden))[:, -1]
 
 
 @functools.lru_cache(maxsize=None)
