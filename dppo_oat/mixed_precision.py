@@ -54,8 +54,9 @@ def use_shape_agnostic_attention(device: torch.device | str) -> None:
     """On a CUDA ``device``, turn cuDNN's attention off for the process (``torch.backends.cuda.enable_cudnn_sdp``),
     leaving scaled-dot-product attention to the flash, memory-efficient and math kernels; elsewhere nothing. A
     process-wide flag and not a context: the background rollout samples in a thread beside the update, and a
-    context entered and left by two threads would restore the other's setting. Measured on an H100 (torch 2.11,
-    bfloat16): the default run's rollout spent 5.0 of its 5.9 s building cuDNN graphs."""
+    context entered and left by two threads would restore the other's setting. On an H100 (torch 2.11,
+    bfloat16) a default-run rollout with cuDNN's attention on takes 5.88 s, 4.95 s of it in cuDNN's attention; 0.72 s
+    with it off."""
     if torch.device(device).type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
 
