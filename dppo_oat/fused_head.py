@@ -1,5 +1,5 @@
-"""π_θ's log-probs, and the policy loss's gradients, straight from the last hidden states: the LM head is applied
-chunk by chunk over the tokens and the ``[N, V]`` logits are never held.
+"""π_θ's log-probs, and their gradients, straight from the last hidden states: the LM head is applied chunk by chunk
+and the ``[N, V]`` logits are never held.
 
 Every quantity of the update is per token: π_θ(a_t|s_t), π_θ on the top-K set (sec:method_topk), the entropy metric,
 and the loss of eq:unified_grad, whose gradient reaches the logits only through log π_θ(a_t|s_t) (the mask M_t and
@@ -8,42 +8,35 @@ temperature T) and ``g_t = ∂L/∂ log π_θ(a_t|s_t)``::
 
     ∂L/∂z_t = g_t · (e_{a_t} − softmax(z_t)),   ∂L/∂h_t = Wᵀ ∂L/∂z_t / T,   ∂L/∂W = Σ_t ∂L/∂z_t h_tᵀ / T
 
+The forward pass goes over the tokens, a chunk of rows at a time: each chunk's logits give log π_θ(a_t), the
+log-normaliser, the top-K log-probs and the entropy, and only those O(N · K) numbers are kept. The backward pass goes
+over the vocabulary, a chunk of the head's rows at a time, for the tokens whose ``g_t`` is not zero only (a prompt
+token, or one the trust region blocks, costs no backward): a chunk's logits again, from the saved log-normalisers
+its ``∂L/∂z``, then its slice of ``∂L/∂W``, written once by one product over all the tokens (no ``[V, H]``
+accumulator: the head's gradient is as exact, and as large, as the logits path's), and its share of ``∂L/∂h``,
+summed in fp32 over the chunks (``[N, H]``). A chunk holds about :data:`CHUNK_ELEMENTS` fp32 logits in either pass
+(220 token rows at V = 151,936; at 16,384 tokens, 2,048 vocabulary rows).
+
 Under ``torch.autocast`` the head's product ``W h`` runs in the autocast dtype, as the model's own head would (the
-rollout samples from those logits); the statistics and the gradients' products stay fp32 (:func:`accumulate_grads`).
-
-A chunk holds about :data:`CHUNK_ELEMENTS` fp32 logits (220 tokens at V = 151,936). Per chunk the forward pass
-computes log π_θ(a_t), the log-normaliser, the top-K log-probs and the entropy, and keeps only those O(N · K) numbers.
-The gradients come one of two ways:
-
-- *in the forward pass* (the learner's case): the caller announces its loss (``token_grad``: ``g_t`` of a chunk's
-  tokens from their log-probs, known as soon as the chunk's log-normaliser is), so each chunk's softmax turns into
-  ``∂L/∂h`` and ``∂L/∂W`` at once; the backward pass checks that the loss it receives is the announced one (its
-  ``g`` is the announced ``g`` times one factor: gradient accumulation, micro-batch shares) and scales them;
-- *recomputed in the backward pass* otherwise (no loss announced, or another one): each chunk's logits again, for the
-  tokens whose ``g_t`` is not zero only (a prompt token, or one the trust region blocks, costs no backward).
-
-``∂L/∂W`` accumulates in fp32 and reaches the head weight through ordinary autograd: a tied head adds it to the
-embedding's gradient, and DeepSpeed ZeRO-1/2 reduce it as any other gradient. ZeRO-3 partitions the weight outside
-its module's forward: there :func:`head_of` refuses, and the learner keeps the logits path (``lm_head="logits"``).
+rollout samples from those logits), in the backward pass too; the statistics are fp32, and the gradients' products
+run in the weight's dtype (:func:`vocab_chunk_grads`). The head's gradient reaches the weight through ordinary
+autograd: a tied head adds it to the embedding's gradient, and DeepSpeed ZeRO-1/2 reduce it as any other gradient.
+ZeRO-3 partitions the weight outside its module's forward: there :func:`head_of` refuses, and the learner keeps the
+logits path (``lm_head="logits"``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 CHUNK_ELEMENTS = 1 << 25
-"""fp32 logits per chunk (128 MiB): the token rows of a chunk are ``CHUNK_ELEMENTS // V``."""
-ANNOUNCED_RTOL = 1e-4
-"""How closely the backward's ``g`` must match the announced one, up to a factor, to use the forward's gradients."""
-
-TokenGrad = Callable[[slice, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
-"""``token_grad(rows, logp, topk_logp) -> g``: ``∂L/∂ log π(a_t)`` of the loss the caller will backpropagate, for the
-token rows ``rows`` of the flattened batch, given their log-probs (and top-K log-probs), up to one common factor."""
+"""fp32 logits per chunk (128 MiB): ``CHUNK_ELEMENTS // V`` token rows in the forward pass, ``CHUNK_ELEMENTS // N``
+vocabulary rows in the backward pass."""
 
 
 class FusedHeadUnsupported(ValueError):
@@ -66,9 +59,15 @@ def rows_per_chunk(vocab: int, chunk_size: int | None = None) -> int:
     return rows
 
 
+def vocab_rows_per_chunk(tokens: int, vocab: int, chunk_size: int | None = None) -> int:
+    """Vocabulary rows per backward chunk over ``tokens`` token rows: as many logits as a forward chunk of
+    :func:`rows_per_chunk` token rows holds."""
+    return max(1, rows_per_chunk(vocab, chunk_size) * vocab // max(1, tokens))
+
+
 def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``z = W h / T`` in fp32 (fp64 stays fp64) for rows ``hidden [c, H]``; the matmul runs in the weight's dtype,
-    as the model's own head does."""
+    """``z = W h / T`` in fp32 (fp64 stays fp64) for rows ``hidden [c, H]`` (``weight``: the head's rows, all of them
+    or a chunk's); the matmul runs in the weight's dtype, as the model's own head does."""
     z = F.linear(hidden, weight).to(statistics_dtype(weight.dtype))
     return z.div_(temperature) if temperature != 1.0 else z
 
@@ -105,26 +104,14 @@ def exp_sums(z: torch.Tensor, peak: torch.Tensor, with_entropy: bool, rows: int 
 
 
 def chunk_logit_grad(z: torch.Tensor, lse: torch.Tensor, ids: torch.Tensor, grad_logp: torch.Tensor,
-                     temperature: float) -> torch.Tensor:
-    """``∂L/∂(W h) = g · (e_a − softmax(z)) / T`` for a chunk, computed in place of ``z``."""
+                     temperature: float, first_id: int = 0) -> torch.Tensor:
+    """``∂L/∂(W h) = g · (e_a − softmax(z)) / T`` on the vocabulary rows ``first_id …`` that ``z [c, v]`` holds (a
+    token whose ``a_t`` lies outside them gets only the softmax's term), computed in place of ``z``."""
     scale = (grad_logp.to(z.dtype) / temperature).unsqueeze(-1)
     dz = z.sub_(lse.unsqueeze(-1)).exp_().mul_(-scale)
-    return dz.scatter_add_(-1, ids.unsqueeze(-1), scale)
-
-
-def accumulate_grads(dz: torch.Tensor, rows_hidden: torch.Tensor, weight: torch.Tensor,
-                     grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> torch.Tensor | None:
-    """``∂L/∂h = dz W`` of the chunk (returned) and ``grad_weight += dzᵀ h`` (fp32, in place), in the weight's dtype
-    even under autocast: ``dz`` of a token is ``g_t`` times probabilities (down to 1e-7 and below at a large V),
-    which float16 would flush to zero before any loss scale could lift them."""
-    with autocast_like((dz.device.type, False, None)):
-        dz = dz.to(weight.dtype)
-        if grad_weight is not None:
-            if dz.dtype == grad_weight.dtype:
-                grad_weight.addmm_(dz.T, rows_hidden)
-            else:
-                grad_weight.add_(dz.T @ rows_hidden)
-        return None if grad_hidden is None else dz @ weight
+    local = ids - first_id
+    inside = ((local >= 0) & (local < z.shape[1])).unsqueeze(-1)
+    return dz.scatter_add_(-1, local.clamp(0, z.shape[1] - 1).unsqueeze(-1), scale * inside)
 
 
 # --------------------------------------------------------------------------------------------- all rows
@@ -132,53 +119,32 @@ def accumulate_grads(dz: torch.Tensor, rows_hidden: torch.Tensor, weight: torch.
 
 @dataclass
 class HeadPass:
-    """What the forward pass keeps, per token row: fp32 ``[N]`` (``topk_logp``: ``[N, K']``), and the gradients of
-    the announced loss when there was one (``grad_logp``: its ``g``)."""
+    """What the forward pass keeps, per token row: fp32 ``[N]`` (``topk_logp``: ``[N, K']``)."""
 
     logp: torch.Tensor
     lse: torch.Tensor
     entropy: torch.Tensor | None = None
     topk_logp: torch.Tensor | None = None
-    grad_logp: torch.Tensor | None = None
-    grad_hidden: torch.Tensor | None = None
-    grad_weight: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def head_forward(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
-                 topk_ids: torch.Tensor | None = None, with_entropy: bool = True, chunk_size: int | None = None,
-                 token_grad: TokenGrad | None = None, grads_for: tuple[bool, bool] = (True, True)) -> HeadPass:
-    """:func:`chunk_statistics` of every row of ``hidden [N, H]``, one chunk of logits at a time; with ``token_grad``
-    also ``∂L/∂h`` and ``∂L/∂W`` (those ``grads_for`` asks for) of the announced loss."""
+                 topk_ids: torch.Tensor | None = None, with_entropy: bool = True,
+                 chunk_size: int | None = None) -> HeadPass:
+    """:func:`chunk_statistics` of every row of ``hidden [N, H]``, one chunk of token rows' logits at a time."""
     num, dtype = hidden.shape[0], statistics_dtype(weight.dtype)
     out = HeadPass(logp=hidden.new_empty(num, dtype=dtype), lse=hidden.new_empty(num, dtype=dtype),
                    entropy=hidden.new_empty(num, dtype=dtype) if with_entropy else None,
                    topk_logp=None if topk_ids is None else hidden.new_empty(topk_ids.shape, dtype=dtype))
-    if token_grad is not None:
-        out.grad_logp = hidden.new_zeros(num, dtype=dtype)
-        out.grad_hidden = torch.zeros_like(hidden) if grads_for[0] else None
-        out.grad_weight = torch.zeros_like(weight, dtype=dtype) if grads_for[1] else None
     for part in row_slices(num, rows_per_chunk(weight.shape[0], chunk_size)):
-        _forward_chunk(out, part, hidden, weight, ids, topk_ids, temperature, with_entropy, token_grad)
+        z = chunk_logits(hidden[part], weight, temperature)
+        chunk_topk = None if topk_ids is None else topk_ids[part]
+        out.lse[part], out.logp[part], topk, entropy = chunk_statistics(z, ids[part], chunk_topk, with_entropy)
+        if with_entropy:
+            out.entropy[part] = entropy
+        if topk is not None:
+            out.topk_logp[part] = topk
     return out
-
-
-def _forward_chunk(out: HeadPass, part: slice, hidden, weight, ids, topk_ids, temperature, with_entropy,
-                   token_grad) -> None:
-    """One chunk of :func:`head_forward`, written into ``out`` (its logits are freed on return)."""
-    z = chunk_logits(hidden[part], weight, temperature)
-    chunk_topk = None if topk_ids is None else topk_ids[part]
-    out.lse[part], out.logp[part], topk, entropy = chunk_statistics(z, ids[part], chunk_topk, with_entropy)
-    if with_entropy:
-        out.entropy[part] = entropy
-    if topk is not None:
-        out.topk_logp[part] = topk
-    if token_grad is not None:
-        grad = out.grad_logp[part] = token_grad(part, out.logp[part], topk)
-        dz = chunk_logit_grad(z, out.lse[part], ids[part], grad, temperature)
-        rows_grad = accumulate_grads(dz, hidden[part], weight, out.grad_hidden, out.grad_weight)
-        if rows_grad is not None:
-            out.grad_hidden[part] = rows_grad
 
 
 def row_slices(num_rows: int, rows: int) -> list[slice]:
@@ -190,56 +156,54 @@ def row_slices(num_rows: int, rows: int) -> list[slice]:
 def head_grads(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
                grad_logp: torch.Tensor, *, temperature: float, chunk_size: int | None = None,
                grads_for: tuple[bool, bool] = (True, True)) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(∂L/∂h [N, H], ∂L/∂W [V, H])`` from ``g = ∂L/∂ log π(a_t)`` (module docstring), recomputing the logits chunk
-    by chunk over the rows with ``g ≠ 0``; ``∂L/∂W`` accumulates in fp32 and is returned in the weight's dtype."""
-    grad_hidden = torch.zeros_like(hidden) if grads_for[0] else None
-    grad_weight = torch.zeros_like(weight, dtype=statistics_dtype(weight.dtype)) if grads_for[1] else None
-    for rows in grad_logp.nonzero().squeeze(-1).split(rows_per_chunk(weight.shape[0], chunk_size)):
-        _backward_chunk(rows, hidden, weight, ids, lse, grad_logp, temperature, grad_hidden, grad_weight)
-    return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype)
+    """``(∂L/∂h [N, H], ∂L/∂W [V, H])`` from ``g = ∂L/∂ log π(a_t)`` (module docstring), recomputing the logits of
+    the rows with ``g ≠ 0``, one chunk of vocabulary rows at a time (:func:`vocab_chunk_grads`)."""
+    rows = grad_logp.nonzero().squeeze(-1)
+    active = hidden[rows].to(weight.dtype)
+    grad_rows = torch.zeros(active.shape, dtype=statistics_dtype(weight.dtype), device=hidden.device) \
+        if grads_for[0] else None
+    grad_weight = (torch.empty_like(weight) if len(rows) else torch.zeros_like(weight)) if grads_for[1] else None
+    if len(rows):  # every vocabulary row of the head's gradient is written once
+        step = vocab_rows_per_chunk(len(rows), weight.shape[0], chunk_size)
+        active_ids, active_lse, active_grad = ids[rows], lse[rows], grad_logp[rows]
+        for part in row_slices(weight.shape[0], step):
+            vocab_chunk_grads(part, active, weight, active_ids, active_lse, active_grad, temperature, grad_rows,
+                              grad_weight)
+    grad_hidden = None
+    if grad_rows is not None:
+        grad_hidden = torch.zeros_like(hidden)
+        grad_hidden[rows] = grad_rows.to(hidden.dtype)
+    return grad_hidden, grad_weight
 
 
-def _backward_chunk(rows: torch.Tensor, hidden, weight, ids, lse, grad_logp, temperature, grad_hidden,
-                    grad_weight) -> None:
-    """One chunk of :func:`head_grads` (its logits are freed on return)."""
-    rows_hidden = hidden[rows]
-    z = chunk_logits(rows_hidden, weight, temperature)
-    dz = chunk_logit_grad(z, lse[rows], ids[rows], grad_logp[rows], temperature)
-    rows_grad = accumulate_grads(dz, rows_hidden, weight, grad_hidden, grad_weight)
-    if rows_grad is not None:
-        grad_hidden[rows] = rows_grad
-
-
-def announced_scale(grad_logp: torch.Tensor, announced: torch.Tensor) -> float | None:
-    """The factor ``s`` with ``grad_logp = s · announced`` (the loss backpropagated is the announced one, scaled),
-    or None when there is none (another loss, or a non-finite announcement)."""
-    if not bool(torch.isfinite(announced).all()):
-        return None
-    largest = announced.abs().argmax()
-    if not bool(grad_logp.any()):
-        return 0.0
-    if announced[largest] == 0:
-        return None
-    scale = grad_logp[largest].to(announced.dtype) / announced[largest]
-    tolerance = ANNOUNCED_RTOL * grad_logp.abs().max().to(announced.dtype)
-    return float(scale) if bool(((grad_logp - scale * announced).abs() <= tolerance).all()) else None
+def vocab_chunk_grads(part: slice, hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
+                      grad_logp: torch.Tensor, temperature: float, grad_hidden: torch.Tensor | None,
+                      grad_weight: torch.Tensor | None) -> None:
+    """The vocabulary rows ``part``'s share of the gradients (its logits are freed on return): their slice of
+    ``∂L/∂W = dzᵀ h`` written in place, and ``∂L/∂h += dz W[part]`` (fp32). The two products run in the weight's
+    dtype even under autocast: ``dz`` of a token is ``g_t`` times probabilities (down to 1e-7 and below at a large
+    V), which float16 would flush to zero before any loss scale could lift them."""
+    z = chunk_logits(hidden, weight[part], temperature)
+    dz = chunk_logit_grad(z, lse, ids, grad_logp, temperature, first_id=part.start)
+    with autocast_like((dz.device.type, False, None)):
+        dz = dz.to(weight.dtype)
+        if grad_weight is not None:
+            torch.mm(dz.T, hidden, out=grad_weight[part])
+        if grad_hidden is not None:
+            grad_hidden.add_(dz @ weight[part])
 
 
 class _FusedHeadLogprobs(torch.autograd.Function):
     """``log π(a_t)`` (differentiable) plus entropy and top-K log-probs (constants) from hidden states and the head
-    weight. Backward: the forward's gradients of the announced loss, scaled (:func:`announced_scale`), else
-    :func:`head_grads`."""
+    weight; the backward is :func:`head_grads`, under the forward's autocast."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, ids, topk_ids, temperature, chunk_size, with_entropy, token_grad):
-        grads_for = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+    def forward(ctx, hidden, weight, ids, topk_ids, temperature, chunk_size, with_entropy):
         out = head_forward(hidden, weight, ids, temperature=temperature, topk_ids=topk_ids, with_entropy=with_entropy,
-                           chunk_size=chunk_size, token_grad=token_grad, grads_for=grads_for)
+                           chunk_size=chunk_size)
         ctx.save_for_backward(hidden, weight, ids, out.lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.autocast = autocast_state(hidden.device.type)
-        # only the announced gradients: an output kept on ctx would make a reference cycle through its grad_fn
-        ctx.announced = None if out.grad_logp is None else (out.grad_logp, out.grad_hidden, out.grad_weight)
         empty = out.logp.new_empty(0)
         entropy = out.entropy if out.entropy is not None else empty
         topk = out.topk_logp if out.topk_logp is not None else empty
@@ -249,21 +213,13 @@ class _FusedHeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy, _grad_topk):
-        announced, ctx.announced = ctx.announced, None  # used once: a second backward recomputes
         if grad_logp is None:
-            return (None,) * 8
-        scale = None if announced is None else announced_scale(grad_logp, announced[0])
-        if scale is not None:
-            grad_hidden, grad_weight = _scaled(announced[1], scale), _scaled(announced[2], scale)
-            if grad_weight is not None:
-                grad_weight = grad_weight.to(ctx.saved_tensors[1].dtype)
-        else:
-            hidden, weight, ids, lse = ctx.saved_tensors
-            with autocast_like(ctx.autocast):  # the logits of the forward, again
-                grad_hidden, grad_weight = head_grads(hidden, weight, ids, lse, grad_logp, temperature=ctx.temperature,
-                                                      chunk_size=ctx.chunk_size,
-                                                      grads_for=tuple(ctx.needs_input_grad[:2]))
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+            return (None,) * 7
+        hidden, weight, ids, lse = ctx.saved_tensors
+        with autocast_like(ctx.autocast):  # the logits of the forward, again
+            grad_hidden, grad_weight = head_grads(hidden, weight, ids, lse, grad_logp, temperature=ctx.temperature,
+                                                  chunk_size=ctx.chunk_size, grads_for=tuple(ctx.needs_input_grad[:2]))
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 AutocastState = Tuple[str, bool, Optional[torch.dtype]]
@@ -288,26 +244,21 @@ def autocast_like(state: AutocastState) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _scaled(grad: torch.Tensor | None, scale: float) -> torch.Tensor | None:
-    return None if grad is None else (grad if scale == 1.0 else grad.mul_(scale))
-
-
 def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *, temperature: float = 1.0,
                         topk_ids: torch.Tensor | None = None, with_entropy: bool = True,
-                        chunk_size: int | None = None, token_grad: TokenGrad | None = None):
+                        chunk_size: int | None = None):
     """``(log π(a_t), entropy, log π on topk_ids)`` of ``softmax(W h / T)``, fp32, shaped like ``ids`` (top-K: like
     ``topk_ids``), without the ``[N, V]`` logits. Only ``log π(a_t)`` carries gradient (to ``hidden [..., H]`` and
-    ``weight [V, H]``); entropy and top-K log-probs are constants (None when not asked for). ``token_grad`` announces
-    the loss (rows index the flattened ``ids``), whose gradients are then computed in this forward pass. ``T`` > 0
+    ``weight [V, H]``); entropy and top-K log-probs are constants (None when not asked for). ``chunk_size``: token
+    rows per forward chunk (default: :data:`CHUNK_ELEMENTS` logits), and as many logits per backward chunk. ``T`` > 0
     (:class:`~dppo_oat.spec.UpdateSettings` checks the learner's)."""
     rows = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
     flat_ids = ids.reshape(-1)
     flat_topk = None if topk_ids is None else topk_ids.reshape(-1, topk_ids.shape[-1])
     if rows.shape[0] != flat_ids.shape[0]:
         raise ValueError(f"hidden states have {rows.shape[0]} rows but ids have {flat_ids.shape[0]}")
-    differentiable = torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
     logp, entropy, topk = _FusedHeadLogprobs.apply(rows, weight, flat_ids, flat_topk, float(temperature), chunk_size,
-                                                   with_entropy, token_grad if differentiable else None)
+                                                   with_entropy)
     return (logp.reshape(ids.shape), entropy.reshape(ids.shape) if with_entropy else None,
             None if topk_ids is None else topk.reshape(topk_ids.shape))
 

@@ -4,8 +4,8 @@
 π_θ is the distribution the rollout sampled from: the forward pass divides the logits by the sampling temperature,
 as the rollout engine did before reporting μ (``causal_lm_forward(settings=...)`` reads ``settings.temperature``;
 :class:`~dppo_oat.spec.RunSpec` refuses a learner temperature other than the sampling one). It takes π_θ from the last
-hidden states through the fused LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits and,
-told the loss, computes its gradients in the same pass (eq:unified_grad); the head runs on the response tokens only
+hidden states through the fused LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits, in
+the forward pass or the backward (eq:unified_grad); the head runs on the response tokens only
 (:func:`response_positions`).
 """
 
@@ -17,12 +17,10 @@ from typing import Callable
 
 import torch
 
-from dppo_oat.aggregation import aggregate_loss
-from dppo_oat.fused_head import FusedHeadUnsupported, TokenGrad, fused_head_logprobs, head_of, last_hidden_states
+from dppo_oat.fused_head import FusedHeadUnsupported, fused_head_logprobs, head_of, last_hidden_states
 from dppo_oat.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
-from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
 
 
 @dataclass
@@ -43,8 +41,8 @@ LM_HEADS = ("fused", "logits")
 chunk: :mod:`dppo_oat.fused_head`) or ``logits`` (from the model's ``[N, V]`` logits, for comparison)."""
 
 
-def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_region: TrustRegion | None = None,
-                      chunk_size: int | None = None, with_entropy: bool = True, lm_head: str = "fused") -> ForwardFn:
+def causal_lm_forward(model, *, settings: UpdateSettings | None = None, chunk_size: int | None = None,
+                      with_entropy: bool = True, lm_head: str = "fused") -> ForwardFn:
     """A :data:`ForwardFn` for any Hugging Face causal LM (or a wrapper of one): fp32 log-probs of the predicted
     tokens, entropy and the top-K gather, all of ``softmax(logits / T)`` at the update's temperature
     ``T = settings.temperature`` (the sampling temperature, :class:`~dppo_oat.spec.RunSpec`): the distribution a
@@ -52,9 +50,6 @@ def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_re
 
     ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.fused_head.fused_head_logprobs`); a model
     whose head it cannot reproduce (:func:`~dppo_oat.fused_head.head_of`) takes the ``logits`` path, with a warning.
-    Given the update's ``trust_region`` and ``settings``, the fused head computes the gradients of
-    :func:`~dppo_oat.update.minibatch_step`'s loss in the forward pass (:func:`announced_token_grad`), but for a rule
-    whose mask reads other tokens (``TrustRegion.couples_tokens``: CPPO, M2PO), which it recomputes in the backward.
     ``chunk_size``: token rows per chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on the logits
     path).
     """
@@ -70,10 +65,8 @@ def causal_lm_forward(model, *, settings: UpdateSettings | None = None, trust_re
         options = dict(temperature=temperature, topk_ids=topk_ids, with_entropy=with_entropy)
         if fused:
             hidden = response_rows(last_hidden_states(model, batch.input_ids, batch.attention_mask), positions)
-            announced = (announced_token_grad(batch, trust_region, settings)
-                         if trust_region and settings and not trust_region.couples_tokens else None)
             logp, entropy, topk_logp = fused_head_logprobs(hidden, head_of(model).weight, ids, chunk_size=chunk_size,
-                                                           token_grad=at_positions(announced, positions), **options)
+                                                           **options)
         else:
             logits = response_rows(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
                                    positions)
@@ -95,13 +88,6 @@ def response_rows(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor
     return states[:, :-1].reshape(-1, states.shape[-1])[positions]
 
 
-def at_positions(token_grad: TokenGrad | None, positions: torch.Tensor) -> TokenGrad | None:
-    """``token_grad`` (rows of the flattened ``[B, L−1]``) for rows that index ``positions`` instead."""
-    if token_grad is None:
-        return None
-    return lambda rows, logp, topk_logp: token_grad(positions[rows], logp, topk_logp)
-
-
 def on_response_positions(batch: UpdateBatch, positions: torch.Tensor, logp: torch.Tensor,
                           entropy: torch.Tensor | None, topk_logp: torch.Tensor | None) -> PolicyOutputs:
     """The response tokens' values laid out like ``batch``'s per-token fields; elsewhere π takes μ's values (ratio 1,
@@ -117,34 +103,6 @@ def on_response_positions(batch: UpdateBatch, positions: torch.Tensor, logp: tor
         entropy=None if entropy is None else laid_out(entropy, torch.zeros_like(mu, dtype=entropy.dtype)),
         topk_logp=None if topk_logp is None else laid_out(topk_logp, batch.topk_behavior_logp),
     )
-
-
-def announced_token_grad(micro: UpdateBatch, tr: TrustRegion, settings: UpdateSettings) -> TokenGrad:
-    """``g_t = ∂L/∂ log π_θ(a_t)`` of some token rows (of ``[B, T]`` flattened), ``L`` being the loss
-    :func:`~dppo_oat.update.minibatch_step` takes on ``micro`` (:func:`policy_loss`, then :func:`aggregate_loss`).
-    The other tokens are set to μ: the loss of every rule that does not couple tokens is a sum over tokens, each a
-    function of its own log π_θ(a_t) (eq:unified_grad); the others are not announced
-    (``TrustRegion.couples_tokens``)."""
-    mu = micro.behavior_logp.detach().float()
-
-    def token_grad(rows: slice, logp: torch.Tensor, topk_logp: torch.Tensor | None) -> torch.Tensor:
-        with torch.enable_grad():
-            full = mu.clone().reshape(-1)
-            full[rows] = logp
-            full = full.reshape(mu.shape).requires_grad_()
-            topk = None
-            if tr.uses_topk:
-                top = micro.topk_behavior_logp.detach().float().clone()
-                top.reshape(-1, top.shape[-1])[rows] = topk_logp
-                topk = TopK(micro.topk_ids, micro.topk_behavior_logp, top, micro.topk_valid)
-            result = policy_loss(full, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
-                                 recomputed_logp=micro.recomputed_logp, topk=topk, with_metrics=False)
-            loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
-                                  norm_constant=settings.norm_constant)
-            (grad,) = torch.autograd.grad(loss, full)
-        return grad.reshape(-1)[rows]
-
-    return token_grad
 
 
 def fused_head_available(model) -> bool:

@@ -622,7 +622,6 @@ def policy_loss(
     *,
     recomputed_logp: torch.Tensor | None = None,
     topk: TopK | None = None,
-    with_metrics: bool = True,
 ) -> PolicyLossOutput:
     """Per-token loss of eq:unified_grad under trust region ``tr``.
 
@@ -634,8 +633,6 @@ def policy_loss(
             sequence-level rules (``decoupled_seq``, ``seq_geo``) aggregate over.
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
-        with_metrics: compute :func:`trust_region_metrics` (one host synchronisation); False gives the same loss
-            with ``metrics == {}`` (the fused head's announced gradient evaluates the loss once per chunk).
     """
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
     logp32 = logp.float()
@@ -657,10 +654,8 @@ def policy_loss(
         loss = loss + drpo_regularizer(logp32, anchor, adv, mask, tr.delta)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    metrics = {}
-    if with_metrics:
-        extra = rule_metrics(tr, lp, anchor, adv, mask, keep, divergence)
-        metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated, extra=extra)
+    extra = rule_metrics(tr, lp, anchor, adv, mask, keep, divergence)
+    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated, extra=extra)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=divergence, metrics=metrics)
 
 

@@ -163,7 +163,7 @@ def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: Upd
     :func:`~dppo_oat.learner_forward.causal_lm_forward` (at the sampling temperature; the fused head unless
     ``lm_head`` is ``logits``), run under ``precision`` (e.g. an autocast) when given, then :func:`update_policy`
     with the engine's ``steps``."""
-    forward = causal_lm_forward(model, settings=settings, trust_region=tr, chunk_size=chunk_size, lm_head=lm_head)
+    forward = causal_lm_forward(model, settings=settings, chunk_size=chunk_size, lm_head=lm_head)
     if precision is not None:
         forward = precision(forward)
     return update_policy(batch, tr, forward, steps.backward, steps.optimizer_step, settings, generator=shuffle,

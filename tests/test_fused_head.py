@@ -1,6 +1,6 @@
 """The fused LM head against the logits path: the same log-probs, entropy and top-K log-probs, and the same gradients
-(to the hidden states and the head weight) of DPPO's loss, with the gradients computed in the forward pass (the loss
-announced) or recomputed in the backward pass; and it never creates an ``[N, V]`` tensor."""
+(to the hidden states and the head weight) of DPPO's loss, over several chunks of tokens (forward) and of the
+vocabulary (backward); and it never creates an ``[N, V]`` tensor, nor a ``[V, H]`` one wider than the weight."""
 
 import copy
 import math
@@ -18,12 +18,12 @@ from dppo_oat.fused_head import (
     head_of,
     last_hidden_states,
 )
-from dppo_oat.learner_forward import announced_token_grad, causal_lm_forward
+from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.logprobs import logits_logprobs, topk_of_logprobs
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
-from dppo_oat.trust_region import PRESETS, TopK, TrustRegion, policy_loss
+from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
 from dppo_oat.update import minibatch_step, recompute_logprobs
 
 B, T, H, V, K = 3, 11, 16, 97, 4
@@ -54,28 +54,17 @@ def dppo_loss(logp, topk_logp, batch, tr):
     return aggregate_loss(result.loss, batch.response_mask, "seq-mean-token-sum-norm", norm_constant=8.0)
 
 
-def grads(path, hidden, weight, batch, tr, temperature, scale=1.0):
-    """``(logp, entropy, topk_logp, ∂L/∂h, ∂L/∂W)`` of DPPO's loss by ``path``: logits, fused (gradients recomputed)
-    or announced (the fused head with the loss announced)."""
+def grads(path, hidden, weight, batch, tr, temperature, scale=1.0, chunk_size=7):
+    """``(logp, entropy, topk_logp, ∂L/∂h, ∂L/∂W)`` of DPPO's loss by ``path``: logits or fused (``chunk_size`` token
+    rows per forward chunk: 5 chunks of 7 rows, then 5 of 20 vocabulary rows of 97 for the 30 response tokens)."""
     hidden, weight = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     ids, options = batch.input_ids[:, 1:], dict(temperature=temperature, topk_ids=batch.topk_ids)
     if path == "logits":
         out = logits_logprobs(hidden @ weight.T, ids, **options)
     else:
-        settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", norm_constant=8.0)
-        announced = announced_token_grad(batch, tr, settings) if path == "announced" else None
-        out = fused_head_logprobs(hidden, weight, ids, chunk_size=7, token_grad=announced, **options)
+        out = fused_head_logprobs(hidden, weight, ids, chunk_size=chunk_size, **options)
     (scale * dppo_loss(out[0], out[2], batch, tr)).backward()
     return (*out, hidden.grad, weight.grad)
-
-
-@pytest.fixture
-def no_recompute(monkeypatch):
-    """Fails a test whose backward recomputes the logits (the announced loss must be the one backpropagated)."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("the backward recomputed the logits")
-
-    monkeypatch.setattr(fused_head, "head_grads", refuse)
 
 
 def assert_close_rel(actual, expected, rtol):
@@ -96,79 +85,50 @@ def test_forward_values_equal_the_logits_path(temperature):
 
 @pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_tv", "ppo", "cispo"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("path", ["fused", "announced"])
-def test_gradients_equal_the_logits_path(preset, temperature, path, request):
-    if path == "announced":
-        request.getfixturevalue("no_recompute")
+@pytest.mark.parametrize("chunk_size", [1, 7, None], ids=["one-row-chunks", "several-chunks", "one-chunk"])
+def test_gradients_equal_the_logits_path(preset, temperature, chunk_size):
     hidden, weight, batch = head_batch()
     tr = TrustRegion.preset(preset, k=K) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
     expected = grads("logits", hidden, weight, batch, tr, temperature)
-    got = grads(path, hidden, weight, batch, tr, temperature, scale=1.0)
+    got = grads("fused", hidden, weight, batch, tr, temperature, chunk_size=chunk_size)
     assert expected[3].abs().max() > 0 and expected[4].abs().max() > 0
     assert_close_rel(got[3], expected[3], 1e-5)
     assert_close_rel(got[4], expected[4], 1e-5)
 
 
-def test_announced_gradients_follow_the_scale_of_the_backward(no_recompute):
-    """DeepSpeed divides the loss by the accumulation steps, the local engine multiplies it by micro-batch shares."""
-    hidden, weight, batch = head_batch()
-    tr = TrustRegion.preset("dppo_binary_tv")
-    expected = grads("logits", hidden, weight, batch, tr, 1.0, scale=0.25)
-    got = grads("announced", hidden, weight, batch, tr, 1.0, scale=0.25)
-    assert_close_rel(got[3], expected[3], 1e-5)
-    assert_close_rel(got[4], expected[4], 1e-5)
+def test_the_backward_covers_the_vocabulary_in_chunks_and_each_sampled_token_in_its_own():
+    """Chunk boundaries of the vocabulary cut between the sampled tokens: each token's ``e_{a_t}`` term lands in the
+    chunk that holds ``a_t`` and in no other (a token whose id is a chunk's first or last row included)."""
+    gen = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(6, 8, generator=gen, dtype=torch.float64), torch.randn(10, 8, generator=gen,
+                                                                                     dtype=torch.float64)
+    ids, g = torch.tensor([0, 2, 3, 5, 9, 9]), torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0, -1.0], dtype=torch.float64)
+    expected = gradients_of_weighted_logp("logits", hidden, weight, ids, g)
+    assert fused_head.vocab_rows_per_chunk(5, 10, chunk_size=1) == 2  # 5 rows with g ≠ 0: chunks of 2 ids
+    got = gradients_of_weighted_logp("fused", hidden, weight, ids, g, chunk_size=1)
+    for actual, reference in zip(got, expected):
+        torch.testing.assert_close(actual, reference, rtol=1e-12, atol=1e-12)
+    assert (got[0][3] == 0).all(), "a token with g = 0 gets no gradient"
 
 
-def test_announcing_the_loss_computes_no_metrics(monkeypatch, no_recompute):
-    """Each chunk's announced gradient runs the loss on the micro-batch: the statistics (and their host sync) belong
-    to the one loss the learner reports, not to each of the chunks."""
-    import dppo_oat.trust_region as trust_region_module
-
-    calls = []
-    real = trust_region_module.trust_region_metrics
-    monkeypatch.setattr(trust_region_module, "trust_region_metrics", lambda *a, **k: calls.append(1) or real(*a, **k))
-    hidden, weight, batch = head_batch()
-    grads("announced", hidden, weight, batch, TrustRegion.preset("dppo_topk_tv"), 1.0)
-    assert len(calls) == 1, f"{len(calls)} metric computations for {math.ceil(B * T / 7)} chunks and one loss"
-
-
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_the_metrics_free_loss_is_the_same_loss(preset):
-    hidden, weight, batch = head_batch()
-    tr = TrustRegion.preset(preset)
-    logp = logits_logprobs(hidden @ weight.T, batch.input_ids[:, 1:], topk_ids=batch.topk_ids)
-    topk = TopK(batch.topk_ids, batch.topk_behavior_logp, logp[2], batch.topk_valid) if tr.uses_topk else None
-    recomputed = batch.behavior_logp + 0.05 if tr.needs_recompute else None
-    args = (logp[0], batch.behavior_logp, batch.advantages, batch.response_mask, tr)
-    full = policy_loss(*args, recomputed_logp=recomputed, topk=topk)
-    bare = policy_loss(*args, recomputed_logp=recomputed, topk=topk, with_metrics=False)
-    assert bare.metrics == {} and full.metrics
-    assert torch.equal(bare.loss, full.loss) and torch.equal(bare.keep, full.keep)
-
-
-@pytest.mark.parametrize("other_loss", ["sum", "zero_surrogate"])
-def test_another_loss_than_the_announced_one_gets_its_own_gradients(other_loss):
-    hidden, weight, batch = head_batch()
-    settings = UpdateSettings(aggregation="seq-mean-token-sum-norm", norm_constant=8.0)
-    token_grad = announced_token_grad(batch, TrustRegion.preset("dppo_binary_tv"), settings)
-    results = []
-    for announced in (None, token_grad):
-        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        logp = fused_head_logprobs(h, w, batch.input_ids[:, 1:], chunk_size=7, token_grad=announced)[0]
-        loss = (logp * batch.response_mask).sum() * (2.0 if other_loss == "sum" else 0.0)
-        loss.backward()
-        results.append((h.grad, w.grad))
-    for got, expected in zip(results[1], results[0]):
-        torch.testing.assert_close(got, expected)
+def gradients_of_weighted_logp(path, hidden, weight, ids, g, chunk_size=None):
+    """``(∂L/∂h, ∂L/∂W)`` of ``L = Σ_t g_t log π(a_t)`` by ``path`` (autograd through a log-softmax of the whole
+    logits, in their dtype, or fused)."""
+    hidden, weight = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    if path == "logits":
+        logp = torch.log_softmax(hidden @ weight.T, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    else:
+        logp = fused_head_logprobs(hidden, weight, ids, chunk_size=chunk_size, with_entropy=False)[0]
+    (g * logp).sum().backward()
+    return hidden.grad, weight.grad
 
 
 @pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_tv"])
-@pytest.mark.parametrize("path", ["fused", "announced"])
-def test_bf16_within_tolerance_of_the_logits_path(preset, path):
+def test_bf16_within_tolerance_of_the_logits_path(preset):
     hidden, weight, batch = head_batch(dtype=torch.bfloat16)
     tr = TrustRegion.preset(preset, k=K) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
     expected = grads("logits", hidden, weight, batch, tr, 0.7)
-    got = grads(path, hidden, weight, batch, tr, 0.7)
+    got = grads("fused", hidden, weight, batch, tr, 0.7)
     assert got[4].dtype == torch.bfloat16
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0.05)
     assert_close_rel(got[3], expected[3], 0.03)
@@ -185,33 +145,36 @@ def test_gradcheck_in_fp64_over_several_chunks():
     assert torch.autograd.gradcheck(logp, (hidden[:1].requires_grad_(), weight.requires_grad_()))
 
 
-class CreatedShapes(TorchDispatchMode):
-    """Records the number of elements of every tensor an operator returns."""
+class CreatedTensors(TorchDispatchMode):
+    """Records the largest number of elements, and of bytes, of a tensor an operator returns."""
 
     def __init__(self):
         super().__init__()
-        self.largest = 0
+        self.largest = self.largest_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for value in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(value, torch.Tensor):
                 self.largest = max(self.largest, value.numel())
+                self.largest_bytes = max(self.largest_bytes, value.numel() * value.element_size())
         return out
 
 
-@pytest.mark.parametrize("path", ["fused", "announced"])
-def test_no_tensor_of_n_by_v_is_ever_created(path):
-    """Memory, without a clock: the largest tensor of the fused forward + backward is one chunk of logits (or the
-    weight's gradient), never ``[N, V]``."""
-    hidden, weight, batch = head_batch()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_tensor_of_n_by_v_nor_a_wider_head_gradient_is_ever_created(dtype):
+    """Memory, without a clock: the largest tensor of the fused forward + backward is one chunk of fp32 logits or
+    the head's gradient in the weight's own dtype, never ``[N, V]`` (the logits path's), nor a ``[V, H]`` fp32
+    accumulator beside a bf16 weight."""
+    hidden, weight, batch = head_batch(dtype=dtype)
     tr = TrustRegion.preset("dppo_topk_tv", k=K)
-    with CreatedShapes() as shapes:
-        grads(path, hidden, weight, batch, tr, 1.0)
-    assert shapes.largest <= max(7 * V, V * H) < B * T * V
-    with CreatedShapes() as shapes:
+    with CreatedTensors() as created:
+        grads("fused", hidden, weight, batch, tr, 1.0)
+    assert created.largest <= max(7 * V, V * H) < B * T * V
+    assert created.largest_bytes <= max(7 * V * 4, V * H * weight.element_size())
+    with CreatedTensors() as created:
         grads("logits", hidden, weight, batch, tr, 1.0)
-    assert shapes.largest >= B * T * V
+    assert created.largest >= B * T * V
 
 
 # --------------------------------------------------------------------------------------------- a real model
@@ -253,7 +216,7 @@ def test_last_hidden_states_are_the_decoders_and_the_head_is_put_back(policy):
 
 @pytest.mark.parametrize("preset", ["dppo_binary_tv", "dppo_topk_kl", "dppo_binary_tv_recompute", "decoupled_ppo",
                                     "seq_geo_mask", "dppo_binary_tv_kl"])
-def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset, no_recompute):
+def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset):
     model, _ = policy
     tr = TrustRegion.preset(preset, k=3) if preset.startswith("dppo_topk") else TrustRegion.preset(preset)
     batch = model_batch(policy, k=3 if tr.uses_topk else 0)
@@ -261,7 +224,7 @@ def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset
     found = {}
     for lm_head in ("logits", "fused"):
         copy_ = copy.deepcopy(model)
-        forward = causal_lm_forward(copy_, settings=settings, trust_region=tr, lm_head=lm_head)
+        forward = causal_lm_forward(copy_, settings=settings, lm_head=lm_head)
         step = batch
         if tr.needs_recompute:
             step = UpdateBatch(**{**batch.__dict__, "recomputed_logp": recompute_logprobs(batch, forward, 2)})
@@ -274,29 +237,23 @@ def test_a_minibatch_step_trains_the_same_gradients_on_both_heads(policy, preset
 
 
 @pytest.mark.parametrize("preset", ["drpo", "cppo", "cppo_binary_tv", "m2po"])
-def test_later_presets_train_the_same_gradients_on_both_heads(policy, preset, monkeypatch):
-    """DRPO's loss is per token, so the fused head computes its gradients in the forward pass (no recompute); the
-    masks of CPPO and M2PO read other tokens, so none is announced and the backward recomputes them."""
+def test_later_presets_train_the_same_gradients_on_both_heads(policy, preset):
+    """DRPO adds a regulariser to the loss, and the masks of CPPO and M2PO read other tokens than their own: the
+    head's gradient still reaches the logits only through log π_θ(a_t) of each token."""
     model, _ = policy
     small = {"m2po": {"tau_m2": 0.01}, "drpo": {"delta": 0.05}}.get(preset, {"delta": 5e-4, "delta_b": 1e-4, "k": 3})
     tr = TrustRegion.preset(preset, **small)  # thresholds for this tiny model's probabilities (about 1/300)
     batch = model_batch(policy, k=3 if tr.uses_topk else 0)
     settings = UpdateSettings(minibatch_size=4, micro_batch_size=2, aggregation="token-mean", temperature=0.8)
-    recomputed, announced = [], []
-    original, announce = fused_head.head_grads, learner_forward_module.announced_token_grad
-    monkeypatch.setattr(fused_head, "head_grads", lambda *a, **k: recomputed.append(1) or original(*a, **k))
-    monkeypatch.setattr(learner_forward_module, "announced_token_grad",
-                        lambda *a, **k: announced.append(1) or announce(*a, **k))
     found = {}
     for lm_head in ("logits", "fused"):
         copy_ = copy.deepcopy(model)
-        forward = causal_lm_forward(copy_, settings=settings, trust_region=tr, lm_head=lm_head)
+        forward = causal_lm_forward(copy_, settings=settings, lm_head=lm_head)
         metrics = minibatch_step(batch, torch.arange(4), tr, forward, lambda loss: loss.backward(), settings)
         found[lm_head] = (metrics, {n: p.grad for n, p in copy_.named_parameters()})
     for name, grad in found["logits"][1].items():
         torch.testing.assert_close(found["fused"][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
     assert math.isclose(found["fused"][0]["loss"], found["logits"][0]["loss"], rel_tol=1e-5)
-    assert bool(recomputed) == tr.couples_tokens and bool(announced) != tr.couples_tokens
     if tr.couples_tokens and not tr.uses_topk:  # (the batch's top-K μ is the model's own: its top-K TV is 0)
         assert found["fused"][0]["mask/fraction"] > 0, "the case exercises the mask"
 

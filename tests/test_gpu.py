@@ -56,7 +56,7 @@ def update_batch(vocab: int, rows: int = 4, length: int = 33) -> UpdateBatch:
 def gradients(model, batch: UpdateBatch, lm_head: str) -> dict[str, torch.Tensor]:
     tr = TrustRegion.preset("dppo_binary_tv")
     settings = UpdateSettings(minibatch_size=len(batch), norm_constant=32.0)
-    forward = causal_lm_forward(model, settings=settings, trust_region=tr, lm_head=lm_head)
+    forward = causal_lm_forward(model, settings=settings, lm_head=lm_head)
     model.zero_grad(set_to_none=True)
     minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: loss.backward(), settings)
     return {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}

@@ -71,7 +71,7 @@ def test_the_fused_head_matches_the_logits_path_on_cuda(dtype):
     results = {}
     for lm_head in ("fused", "logits"):
         learner = copy.deepcopy(model).train()
-        forward = autocast_forward(causal_lm_forward(learner, settings=settings, trust_region=tr, lm_head=lm_head),
+        forward = autocast_forward(causal_lm_forward(learner, settings=settings, lm_head=lm_head),
                                    "cuda", dtype)
         minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: loss.backward(), settings)
         results[lm_head] = (forward(batch, False).logp.detach(),
@@ -89,7 +89,7 @@ def test_qwen3_100m_samples_directly_and_trains_a_minibatch_under_bfloat16():
     model.to("cuda")
     batch = sampled_batch(model, tokenizer, "bfloat16", n=64)
     tr, settings = TrustRegion.preset("dppo_binary_tv"), UpdateSettings(norm_constant=8.0)
-    forward = autocast_forward(causal_lm_forward(model.train(), settings=settings, trust_region=tr), "cuda",
+    forward = autocast_forward(causal_lm_forward(model.train(), settings=settings), "cuda",
                                "bfloat16")
     metrics = minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: loss.backward(), settings)
     assert math.isfinite(metrics["loss"]) and metrics["mismatch/abs_diff_mean"] < 1e-2

@@ -9,9 +9,7 @@ the trust region blocks some tokens; each sequence starts with a prompt.
   weight's gradient (the optimizer's buffer, which both write). On the CPU the peak is the resident set's growth,
   sampled every millisecond in a process whose allocator returns every large block (``MALLOC_MMAP_THRESHOLD_``); on
   a GPU, ``torch.cuda.max_memory_allocated``.
-- ``time_ratio``: seconds of the fused step ÷ the logits step (medians over interleaved rounds);
-  ``time_ratio_recompute``: the same with the fused head's gradients recomputed in the backward pass (no loss
-  announced), for comparison.
+- ``time_ratio``: seconds of the fused step ÷ the logits step (medians over interleaved rounds).
 - ``topk_vs_binary``: the fused step under DPPO-TopK-TV (K = 20) ÷ under DPPO-Binary-TV.
 - ``max_grad_rel_diff``: max |fused − logits| / max |logits| over the gradients of the hidden states and the head;
   ``max_grad_abs_diff``: max |fused − logits| over them.
@@ -148,13 +146,13 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def one_step(model, batch, tr: TrustRegion, lm_head: str, announce: bool, device: str) -> dict:
+def one_step(model, batch, tr: TrustRegion, lm_head: str, device: str) -> dict:
     """Seconds and extra peak bytes (less the head's gradient) of one micro-batch's forward + loss + backward; the
     gradients of the hidden states and the head, moved out of the model."""
     settings = UpdateSettings(minibatch_size=len(batch), micro_batch_size=len(batch),
                               norm_constant=float(batch.response_mask.shape[1]))
     model.zero_grad(set_to_none=True)
-    forward = causal_lm_forward(model, lm_head=lm_head, trust_region=tr if announce else None, settings=settings)
+    forward = causal_lm_forward(model, lm_head=lm_head, settings=settings)
     with PeakMemory(device) as memory:
         start = time.perf_counter()
         minibatch_step(batch, torch.arange(len(batch)), tr, forward, lambda loss: loss.backward(), settings)
@@ -167,11 +165,10 @@ def one_step(model, batch, tr: TrustRegion, lm_head: str, announce: bool, device
     return {"seconds": seconds, "extra": memory.extra - head_grad.numel() * head_grad.element_size(), "grads": grads}
 
 
-VARIANTS = {  # name: (trust region, lm_head, loss announced to the fused head)
-    "logits": ("dppo_binary_tv", "logits", False),
-    "fused": ("dppo_binary_tv", "fused", True),
-    "fused_topk": ("dppo_topk_tv", "fused", True),
-    "fused_recompute": ("dppo_binary_tv", "fused", False),
+VARIANTS = {  # name: (trust region, lm_head)
+    "logits": ("dppo_binary_tv", "logits"),
+    "fused": ("dppo_binary_tv", "fused"),
+    "fused_topk": ("dppo_topk_tv", "fused"),
 }
 
 
@@ -200,8 +197,8 @@ def measure(args) -> dict:
     diffs, abs_diffs = {}, {}
     for _ in range(args.rounds):
         reference = None
-        for name, (tr_name, lm_head, announce) in VARIANTS.items():
-            out = one_step(model, batch, trust_regions[tr_name], lm_head, announce, args.device)
+        for name, (tr_name, lm_head) in VARIANTS.items():
+            out = one_step(model, batch, trust_regions[tr_name], lm_head, args.device)
             seconds[name].append(out["seconds"])
             extra[name] = max(extra[name], out["extra"])
             if name == "logits":
@@ -228,7 +225,6 @@ def summary(args, seconds, extra, diffs, weight) -> dict:
         "time_ratio": median["fused"] / median["logits"],
         "topk_vs_binary": median["fused_topk"] / median["fused"],
         "max_grad_rel_diff": max(max(values) for values in diffs.values()),
-        "time_ratio_recompute": median["fused_recompute"] / median["logits"],
         "grad_rel_diff": {name: dict(zip(("hidden", "head"), values)) for name, values in diffs.items()},
         "extra_peak_gib": {name: value / 2**30 for name, value in extra.items()},
         "head_grad_gib": weight.numel() * weight.element_size() / 2**30,

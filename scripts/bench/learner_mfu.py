@@ -1,7 +1,7 @@
 """The learner's update: tokens per second and model FLOP utilisation (MFU); prints one JSON object.
 
 One update is the local engine's: the core's :func:`~dppo_oat.update.learn_from_rollout` (DPPO-Binary-TV, the fused
-head with the loss announced, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
+head, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
 ``qwen3_shapes.SHAPES`` with random weights (throughput only) and random token ids; weights and AdamW states in fp32
 and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are ``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
 

@@ -45,7 +45,7 @@ CASES = [
     ("minirl_tis", [], 0, "sgd", 2.0, 0),
     ("decoupled_ppo", [], 0, "sgd", 2.0, 0),  # a mismatch preset: π_θ' recomputed by the learner, masks on π_θ'/μ
     ("ppo", ["--critic_type", "grpo"], 0, "sgd", 2.0, 0),
-    # masks that read other tokens: the fused head recomputes their gradients in the backward (not announced)
+    # masks that read other tokens than their own
     ("m2po", [], 0, "sgd", 2.0, 0),
     ("cppo", ["--tr_k", "5", "--tr_delta", "0.02", "--tr_delta_b", "0.002"], 2, "adamw", 1e-3, 0),
 ]
