@@ -97,29 +97,23 @@ def test_qwen3_100m_samples_directly_and_trains_a_minibatch_under_bfloat16():
                for p in model.parameters())
 
 
-def test_the_decode_step_captured_in_a_cuda_graph_samples_what_the_eager_step_samples(monkeypatch):
+def test_the_decode_step_captured_in_a_cuda_graph_samples_what_the_eager_step_samples():
     """--cuda-graphs: the generator captures its decode step (no fallback warning) and, seeded alike, samples the
     eager decode's tokens with its log μ, under bfloat16 autocast (rounding may flip a rare token)."""
     import warnings
-
-    from dppo_oat.rollout import cuda_graphs, hf_generator
 
     model, tokenizer = build_tiny_policy(toy_corpus(200), seed=0, vocab_size=300)
     model.to("cuda")
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][:12] for t in toy_corpus(16, seed=3)]
     settings = SamplingSettings(24, temperature=1.0, seed=1)
-    eager = HFGenerator(model, tokenizer, compute_dtype="bfloat16").generate(prompts, settings)
-    steps = []
-
-    def recorded_step(*args):
-        steps.append(cuda_graphs.decode_step(*args))
-        return steps[-1]
-
-    monkeypatch.setattr(hf_generator, "decode_step", recorded_step)
+    eager_generator = HFGenerator(model, tokenizer, compute_dtype="bfloat16")
+    eager = eager_generator.generate(prompts, settings)
+    assert eager_generator.decode_steps == {"EagerStep": 1}
+    generator = HFGenerator(model, tokenizer, compute_dtype="bfloat16", cuda_graphs=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a failed capture warns and decodes eagerly
-        graphed = HFGenerator(model, tokenizer, compute_dtype="bfloat16", cuda_graphs=True).generate(prompts, settings)
-    assert steps and all(isinstance(step, cuda_graphs.GraphedStep) for step in steps)
+        graphed = generator.generate(prompts, settings)
+    assert generator.decode_steps == {"GraphedStep": 1}
     same = [g for e, g in zip(eager, graphed) if list(e.token_ids) == list(g.token_ids)]
     assert len(same) >= 0.8 * len(prompts)
     for e, g in zip(eager, graphed):

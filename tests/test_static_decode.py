@@ -80,3 +80,34 @@ def test_off_cuda_or_for_short_calls_the_generator_decodes_eagerly():
 def test_cuda_graphs_off_cuda_is_refused_before_any_model_loads(capsys, no_model, tmp_path):
     one_error(capsys, ["--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path)], 2,
               "--cuda-graphs captures the HF generator's decode on a CUDA device")
+
+
+def test_the_generator_counts_its_calls_by_the_step_that_decoded_them():
+    """Off CUDA ``--cuda-graphs`` decodes eagerly, and the count says so (a bench row of the graphs refuses such
+    calls); ``generate``'s own path takes no step."""
+    from dppo_oat.models import build_tiny_policy, toy_corpus
+    from dppo_oat.rollout.hf_generator import HFGenerator
+    from dppo_oat.spec import SamplingSettings
+
+    model, tokenizer = build_tiny_policy(toy_corpus(50), seed=0, vocab_size=200)
+    prompts = [tokenizer.encode(text)[:8] for text in toy_corpus(5, seed=1)]
+    generator = HFGenerator(model, tokenizer, batch_size=2, cuda_graphs=True)
+    generator.generate(prompts, SamplingSettings(max_new_tokens=MIN_GRAPH_STEPS, temperature=1.0, seed=0))
+    assert generator.decode_steps == {"EagerStep": 3}
+    generator.generate(prompts, SamplingSettings(max_new_tokens=4, temperature=0.0, seed=0))  # greedy: generate
+    assert generator.decode_steps == {"EagerStep": 3}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cpu"], "--cuda-graphs needs --device cuda"),
+    (["--device", "cuda", "--new-tokens", str(MIN_GRAPH_STEPS - 1)], f"give --new-tokens {MIN_GRAPH_STEPS} or more"),
+])
+def test_the_rollout_bench_refuses_a_graphs_row_it_could_not_measure(flags, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts/bench/rollout.py"
+    result = subprocess.run([sys.executable, str(script), "--cuda-graphs", *flags], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ per-token overhead, on any model that :func:`~dppo_oat.rollout.direct_forward.ru
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from typing import Iterator, Sequence
 
@@ -165,7 +166,8 @@ class HFGenerator:
     ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
     (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``: on a
     CUDA device, a call sampling enough tokens captures its decode step in a CUDA graph
-    (:mod:`dppo_oat.rollout.cuda_graphs`).
+    (:mod:`dppo_oat.rollout.cuda_graphs`); ``decode_steps`` counts the sampling loop's calls by the step that decoded
+    them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
@@ -187,6 +189,7 @@ class HFGenerator:
         self._version: WeightsVersion | None = None
         self._draws: torch.Generator | None = None
         self._cached_parts: list[CachedRows] = []
+        self.decode_steps: collections.Counter[str] = collections.Counter()
 
     @property
     def device(self) -> torch.device:
@@ -242,6 +245,7 @@ class HFGenerator:
         order, state = self._prefill(prompts, settings.max_new_tokens)
         draw_order = torch.as_tensor(order, device=self.device)
         step = decode_step(self.model, state.cache, len(order), settings.max_new_tokens, self.cuda_graphs)
+        self.decode_steps[type(step).__name__] += 1
         decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                          stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0,
                          draw_order=draw_order, generator=self._draws, step=step)

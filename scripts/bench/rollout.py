@@ -45,6 +45,7 @@ from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model  # noqa: E40
 
 from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus  # noqa: E402
 from dppo_oat.spec import SamplingSettings  # noqa: E402
+from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS  # noqa: E402
 from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad  # noqa: E402
 
 TARGET_RATIO = 0.9
@@ -240,11 +241,16 @@ def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
         raw_rates += tokens_per_second(raw_run, 1)
         our_rates += tokens_per_second(ours_run, 1)
     ratio = statistics.median(o / r for o, r in zip(our_rates, raw_rates))
+    if args.cuda_graphs and generator.decode_steps["EagerStep"]:
+        raise SystemExit(f"--cuda-graphs: {generator.decode_steps['EagerStep']} of "
+                         f"{sum(generator.decode_steps.values())} generator calls decoded eagerly (a capture failed: "
+                         "its warning is above); this row would time the eager decode")
     return {
         "generator_tokens_per_s": round(statistics.median(our_rates), 1),
         "generate_tokens_per_s": round(statistics.median(raw_rates), 1),
         "ratio": round(ratio, 3),
         "runs_direct": generator.runs_direct,
+        "decode_steps": dict(generator.decode_steps),
         "prompt_tokens_by_turn": [round(statistics.mean(len(p) for p in turn), 1) for turn in ours_run.turn_prompts],
     }
 
@@ -331,6 +337,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the generator captures its decode step in a CUDA graph (on a CUDA device; the local "
                              "engine's --cuda-graphs)")
     args = parser.parse_args(argv)
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error("--cuda-graphs needs --device cuda")
+    if args.cuda_graphs and args.new_tokens < MIN_GRAPH_STEPS:
+        parser.error(f"--cuda-graphs: a call samples --new-tokens {args.new_tokens}, fewer than the "
+                     f"{MIN_GRAPH_STEPS} it takes to capture a graph; give --new-tokens {MIN_GRAPH_STEPS} or more")
     if args.copy_mib is None:
         args.copy_mib = 2048 if args.device.startswith("cuda") else 256
     return args
