@@ -119,3 +119,63 @@ def test_the_decode_step_captured_in_a_cuda_graph_samples_what_the_eager_step_sa
     for e, g in zip(eager, graphed):
         if list(e.token_ids) == list(g.token_ids):
             assert max(abs(a - b) for a, b in zip(e.logprobs, g.logprobs)) < 2e-2
+
+
+def cuda_runtime():
+    """The CUDA runtime library torch loaded (ctypes), to call ``cudaMalloc`` past torch's caching allocator."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    if not paths:
+        pytest.skip("torch's CUDA runtime is not a shared library here")
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate():
+    """A background rollout (--max-staleness) captures its decode steps while the learner's thread allocates and
+    frees device memory: neither fails (a capture in CUDA's global mode forbids every thread's cudaMalloc)."""
+    import ctypes
+    import threading
+    import warnings
+
+    runtime = cuda_runtime()
+    model, tokenizer = build_tiny_policy(toy_corpus(200), seed=0, vocab_size=300)
+    model.to("cuda")
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][:12] for t in toy_corpus(16, seed=3)]
+    generator = HFGenerator(model, tokenizer, compute_dtype="bfloat16", cuda_graphs=True)
+    done, errors, statuses = threading.Event(), [], set()
+
+    def rollouts():
+        try:
+            for seed in range(8):
+                generator.generate(prompts, SamplingSettings(24, temperature=1.0, seed=seed))
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+        finally:
+            done.set()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=rollouts)
+        thread.start()
+        pointer = ctypes.c_void_p()
+        while not done.is_set():  # the learner's allocations, as the caching allocator makes them
+            statuses.add(runtime.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(1 << 20)))
+            statuses.add(runtime.cudaFree(pointer))
+        thread.join()
+    assert not errors, errors
+    assert statuses == {0}, f"cudaMalloc/cudaFree returned CUDA errors {sorted(statuses)} during the captures"
+    assert not [w for w in caught if "CUDA graph" in str(w.message)]
+    assert generator.decode_steps == {"GraphedStep": 8}
+
+
+def test_a_run_with_cuda_graphs_and_background_rollouts_finishes(tmp_path):
+    """--cuda-graphs with --max-staleness 1: the rollout thread captures while the learner updates."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        finished_run(tmp_path, "graphs", ["--dtype", "bfloat16", "--cuda-graphs", "--max-new-tokens", "16",
+                                          "--max-staleness", "1"])
+    assert not [w for w in caught if "CUDA graph" in str(w.message)]

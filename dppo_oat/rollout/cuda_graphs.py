@@ -24,7 +24,13 @@ from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 MIN_GRAPH_STEPS = 16
 """The fewest tokens to sample for which a call captures its decode step."""
 WARMUP_STEPS = 2
-"""Eager runs of the step on a side stream before the capture (lazy initialisation stays out of the graph)."""
+"""Eager runs of the step on a side stream before the capture (lazy initialisation stays out of the graph); the
+capture then runs on that stream, whose library handles exist."""
+CAPTURE_ERROR_MODE = "thread_local"
+"""What a capture forbids (``cudaStreamCaptureMode``): unsafe calls of its own thread only. A background rollout
+(``--max-staleness``) captures while the learner's thread updates, and under the default ``global`` mode the
+learner's next ``cudaMalloc`` would fail the update and the capture both (PyTorch's compiled graphs capture in this
+mode too, beside autograd's threads)."""
 
 
 class GraphedStep:
@@ -47,7 +53,7 @@ class GraphedStep:
                 for _ in range(WARMUP_STEPS):
                     decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
             torch.cuda.current_stream(device).wait_stream(side)
-            with torch.cuda.graph(self.graph, stream=side):  # the warm-up's stream: its library handles exist
+            with torch.cuda.graph(self.graph, stream=side, capture_error_mode=CAPTURE_ERROR_MODE):
                 self.logits = decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
 
     def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
