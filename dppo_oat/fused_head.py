@@ -15,7 +15,8 @@ token, or one the trust region blocks, costs no backward): a chunk's logits agai
 its ``∂L/∂z``, then its slice of ``∂L/∂W``, written once by one product over all the tokens (no ``[V, H]``
 accumulator: the head's gradient is as exact, and as large, as the logits path's), and its share of ``∂L/∂h``,
 summed in fp32 over the chunks (``[N, H]``). A chunk holds about :data:`CHUNK_ELEMENTS` fp32 logits in either pass
-(220 token rows at V = 151,936; at 16,384 tokens, 2,048 vocabulary rows).
+(220 token rows at V = 151,936; at 16,384 tokens, 2,040 vocabulary rows), and a backward chunk at most as many
+weights (:func:`vocab_rows_per_chunk`).
 
 Under ``torch.autocast`` the head's product ``W h`` runs in the autocast dtype, as the model's own head would (the
 rollout samples from those logits), in the backward pass too; the statistics are fp32, and the gradients' products
@@ -59,10 +60,12 @@ def rows_per_chunk(vocab: int, chunk_size: int | None = None) -> int:
     return rows
 
 
-def vocab_rows_per_chunk(tokens: int, vocab: int, chunk_size: int | None = None) -> int:
-    """Vocabulary rows per backward chunk over ``tokens`` token rows: as many logits as a forward chunk of
-    :func:`rows_per_chunk` token rows holds."""
-    return max(1, rows_per_chunk(vocab, chunk_size) * vocab // max(1, tokens))
+def vocab_rows_per_chunk(tokens: int, vocab: int, width: int, chunk_size: int | None = None) -> int:
+    """Vocabulary rows per backward chunk over ``tokens`` token rows of a head of ``width`` columns: as many logits as
+    a forward chunk of :func:`rows_per_chunk` token rows holds, and no more than :data:`CHUNK_ELEMENTS` weights (a
+    chunk of the weight is cast whole under autocast, and few tokens would otherwise make it the whole head)."""
+    rows = max(1, rows_per_chunk(vocab, chunk_size) * vocab // max(1, tokens))
+    return min(rows, max(1, CHUNK_ELEMENTS // width))
 
 
 def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -152,6 +155,19 @@ def row_slices(num_rows: int, rows: int) -> list[slice]:
     return [slice(start, min(start + rows, num_rows)) for start in range(0, num_rows, rows)]
 
 
+@dataclass
+class ActiveRows:
+    """The token rows the backward computes gradients for (``g ≠ 0``): their hidden states in the weight's dtype,
+    the same as the head's product reads them (cast once under autocast, where the product would cast them at every
+    chunk), and their ids, log-normalisers and ``g``."""
+
+    hidden: torch.Tensor
+    logits_input: torch.Tensor
+    ids: torch.Tensor
+    lse: torch.Tensor
+    grad_logp: torch.Tensor
+
+
 @torch.no_grad()
 def head_grads(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
                grad_logp: torch.Tensor, *, temperature: float, chunk_size: int | None = None,
@@ -159,37 +175,59 @@ def head_grads(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, ls
     """``(∂L/∂h [N, H], ∂L/∂W [V, H])`` from ``g = ∂L/∂ log π(a_t)`` (module docstring), recomputing the logits of
     the rows with ``g ≠ 0``, one chunk of vocabulary rows at a time (:func:`vocab_chunk_grads`)."""
     rows = grad_logp.nonzero().squeeze(-1)
-    active = hidden[rows].to(weight.dtype)
-    grad_rows = torch.zeros(active.shape, dtype=statistics_dtype(weight.dtype), device=hidden.device) \
-        if grads_for[0] else None
+    every_row = len(rows) == hidden.shape[0]
+    grad_rows = torch.zeros((len(rows), hidden.shape[1]), dtype=statistics_dtype(weight.dtype),
+                            device=hidden.device) if grads_for[0] else None
     grad_weight = (torch.empty_like(weight) if len(rows) else torch.zeros_like(weight)) if grads_for[1] else None
     if len(rows):  # every vocabulary row of the head's gradient is written once
-        step = vocab_rows_per_chunk(len(rows), weight.shape[0], chunk_size)
-        active_ids, active_lse, active_grad = ids[rows], lse[rows], grad_logp[rows]
+        active = active_rows(hidden, weight, ids, lse, grad_logp, None if every_row else rows)
+        step = vocab_rows_per_chunk(len(rows), *weight.shape, chunk_size)
         for part in row_slices(weight.shape[0], step):
-            vocab_chunk_grads(part, active, weight, active_ids, active_lse, active_grad, temperature, grad_rows,
-                              grad_weight)
-    grad_hidden = None
-    if grad_rows is not None:
-        grad_hidden = torch.zeros_like(hidden)
-        grad_hidden[rows] = grad_rows.to(hidden.dtype)
-    return grad_hidden, grad_weight
+            vocab_chunk_grads(part, active, weight, temperature, grad_rows, grad_weight)
+        del active
+    return scattered(grad_rows, rows, hidden, every_row), grad_weight
 
 
-def vocab_chunk_grads(part: slice, hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
-                      grad_logp: torch.Tensor, temperature: float, grad_hidden: torch.Tensor | None,
-                      grad_weight: torch.Tensor | None) -> None:
-    """The vocabulary rows ``part``'s share of the gradients (its logits are freed on return): their slice of
-    ``∂L/∂W = dzᵀ h`` written in place, and ``∂L/∂h += dz W[part]`` (fp32). The two products run in the weight's
-    dtype even under autocast: ``dz`` of a token is ``g_t`` times probabilities (down to 1e-7 and below at a large
-    V), which float16 would flush to zero before any loss scale could lift them."""
-    z = chunk_logits(hidden, weight[part], temperature)
-    dz = chunk_logit_grad(z, lse, ids, grad_logp, temperature, first_id=part.start)
+def active_rows(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
+                grad_logp: torch.Tensor, rows: torch.Tensor | None) -> ActiveRows:
+    """:class:`ActiveRows` of ``rows`` (None: every row, with no copy)."""
+    pick = (lambda tensor: tensor) if rows is None else (lambda tensor: tensor[rows])  # noqa: E731
+    active = pick(hidden).to(weight.dtype)
+    kind = active.device.type
+    cast = torch.is_autocast_enabled(kind) and active.dtype == torch.float32
+    return ActiveRows(active, active.to(torch.get_autocast_dtype(kind)) if cast else active, pick(ids), pick(lse),
+                      pick(grad_logp))
+
+
+def scattered(grad_rows: torch.Tensor | None, rows: torch.Tensor, hidden: torch.Tensor,
+              every_row: bool) -> torch.Tensor | None:
+    """``∂L/∂h`` shaped and typed like ``hidden``: the active rows' gradients in their rows, zeros elsewhere."""
+    if grad_rows is None:
+        return None
+    if every_row:
+        return grad_rows.to(hidden.dtype)
+    grad_hidden = torch.zeros_like(hidden)
+    grad_hidden[rows] = grad_rows.to(hidden.dtype)
+    return grad_hidden
+
+
+def vocab_chunk_grads(part: slice, rows: ActiveRows, weight: torch.Tensor, temperature: float,
+                      grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> None:
+    """The vocabulary rows ``part``'s share of the gradients (its logits are freed before the products): their slice
+    of ``∂L/∂W = dzᵀ h`` written in place, and ``∂L/∂h += dz W[part]``, summed in fp32 (each chunk's product is
+    rounded to the weight's dtype first). The two products run in the weight's dtype even under autocast: ``dz`` of
+    a token is ``g_t`` times probabilities (down to 1e-7 and below at a large V), which float16 would flush to zero
+    before any loss scale could lift them."""
+    z = chunk_logits(rows.logits_input, weight[part], temperature)
+    dz = chunk_logit_grad(z, rows.lse, rows.ids, rows.grad_logp, temperature, first_id=part.start)
+    del z
     with autocast_like((dz.device.type, False, None)):
         dz = dz.to(weight.dtype)
         if grad_weight is not None:
-            torch.mm(dz.T, hidden, out=grad_weight[part])
-        if grad_hidden is not None:
+            torch.mm(dz.T, rows.hidden, out=grad_weight[part])
+        if grad_hidden is not None and grad_hidden.dtype == weight.dtype:
+            grad_hidden.addmm_(dz, weight[part])
+        elif grad_hidden is not None:
             grad_hidden.add_(dz @ weight[part])
 
 

@@ -104,11 +104,25 @@ def test_the_backward_covers_the_vocabulary_in_chunks_and_each_sampled_token_in_
                                                                                      dtype=torch.float64)
     ids, g = torch.tensor([0, 2, 3, 5, 9, 9]), torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0, -1.0], dtype=torch.float64)
     expected = gradients_of_weighted_logp("logits", hidden, weight, ids, g)
-    assert fused_head.vocab_rows_per_chunk(5, 10, chunk_size=1) == 2  # 5 rows with g ≠ 0: chunks of 2 ids
+    assert fused_head.vocab_rows_per_chunk(5, 10, 8, chunk_size=1) == 2  # 5 rows with g ≠ 0: chunks of 2 ids
     got = gradients_of_weighted_logp("fused", hidden, weight, ids, g, chunk_size=1)
     for actual, reference in zip(got, expected):
         torch.testing.assert_close(actual, reference, rtol=1e-12, atol=1e-12)
     assert (got[0][3] == 0).all(), "a token with g = 0 gets no gradient"
+
+
+@pytest.mark.parametrize("requires", [(True, True), (True, False), (False, True)], ids=["both", "hidden", "head"])
+def test_a_backward_with_no_gradient_to_pass_is_zeros(requires):
+    """Every token blocked (or a prompt): ``g = 0`` everywhere, no logits recomputed, zero gradients of the inputs'
+    shapes and dtypes."""
+    hidden, weight, batch = head_batch(dtype=torch.bfloat16)
+    h, w = hidden.clone().requires_grad_(requires[0]), weight.clone().requires_grad_(requires[1])
+    logp = fused_head_logprobs(h, w, batch.input_ids[:, 1:], chunk_size=7)[0]
+    (0.0 * logp).sum().backward()
+    for leaf, wanted in zip((h, w), requires):
+        assert (leaf.grad is not None) == wanted
+        if wanted:
+            assert leaf.grad.dtype == torch.bfloat16 and leaf.grad.shape == leaf.shape and not leaf.grad.any()
 
 
 def gradients_of_weighted_logp(path, hidden, weight, ids, g, chunk_size=None):
@@ -284,6 +298,8 @@ def test_unknown_lm_head_is_refused(policy):
 
 def test_default_chunk_holds_about_128_mib_of_logits():
     assert fused_head.rows_per_chunk(151_936) == 220
+    assert fused_head.vocab_rows_per_chunk(16_384, 151_936, 4096) == 2040  # 220 rows' worth of logits
+    assert fused_head.vocab_rows_per_chunk(10, 151_936, 4096) == 8192  # 128 Mi weights, not the whole head
     assert fused_head.rows_per_chunk(512) == 65_536
     with pytest.raises(ValueError):
         fused_head.rows_per_chunk(512, 0)

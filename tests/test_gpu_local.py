@@ -132,13 +132,28 @@ def cuda_runtime():
     return ctypes.CDLL(sorted(paths)[0])
 
 
-def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate():
+def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate(monkeypatch):
     """A background rollout (--max-staleness) captures its decode steps while the learner's thread allocates and
     frees device memory: neither fails (a capture in CUDA's global mode forbids every thread's cudaMalloc)."""
+    import contextlib
     import ctypes
     import threading
     import warnings
 
+    from dppo_oat.rollout import cuda_graphs
+
+    capturing, real_capture = threading.Event(), cuda_graphs.captured_on
+
+    @contextlib.contextmanager
+    def flagged_capture(graph, stream):
+        with real_capture(graph, stream):
+            capturing.set()
+            try:
+                yield
+            finally:
+                capturing.clear()
+
+    monkeypatch.setattr(cuda_graphs, "captured_on", flagged_capture)
     runtime = cuda_runtime()
     model, tokenizer = build_tiny_policy(toy_corpus(200), seed=0, vocab_size=300)
     model.to("cuda")
@@ -159,23 +174,39 @@ def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate():
         warnings.simplefilter("always")
         thread = threading.Thread(target=rollouts)
         thread.start()
-        pointer = ctypes.c_void_p()
+        pointer, during_captures = ctypes.c_void_p(), 0
         while not done.is_set():  # the learner's allocations, as the caching allocator makes them
+            during = capturing.is_set()
             statuses.add(runtime.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(1 << 20)))
             statuses.add(runtime.cudaFree(pointer))
+            during_captures += during and capturing.is_set()
         thread.join()
     assert not errors, errors
+    assert during_captures > 0, "no allocation overlapped a capture: the case was not exercised"
     assert statuses == {0}, f"cudaMalloc/cudaFree returned CUDA errors {sorted(statuses)} during the captures"
     assert not [w for w in caught if "CUDA graph" in str(w.message)]
     assert generator.decode_steps == {"GraphedStep": 8}
 
 
-def test_a_run_with_cuda_graphs_and_background_rollouts_finishes(tmp_path):
+def test_a_run_with_cuda_graphs_and_background_rollouts_finishes(tmp_path, monkeypatch):
     """--cuda-graphs with --max-staleness 1: the rollout thread captures while the learner updates."""
+    import threading
     import warnings
 
+    from dppo_oat.rollout import cuda_graphs, hf_generator
+
+    built = []
+
+    def recording(*args):
+        step = cuda_graphs.decode_step(*args)
+        built.append((threading.current_thread() is threading.main_thread(), type(step).__name__))
+        return step
+
+    monkeypatch.setattr(hf_generator, "decode_step", recording)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         finished_run(tmp_path, "graphs", ["--dtype", "bfloat16", "--cuda-graphs", "--max-new-tokens", "16",
                                           "--max-staleness", "1"])
     assert not [w for w in caught if "CUDA graph" in str(w.message)]
+    assert (False, "GraphedStep") in built, "no background rollout captured its decode step"
+    assert {kind for _, kind in built} == {"GraphedStep"}

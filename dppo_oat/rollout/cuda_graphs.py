@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Iterator
 
 import torch
 
@@ -53,7 +54,7 @@ class GraphedStep:
                 for _ in range(WARMUP_STEPS):
                     decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
             torch.cuda.current_stream(device).wait_stream(side)
-            with torch.cuda.graph(self.graph, stream=side, capture_error_mode=CAPTURE_ERROR_MODE):
+            with captured_on(self.graph, side):
                 self.logits = decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
 
     def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -63,6 +64,23 @@ class GraphedStep:
         self.graph.replay()
         self.buffer.width += 1
         return self.logits
+
+
+@contextlib.contextmanager
+def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
+    """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`. ``torch.cuda.graph``
+    does the same after a device-wide synchronize and an ``empty_cache``, to free memory for the graph: in a
+    background rollout, at every generator call, those would stall the learner's thread and drop its cached blocks.
+    A capture the block fails is ended before its error propagates (its own end-of-capture error is dropped)."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode=CAPTURE_ERROR_MODE)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(RuntimeError):
+                graph.capture_end()
+            raise
+        graph.capture_end()
 
 
 def uncached_autocast(device: torch.device) -> contextlib.AbstractContextManager:

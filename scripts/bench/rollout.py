@@ -236,15 +236,13 @@ def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
     raw_run = multi_turn_runner(generate_sampler(model, tokenizer, args.new_tokens), prompts, args.turns, vocab,
                                 args.seed)
     ours_run(), raw_run()  # warm-up
+    refuse_eager_calls(generator, args.cuda_graphs)
     our_rates, raw_rates = [], []
     for _ in range(args.repeats):
         raw_rates += tokens_per_second(raw_run, 1)
         our_rates += tokens_per_second(ours_run, 1)
     ratio = statistics.median(o / r for o, r in zip(our_rates, raw_rates))
-    if args.cuda_graphs and generator.decode_steps["EagerStep"]:
-        raise SystemExit(f"--cuda-graphs: {generator.decode_steps['EagerStep']} of "
-                         f"{sum(generator.decode_steps.values())} generator calls decoded eagerly (a capture failed: "
-                         "its warning is above); this row would time the eager decode")
+    refuse_eager_calls(generator, args.cuda_graphs)
     return {
         "generator_tokens_per_s": round(statistics.median(our_rates), 1),
         "generate_tokens_per_s": round(statistics.median(raw_rates), 1),
@@ -253,6 +251,15 @@ def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
         "decode_steps": dict(generator.decode_steps),
         "prompt_tokens_by_turn": [round(statistics.mean(len(p) for p in turn), 1) for turn in ours_run.turn_prompts],
     }
+
+
+def refuse_eager_calls(generator: HFGenerator, cuda_graphs: bool) -> None:
+    """Under ``--cuda-graphs``, exit when a generator call decoded eagerly (a capture failed): the row would time
+    the eager decode under the graphs' name."""
+    eager = generator.decode_steps["EagerStep"]
+    if cuda_graphs and eager:
+        raise SystemExit(f"--cuda-graphs: {eager} of {sum(generator.decode_steps.values())} generator calls decoded "
+                         "eagerly (a capture failed: its warning is above); this row would time the eager decode")
 
 
 def weight_bytes(model) -> int:

@@ -76,7 +76,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Constructor seed of the training envs (reasoning-gym builds its puzzle set from it)."""
     lm_head: Literal["fused", "logits"] = "fused"
     """How the learner gets π_θ: fused (from the last hidden states and the head weight, chunk by chunk, never
-    holding the [N, V] logits; the loss's gradients computed in the same pass) or logits (the model's logits, for
+    holding the [N, V] logits, in the forward pass or the backward) or logits (the model's logits, for
     comparison)."""
     logprob_chunk_size: int = 1024
     """Token rows per chunk of the logits path's fp32 log-softmax, whose logits memory grows with it (the fused head
