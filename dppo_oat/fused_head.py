@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 CHUNK_ELEMENTS = 1 << 25
 """fp32 logits per chunk (128 MiB): ``CHUNK_ELEMENTS // V`` token rows in the forward pass, ``CHUNK_ELEMENTS // N``
-vocabulary rows in the backward pass."""
+vocabulary rows in the backward pass (and at most ``CHUNK_ELEMENTS // H``: as many weights)."""
 
 
 class FusedHeadUnsupported(ValueError):
