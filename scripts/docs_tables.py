@@ -303,6 +303,8 @@ def faults_table() -> str:
 # --------------------------------------------------------------------------------- the pages
 
 GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target)
+    "oat_learner_step": ("oat's own learners under DeepSpeed ZeRO-2, bf16, at Qwen3-1.7B's shape: DPPO's step time ÷ "
+                         "PPO's (same batch), each one's peak memory and MFU", "≤ 0.85"),
     "gpu_tests": ("`pytest -m gpu`", "all pass"),
     "default_run": ("the default run: wall time, held-out success before → after", "—"),
     "shaped_run": ("the local engine with the ~100M policy (`--warm-start.shape qwen3-100m`), warm-started on the GPU: "
@@ -353,6 +355,8 @@ def gpu_result(row: dict) -> str:
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']}"
                 f"{', decode in a CUDA graph' if row.get('cuda_graphs') else ''})")
+    elif bench == "oat_learner_step":
+        text = oat_learner_result(row)
     elif bench == "learner_mfu":
         text = (f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.3f} "
                 f"(peak {row['peak_flops'] / 1e12:.0f} TFLOP/s measured)")
@@ -360,6 +364,18 @@ def gpu_result(row: dict) -> str:
         text = (f"H {row['hidden']}, {row['response_tokens']:,} tokens: {row['peak_mem_ratio']:.1f}×, "
                 f"{row['time_ratio']:.2f}×, {row['max_grad_abs_diff']:.1e}")
     return f"{row['gpu']}: {text} ({row['commit'][:7]})"
+
+
+def oat_learner_result(row: dict) -> str:
+    """An ``oat_learner_step`` row in a few words: the ratio, the shape, each learner's peak and MFU, the optimizer."""
+    config, learners = row["config"], row["learners"]
+    optimizer = ("FusedAdam compiled" if row["fused_adam"]["compiled"]
+                 else f"FusedAdam did not compile: torch's fused AdamW ({row['fused_adam']['error']})")
+    return (f"DPPO ÷ PPO step time {row['dppo_vs_ppo_step_time']:.2f} (H {config['hidden']}, {config['layers']} layers, "
+            f"{config['sequences']} × {config['prompt_tokens']} + {config['response_tokens']} tokens); peak "
+            f"{row['peak_mem_total_gib']['ppo']:.1f} / {row['peak_mem_total_gib']['dppo']:.1f} GiB, MFU "
+            f"{learners['ppo']['mfu']:.3f} / {learners['dppo']['mfu']:.3f} (PPO / DPPO); {optimizer}, DeepSpeed "
+            f"{row['deepspeed']}, {row['attention']} attention")
 
 
 def gpu_rows_table(folder: Path = ROOT / "docs" / "bench") -> str:

@@ -24,7 +24,11 @@ shuffling seeds are reset, so every repetition is the same step from the same st
 with the CPU patches of the oat rehearsal, imported from ``tests/oat/oat_cpu_prelude.py`` (``patch_learner_for_cpu``:
 ``torch.cuda.synchronize``/``set_device``/``current_device`` made CPU-safe, torch's AdamW over oat's parameter groups
 in place of DeepSpeed's CUDA FusedAdam, DeepSpeed's JIT shared-memory collective off), fp32 and gloo in one process
-per learner; with ``--device cuda`` nothing is patched (oat's FusedAdam, bf16, flash attention).
+per learner. With ``--device cuda`` the learners run bf16 and NCCL with DeepSpeed's FusedAdam, JIT-compiled by the
+device's nvcc before they start; on a stock CUDA image (``scripts/gpu/device_check.sh oat-learner``) where a package
+is missing, ``oat_gpu_setup.py`` says what stands in, and the row records it: import stand-ins for vLLM and
+``pyarrow.plasma`` (``tests/oat/import_stand_ins``; a learner without actors never calls them), sdpa attention where
+flash-attn is missing, torch's fused AdamW where FusedAdam does not compile (``fused_adam.compiled`` false).
 
 The two learners live in two worker processes (spawned, one DeepSpeed world of one rank each), so that each one's
 peak memory is its own: on the CPU the peak resident set during the step above the step's start (the kernel's
@@ -35,6 +39,11 @@ PPO's. The workers' OpenMP threads wait passively (``OMP_WAIT_POLICY``, unless s
 does not stall a step for seconds at a barrier. Every pair is checked to do the same optimizer steps and the same
 number of sequences with gradient, and oat's own GRPO advantages of the batch (``compute_monte_carlo_advantages``)
 to equal those DPPO reads.
+
+Each learner's MFU is its own step's model FLOPs (:func:`step_flops`: what it forwarded, gradient checkpointing's
+recomputation not counted) per second at the median step time, over the rate of a bf16 8,192³ matrix product
+measured on the same GPU before the learners start; ``peak_mem_total_gib`` is the step's peak with the weights,
+gradients and optimizer states it holds.
 
 At the default shape (hidden 128, 2 layers) the tied LM head is 19.4M of the model's 19.9M parameters, so the CPU
 ratio is what DPPO saves on the head (no π_θ' pass, no prompt rows, no ``[N, V]`` logits) plus the learners' own
@@ -69,6 +78,11 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import matmul_flops  # noqa: E402
+from oat_gpu_setup import (attention_implementation, compile_fused_adam, flash_attn_installed,  # noqa: E402
+                           use_sdpa_for_eager, use_torch_fused_adamw)
 VARIANTS = ("ppo", "dppo")
 MMAP_THRESHOLD = "65536"
 """Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""
@@ -78,6 +92,10 @@ descheduled stalls a step for seconds (identical steps of 0.1 s took 0.1-5 s wit
 PPO_TIS_C = 2.0
 """oat's ``PPOArgs.tis_c`` (DPPO's arguments default it to None and refuse it)."""
 GiB = 2**30
+TARGET_STEP_TIME_RATIO = 0.85
+"""DPPO's step time over PPO's that the oat engine aims at on a real model's shape."""
+PEAK_SIZE = 8192
+"""The side of the bf16 matrix product whose rate is MFU's peak on a GPU."""
 
 
 # --------------------------------------------------------------------------------------------- policy and batch
@@ -143,11 +161,12 @@ def transitions(args, model) -> list:
 
 def learner_argv(args, model_dir: str, save_path: str) -> list[str]:
     """The oat engine's command line both learners are built from: the GPU scripts' ZeRO-2, learning rate and
-    Dr.GRPO aggregation (``critic_type drgrpo``); on the CPU fp32 and PyTorch's attention, on a GPU oat's defaults
-    (bf16, flash attention)."""
+    Dr.GRPO aggregation (``critic_type drgrpo``); on the CPU fp32 and oat's eager attention, on a GPU bf16 and
+    flash-attn 2 where it is installed (else ``--no-flash_attn``, which :func:`prepare_process` turns into sdpa)."""
     on_gpu = args.device.startswith("cuda")
+    flash = on_gpu and flash_attn_installed()
     return [
-        "--pretrain", model_dir, *(["--flash_attn", "--bf16"] if on_gpu else ["--no-flash_attn", "--no-bf16"]),
+        "--pretrain", model_dir, "--flash_attn" if flash else "--no-flash_attn", "--bf16" if on_gpu else "--no-bf16",
         "--gpus", "1",
         "--zero_stage", "2", *(["--gradient_checkpointing"] if args.gradient_checkpointing else []),
         "--trust_region", args.trust_region, *tr_delta_flags(args), "--lm_head", args.lm_head,
@@ -167,17 +186,56 @@ def tr_delta_flags(args) -> list[str]:
     return [] if delta is None else ["--tr_delta", str(delta)]
 
 
-def prepare_process(device: str) -> None:
-    """What oat needs in a learner's process here: launchpad (imported by oat, never used by a learning step), and
-    on the CPU the oat rehearsal's learner patches (module docstring)."""
+def import_stand_ins(device: str) -> list[str]:
+    """launchpad's stand-in where it is missing (oat imports it; a learning step never uses it), and on a GPU the
+    import stand-ins of ``tests/oat/import_stand_ins`` for a missing vLLM and ``pyarrow.plasma``; the names stood in.
+    Before anything imports oat."""
     from dppo_oat.engines.oat.launch import stand_in_for_missing_launchpad
 
     stand_in_for_missing_launchpad()
+    if not device.startswith("cuda"):
+        return []
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stand_ins", ROOT / "tests" / "oat" / "import_stand_ins" /
+                                                  "stand_ins.py")
+    stand_ins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stand_ins)
+    return stand_ins.install()
+
+
+def prepare_process(device: str, gpu: dict) -> None:
+    """What oat needs in a learner's process here: the import stand-ins; on the CPU the oat rehearsal's learner
+    patches (module docstring); on a GPU sdpa for oat's eager attention where flash-attn is missing, and torch's
+    fused AdamW where DeepSpeed's FusedAdam did not compile (``gpu``: :func:`gpu_setup`'s facts)."""
+    import_stand_ins(device)
     if device == "cpu":
         sys.path.insert(0, str(ROOT / "tests" / "oat"))
         from oat_cpu_prelude import patch_learner_for_cpu
 
         patch_learner_for_cpu()
+        return
+    if gpu["attention"] == "sdpa":
+        use_sdpa_for_eager()
+    if not gpu["fused_adam"]["compiled"]:
+        use_torch_fused_adamw()
+
+
+def gpu_setup(device: str) -> dict:
+    """In the parent, before the learners start: the import stand-ins, the attention the learners run, DeepSpeed's
+    FusedAdam compiled (on a GPU; the learners load that build) and the bf16 matrix product's rate, MFU's peak."""
+    stood_in = import_stand_ins(device)
+    if not device.startswith("cuda"):
+        return {"import_stand_ins": stood_in, "attention": "eager", "peak_flops": None, "peak_method": None,
+                "fused_adam": {"compiled": False, "seconds": 0.0, "header_dirs_added": [],
+                               "error": "CPU: torch's AdamW (the oat rehearsal's patch)"}}
+    fused_adam = compile_fused_adam()
+    progress(f"DeepSpeed FusedAdam: {'compiled' if fused_adam['compiled'] else 'NOT compiled'} in "
+             f"{fused_adam['seconds']:.0f} s" + (f" ({fused_adam['error']})" if fused_adam["error"] else ""))
+    peak = matmul_flops(device, torch.bfloat16, PEAK_SIZE)
+    return {"import_stand_ins": stood_in, "attention": attention_implementation(flash_attn_installed()),
+            "fused_adam": fused_adam, "peak_flops": peak,
+            "peak_method": f"bf16 {PEAK_SIZE}^3 matrix product on random data, median of 10 (scripts/bench/machine.py)"}
 
 
 def build_learner(variant: str, args, model_dir: str, save_path: str):
@@ -219,7 +277,8 @@ def oat_advantages(learner, trajectory: dict) -> list[float]:
 
 
 class Counters:
-    """Per step: decoder tokens forwarded with and without grad, sequences with grad, rows the LM head ran on."""
+    """Per step: decoder tokens forwarded with and without grad, sequences with grad, rows the LM head ran on (with
+    and without grad)."""
 
     def __init__(self, learner) -> None:
         import dppo_oat.learner_forward
@@ -231,7 +290,7 @@ class Counters:
         fused = dppo_oat.learner_forward.fused_head_logprobs
 
         def counted(hidden, *rest, **kwargs):  # DPPO's fused head reads the weight, not the module
-            self.add("lm_head_rows", hidden.shape[0])
+            self.add_head_rows(hidden.shape[0])
             return fused(hidden, *rest, **kwargs)
 
         dppo_oat.learner_forward.fused_head_logprobs = counted
@@ -245,8 +304,12 @@ class Counters:
         self.add(f"decoder_tokens_{kind}", batch * length)
         self.add(f"sequences_{kind}", batch)
 
+    def add_head_rows(self, rows: int) -> None:
+        self.add("lm_head_rows", rows)
+        self.add(f"lm_head_rows_{'grad' if torch.is_grad_enabled() else 'no_grad'}", rows)
+
     def _head(self, module, inputs, output) -> None:
-        self.add("lm_head_rows", inputs[0].shape[:-1].numel())
+        self.add_head_rows(inputs[0].shape[:-1].numel())
 
     def take(self) -> dict:
         values, self.values = self.values, {}
@@ -286,11 +349,12 @@ def resident_kib(field: str) -> int:
 
 
 class PeakMemory:
-    """Peak bytes above the level at entry: CUDA's allocator statistics, else the kernel's peak resident set."""
+    """Peak bytes above the level at entry (``extra``) and in all (``total``: the weights, gradients and optimizer
+    states held before the step included): CUDA's allocator statistics, else the kernel's peak resident set."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
-        self.extra = 0
+        self.extra = self.total = 0
 
     def __enter__(self):
         if self.cuda:
@@ -306,9 +370,10 @@ class PeakMemory:
     def __exit__(self, *exc) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-            self.extra = torch.cuda.max_memory_allocated() - self.base
+            self.total = torch.cuda.max_memory_allocated()
         else:
-            self.extra = resident_kib("VmHWM") * 1024 - self.base
+            self.total = resident_kib("VmHWM") * 1024
+        self.extra = self.total - self.base
 
 
 def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> dict:
@@ -324,17 +389,17 @@ def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> di
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     fingerprint = sum(p.detach().double().sum().item() for p in engine.module.parameters())
-    return {"seconds": seconds, "peak_bytes": memory.extra, "optimizer_steps": engine.global_steps - steps,
+    return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total, "optimizer_steps": engine.global_steps - steps,
             "skipped_steps": engine.skipped_steps - skipped, "pg_loss": float(infos["pg_loss"]),
             "weights_after": fingerprint, **counters.take()}
 
 
-def worker(variant: str, args, model_dir: str, batch_path: str, conn) -> None:
+def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn) -> None:
     """One learner's process: build it, then one reset + ``learning_step`` per "step" message from the parent."""
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # DeepSpeed's and oat's prints: stdout carries the JSON only
     try:
         torch.set_num_threads(args.threads)
-        prepare_process(args.device)
+        prepare_process(args.device, gpu)
         with tempfile.TemporaryDirectory() as save_path:
             learner = build_learner(variant, args, model_dir, save_path)
             with open(batch_path, "rb") as handle:
@@ -355,11 +420,11 @@ def worker(variant: str, args, model_dir: str, batch_path: str, conn) -> None:
 class Worker:
     """The parent's handle on a learner's process."""
 
-    def __init__(self, variant: str, args, model_dir: str, batch_path: str) -> None:
+    def __init__(self, variant: str, args, gpu: dict, model_dir: str, batch_path: str) -> None:
         context = multiprocessing.get_context("spawn")
         self.variant = variant
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(variant, args, model_dir, batch_path, child), daemon=True)
+        self.process = context.Process(target=worker, args=(variant, args, gpu, model_dir, batch_path, child), daemon=True)
         self.process.start()
         child.close()
 
@@ -386,6 +451,47 @@ class Worker:
 # -------------------------------------------------------------------------------------------------- measurement
 
 
+def model_shape(model) -> dict:
+    """What the FLOP count needs of the policy: vocabulary, hidden size, layers, attention width (heads × head
+    dimension), the LM head's parameters and the decoder's (every other parameter; the embedding is tied to the
+    head and its lookup costs no FLOPs)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head = config.vocab_size * config.hidden_size
+    decoder = sum(p.numel() for p in model.parameters()) - head * (1 if config.tie_word_embeddings else 2)
+    return {"vocab": config.vocab_size, "hidden": config.hidden_size, "layers": config.num_hidden_layers,
+            "attention_width": config.num_attention_heads * head_dim, "decoder_parameters": decoder,
+            "head_parameters": head}
+
+
+def step_flops(counts: dict, shape: dict, sequence_length: int) -> float:
+    """Model FLOPs of one learner's step from what it forwarded (:class:`Counters`), recomputation (gradient
+    checkpointing) not counted: 2 FLOPs per weight per token forward, 6 with its backward; causal attention adds
+    2 · L · width · s per token forward (the score and value products, 4 · L · width per earlier position, over s/2
+    positions on average); the LM head on the rows it ran:
+
+        6 · (N_dec + L·width·s) · tokens_grad + 2 · (N_dec + L·width·s) · tokens_no_grad
+          + 6 · V·H · head_rows_grad + 2 · V·H · head_rows_no_grad
+    """
+    per_token = shape["decoder_parameters"] + shape["layers"] * shape["attention_width"] * sequence_length
+    head = shape["head_parameters"]
+    return (6 * per_token * counts.get("decoder_tokens_grad", 0) + 2 * per_token * counts.get("decoder_tokens_no_grad", 0)
+            + 6 * head * counts.get("lm_head_rows_grad", 0) + 2 * head * counts.get("lm_head_rows_no_grad", 0))
+
+
+def learner_mfu(pairs: list[dict], facts: dict, sequence_length: int) -> dict:
+    """Per learner: model FLOPs of its step, and its MFU at the median step time against the GPU's measured peak
+    (None on the CPU, where no peak is measured)."""
+    peak = facts["gpu"]["peak_flops"]
+    result = {}
+    for variant in VARIANTS:
+        flops = step_flops(pairs[0][variant], facts["shape"], sequence_length)
+        seconds = statistics.median(pair[variant]["seconds"] for pair in pairs)
+        result[variant] = {"model_flops_per_step": flops, "achieved_flops": flops / seconds,
+                           "mfu": None if not peak else flops / seconds / peak}
+    return result
+
+
 def check_pair(pair: dict) -> None:
     """Both learners took the same optimizer steps on the same number of sequences with gradient, and applied them."""
     ppo, dppo = pair["ppo"], pair["dppo"]
@@ -399,15 +505,19 @@ def check_pair(pair: dict) -> None:
 def measure(args) -> tuple[list[dict], dict]:
     """Warm-up of each learner, then ``args.reps`` pairs in alternating order; the pairs and the set-up facts."""
     started = time.perf_counter()
+    gpu = gpu_setup(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, batch_path = Path(tmp) / "policy", Path(tmp) / "batch.pkl"
         model = build_policy(args, model_dir)
         buffer = transitions(args, model)
-        facts = {"parameters": sum(p.numel() for p in model.parameters())}
+        facts = {"parameters": sum(p.numel() for p in model.parameters()), "shape": model_shape(model),
+                 "gpu": gpu}
         del model
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
         with open(batch_path, "wb") as handle:
             pickle.dump(buffer, handle)
-        workers = {v: Worker(v, args, str(model_dir), str(batch_path)) for v in VARIANTS}
+        workers = {v: Worker(v, args, gpu, str(model_dir), str(batch_path)) for v in VARIANTS}
         try:
             ready = {v: w.receive() for v, w in workers.items()}
             progress(f"learners ready after {time.perf_counter() - started:.0f} s")
@@ -436,8 +546,11 @@ def progress(message: str) -> None:
 
 
 def commit(results_file: str | None = None) -> str:
-    """``git rev-parse --short HEAD``, plus ``-dirty`` when the tree differs from it (untracked files included: this
+    """``DPPO_COMMIT`` where set (a copy of the checkout without its ``.git``, as on the GPU check's machine); else
+    ``git rev-parse --short HEAD``, plus ``-dirty`` when the tree differs from it (untracked files included: this
     script may be one), the file the results are appended to aside."""
+    if os.environ.get("DPPO_COMMIT"):
+        return os.environ["DPPO_COMMIT"]
 
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -469,15 +582,16 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
     def median(variant: str, key: str) -> float:
         return statistics.median(pair[variant][key] for pair in pairs)
 
-    def peak(variant: str) -> int:
-        return max(pair[variant]["peak_bytes"] for pair in pairs)
+    def peak(variant: str, key: str = "peak_bytes") -> int:
+        return max(pair[variant][key] for pair in pairs)
 
     def spread(variant: str) -> float:
         """Relative spread of the weights' sum after the step, warm-up included: 0 when every reset worked."""
         values = [facts["warmup"][variant]["weights_after"]] + [pair[variant]["weights_after"] for pair in pairs]
         return (max(values) - min(values)) / max(abs(statistics.mean(values)), 1e-30)
 
-    counts = ("optimizer_steps", "sequences_grad", "decoder_tokens_grad", "decoder_tokens_no_grad", "lm_head_rows")
+    counts = ("optimizer_steps", "sequences_grad", "decoder_tokens_grad", "decoder_tokens_no_grad", "lm_head_rows",
+              "lm_head_rows_grad", "lm_head_rows_no_grad")
     tr = facts["trust_region"]
     on_gpu = args.device.startswith("cuda")
     return {
@@ -487,6 +601,14 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "ppo_peak_mem_gib": peak("ppo") / GiB,
         "dppo_peak_mem_gib": peak("dppo") / GiB,
         "dppo_vs_ppo_peak_mem": peak("dppo") / peak("ppo"),
+        "peak_mem_total_gib": {v: peak(v, "peak_total_bytes") / GiB for v in VARIANTS},
+        "learners": learner_mfu(pairs, facts, args.prompt_tokens + args.response_tokens),
+        "peak_flops": facts["gpu"]["peak_flops"], "peak_method": facts["gpu"]["peak_method"],
+        "fused_adam": facts["gpu"]["fused_adam"], "attention": facts["gpu"]["attention"],
+        "import_stand_ins": facts["gpu"]["import_stand_ins"],
+        "targets": {"dppo_vs_ppo_step_time": TARGET_STEP_TIME_RATIO},
+        "meets_targets": statistics.median(p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs)
+        <= TARGET_STEP_TIME_RATIO,
         "memory": ("torch.cuda.max_memory_allocated above the step's start" if on_gpu
                    else "peak resident set above the step's start (VmHWM), one process per learner"),
         "pair_ratios": [p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs],
@@ -508,7 +630,7 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "reps": args.reps, "warmup": 1, "device": args.device, "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": machine(args.device), "commit": commit(args.out), "torch": torch.__version__,
-        "deepspeed": deepspeed.__version__, "oat": version("oat-llm"),
+        "deepspeed": deepspeed.__version__, "oat": version("oat-llm"), "transformers": version("transformers"),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

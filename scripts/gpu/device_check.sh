@@ -6,12 +6,15 @@
 # the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
 #
 #   bash scripts/gpu/device_check.sh                      # every step, on the GPU
-#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: tests rollout-ops rollout learner fused-head
-#                                                         #   default-run shaped-run
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: oat-learner tests rollout-ops rollout learner
+#                                                         #   fused-head default-run shaped-run
 #   BUDGET=540 bash scripts/gpu/device_check.sh           # stop after 540 s: what is done keeps its rows
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
-# Steps, the short ones first: tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the
+# Steps, the newest first: oat-learner (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under
+# DeepSpeed ZeRO-2 in bf16 at Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins
+# are in tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed: make
+# test-oat's environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the
 # operations one default-run rollout dispatches and where its host time goes: rollout_ops), rollout
 # (scripts/bench/rollout.py: the generator
 # against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the
@@ -51,6 +54,10 @@ SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
 # The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
+OAT_LEARNER_FLAGS=(--device cuda --hidden 2048 --layers 28 --gradient-checkpointing --prompt-tokens 512
+                   --response-tokens 1536 --micro-batch 1 --reps 3)
+SMOKE_OAT_LEARNER_FLAGS=(--device cpu --vocab 1000 --hidden 128 --layers 1 --sequences 4 --group-size 2 --minibatch 2
+                         --micro-batch 1 --prompt-tokens 4 --response-tokens 8 --reps 1 --threads 1)
 ROLLOUT_OPS_FLAGS=(--repeats 3 -- --device cuda --dtype bfloat16)
 SMOKE_ROLLOUT_OPS_FLAGS=(--repeats 1 -- --device cpu --groups-per-step 2 --group-size 2)
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
@@ -64,8 +71,8 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
-STEPS=(tests rollout-ops rollout learner fused-head default-run shaped-run)
-SMOKE_SKIPS=(shaped-run)  # steps --smoke runs only when named
+STEPS=(oat-learner tests rollout-ops rollout learner fused-head default-run shaped-run)
+SMOKE_SKIPS=(oat-learner shaped-run)  # steps --smoke runs only when named
 IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
 SMOKE=${SMOKE:-0}
@@ -91,7 +98,7 @@ if [[ ${#chosen[@]} -eq 0 ]]; then
 fi
 PY=${PYTHON:-python3}
 if [[ $SMOKE != 0 ]]; then
-    ROLLOUT_OPS_FLAGS=("${SMOKE_ROLLOUT_OPS_FLAGS[@]}")
+    ROLLOUT_OPS_FLAGS=("${SMOKE_ROLLOUT_OPS_FLAGS[@]}") OAT_LEARNER_FLAGS=("${SMOKE_OAT_LEARNER_FLAGS[@]}")
     DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") SHAPED_RUN_FLAGS=("${SMOKE_SHAPED_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
     LEARNER_FLAGS=("${SMOKE_LEARNER_FLAGS[@]}") FUSED_HEAD_SIZES=("${SMOKE_FUSED_HEAD_SIZES[@]}")
     FUSED_HEAD_FLAGS=("${SMOKE_FUSED_HEAD_FLAGS[@]}")
@@ -222,6 +229,13 @@ rollout() {  # on a GPU twice: the eager decode, then the decode step captured i
         && stamp rollout "$LOG_DIR/rollout-graphs.json"
 }
 
+# oat's learner step against DPPO's; DeepSpeed's JIT builds (FusedAdam) cached under LOG_DIR
+oat_learner() {
+    TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$LOG_DIR/torch_extensions} \
+        "$PY" scripts/bench/oat_learner_step.py "${OAT_LEARNER_FLAGS[@]}" >"$LOG_DIR/oat-learner.json" \
+        && stamp oat_learner_step "$LOG_DIR/oat-learner.json"
+}
+
 learner() {
     "$PY" scripts/bench/learner_mfu.py "${LEARNER_FLAGS[@]}" >"$LOG_DIR/learner.json" \
         && stamp learner_mfu "$LOG_DIR/learner.json"
@@ -243,6 +257,7 @@ fused_head() {
 # step_function STEP: the function that runs STEP
 step_function() {
     case $1 in
+        oat-learner) echo oat_learner ;;
         tests) echo gpu_tests ;;
         default-run) echo default_run ;;
         shaped-run) echo shaped_run ;;

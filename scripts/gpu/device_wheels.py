@@ -1,6 +1,9 @@
-"""The packages a stock CUDA image lacks for the local engine and its tests, fetched into one folder, one version each.
+"""The packages a stock CUDA image lacks for the local engine, its tests and oat's learner, fetched into one folder,
+one version each.
 
-It starts from this package's requirements (``pyproject.toml``'s ``[project.dependencies]``) and follows each
+It starts from this package's requirements (``pyproject.toml``'s ``[project.dependencies]``) and the oat learner's
+import-time roots (:data:`OAT_LEARNER_ROOTS`: oat-llm itself, whose own requirements are not followed, DeepSpeed and
+what oat imports when its learner module loads; vLLM and launchpad have stand-ins there) and follows each
 package's ``Requires-Dist`` (markers evaluated for CPython 3.12 on Linux x86_64, extras followed), skipping every
 package the image holds (``requirements/cuda-image.txt``): what is left is what the image lacks, transitively. Each
 is pinned to the GPU node's lock (``requirements/gpu-node-py310.txt``) unless ``requirements/device-wheels.txt``
@@ -8,8 +11,9 @@ pins it otherwise (with its reason); a pin that does not meet a requirement met 
 
 A package is fetched as a wheel built for CPython 3.12 on manylinux x86_64, or a pure-Python one. Without such a
 wheel, its sdist is built here: a pure-Python build is kept as a wheel; a compiled package travels as its sdist, and
-``scripts/gpu/device_check.sh`` builds it on the device with the image's compiler. It prints the list and the total
-size and refuses more than :data:`MAX_BYTES`.
+``scripts/gpu/device_check.sh`` builds it on the device with the image's compiler. DeepSpeed is built here into a
+pure-Python wheel with no prebuilt ops (:data:`BUILD_ENVIRONMENT`): its ops are JIT-compiled by the device's nvcc.
+It prints the list and the total size and refuses more than :data:`MAX_BYTES`.
 
     python scripts/gpu/device_wheels.py [--dest .whl]     # scripts/gpu/device_wheels.sh, make gpu-wheels
 """
@@ -17,6 +21,7 @@ size and refuses more than :data:`MAX_BYTES`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -48,6 +53,20 @@ MAX_BYTES = 64 * 2**20
 
 PYTHON_VERSION = "3.12"
 """The image's Python."""
+
+OAT_LEARNER_ROOTS = ("oat-llm", "deepspeed", "dm-tree", "levenshtein", "msgspec", "openai")
+"""What ``scripts/bench/oat_learner_step.py --device cuda`` imports beyond the local engine's packages: oat-llm, the
+DeepSpeed it pins, and oat's import-time modules the image lacks (``tree``, ``Levenshtein``, ``msgspec``, ``openai``),
+each at the GPU node lock's version. vLLM (imported by ``oat.actors``) and launchpad have import stand-ins on the device."""
+
+NO_DEPENDENCIES = {"oat-llm"}
+"""Packages whose ``Requires-Dist`` is not followed, fetched whatever Python they require: oat-llm pins Python 3.10,
+CUDA vLLM 0.8.4, flash-attn and dm-launchpad, none of which a learner step imports; its import-time needs are
+:data:`OAT_LEARNER_ROOTS`."""
+
+BUILD_ENVIRONMENT = {"deepspeed": {"DS_BUILD_OPS": "0"}}
+"""Sdists built here with these variables and without build isolation (DeepSpeed's ``setup.py`` imports torch, which
+must be the building interpreter's): with ``DS_BUILD_OPS=0`` no op is compiled and the wheel is pure Python."""
 
 
 def marker_env(python_version: str = PYTHON_VERSION) -> dict[str, str]:
@@ -171,15 +190,17 @@ def resolve(roots: Iterable[Requirement], image: set[str], pins: dict[str, str],
         if done is not None and wanted == done:
             continue
         result.extras[name] = wanted
+        if name in NO_DEPENDENCIES:
+            continue
         queue += [(dependency, f"{name} {package.version}") for dependency in requires_dist(package.metadata)
                   if applies(dependency, wanted, python_version)]
     return result
 
 
-def pip(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
-    """``python -m pip ARGS`` (this interpreter's pip), its output captured."""
+def pip(*args: str, quiet: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m pip ARGS`` (this interpreter's pip), its output captured; ``env`` added to the environment."""
     command = [sys.executable, "-m", "pip", *args, *(["--quiet"] if quiet else [])]
-    return subprocess.run(command, capture_output=True, text=True)
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
 def wheel_metadata(wheel: Path) -> str:
@@ -195,8 +216,9 @@ def fetch_with_pip(name: str, version: str, dest: Path, python_version: str = PY
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+        any_python = ["--ignore-requires-python"] if canonical(name) in NO_DEPENDENCIES else []
         got = pip("download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-                  "--implementation", "cp", *platforms, "-d", str(scratch / "wheel"), spec)
+                  "--implementation", "cp", *platforms, *any_python, "-d", str(scratch / "wheel"), spec)
         wheels = list((scratch / "wheel").glob("*.whl")) if got.returncode == 0 else []
         if wheels:
             problem = wheel_problem(wheels[0].name, python_version)
@@ -208,7 +230,9 @@ def fetch_with_pip(name: str, version: str, dest: Path, python_version: str = PY
         if not sdists:
             raise RuntimeError(f"{spec}: no wheel for Python {python_version} on manylinux x86_64 and no sdist "
                                f"({(got.stderr.strip().splitlines() or ['?'])[-1]})")
-        built = pip("wheel", "--no-deps", "-w", str(scratch / "built"), str(sdists[0]))
+        environment = BUILD_ENVIRONMENT.get(canonical(name))
+        isolation = [] if environment is None else ["--no-build-isolation"]
+        built = pip("wheel", "--no-deps", *isolation, "-w", str(scratch / "built"), str(sdists[0]), env=environment)
         wheels = list((scratch / "built").glob("*.whl")) if built.returncode == 0 else []
         if not wheels:
             raise RuntimeError(f"{spec}: its sdist does not build here ({(built.stderr.strip().splitlines() or ['?'])[-1]})")
@@ -243,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     dest = Path(args.dest)
     staging = Path(tempfile.mkdtemp(prefix="device-wheels-"))
     try:
-        resolution = resolve(project_requirements(ROOT / "pyproject.toml"), read_names(IMAGE_LIST), read_pins(LOCK),
+        roots = [*project_requirements(ROOT / "pyproject.toml"), *map(Requirement, OAT_LEARNER_ROOTS)]
+        resolution = resolve(roots, read_names(IMAGE_LIST), read_pins(LOCK),
                              read_pins(OVERRIDES), lambda name, version: fetch_with_pip(name, version, staging,
                                                                                         args.python_version),
                              args.python_version)
