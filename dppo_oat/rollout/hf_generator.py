@@ -186,7 +186,8 @@ class HFGenerator:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
         use_shape_agnostic_attention(self.device)  # each decode step attends over a new length
-        self.runs_direct = runs_direct(self.model)
+        with self.autocast():  # as it samples: linear weights held in the compute dtype run only under autocast
+            self.runs_direct = runs_direct(self.model)
         self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
         self._version: WeightsVersion | None = None
         self._draws: torch.Generator | None = None
