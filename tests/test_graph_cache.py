@@ -140,6 +140,15 @@ def test_a_graph_reads_weights_updated_in_place_and_a_swapped_tensor_recaptures(
     assert cache.captures == 3 and len(cache.graphs) == 1
 
 
+def test_a_cleared_cache_captures_again():
+    model, cache = small_model("Qwen3"), cpu_cache()
+    with torch.inference_mode():
+        decode_once(model, cache, rows=2)
+        cache.clear()
+        decode_once(model, cache, rows=2)
+    assert cache.captures == 2 and len(cache.graphs) == 1
+
+
 def test_the_graph_replayed_longest_ago_goes_first():
     model, cache = small_model("Qwen3"), cpu_cache(max_graphs=2)
     with torch.inference_mode():
@@ -182,3 +191,41 @@ def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_
     assert eager.decode_steps == {"EagerStep": 9} and graphed.decode_steps == {"GraphedStep": 9}
     assert graphed.graph_captures == 2 and eager.graph_captures == 0  # batches of 4 and 1 row, 64 columns
     assert any(len(c.token_ids) < 12 for call in graphed_calls for c in call)
+
+
+def test_the_engines_rollout_copy_is_refreshed_in_place_after_each_update(tmp_path, monkeypatch):
+    """``--dtype bfloat16 --cuda-graphs`` through the local engine (on the CPU: the CUDA-only check lifted, the cache
+    replaying the eager step): the generator samples from a copy whose linear weights are bf16, synced into the same
+    storage after each update, so its graphs stay and every step's first-minibatch |π − μ| is bf16 rounding (a copy
+    left stale measures about 1e-2 at step 2)."""
+    import tyro
+    from rich.console import Console
+
+    from dppo_oat.engines.local import trainer as trainer_module
+    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.rollout import hf_generator
+
+    def validate_without_the_device_check(config):
+        config.cuda_graphs = False
+        try:
+            return real_validate(config)
+        finally:
+            config.cuda_graphs = True
+
+    real_validate = trainer_module.validate_config
+    monkeypatch.setattr(trainer_module, "validate_config", validate_without_the_device_check)
+    monkeypatch.setattr(hf_generator, "GraphCache", cpu_cache)
+    config = tyro.cli(TrainConfig, args=["--steps", "2", "--groups-per-step", "4", "--group-size", "2",
+                                         "--eval-episodes", "4", "--dtype", "bfloat16", "--cuda-graphs",
+                                         "--run-dir", str(tmp_path), "--run-name", "graphs"])
+    trainer = trainer_module.LocalTrainer(config, Console(quiet=True))
+    try:
+        generator = trainer.generator
+        assert generator.model is not trainer.model and generator.model.lm_head.weight.dtype == torch.bfloat16
+        storage = storage_key(generator.model)
+        rows = [trainer.rl_step() for _ in range(2)]
+    finally:
+        trainer.close(failed=True)
+    assert storage_key(generator.model) == storage == generator.graphs.storage and generator.graph_captures > 0
+    assert all(row["mismatch/first_abs_diff_mean"] < 1e-3 for row in rows), rows
+    assert set(generator.decode_steps) == {"GraphedStep"}

@@ -215,11 +215,15 @@ class GraphCache:
             self.graphs.popitem(last=False)
         return graph
 
+    def clear(self) -> None:
+        """Drop every graph (the next call of each bucket captures again)."""
+        self.graphs.clear()
+
     def check_storage(self, model) -> None:
         """Drop every graph when ``model`` is another model or its weights' storage changed."""
         storage = storage_key(model)
         if model is not self.model or storage != self.storage:
-            self.graphs.clear()
+            self.clear()
             self.model, self.storage = model, storage
 
 
