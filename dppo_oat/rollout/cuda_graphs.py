@@ -114,16 +114,18 @@ class DecodeGraph:
                  capture: Callable[["DecodeGraph"], Callable[[], torch.Tensor]]):
         self.model, self.key = model, key
         self.buffer = KVBuffer(key.batch, key.capacity, device)
-        layers = iter(key.layout)
-        for (key_heads, key_size, key_dtype), (value_heads, value_size, value_dtype) in zip(layers, layers):
-            self.buffer.keys.append(torch.zeros((key.batch, key_heads, key.capacity, key_size), dtype=key_dtype,
-                                                device=device))
-            self.buffer.values.append(torch.zeros((key.batch, value_heads, key.capacity, value_size),
-                                                  dtype=value_dtype, device=device))
+        for keys, values in zip(key.layout[0::2], key.layout[1::2]):
+            self.buffer.keys.append(self._zeros(keys, device))
+            self.buffer.values.append(self._zeros(values, device))
         self.static = StaticStep(model, self.buffer)
         self.token_ids = torch.zeros((key.batch, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((key.batch, 1), dtype=torch.long, device=device)
         self.replay = capture(self)
+
+    def _zeros(self, layout: tuple[int, int, torch.dtype], device: torch.device) -> torch.Tensor:
+        """A layer's keys or values of ``layout`` (heads, head size, dtype): zeros ``[rows, H, columns, D]``."""
+        heads, size, dtype = layout
+        return torch.zeros((self.key.batch, heads, self.key.capacity, size), dtype=dtype, device=device)
 
     def forward(self) -> torch.Tensor:
         """The step on the graph's tensors: logits ``[rows, V]``, the keys and values written at the column."""

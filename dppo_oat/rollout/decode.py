@@ -212,17 +212,15 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
     (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same).
 
     Whether every row has stopped is read on the host (a device synchronisation) only every ``stop_check_every``
-    steps; the steps run past the last row's stop sample pad tokens, and are then undone
-    (:func:`first_stop_length`, :class:`DrawHistory`): the result, the buffer's width and the generator's state are
-    those of a check at every step."""
+    steps; the steps run past the last row's stop sample pad tokens and are then undone (:class:`StopChecks`): the
+    result, the buffer's width and the generator's state are those of a check at every step."""
     buffer, logits, next_position = state.cache, state.logits, state.next_position
     forward = step if step is not None else EagerStep(model, buffer)
-    history = DrawHistory(generator, logits.device) if stop_check_every > 1 else None
+    checks = StopChecks(stop_check_every, generator, logits.device)
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    tokens, action_logprobs, all_logprobs, ended = [], [], [], []
+    tokens, action_logprobs, all_logprobs = [], [], []
     for t in range(max_new_tokens):
-        if history is not None:
-            history.before_step(t)
+        checks.before_step(t)
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         token = inverse_cdf_sample(logprobs, draw_order, generator)
         token = torch.where(stopped, torch.full_like(token, pad_id), token)
@@ -231,21 +229,54 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
         if keep_logprobs:
             all_logprobs.append(logprobs)
         stopped |= torch.isin(token, stop_ids)
-        if history is not None:
-            ended.append(stopped.all())
-        if t == max_new_tokens - 1 or ((t + 1) % stop_check_every == 0 and bool(stopped.all())):
+        if checks.all_stopped(t, stopped) or t == max_new_tokens - 1:
             break
-        if history is not None and (t + 1) % stop_check_every == 0:
-            history.forget()
         logits = forward(token.unsqueeze(-1), next_position)
         next_position = next_position + 1
-    length = first_stop_length(ended) if history is not None else len(tokens)
+    length = checks.steps_to_keep(len(tokens))
     if length < len(tokens):
         undo_steps_past_stop(buffer, len(tokens) - length)
-        history.rewind_to(length)
     forward.finish()
     return Decoded(torch.stack(tokens[:length], dim=1), torch.stack(action_logprobs[:length], dim=1),
                    torch.stack(all_logprobs[:length], dim=1) if keep_logprobs else None, buffer, length - 1)
+
+
+class StopChecks:
+    """When :func:`decode` reads whether every row has stopped: after every step (``every`` 1), or after every
+    ``every``-th only; between two reads it keeps each step's flag on the device and the state of the uniforms'
+    generator (:class:`DrawHistory`), so that the steps run past the last stop can be taken back."""
+
+    def __init__(self, every: int, generator: torch.Generator | None, device: torch.device):
+        self.every = every
+        self.history = DrawHistory(generator, device) if every > 1 else None
+        self.ended: list[torch.Tensor] = []
+
+    def before_step(self, t: int) -> None:
+        """Step ``t`` is about to draw."""
+        if self.history is not None:
+            self.history.before_step(t)
+
+    def all_stopped(self, t: int, stopped: torch.Tensor) -> bool:
+        """Whether the decode ends after step ``t``: every row has stopped, as read now if ``t`` is a check step."""
+        if self.history is None:
+            return bool(stopped.all())
+        self.ended.append(stopped.all())
+        if (t + 1) % self.every:
+            return False
+        if bool(self.ended[-1]):
+            return True
+        self.history.forget()  # a row runs on: the steps so far, and their draws, are kept
+        return False
+
+    def steps_to_keep(self, steps: int) -> int:
+        """How many of the ``steps`` run a check at every step would have run; the generator is put back to where
+        that decode leaves it."""
+        if self.history is None:
+            return steps
+        length = first_stop_length(self.ended)
+        if length < steps:
+            self.history.rewind_to(length)
+        return length
 
 
 def first_stop_length(ended: Sequence[torch.Tensor]) -> int:
@@ -287,7 +318,7 @@ class DrawHistory:
         self.states[t] = self.source.get_state()
 
     def forget(self) -> None:
-        """A stop check found a row running: the steps so far are kept, and so are their draws."""
+        """Drop the states kept so far (a stop check found a row running: those steps stay)."""
         self.states.clear()
 
     def rewind_to(self, t: int) -> None:
