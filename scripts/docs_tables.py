@@ -332,6 +332,15 @@ def gpu_rows(bench: str, folder: Path) -> list[dict]:
                                                     row.get("response_tokens") or 0, bool(row.get("cuda_graphs"))))
 
 
+def graphs_note(row: dict) -> str:
+    """How a rollout row decoded: nothing for the eager decode; in a CUDA graph, with the captures when the row
+    counts them (rows of the graphs kept across calls)."""
+    if not row.get("cuda_graphs"):
+        return ""
+    captures = row["multi_turn"].get("graph_captures")
+    return ", decode in a CUDA graph" if captures is None else f", decode in CUDA graphs, {captures} captured"
+
+
 def gpu_result(row: dict) -> str:
     """One GPU row in a few words, with its GPU and commit."""
     bench = row["bench"]
@@ -354,7 +363,7 @@ def gpu_result(row: dict) -> str:
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']}"
-                f"{', decode in a CUDA graph' if row.get('cuda_graphs') else ''})")
+                f"{graphs_note(row)})")
     elif bench == "oat_learner_step":
         text = oat_learner_result(row)
     elif bench == "learner_mfu":

@@ -1,6 +1,8 @@
 """The rollout copy's precision (a real training-inference mismatch): int8 weight rounding, the copies each
 precision makes and keeps in sync, and the first-minibatch |π − μ| that measures it without staleness."""
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,7 +12,8 @@ from hypothesis.extra.numpy import arrays
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import INT8_LEVELS, quantize, quantize_int8, rollout_copy, rollout_state_dict
+from dppo_oat.rollout.precision import (INT8_LEVELS, autocast_weights_copy, quantize, quantize_int8, rollout_copy,
+                                       rollout_model, rollout_state_dict)
 from dppo_oat.update import summarize_steps
 
 
@@ -124,3 +127,50 @@ def test_the_mismatch_pilot_says_which_levels_bind():
     assert pilot.level_row("int4", rows(7e-3, 6e-3), [900], 2)["binds"]
     assert not pilot.level_row("int5", rows(2.4e-3, 6e-4), [900], 2)["binds"]
     assert not pilot.level_row("x", rows(7e-3, 4e-3), [900], 2)["binds"]
+
+
+def linear_weights(model) -> dict[str, torch.Tensor]:
+    return {name: module.weight for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_autocast_weights_copy_computes_bit_for_bit_what_autocast_on_fp32_weights_does(policy, dtype):
+    """Linear weights held in the autocast dtype, the rest fp32 (the tied LM head gets its own matrix): under the
+    autocast the logits are the fp32 model's exactly, and the learner is left alone."""
+    model, tokenizer = policy
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    held = autocast_weights_copy(model, dtype)
+    assert held is not model and all(weight.dtype == getattr(torch, dtype) for weight in linear_weights(held).values())
+    assert held.model.embed_tokens.weight.dtype == torch.float32 and held.model.norm.weight.dtype == torch.float32
+    ids = tokenizer("9 . 2 . 1 7 . 3 8 . . 6", return_tensors="pt")["input_ids"]
+    with torch.no_grad(), torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        assert torch.equal(held(ids).logits, model(ids).logits)
+    assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+
+
+def test_a_synced_autocast_weights_copy_is_refreshed_in_place(policy):
+    """The learner's new weights reach the copy cast, into the same storage (a decode graph keeps reading them)."""
+    model, tokenizer = policy
+    learner = copy.deepcopy(model)
+    generator = HFGenerator(autocast_weights_copy(learner, "bfloat16"), tokenizer, compute_dtype="bfloat16")
+    addresses = {name: tensor.data_ptr() for name, tensor in generator.model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in learner.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    generator.update_weights(rollout_state_dict(learner.state_dict(), "float32"))
+    held = generator.model.state_dict()
+    for name, tensor in learner.state_dict().items():
+        assert torch.equal(held[name], tensor.to(held[name].dtype)), name
+        assert held[name].data_ptr() == addresses[name], name
+
+
+def test_the_rollout_model_holds_linear_weights_in_the_compute_dtype_only_for_the_decode_graphs(policy):
+    model, _ = policy
+    assert rollout_model(model, "float32", "bfloat16", cuda_graphs=False) is model
+    assert rollout_model(model, "float32", "float32", cuda_graphs=True) is model  # no autocast: nothing cast
+    graphed = rollout_model(model, "float32", "bfloat16", cuda_graphs=True)
+    assert {weight.dtype for weight in linear_weights(graphed).values()} == {torch.bfloat16}
+    int8 = rollout_model(model, "int8", "bfloat16", cuda_graphs=True)
+    assert torch.equal(int8.lm_head.weight, quantize_int8(model.lm_head.weight).to(torch.bfloat16))
+    half = rollout_model(model, "bfloat16", "float32", cuda_graphs=True)  # computes in bf16 already
+    assert next(half.parameters()).dtype == torch.bfloat16

@@ -6,7 +6,7 @@ needs CUDA: ``tests/test_gpu_local.py``."""
 import pytest
 import torch
 
-from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, decode_step
+from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, GraphCache, decode_step
 from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, left_padded_positions, prefill
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 
@@ -73,8 +73,11 @@ def test_a_full_buffer_is_one_clear_error():
 def test_off_cuda_or_for_short_calls_the_generator_decodes_eagerly():
     model = small_model("Qwen3")
     buffer = KVBuffer(2, 8, torch.device("cpu"))
-    assert isinstance(decode_step(model, buffer, 2, MIN_GRAPH_STEPS, cuda_graphs=True), EagerStep)
-    assert isinstance(decode_step(model, buffer, 2, MIN_GRAPH_STEPS - 1, cuda_graphs=False), EagerStep)
+    assert isinstance(decode_step(model, buffer, MIN_GRAPH_STEPS, GraphCache()), EagerStep)
+    assert isinstance(decode_step(model, buffer, MIN_GRAPH_STEPS, None), EagerStep)
+    on_the_cpu = GraphCache(capture=lambda graph: graph.forward, device_types=("cpu",))
+    assert isinstance(decode_step(model, buffer, MIN_GRAPH_STEPS - 1, on_the_cpu), EagerStep)
+    assert on_the_cpu.captures == 0
 
 
 def test_cuda_graphs_off_cuda_is_refused_before_any_model_loads(capsys, no_model, tmp_path):

@@ -1,29 +1,39 @@
-"""The decode step captured in a CUDA graph: one replay launches the whole forward of a step.
+"""The decode step captured in CUDA graphs kept across generator calls: one replay launches the whole forward of a step.
 
 A small policy's decode step is hundreds of small kernels, each launched by the host at a fixed cost of microseconds
 (about 12 µs each on the H100 host the GPU check measured), so the step takes far longer than the GPU computes. As
-vLLM does for its decode batches, :class:`GraphedStep` records the step's kernels once, in a CUDA graph, and each
-step then replays them with new inputs in one launch. A graph replays fixed shapes and fixed host-side values, so
-the captured step is :class:`~dppo_oat.rollout.decode.StaticStep` (attention over the buffer's whole capacity, the
-column to write given by a device tensor); one graph serves the decode of one generator call, on that call's
-buffer. A capture first runs the step eagerly :data:`WARMUP_STEPS` times and then records it, so a call with fewer
-than :data:`MIN_GRAPH_STEPS` tokens to sample decodes eagerly; a capture that fails warns and decodes eagerly. Not
+inference engines do for their decode batches, a :class:`GraphCache` records the step's kernels once per shape, in a
+CUDA graph, and each step then replays them with new inputs in one launch. A graph replays fixed shapes, fixed
+host-side values and fixed memory, so each graph (:class:`DecodeGraph`) owns its tensors: a KV buffer of a bucket's
+rows and columns (:func:`batch_bucket`, :func:`capacity_bucket`), the token and position inputs and the column to
+write; the captured step is :class:`~dppo_oat.rollout.decode.StaticStep`'s (attention over the buffer's whole
+capacity, the column given by a device tensor). A call of ``B`` rows loads its prefilled keys and values into the
+first ``B`` rows of the graph of its :class:`GraphKey` (the other rows decode padding, never returned), replays it per
+token (:class:`GraphedStep`) and copies the columns it decoded back into its own buffer at the end.
+
+The graphs read the weights where they are: an in-place change (an optimizer step, ``load_state_dict``, the rollout
+copy's refresh) is seen by the next replay, while a weight that is a new tensor (``p.data = ...``,
+``load_state_dict(..., assign=True)``, ``model.to(...)``) is not, so the cache drops every graph when a parameter's or
+buffer's storage, dtype or shape changes, or the generator's model is another one (:func:`storage_key`). A capture
+first runs the step eagerly :data:`WARMUP_STEPS` times; a capture that fails warns and the call decodes eagerly. Not
 yet measured on a GPU: the GPU check's ``rollout`` step times it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import warnings
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
 from dppo_oat.rollout.decode import DecodeStep, EagerStep, StaticStep
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 
-MIN_GRAPH_STEPS = 16
-"""The fewest tokens to sample for which a call captures its decode step."""
+MIN_GRAPH_STEPS = 2
+"""The fewest tokens a call samples for it to decode with a graph (a call of one token runs no decode step)."""
 WARMUP_STEPS = 2
 """Eager runs of the step on a side stream before the capture (lazy initialisation stays out of the graph); the
 capture then runs on that stream, whose library handles exist."""
@@ -32,46 +42,222 @@ CAPTURE_ERROR_MODE = "thread_local"
 (``--max-staleness``) captures while the learner's thread updates, and under the default ``global`` mode the
 learner's next ``cudaMalloc`` would fail the update and the capture both (PyTorch's compiled graphs capture in this
 mode too, beside autograd's threads)."""
+STOP_CHECK_EVERY = 8
+"""A replayed decode reads whether every row has stopped every this many steps (a synchronisation with the device;
+:func:`~dppo_oat.rollout.decode.decode` undoes the steps run past the last stop)."""
+MIN_CAPACITY = 64
+"""The fewest columns a graph's KV buffer has."""
+MAX_GRAPHS = 8
+"""The most graphs a cache keeps (each with its KV buffer); the one replayed longest ago goes first."""
+
+Layout = tuple[tuple[int, int, torch.dtype], ...]
+"""Per layer, keys then values: ``(heads, head size, dtype)``."""
+
+
+def batch_bucket(rows: int) -> int:
+    """The rows of the graph that decodes a batch of ``rows``: the next power of two."""
+    if rows < 1:
+        raise ValueError(f"a decode batch has at least one row, got {rows}")
+    return 1 << (rows - 1).bit_length()
+
+
+def capacity_bucket(columns: int) -> int:
+    """The columns of the graph that decodes a buffer of ``columns``: the next of 64, 96, 128, 192, 256, 384, …
+    (powers of two and one and a half times them; each step attends over them all, so at most a third is masked
+    room)."""
+    size = MIN_CAPACITY
+    while size < columns:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size // 3 * 4
+    return size
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """What a graph is captured for: its rows and columns, its KV buffer's layout and the autocast in force (None:
+    none)."""
+
+    batch: int
+    capacity: int
+    layout: Layout
+    autocast: torch.dtype | None
+
+
+def buffer_layout(buffer: KVBuffer) -> Layout:
+    """``buffer``'s layers as :data:`Layout` (keys and values may differ in dtype under autocast)."""
+    return tuple((tensor.shape[1], tensor.shape[3], tensor.dtype)
+                 for pair in zip(buffer.keys, buffer.values) for tensor in pair)
+
+
+def graph_key(buffer: KVBuffer) -> GraphKey:
+    """The key of the graph that decodes ``buffer`` (a call's prefilled buffer, with room for every token to sample)
+    under the autocast in force."""
+    kind = buffer.valid.device.type
+    autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    return GraphKey(batch_bucket(buffer.valid.shape[0]), capacity_bucket(buffer.capacity), buffer_layout(buffer),
+                    autocast)
+
+
+def storage_key(model) -> tuple:
+    """Where ``model``'s parameters and buffers live and what they are (address, dtype, shape): the same after an
+    in-place update, another after a tensor is swapped in. The version counters are left out: an in-place update
+    keeps a graph valid."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return tuple((tensor.data_ptr(), tensor.dtype, tuple(tensor.shape)) for tensor in tensors)
+
+
+class DecodeGraph:
+    """The tensors one graph reads and writes, for a :class:`GraphKey`: a zeroed :class:`KVBuffer` of its rows and
+    columns, the token and position inputs ``[rows, 1]`` and the :class:`StaticStep` that points the column; and
+    ``replay``, which ``capture`` built from :meth:`forward` (a CUDA graph of it, :func:`capture_cuda_graph`)."""
+
+    def __init__(self, model, key: GraphKey, device: torch.device,
+                 capture: Callable[["DecodeGraph"], Callable[[], torch.Tensor]]):
+        self.model, self.key = model, key
+        self.buffer = KVBuffer(key.batch, key.capacity, device)
+        for keys, values in zip(key.layout[0::2], key.layout[1::2]):
+            self.buffer.keys.append(self._zeros(keys, device))
+            self.buffer.values.append(self._zeros(values, device))
+        self.static = StaticStep(model, self.buffer)
+        self.token_ids = torch.zeros((key.batch, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((key.batch, 1), dtype=torch.long, device=device)
+        self.replay = capture(self)
+
+    def _zeros(self, layout: tuple[int, int, torch.dtype], device: torch.device) -> torch.Tensor:
+        """A layer's keys or values of ``layout`` (heads, head size, dtype): zeros ``[rows, H, columns, D]``."""
+        heads, size, dtype = layout
+        return torch.zeros((self.key.batch, heads, self.key.capacity, size), dtype=dtype, device=device)
+
+    def forward(self) -> torch.Tensor:
+        """The step on the graph's tensors: logits ``[rows, V]``, the keys and values written at the column."""
+        return decode_forward(self.model, self.buffer, self.token_ids, self.positions, self.static.column)
+
+    def load(self, source: KVBuffer) -> None:
+        """Take a call's prefilled buffer: its filled columns into the first rows, zeros everywhere else (read
+        masked, they must be finite), the same valid columns and width."""
+        rows, width = source.valid.shape[0], source.width
+        for target, filled in zip([*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values]):
+            target[:rows, :, :width].copy_(filled[:, :, :width])
+            target[:rows, :, width:].zero_()
+            target[rows:].zero_()
+        self.buffer.valid.zero_()
+        self.buffer.valid[:rows, :width] = source.valid[:, :width]
+        self.buffer.width = width
+
+    def copy_back(self, target: KVBuffer, start: int) -> None:
+        """Copy the columns ``[start, target.width)`` of ``target``'s rows (those the call decoded here) into
+        ``target``."""
+        rows, stop = target.valid.shape[0], target.width
+        for mine, theirs in zip([*self.buffer.keys, *self.buffer.values], [*target.keys, *target.values]):
+            theirs[:, :, start:stop].copy_(mine[:rows, :, start:stop])
+        target.valid[:, start:stop] = self.buffer.valid[:rows, start:stop]
 
 
 class GraphedStep:
-    """:class:`~dppo_oat.rollout.decode.StaticStep` on ``buffer`` captured in a CUDA graph for ``batch`` rows: each
-    call copies the tokens and positions into the graph's inputs, points the column at the buffer's next one and
-    replays. The logits it returns are the graph's own output tensor, overwritten by the next call."""
+    """One call's decode on a :class:`DecodeGraph`: the call's buffer is loaded into the graph's first rows; each
+    step copies the tokens and positions into the graph's inputs, points the column at the next one and replays;
+    :meth:`finish` copies the decoded columns back. The logits it returns are rows of the graph's own output tensor,
+    overwritten by the next step."""
 
-    def __init__(self, model, buffer: KVBuffer, batch: int):
-        self.static = StaticStep(model, buffer)
-        self.buffer = buffer
-        device = buffer.valid.device
-        self.token_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.graph = torch.cuda.CUDAGraph()
-        with uncached_autocast(device):
-            self.static.point_at_next_column()  # the warm-up writes where the first real step will write again
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
-                    decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
-            torch.cuda.current_stream(device).wait_stream(side)
-            with captured_on(self.graph, side):
-                self.logits = decode_forward(model, buffer, self.token_ids, self.positions, self.static.column)
+    def __init__(self, graph: DecodeGraph, buffer: KVBuffer):
+        graph.load(buffer)
+        self.graph, self.buffer = graph, buffer
+        self.rows, self.start = buffer.valid.shape[0], buffer.width
 
     def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.token_ids.copy_(token_ids)
-        self.positions.copy_(positions)
-        self.static.point_at_next_column()
-        self.graph.replay()
+        graph = self.graph
+        if self.buffer.width >= self.buffer.capacity:
+            raise RuntimeError("the KV buffer is full: allocate it with room for every token to sample")
+        graph.token_ids[: self.rows].copy_(token_ids)
+        graph.positions[: self.rows].copy_(positions)
+        graph.static.point_at_next_column()
+        logits = graph.replay()
+        graph.buffer.width += 1
         self.buffer.width += 1
-        return self.logits
+        return logits[: self.rows]
+
+    def finish(self) -> None:
+        """Copy the columns this call decoded (up to its buffer's width, which the decode may have taken back)."""
+        self.graph.copy_back(self.buffer, self.start)
+
+
+class GraphCache:
+    """The decode graphs of a generator, kept across its calls: one :class:`DecodeGraph` per :class:`GraphKey`, at
+    most ``max_graphs`` (the one used longest ago goes first), all dropped when the model's storage changes
+    (:func:`storage_key`) or the model is another. ``captures`` counts the graphs captured. ``capture`` builds a
+    graph's replay (:func:`capture_cuda_graph`; a test passes the eager forward to run the same logic on the CPU),
+    on the devices of ``device_types``."""
+
+    def __init__(self, capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]] | None = None,
+                 max_graphs: int = MAX_GRAPHS, device_types: tuple[str, ...] = ("cuda",)):
+        self.capture = capture if capture is not None else capture_cuda_graph
+        self.max_graphs, self.device_types = max_graphs, device_types
+        self.graphs: collections.OrderedDict[GraphKey, DecodeGraph] = collections.OrderedDict()
+        self.model, self.storage, self.captures = None, None, 0
+
+    def serves(self, device: torch.device) -> bool:
+        """Whether this cache captures on ``device``."""
+        return device.type in self.device_types
+
+    def step(self, model, buffer: KVBuffer) -> GraphedStep:
+        """The step that decodes the prefilled ``buffer`` with ``model``, on its graph (captured now if the cache
+        has none for its key)."""
+        return GraphedStep(self.graph(model, graph_key(buffer), buffer.valid.device), buffer)
+
+    def graph(self, model, key: GraphKey, device: torch.device) -> DecodeGraph:
+        """The graph of ``key``: the cached one, else a new capture (the least recently used one dropped past
+        ``max_graphs``)."""
+        self.check_storage(model)
+        if key in self.graphs:
+            self.graphs.move_to_end(key)
+            return self.graphs[key]
+        graph = DecodeGraph(model, key, device, self.capture)
+        self.captures += 1
+        self.graphs[key] = graph
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        return graph
+
+    def clear(self) -> None:
+        """Drop every graph (the next call of each bucket captures again)."""
+        self.graphs.clear()
+
+    def check_storage(self, model) -> None:
+        """Drop every graph when ``model`` is another model or its weights' storage changed."""
+        storage = storage_key(model)
+        if model is not self.model or storage != self.storage:
+            self.clear()
+            self.model, self.storage = model, storage
+
+
+def capture_cuda_graph(graph: DecodeGraph) -> Callable[[], torch.Tensor]:
+    """Record ``graph.forward()`` in a CUDA graph (after :data:`WARMUP_STEPS` eager runs on a side stream, under
+    :func:`uncached_autocast`) and return its replay, which gives the graph's logits tensor."""
+    device = graph.buffer.valid.device
+    cuda_graph = torch.cuda.CUDAGraph()
+    with uncached_autocast(device):
+        graph.static.point_at_next_column()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                graph.forward()
+        torch.cuda.current_stream(device).wait_stream(side)
+        with captured_on(cuda_graph, side):
+            logits = graph.forward()
+
+    def replay() -> torch.Tensor:
+        cuda_graph.replay()
+        return logits
+
+    return replay
 
 
 @contextlib.contextmanager
 def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
     """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`. ``torch.cuda.graph``
     does the same after a device-wide synchronize and an ``empty_cache``, to free memory for the graph: in a
-    background rollout, at every generator call, those would stall the learner's thread and drop its cached blocks.
-    A capture the block fails is ended before its error propagates (its own end-of-capture error is dropped)."""
+    background rollout those would stall the learner's thread and drop its cached blocks. A capture the block fails
+    is ended before its error propagates (its own end-of-capture error is dropped)."""
     with torch.cuda.stream(stream):
         graph.capture_begin(capture_error_mode=CAPTURE_ERROR_MODE)
         try:
@@ -92,14 +278,21 @@ def uncached_autocast(device: torch.device) -> contextlib.AbstractContextManager
     return torch.autocast(kind, dtype=torch.get_autocast_dtype(kind), cache_enabled=False)
 
 
-def decode_step(model, buffer: KVBuffer, batch: int, max_new_tokens: int, cuda_graphs: bool) -> DecodeStep:
-    """The step :func:`~dppo_oat.rollout.decode.decode` runs: a :class:`GraphedStep` on a CUDA device when
-    ``cuda_graphs`` and at least :data:`MIN_GRAPH_STEPS` tokens are to be sampled (the eager step if the capture
-    fails, with a warning), else :class:`~dppo_oat.rollout.decode.EagerStep`."""
-    if not (cuda_graphs and buffer.valid.device.type == "cuda" and max_new_tokens >= MIN_GRAPH_STEPS):
+def decode_step(model, buffer: KVBuffer, max_new_tokens: int, graphs: GraphCache | None) -> DecodeStep:
+    """The step :func:`~dppo_oat.rollout.decode.decode` runs: a :class:`GraphedStep` from ``graphs`` on a device it
+    serves when at least :data:`MIN_GRAPH_STEPS` tokens are to be sampled (the eager step if the capture fails,
+    with a warning), else :class:`~dppo_oat.rollout.decode.EagerStep`."""
+    if graphs is None or not graphs.serves(buffer.valid.device) or max_new_tokens < MIN_GRAPH_STEPS:
         return EagerStep(model, buffer)
     try:
-        return GraphedStep(model, buffer, batch)
+        return graphs.step(model, buffer)
     except (RuntimeError, TypeError, ValueError) as error:
         warnings.warn(f"capturing the decode step in a CUDA graph failed ({error}); decoding eagerly", stacklevel=2)
         return EagerStep(model, buffer)
+
+
+def stop_check_interval(step: DecodeStep) -> int:
+    """How often :func:`~dppo_oat.rollout.decode.decode` reads the stop flags for ``step``: every
+    :data:`STOP_CHECK_EVERY` steps for a replayed graph (a read waits for the device), every step otherwise (the
+    host is the bottleneck there, and a step past the stop costs a whole eager forward)."""
+    return STOP_CHECK_EVERY if isinstance(step, GraphedStep) else 1

@@ -21,15 +21,22 @@ its own rows, and decode together. Every function here needs a model that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward, direct_forward, model_device
 
-DecodeStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""One decode step: ``(token_ids [B, 1], positions [B, 1]) -> next-token logits [B, V]``, the tokens' keys and values
-appended to the batch's buffer."""
+
+class DecodeStep(Protocol):
+    """One decode step: ``(token_ids [B, 1], positions [B, 1]) -> next-token logits [B, V]``, the tokens' keys and
+    values appended to the batch's buffer (its ``width`` moves on by one)."""
+
+    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def finish(self) -> None:
+        """Called once after the last step: the keys and values of the buffer's filled columns are then in the
+        buffer (a step that computed them elsewhere, in a CUDA graph's own buffer, copies them back)."""
 
 
 class EagerStep:
@@ -43,6 +50,9 @@ class EagerStep:
         if self.valid is None:
             self.valid = torch.ones_like(token_ids, dtype=torch.bool)
         return direct_forward(self.model, self.buffer, token_ids, positions, self.valid)
+
+    def finish(self) -> None:
+        """Nothing to copy: every step wrote into the buffer."""
 
 
 class StaticStep:
@@ -65,6 +75,9 @@ class StaticStep:
         if self.buffer.width >= self.buffer.capacity:
             raise RuntimeError("the KV buffer is full: allocate it with room for every token to sample")
         self.column.fill_(self.buffer.width)
+
+    def finish(self) -> None:
+        """Nothing to copy: every step wrote into the buffer."""
 
 
 @dataclass
@@ -189,19 +202,25 @@ def sample_with_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 @torch.inference_mode()
 def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, stop_ids: torch.Tensor, pad_id: int,
            keep_logprobs: bool, draw_order: torch.Tensor | None = None,
-           generator: torch.Generator | None = None, step: DecodeStep | None = None) -> Decoded:
+           generator: torch.Generator | None = None, step: DecodeStep | None = None,
+           stop_check_every: int = 1) -> Decoded:
     """Sample from a prefilled batch, one forward per token on its buffer (see :func:`sample_with_cache`). With
     ``draw_order``, row ``b`` takes each step's ``draw_order[b]``-th uniform: a batch laid out in another row order
     (length buckets) draws what the caller's order would; the uniforms come from ``generator`` (default: torch's
     global RNG). ``temperature`` > 0 (the generator calls it only then:
     :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`). ``step`` runs each forward on the state's buffer
-    (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same)."""
+    (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same).
+
+    Whether every row has stopped is read on the host (a device synchronisation) only every ``stop_check_every``
+    steps; the steps run past the last row's stop sample pad tokens and are then undone (:class:`StopChecks`): the
+    result, the buffer's width and the generator's state are those of a check at every step."""
     buffer, logits, next_position = state.cache, state.logits, state.next_position
     forward = step if step is not None else EagerStep(model, buffer)
-    fed = 0
+    checks = StopChecks(stop_check_every, generator, logits.device)
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens, action_logprobs, all_logprobs = [], [], []
     for t in range(max_new_tokens):
+        checks.before_step(t)
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         token = inverse_cdf_sample(logprobs, draw_order, generator)
         token = torch.where(stopped, torch.full_like(token, pad_id), token)
@@ -210,9 +229,98 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
         if keep_logprobs:
             all_logprobs.append(logprobs)
         stopped |= torch.isin(token, stop_ids)
-        if bool(stopped.all()) or t == max_new_tokens - 1:
+        if checks.all_stopped(t, stopped) or t == max_new_tokens - 1:
             break
         logits = forward(token.unsqueeze(-1), next_position)
-        next_position, fed = next_position + 1, fed + 1
-    return Decoded(torch.stack(tokens, dim=1), torch.stack(action_logprobs, dim=1),
-                   torch.stack(all_logprobs, dim=1) if keep_logprobs else None, buffer, fed)
+        next_position = next_position + 1
+    length = checks.steps_to_keep(len(tokens))
+    if length < len(tokens):
+        undo_steps_past_stop(buffer, len(tokens) - length)
+    forward.finish()
+    return Decoded(torch.stack(tokens[:length], dim=1), torch.stack(action_logprobs[:length], dim=1),
+                   torch.stack(all_logprobs[:length], dim=1) if keep_logprobs else None, buffer, length - 1)
+
+
+class StopChecks:
+    """When :func:`decode` reads whether every row has stopped: after every step (``every`` 1), or after every
+    ``every``-th only; between two reads it keeps each step's flag on the device and the state of the uniforms'
+    generator (:class:`DrawHistory`), so that the steps run past the last stop can be taken back."""
+
+    def __init__(self, every: int, generator: torch.Generator | None, device: torch.device):
+        self.every = every
+        self.history = DrawHistory(generator, device) if every > 1 else None
+        self.ended: list[torch.Tensor] = []
+
+    def before_step(self, t: int) -> None:
+        """Step ``t`` is about to draw."""
+        if self.history is not None:
+            self.history.before_step(t)
+
+    def all_stopped(self, t: int, stopped: torch.Tensor) -> bool:
+        """Whether the decode ends after step ``t``: every row has stopped, as read now if ``t`` is a check step."""
+        if self.history is None:
+            return bool(stopped.all())
+        self.ended.append(stopped.all())
+        if (t + 1) % self.every:
+            return False
+        if bool(self.ended[-1]):
+            return True
+        self.history.forget()  # a row runs on: the steps so far, and their draws, are kept
+        return False
+
+    def steps_to_keep(self, steps: int) -> int:
+        """How many of the ``steps`` run a check at every step would have run; the generator is put back to where
+        that decode leaves it."""
+        if self.history is None:
+            return steps
+        length = first_stop_length(self.ended)
+        if length < steps:
+            self.history.rewind_to(length)
+        return length
+
+
+def first_stop_length(ended: Sequence[torch.Tensor]) -> int:
+    """The number of steps a check at every step would have run: up to and including the first whose
+    ``ended[t]`` (a 0-dim device bool: every row had stopped after step ``t``) is true, else all of them (one
+    synchronisation)."""
+    flags = torch.stack(list(ended)).tolist()
+    return next((t + 1 for t, flag in enumerate(flags) if flag), len(flags))
+
+
+def undo_steps_past_stop(buffer: KVBuffer, steps: int) -> None:
+    """Take back the last ``steps`` fed columns of ``buffer`` (the forwards of the steps past the last row's stop):
+    its width returns to where a check at every step leaves it, and the columns are no longer valid."""
+    buffer.width -= steps
+    buffer.valid[:, buffer.width : buffer.width + steps] = False
+
+
+def draw_source(generator: torch.Generator | None, device: torch.device) -> torch.Generator:
+    """The generator the uniforms of :func:`inverse_cdf_sample` come from on ``device``: ``generator``, else torch's
+    default generator of that device."""
+    if generator is not None:
+        return generator
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
+class DrawHistory:
+    """The state of the uniforms' generator before each step since the last stop check (a host-side copy, no
+    device synchronisation), so that a decode that ran past its last row's stop can give back the draws of the steps
+    it undoes: the next batch of the call, or the next caller of the global RNG, then draws what it would have."""
+
+    def __init__(self, generator: torch.Generator | None, device: torch.device):
+        self.source = draw_source(generator, device)
+        self.states: dict[int, torch.Tensor] = {}
+
+    def before_step(self, t: int) -> None:
+        """Keep the state before step ``t``'s draw."""
+        self.states[t] = self.source.get_state()
+
+    def forget(self) -> None:
+        """Drop the states kept so far (a stop check found a row running: those steps stay)."""
+        self.states.clear()
+
+    def rewind_to(self, t: int) -> None:
+        """Put the generator back to its state before step ``t``'s draw."""
+        self.source.set_state(self.states[t])

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dppo_oat.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
-from dppo_oat.rollout.cuda_graphs import decode_step
+from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_interval
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
@@ -165,9 +165,10 @@ class HFGenerator:
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
     (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``: on a
-    CUDA device, a call sampling enough tokens captures its decode step in a CUDA graph
-    (:mod:`dppo_oat.rollout.cuda_graphs`); ``decode_steps`` counts the sampling loop's calls by the step that decoded
-    them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
+    CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
+    bucket and kept across calls (``graphs``, a :class:`~dppo_oat.rollout.cuda_graphs.GraphCache`;
+    ``graph_captures`` counts its captures); ``decode_steps`` counts the sampling loop's calls by the step that
+    decoded them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
@@ -177,6 +178,7 @@ class HFGenerator:
         torch_dtype(compute_dtype)  # a known name
         self.compute_dtype = compute_dtype
         self.cuda_graphs = cuda_graphs
+        self.graphs = GraphCache() if cuda_graphs else None
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -184,12 +186,18 @@ class HFGenerator:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_topk = int(model.get_output_embeddings().weight.shape[0])
         use_shape_agnostic_attention(self.device)  # each decode step attends over a new length
-        self.runs_direct = runs_direct(self.model)
+        with self.autocast():  # as it samples: linear weights held in the compute dtype run only under autocast
+            self.runs_direct = runs_direct(self.model)
         self.prefix_cache = PrefixCache() if reuse_prefixes and self.runs_direct else None
         self._version: WeightsVersion | None = None
         self._draws: torch.Generator | None = None
         self._cached_parts: list[CachedRows] = []
         self.decode_steps: collections.Counter[str] = collections.Counter()
+
+    @property
+    def graph_captures(self) -> int:
+        """The decode graphs captured so far (0 without ``cuda_graphs``)."""
+        return self.graphs.captures if self.graphs is not None else 0
 
     @property
     def device(self) -> torch.device:
@@ -244,11 +252,12 @@ class HFGenerator:
         prompt order); the batch's keys and values are then cached for the next call."""
         order, state = self._prefill(prompts, settings.max_new_tokens)
         draw_order = torch.as_tensor(order, device=self.device)
-        step = decode_step(self.model, state.cache, len(order), settings.max_new_tokens, self.cuda_graphs)
+        step = decode_step(self.model, state.cache, settings.max_new_tokens, self.graphs)
         self.decode_steps[type(step).__name__] += 1
         decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                          stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0,
-                         draw_order=draw_order, generator=self._draws, step=step)
+                         draw_order=draw_order, generator=self._draws, step=step,
+                         stop_check_every=stop_check_interval(step))
         if self.prefix_cache is not None:
             self._cached_parts.append(self._rows_to_cache([prompts[i] for i in order], state, decoded, eos))
         prompt_order = torch.argsort(draw_order)
@@ -323,7 +332,8 @@ class HFGenerator:
             self.prefix_cache.clear()
 
     def update_weights(self, state_dict: dict) -> None:
-        """Copy new weights into the model in place; only tied aliases (e.g. ``lm_head.weight``) may be missing."""
+        """Copy new weights into the model in place (cast to its parameters' dtypes; the decode graphs, which read
+        the weights where they are, stay valid); only tied aliases (e.g. ``lm_head.weight``) may be missing."""
         self.forget_prefixes()
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         really_missing = set(missing) - tied_keys(self.model)

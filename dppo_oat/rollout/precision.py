@@ -11,6 +11,11 @@ learner, synced after every update:
   weight-quantised model; 4-bit weights are what GPTQ/AWQ serving uses, and the coarsest mismatch here).
 
 The mismatch is then real (μ is the copy's own sampling distribution), not noise added to reported log-probs.
+
+Apart from the mismatch, :func:`rollout_model` gives the decode graphs of ``--cuda-graphs`` a copy whose linear layers
+hold their weights in the autocast dtype (:func:`autocast_weights_copy`): a graph is captured without autocast's
+cache, so without it every replay would cast every fp32 weight matrix again; under autocast the copy computes bit for
+bit what the fp32 weights do, and the engine refreshes it in place after each update (the graphs keep reading it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import copy
 from typing import Literal, Mapping
 
 import torch
+
+from dppo_oat.mixed_precision import torch_dtype
 
 RolloutPrecision = Literal["float32", "bfloat16", "float16", "int8", "int6", "int5", "int4", "int3"]
 QUANTIZED_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "int3": 3}
@@ -59,3 +66,32 @@ def rollout_copy(model: torch.nn.Module, precision: RolloutPrecision) -> torch.n
         quantized.load_state_dict(rollout_state_dict(model.state_dict(), precision))
         return quantized
     return copy.deepcopy(model).to(getattr(torch, precision))
+
+
+def autocast_weights_copy(model: torch.nn.Module, compute_dtype: str) -> torch.nn.Module:
+    """A copy of ``model`` whose linear layers (the LM head included) hold their weights and biases in
+    ``compute_dtype``, every other tensor as ``model`` holds it: autocast casts exactly those to that dtype for each
+    product, so under that autocast the copy computes bit for bit what ``model`` does, without the casts (a tied
+    LM head gets a matrix of its own; the embedding stays). ``model`` itself for float32 (no autocast) or when none
+    of its linear weights is fp32 (a half-precision copy already computes in its own dtype)."""
+    linear = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    if compute_dtype == "float32" or not any(module.weight.dtype == torch.float32 for module in linear):
+        return model
+    held = copy.deepcopy(model)
+    dtype = torch_dtype(compute_dtype)
+    for module in held.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight = torch.nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+            if module.bias is not None:
+                module.bias = torch.nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)
+    return held
+
+
+def rollout_model(model: torch.nn.Module, precision: RolloutPrecision, compute_dtype: str,
+                  cuda_graphs: bool) -> torch.nn.Module:
+    """The model the local engine's rollout samples from: :func:`rollout_copy` at ``precision``, computing under
+    ``compute_dtype``'s autocast; for the decode graphs (``cuda_graphs``) its linear weights held in that dtype
+    (:func:`autocast_weights_copy`). Without graphs autocast casts each weight once per generator call (its cache),
+    and a copy would only hold the memory."""
+    copied = rollout_copy(model, precision)
+    return autocast_weights_copy(copied, compute_dtype) if cuda_graphs else copied

@@ -17,10 +17,14 @@ with the bandwidth measured here by a large copy (a device-to-device copy on a G
 rate counts its prefills too. ``--model qwen3-100m`` is a ~100M-parameter Qwen3 with a 32,768-token vocabulary and
 random weights (throughput only: with random weights every row runs to ``--new-tokens``); ``--model smoke`` the
 same architecture at a tiny size. Targets (in the row): the generator ≥ 1.0× ``generate``, ≥ 0.5 of the roofline at
-batch 64. Everything else (engine logs, progress bars) goes to stderr.
+batch 64. ``--cuda-graphs`` times the generator's decode in CUDA graphs kept across its calls (the local engine's
+``--cuda-graphs``); ``multi_turn.graph_captures`` counts the graphs it captured over the warm-up and every timed run
+(one per batch and buffer bucket: a turn's calls replay the graph the warm-up captured). Everything else (engine
+logs, progress bars) goes to stderr.
 
     python scripts/bench/rollout.py [--batch 64] [--new-tokens 16] [--repeats 7] [--env-seconds 2]
     python scripts/bench/rollout.py --model qwen3-100m --device cuda --dtype bfloat16 --new-tokens 128
+    python scripts/bench/rollout.py --model qwen3-100m --device cuda --dtype bfloat16 --new-tokens 128 --cuda-graphs
 """
 
 from __future__ import annotations
@@ -249,6 +253,7 @@ def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
         "ratio": round(ratio, 3),
         "runs_direct": generator.runs_direct,
         "decode_steps": dict(generator.decode_steps),
+        "graph_captures": generator.graph_captures,
         "prompt_tokens_by_turn": [round(statistics.mean(len(p) for p in turn), 1) for turn in ours_run.turn_prompts],
     }
 
@@ -341,14 +346,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env-seconds", type=float, default=2.0, help="seconds of Gem env steps (tiny model only)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and observations")
     parser.add_argument("--cuda-graphs", action="store_true",
-                        help="the generator captures its decode step in a CUDA graph (on a CUDA device; the local "
-                             "engine's --cuda-graphs)")
+                        help="the generator decodes with CUDA graphs of its decode step, captured once per batch and "
+                             "buffer bucket and replayed across calls (on a CUDA device; the local engine's "
+                             "--cuda-graphs); the row's multi_turn.graph_captures counts the captures")
     args = parser.parse_args(argv)
     if args.cuda_graphs and not args.device.startswith("cuda"):
         parser.error("--cuda-graphs needs --device cuda")
     if args.cuda_graphs and args.new_tokens < MIN_GRAPH_STEPS:
         parser.error(f"--cuda-graphs: a call samples --new-tokens {args.new_tokens}, fewer than the "
-                     f"{MIN_GRAPH_STEPS} it takes to capture a graph; give --new-tokens {MIN_GRAPH_STEPS} or more")
+                     f"{MIN_GRAPH_STEPS} it takes to decode with a graph; give --new-tokens {MIN_GRAPH_STEPS} or more")
     if args.copy_mib is None:
         args.copy_mib = 2048 if args.device.startswith("cuda") else 256
     return args

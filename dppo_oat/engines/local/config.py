@@ -165,9 +165,11 @@ class TrainConfig(spec.DPPOFlags):
     device: str = "cpu"
     """Torch device of the policy, the rollouts, the update and the warm start: cpu, cuda, cuda:1, ..."""
     cuda_graphs: bool = False
-    """On a CUDA device, capture each rollout call's decode step in a CUDA graph and replay it per token (one
-    launch in place of hundreds of small kernels; calls sampling fewer than 16 tokens decode eagerly). Samples the
-    same distribution as the eager decode, up to float rounding."""
+    """On a CUDA device, decode rollouts with CUDA graphs of the decode step, replayed per token (one launch in
+    place of hundreds of small kernels): captured once per batch and KV-buffer size bucket and kept across rollout
+    calls and updates (with --dtype bfloat16 or float16 the sampler holds its linear weights in that dtype,
+    refreshed in place after each update). Samples the same distribution as the eager decode, up to float
+    rounding."""
     threads: Optional[int] = None
     """CPU threads torch may use (torch.set_num_threads). None: torch's default."""
     wandb: bool = False

@@ -40,7 +40,7 @@ from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator
                                          staleness_metrics, versions_to_keep)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
+from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
 from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save, read_config,
                              read_jsonl, settings_hash)
 from dppo_oat.samples import build_update_batch
@@ -150,10 +150,11 @@ class LocalTrainer:
             from dppo_oat.engines.local.vllm_sync import make_vllm_generator
 
             return make_vllm_generator(self.model, self.tokenizer, c)
-        rollout_model = rollout_copy(self.model, c.rollout_dtype)  # a lower precision: training-inference mismatch
-        generator = HFGenerator(rollout_model, self.tokenizer, batch_size=max(64, c.episodes_per_step),
-                                compute_dtype=rollout_compute_dtype(c.dtype, c.rollout_dtype),
-                                cuda_graphs=c.cuda_graphs)
+        compute_dtype = rollout_compute_dtype(c.dtype, c.rollout_dtype)
+        # a lower precision: training-inference mismatch; for the decode graphs, linear weights in the compute dtype
+        rollout_policy = rollout_model(self.model, c.rollout_dtype, compute_dtype, c.cuda_graphs)
+        generator = HFGenerator(rollout_policy, self.tokenizer, batch_size=max(64, c.episodes_per_step),
+                                compute_dtype=compute_dtype, cuda_graphs=c.cuda_graphs)
         if not generator.runs_direct:
             self.console.print("note: the sampling loop cannot run this model's layers itself (its architecture or "
                                "transformers version); rollouts sample with model.generate, which is slower")
@@ -171,7 +172,8 @@ class LocalTrainer:
         return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
 
     def _sync_generator(self) -> None:
-        """The rollout copy takes the learner's new weights, at its own precision."""
+        """The rollout copy takes the learner's new weights, at its own precision, in place (the decode graphs of
+        ``--cuda-graphs`` read them where they are)."""
         self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype))
 
     def _check_topk_fits(self) -> None:
