@@ -246,3 +246,23 @@ def test_an_unknown_step_is_refused_in_one_line(tmp_path):
         done = device_check(tmp_path, *args)
         assert done.returncode == 2 and done.stderr.strip() == "device_check: unknown step 'warp-drive'" + (
             f" ({' '.join(STEPS)})" if args[0] != "--only" else "")
+
+
+def test_a_stopped_runs_row_says_where_it_stopped_and_its_seconds_per_step(tmp_path):
+    evals = [{"step": 0, "eval/success": 0.785, "eval/episodes": 200.0},
+             {"step": 25, "eval/success": 0.0, "eval/episodes": 200.0}]
+    metrics = [{"step": s, "success": [0.75, 0.016, 0.0][s - 1], "time/rollout": 5.0 + s, "time/update": 0.5}
+               for s in (1, 2, 3)]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    flags = ["--device", "cuda", "--steps", "50", "--eval-every", "25", "--cache-dir", "/somewhere/policy-cache"]
+    finished = rows.default_run_row(tmp_path, 100.0, flags)
+    assert finished["command"] == "python -m dppo_oat.train --device cuda --steps 50 --eval-every 25"
+    assert (finished["success_after"], finished["steps"], finished["wall_seconds"]) == (0.0, 25, 100.0)
+    row = rows.default_run_row(tmp_path, 259.0, flags, stopped="by the check's budget of 270 s")
+    assert row["success_after"] is None and row["wall_seconds"] is None
+    assert (row["steps"], row["steps_planned"]) == (3, 50)
+    assert row["stopped"] == "after step 3 of 50, by the check's budget of 270 s"
+    assert (row["median_rollout_seconds"], row["median_update_seconds"]) == (7.0, 0.5)
+    assert row["rollout_success_by_step"] == {"1": 0.75, "2": 0.016, "3": 0.0}
+    assert row["success_by_step"] == {"0": 0.785, "25": 0.0}

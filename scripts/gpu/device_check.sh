@@ -33,9 +33,10 @@
 #   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
 #   SMOKE=1      as --smoke
 #   BUDGET       seconds the steps may take, counted from the start (default 0: no limit), for a time-limited GPU
-#                session: each step runs in what is left and is stopped (SIGTERM, then SIGKILL 10 s later) when it
-#                runs out; the steps after it are reported as skipped. The device and install checks are never
-#                stopped. A budgeted step runs in a process group of its own: Ctrl-C stops the check and its step
+#                session: each step runs in what is left and is stopped (SIGTERM, then SIGKILL 30 s later) when it
+#                runs out (a run of the local engine then checkpoints and still writes the row of a stopped run);
+#                the steps after it are reported as skipped. The device and install checks are never stopped. A
+#                budgeted step runs in a process group of its own: Ctrl-C stops the check and its step
 set -uo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # for the budgeted steps' children, after the cd below
 cd "$(dirname "$0")/../.."
@@ -142,7 +143,7 @@ run() {
             echo "device_check: $1 skipped: the budget of ${BUDGET}s is spent"
             return
         fi
-        timeout -k 10 "$left" bash "$SELF" --only "$1" $([[ $SMOKE != 0 ]] && echo --smoke) >"$LOG_DIR/$1.log" 2>&1 &
+        timeout -k 30 "$left" bash "$SELF" --only "$1" $([[ $SMOKE != 0 ]] && echo --smoke) >"$LOG_DIR/$1.log" 2>&1 &
         CHILD=$!
         trap 'kill -TERM "$CHILD" 2>/dev/null; exit 130' INT TERM  # timeout's group does not get the terminal's ^C
         wait "$CHILD"
@@ -199,17 +200,21 @@ gpu_tests() {
 }
 
 # train_run BENCH FLAGS...: a local-engine run with FLAGS, in a folder of its own under LOG_DIR; its row (wall time,
-# held-out success before → after) stamped as BENCH
+# held-out success before → after) stamped as BENCH. A run the budget stops (SIGTERM: the run checkpoints and ends)
+# still leaves a row, of a stopped run (the step it reached, its seconds per step), before the step reports STOPPED
 train_run() {
-    local bench=$1 name start=$SECONDS rc
+    local bench=$1 name start=$SECONDS rc stopped=""
     shift
     name=$bench-$(date -u +%Y%m%dT%H%M%S)
     echo "python -m dppo_oat.train $*"
+    trap 'stopped="by the check'"'"'s budget of ${BUDGET} s"' TERM  # handled once the run has ended
     "$PY" -m dppo_oat.train "$@" --run-dir "$LOG_DIR" --run-name "$name"
     rc=$?
-    [[ $rc == 0 ]] || return $rc
+    trap - TERM
+    [[ $rc == 0 || -n $stopped ]] || return $rc
     "$PY" scripts/gpu/device_rows.py default-run --run-dir "$LOG_DIR/$name" --seconds $((SECONDS - start)) \
-        -- "$@" >"$LOG_DIR/$bench.json" && stamp "$bench" "$LOG_DIR/$bench.json"
+        ${stopped:+--stopped "$stopped"} -- "$@" >"$LOG_DIR/$bench.json" && stamp "$bench" "$LOG_DIR/$bench.json"
+    [[ -z $stopped ]] || return 124
 }
 
 default_run() { train_run default_run "${RUN_FLAGS[@]}"; }

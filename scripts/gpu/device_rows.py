@@ -5,6 +5,7 @@ appended to ``<OUT_DIR>/<bench>_<gpu-slug>.jsonl``; and the two rows it makes it
     BENCH | python scripts/gpu/device_rows.py stamp --bench rollout --device cuda --out-dir docs/bench
     python scripts/gpu/device_rows.py junit --xml report.xml --seconds 12.5   # the row of `pytest -m gpu`
     python scripts/gpu/device_rows.py default-run --run-dir DIR --seconds 301 -- FLAGS...
+    python scripts/gpu/device_rows.py default-run --run-dir DIR --seconds 270 --stopped "the check's budget" -- FLAGS
 
 Every row gets ``bench``, ``gpu`` (the device's name), ``torch``, ``cuda`` (torch's CUDA, null on a CPU build),
 ``commit`` (``DPPO_COMMIT`` when set, as on a copy of the checkout without git; else the checkout's, ``-dirty`` when
@@ -90,18 +91,59 @@ def junit_row(xml_path: Path, seconds: float) -> dict:
             "failing": failing, "seconds": round(seconds, 1)}
 
 
-def default_run_row(run_dir: Path, seconds: float, flags: list[str]) -> dict:
+def default_run_row(run_dir: Path, seconds: float, flags: list[str], stopped: str | None = None) -> dict:
     """Wall time and held-out success before → after of the run in ``run_dir`` (its eval.jsonl); a ValueError when
-    it holds no evaluation."""
+    it holds no evaluation. A run ``stopped`` before its last step (``stopped``: why) has no success after; its row
+    says at which step of how many it stopped and the median seconds of rollout and update per step (metrics.jsonl)."""
     from dppo_oat.runlog import EVAL_FILE
 
     evals = [json.loads(line) for line in (run_dir / EVAL_FILE).read_text().splitlines() if line.strip()]
     if not evals:
         raise ValueError(f"{run_dir / EVAL_FILE} holds no evaluation")
-    return {"command": " ".join(["python -m dppo_oat.train", *flags]), "wall_seconds": round(seconds, 1),
-            "success_before": evals[0]["eval/success"], "success_after": evals[-1]["eval/success"],
-            "eval_episodes": evals[-1]["eval/episodes"], "steps": evals[-1]["step"],
-            "success_by_step": {str(row["step"]): row["eval/success"] for row in evals}}
+    row = {"command": " ".join(["python -m dppo_oat.train", *without_folders(flags)]),
+           "wall_seconds": round(seconds, 1),
+           "success_before": evals[0]["eval/success"], "success_after": evals[-1]["eval/success"],
+           "eval_episodes": evals[-1]["eval/episodes"], "steps": evals[-1]["step"],
+           "success_by_step": {str(e["step"]): e["eval/success"] for e in evals}}
+    return row if stopped is None else {**row, **stopped_fields(run_dir, flags, stopped)}
+
+
+FOLDER_FLAGS = ("--cache-dir", "--run-dir")
+"""Flags whose values are folders of the machine that ran the check: not part of the command a row records."""
+
+
+def without_folders(flags: list[str]) -> list[str]:
+    """``flags`` without :data:`FOLDER_FLAGS` and their values."""
+    kept = []
+    for index, flag in enumerate(flags):
+        if flag in FOLDER_FLAGS or (index and flags[index - 1] in FOLDER_FLAGS):
+            continue
+        kept.append(flag)
+    return kept
+
+
+def stopped_fields(run_dir: Path, flags: list[str], stopped: str) -> dict:
+    """What a stopped run's row says instead of its success after: the last step logged, the steps planned
+    (``--steps``), why it stopped, the median seconds of rollout and update per step and each step's rollout
+    success."""
+    import statistics
+
+    from dppo_oat.runlog import METRICS_FILE
+
+    path = run_dir / METRICS_FILE
+    metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    planned = flags[flags.index("--steps") + 1] if "--steps" in flags[:-1] else None
+
+    def median(key: str) -> float | None:
+        values = [m[key] for m in metrics if key in m]
+        return round(statistics.median(values), 3) if values else None
+
+    last = metrics[-1]["step"] if metrics else 0
+    return {"success_after": None, "wall_seconds": None, "steps": last,
+            "steps_planned": int(planned) if planned else None,
+            "stopped": f"after step {last} of {planned or '?'}, {stopped}",
+            "median_rollout_seconds": median("time/rollout"), "median_update_seconds": median("time/update"),
+            "rollout_success_by_step": {str(m["step"]): round(m["success"], 4) for m in metrics if "success" in m}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("default-run", help="print the row of a finished local-engine run")
     run.add_argument("--run-dir", required=True, help="the run's own directory (eval.jsonl)")
     run.add_argument("--seconds", type=float, required=True, help="the run's wall time")
+    run.add_argument("--stopped", default=None, help="why the run stopped before its last step (a stopped run's row)")
     run.add_argument("flags", nargs="*", help="the run's flags (after --)")
     args = parser.parse_args(argv)
     try:
@@ -129,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "junit":
             print(json.dumps(junit_row(Path(args.xml), args.seconds)))
         else:
-            print(json.dumps(default_run_row(Path(args.run_dir), args.seconds, args.flags)))
+            print(json.dumps(default_run_row(Path(args.run_dir), args.seconds, args.flags, args.stopped)))
     except (ValueError, OSError, ElementTree.ParseError) as error:
         print(f"device_rows {args.command}: {error}", file=sys.stderr)
         return 1
