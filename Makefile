@@ -144,5 +144,5 @@ test-verl: $(VERL_VENV)/.installed
 ## GPU runbook (docs/gpu.md): the wheels a stock CUDA image lacks for the local engine and its tests, into .whl/
 ## (pinned to the GPU node's lock; needs pip and the package index); scripts/gpu/device_check.sh installs them there
 .PHONY: gpu-wheels
-gpu-wheels:
-	PYTHON=$(PYTHON) bash scripts/gpu/device_wheels.sh
+gpu-wheels: $(VENV)/.runtime
+	PYTHON=$(PY) bash scripts/gpu/device_wheels.sh

@@ -148,3 +148,21 @@ def test_the_docs_table_reads_an_oat_learner_row(tmp_path):
     line = next(r for r in tables.gpu_rows_table(tmp_path).splitlines() if r.startswith("| `oat_learner_step`"))
     assert "NVIDIA H200: DPPO ÷ PPO step time 0.71 (H 2048, 28 layers, 16 × 512 + 1536 tokens)" in line
     assert "MFU 0.310 / 0.360 (PPO / DPPO); FusedAdam compiled, DeepSpeed 0.16.8, sdpa attention (0123456)" in line
+
+
+def test_a_profile_counts_the_devices_kernels_once_and_ranks_host_ops_by_the_kernels_they_launched():
+    from types import SimpleNamespace
+
+    def event(key, device_type, host_us, device_us, count=1):
+        return SimpleNamespace(key=key, count=count, device_type=f"DeviceType.{device_type}",
+                               self_cpu_time_total=host_us, self_device_time_total=device_us)
+
+    events = [event("aten::mm", "CPU", 100.0, 3000.0, 10), event("aten::copy_", "CPU", 900.0, 500.0, 40),
+              event("sm90_gemm_kernel", "CUDA", 0.0, 3000.0, 10), event("copy_kernel", "CUDA", 0.0, 500.0, 40)]
+    summary = bench.profile_summary(events, wall_seconds=0.01, on_gpu=True)
+    assert summary["device_busy_seconds"] == pytest.approx(0.0035)  # the kernels alone, not again through their ops
+    assert summary["device_busy_fraction"] == pytest.approx(0.35)
+    assert [row["op"] for row in summary["top"]] == ["aten::mm", "aten::copy_"]
+    assert summary["top"][0] == {"op": "aten::mm", "calls": 10, "own_device_ms": 3.0, "own_host_ms": 0.1}
+    on_cpu = bench.profile_summary(events[:2], wall_seconds=0.01, on_gpu=False)
+    assert on_cpu["device_busy_fraction"] is None and on_cpu["top"][0]["op"] == "aten::copy_"

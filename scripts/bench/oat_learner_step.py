@@ -394,6 +394,49 @@ def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> di
             "weights_after": fingerprint, **counters.take()}
 
 
+PROFILE_TOP = 12
+"""Operations listed per learner by ``--profile``, by their own time on the device (on the CPU: on the host)."""
+
+
+def own_time_us(event, where: str) -> float:
+    """An aggregated profiler event's own time in µs on ``where`` ("device" or "cpu"), across torch's names for it."""
+    names = (f"self_{where}_time_total", "self_cuda_time_total") if where == "device" else ("self_cpu_time_total",)
+    return next((float(getattr(event, name)) for name in names if hasattr(event, name)), 0.0)
+
+
+def on_device(event) -> bool:
+    """Whether an aggregated profiler event is a GPU kernel (or copy), not a host operation."""
+    return str(getattr(event, "device_type", "")).rsplit(".", 1)[-1] in ("CUDA", "PrivateUse1")
+
+
+def profile_summary(events, wall_seconds: float, on_gpu: bool) -> dict:
+    """Where one profiled step's time went: the device's busy fraction (its kernels' own time over the wall time,
+    on a GPU) and the :data:`PROFILE_TOP` host operations by the time of the kernels they launched (on a GPU) or by
+    their own host time (on the CPU)."""
+    where = "device" if on_gpu else "cpu"
+    host_ops = [event for event in events if not on_device(event)]
+    ranked = sorted(host_ops, key=lambda event: own_time_us(event, where), reverse=True)[:PROFILE_TOP]
+    busy = sum(own_time_us(event, "device") for event in events if on_device(event)) / 1e6 if on_gpu else None
+    return {"wall_seconds": wall_seconds, "device_busy_seconds": busy,
+            "device_busy_fraction": None if busy is None else busy / wall_seconds,
+            "host_seconds_all_ops": sum(own_time_us(event, "cpu") for event in host_ops) / 1e6,
+            "top": [{"op": event.key[:80], "calls": int(event.count),
+                     "own_device_ms": round(own_time_us(event, "device") / 1e3, 3) if on_gpu else None,
+                     "own_host_ms": round(own_time_us(event, "cpu") / 1e3, 3)} for event in ranked]}
+
+
+def profiled_step(learner, trajectory: dict, device: str, counters: Counters) -> dict:
+    """One more ``learning_step`` under ``torch.profiler`` (host, and the GPU's kernels on a GPU), summarised by
+    :func:`profile_summary`; not one of the timed steps (the profiler slows it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
+    with profile(activities=activities) as profiler:
+        seconds = timed_step(learner, trajectory, device, counters)["seconds"]
+    return profile_summary(profiler.key_averages(), seconds, on_gpu)
+
+
 def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn) -> None:
     """One learner's process: build it, then one reset + ``learning_step`` per "step" message from the parent."""
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # DeepSpeed's and oat's prints: stdout carries the JSON only
@@ -408,9 +451,12 @@ def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn)
             ready = {"advantages": oat_advantages(learner, trajectory) if variant == "ppo" else None,
                      "trust_region": getattr(learner, "trust_region", None)}
             conn.send(("ready", ready))
-            while conn.recv() == "step":
+            while (message := conn.recv()) in ("step", "profile"):
                 reset(learner, start, seed=42)
-                conn.send(("step", timed_step(learner, trajectory, args.device, counters)))
+                if message == "step":
+                    conn.send(("step", timed_step(learner, trajectory, args.device, counters)))
+                else:
+                    conn.send(("profile", profiled_step(learner, trajectory, args.device, counters)))
     except BaseException:  # noqa: BLE001 -- the parent re-raises it with the worker's traceback
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -438,8 +484,8 @@ class Worker:
             raise RuntimeError(f"the {self.variant} learner failed:\n{payload}")
         return payload
 
-    def step(self) -> dict:
-        self.conn.send("step")
+    def step(self, message: str = "step") -> dict:
+        self.conn.send(message)
         return self.receive()
 
     def close(self) -> None:
@@ -535,6 +581,10 @@ def measure(args) -> tuple[list[dict], dict]:
                 pairs.append(pair)
                 progress(f"pair {rep + 1}/{args.reps}: ppo {pair['ppo']['seconds']:.2f} s, "
                          f"dppo {pair['dppo']['seconds']:.2f} s")
+            if args.profile:
+                facts["profile"] = {v: w.step("profile") for v, w in workers.items()}
+                progress("profiled: " + ", ".join(f"{v} device busy {p['device_busy_fraction']}"
+                                                  for v, p in facts["profile"].items()))
         finally:
             for w in workers.values():
                 w.close()
@@ -605,7 +655,7 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "learners": learner_mfu(pairs, facts, args.prompt_tokens + args.response_tokens),
         "peak_flops": facts["gpu"]["peak_flops"], "peak_method": facts["gpu"]["peak_method"],
         "fused_adam": facts["gpu"]["fused_adam"], "attention": facts["gpu"]["attention"],
-        "import_stand_ins": facts["gpu"]["import_stand_ins"],
+        "import_stand_ins": facts["gpu"]["import_stand_ins"], "profile": facts.get("profile"),
         "targets": {"dppo_vs_ppo_step_time": TARGET_STEP_TIME_RATIO},
         "meets_targets": statistics.median(p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs)
         <= TARGET_STEP_TIME_RATIO,
@@ -672,6 +722,8 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true", help="as the GPU scripts run")
     parser.add_argument("--reps", type=int, default=5, help="timed pairs, after one warm-up step of each")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per learner")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed pairs, one profiled step of each learner: where its time went")
     parser.add_argument("--out", default=None, help="also append the JSON line to this JSONL file")
     args = parser.parse_args()
     check_sizes(args)

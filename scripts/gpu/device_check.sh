@@ -48,17 +48,18 @@ RUN_FLAGS=(--device cuda --dtype bfloat16)
 SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
 # The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
 # first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends below
-# --warm-start.target-success), cached under LOG_DIR.
-SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
+# --warm-start.target-success), cached under LOG_DIR. Its RL --lr is a first guess too: at the default 3e-4 (the
+# tiny policy's) it collapsed after one step on an H200 (docs/gpu.md).
+SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4 --lr 2e-5
                   --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 50 --eval-every 25)
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
 # The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
 OAT_LEARNER_FLAGS=(--device cuda --hidden 2048 --layers 28 --gradient-checkpointing --prompt-tokens 512
-                   --response-tokens 1536 --micro-batch 1 --reps 3)
+                   --response-tokens 1536 --micro-batch 1 --reps 3 --profile)
 SMOKE_OAT_LEARNER_FLAGS=(--device cpu --vocab 1000 --hidden 128 --layers 1 --sequences 4 --group-size 2 --minibatch 2
-                         --micro-batch 1 --prompt-tokens 4 --response-tokens 8 --reps 1 --threads 1)
+                         --micro-batch 1 --prompt-tokens 4 --response-tokens 8 --reps 1 --threads 1 --profile)
 ROLLOUT_OPS_FLAGS=(--repeats 3 -- --device cuda --dtype bfloat16)
 SMOKE_ROLLOUT_OPS_FLAGS=(--repeats 1 -- --device cpu --groups-per-step 2 --group-size 2)
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
