@@ -58,15 +58,25 @@ example-runs: setup
 bench: setup
 	$(PY) scripts/bench/trust_region.py
 
-## the documentation site (docs/ and mkdocs.yml → site/), in its own environment; warnings (broken links) fail it
+## the documentation site (docs/ and mkdocs.yml → site/), in its own environment; warnings (broken links) fail it.
+## `make docs` also opens every page in a headless Chromium (Debian: apt-get install chromium chromium-driver): the
+## formulas must render as formulas and every link lead to a page, from disk; `make docs-build` only builds;
+## `make docs-serve` serves the built site (its search needs a server) on http://localhost:8000
 DOCS_VENV ?= .venv-docs
 $(DOCS_VENV)/.installed: requirements/docs.txt
 	$(PYTHON) -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet -r requirements/docs.txt
 	touch $@
 
-docs: $(DOCS_VENV)/.installed
+.PHONY: docs-build docs-serve
+docs-build: $(DOCS_VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict -d site
+
+docs: docs-build
+	$(DOCS_VENV)/bin/python scripts/docs/check_site.py --site site
+
+docs-serve: docs-build
+	$(DOCS_VENV)/bin/python -m http.server --directory site 8000
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(DOCS_VENV)

@@ -1,8 +1,21 @@
-"""Divergences between the behavior policy μ and the trained policy π, per token (sec:method_large_vocab).
+r"""Divergences between the behavior policy μ and the trained policy π, per token (sec:method_large_vocab).
 
 Three estimates of the same quantity, each a lower bound of the next (app:divergence_lower_bounds):
 binary (eq:binary_tv, eq:binary_kl) ≤ top-K (eq:topk_tv, eq:topk_kl) ≤ exact (full vocabulary).
 All of them take log-probabilities and compute in fp32 (fp64 inputs stay fp64).
+
+The binary ones compare the Bernoulli distributions (a_t, not a_t), the top-K ones the distributions over
+A''_t = TopK(μ, K) ∪ {a_t} and one bucket for every other token:
+
+$$
+D^{\mathrm{TV}}_{\mathrm{bin}} = \big|\mu(a_t) - \pi(a_t)\big|, \qquad
+D^{\mathrm{KL}}_{\mathrm{bin}} = \mu(a_t) \log \frac{\mu(a_t)}{\pi(a_t)} + \big(1 - \mu(a_t)\big) \log \frac{1 - \mu(a_t)}{1 - \pi(a_t)}
+$$
+
+$$
+D^{\mathrm{TV}}_{\mathrm{top}K} = \frac{1}{2} \sum_{a \in A^{\prime\prime}_t} \big|\mu(a) - \pi(a)\big|, \qquad
+D^{\mathrm{KL}}_{\mathrm{top}K} = \sum_{a \in A^{\prime\prime}_t} \mu(a) \log \frac{\mu(a)}{\pi(a)}
+$$
 """
 
 from __future__ import annotations

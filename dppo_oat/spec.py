@@ -36,7 +36,7 @@ TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k"
 
 def check_temperature(temperature: float, *, training: bool) -> None:
     """The one rule on a temperature T, wherever it is set: π_θ is ``softmax(logits / T)`` at the sampling
-    temperature T (eq:trust_region's μ is the tempered policy), so T must be finite; training samples its episodes,
+    temperature T (eq:dppo_obj's μ is the tempered policy), so T must be finite; training samples its episodes,
     so T > 0 there (greedy decoding, T = 0, has no μ); evaluation may decode greedily (T ≥ 0)."""
     if training and not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"training samples episodes: its temperature must be a finite number > 0 (greedy decoding "
@@ -171,7 +171,7 @@ class RunSpec:
 
 def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) -> None:
     """The trust region bounds the divergence between π_θ and μ, the distribution the rollout sampled from: the
-    learner's π_θ must be that same distribution. Temperature is applied in the learner too (eq:trust_region's μ
+    learner's π_θ must be that same distribution. Temperature is applied in the learner too (eq:dppo_obj's μ
     is the tempered policy); a top-p / top-k cut renormalises μ over a support the learner does not know, so
     training refuses it (evaluation may use it)."""
     check_temperature(sampling.temperature, training=True)

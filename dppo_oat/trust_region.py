@@ -1,8 +1,12 @@
-"""The trust region of every method in the paper, as one per-token policy loss.
+r"""The trust region of every method in the paper, as one per-token policy loss.
 
-All methods share the unified gradient (eq:unified_grad, app:sanity_test_details)::
+All methods share the unified gradient (eq:unified_grad, app:sanity_test_details):
 
-    ∇L = E_μ[ Σ_t M_t · w_t · A_t · ∇ log π_θ(a_t|s_t) ],   w_t = min(r_t, C),   r_t = π_θ(a_t|s_t) / μ(a_t|s_t)
+$$
+\nabla L = \mathbb{E}_{\mu}\Big[\sum_t M_t \, w_t \, A_t \, \nabla \log \pi_\theta(a_t \mid s_t)\Big], \qquad
+w_t = \min(r_t, C), \qquad
+r_t = \frac{\pi_\theta(a_t \mid s_t)}{\mu(a_t \mid s_t)}
+$$
 
 and differ only in the mask ``M_t`` (which updates are blocked) and the importance-sampling cap ``C``. A
 :class:`TrustRegion` names one such rule; :func:`policy_loss` evaluates it on a batch of tokens.
@@ -578,7 +582,7 @@ DIVERGENCES = {
     "ratio": lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs(),
     "log_ratio_sq": lambda logp, anchor_logp, topk: (logp - anchor_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square(),
 }
-"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:topk), ``anchor − π``, ``|r − 1|``, or
+"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:binary_kl, eq:topk_tv, eq:topk_kl), ``anchor − π``, ``|r − 1|``, or
 M2PO's M̂2_t = (log r)²."""
 
 

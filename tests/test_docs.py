@@ -219,3 +219,27 @@ def test_the_readme_presets_table_lists_every_preset_and_no_other():
     from dppo_oat.trust_region import PRESETS
 
     assert readme_preset_names() == set(PRESETS)
+
+
+PAPER_LABEL = re.compile(r"\b((?:eq|sec|app|fig):[A-Za-z_\-]*[A-Za-z_])")
+"""A label of the paper as the code and the docs cite it (``eq:unified_grad``, ``sec:stability``, ...)."""
+
+
+def cited_labels() -> dict[str, str]:
+    """Every paper label cited in the package, the scripts, the notebooks, the README and the docs: ``{label: a file
+    citing it}``."""
+    files = [*REPO.glob("dppo_oat/**/*.py"), *REPO.glob("scripts/**/*.py"), *REPO.glob("envs/*.py"),
+             *REPO.glob("notebooks/*.ipynb"), README, *DOCS]
+    cited = {}
+    for path in files:
+        for label in PAPER_LABEL.findall(path.read_text(encoding="utf-8")):
+            cited.setdefault(label, str(path.relative_to(REPO)))
+    return cited
+
+
+def test_every_cited_paper_label_is_on_the_labels_page():
+    listed = set(re.findall(r"^\| <a id=\"[^\"]+\"></a>`([a-z]+:[^`]+)` \|", (REPO / "docs/paper.md").read_text(), re.M))
+    missing = {label: path for label, path in cited_labels().items() if label not in listed}
+    assert not missing, f"labels cited but not on docs/paper.md (is each the paper's own?): {missing}"
+    anchors = re.findall(r'<a id="([^"]+)"></a>`([a-z]+:[^`]+)`', (REPO / "docs/paper.md").read_text())
+    assert all(anchor == label.replace(":", "-") for anchor, label in anchors)
