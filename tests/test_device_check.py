@@ -205,20 +205,25 @@ def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tm
 def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
     """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
     training run that would sleep 600 s) and reported in one line; the steps after it are skipped, each said so; the
-    rows of the steps that finished stay. Called by a relative path from another folder, as a user may."""
+    rows of the steps that finished stay. Called by a relative path from another folder, as a user may. Whatever the
+    machine's load: the step that finishes prints a made-up row at once, and the budget leaves the device and install
+    checks and that step a minute."""
     pids = tmp_path / "pids"
+    row = json.dumps({"shape": "smoke", "tokens_per_s": 1.0, "mfu": 0.5})
     slow_python = tmp_path / "python"
-    slow_python.write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *" dppo_oat.train "* ]]; then\n'
-                           f'    echo $$ >>{pids}; exec sleep 600\nfi\nexec {sys.executable} "$@"\n')
+    slow_python.write_text(f'#!/usr/bin/env bash\ncase " $* " in\n'
+                           f'    *" dppo_oat.train "*) echo $$ >>{pids}; exec sleep 600 ;;\n'
+                           f"    *learner_mfu.py*) echo '{row}'; exit 0 ;;\n"
+                           f'esac\nexec {sys.executable} "$@"\n')
     slow_python.chmod(0o755)
     done = device_check(tmp_path, "learner", "default-run", "fused-head",
-                        env={"PYTHON": str(slow_python), "BUDGET": "45"}, from_its_folder=True)
+                        env={"PYTHON": str(slow_python), "BUDGET": "60"}, from_its_folder=True)
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert any(line.startswith("device_check: learner ok") for line in lines), done.stdout
     [stopped] = [line for line in lines if line.startswith("device_check: default-run")]
-    assert "STOPPED at the budget of 45s" in stopped
-    assert "device_check: fused-head skipped: the budget of 45s is spent" in lines
+    assert "STOPPED at the budget of 60s" in stopped
+    assert "device_check: fused-head skipped: the budget of 60s is spent" in lines
     assert lines[-1] == "device_check: 1 step(s) failed: default-run; skipped: fused-head"
     assert (tmp_path / "out" / "learner_mfu_cpu.jsonl").exists()
     [pid] = pids.read_text().split()
