@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -42,49 +43,83 @@ from dppo_oat import divergence as div
 
 
 @dataclass(frozen=True)
+class MaskInputs:
+    """What a rule's mask, loss term and metrics read, per token: detached fp32 ``[B, T]`` tensors of one batch."""
+
+    logp: torch.Tensor
+    """log π_θ(a_t)."""
+    anchor_logp: torch.Tensor
+    """log of the anchor's probability of a_t: μ, or the recomputed π_θ' (``TrustRegion.anchor``)."""
+    behavior_logp: torch.Tensor
+    """log μ(a_t), the rollout engine's."""
+    advantages: torch.Tensor
+    """A_t, expanded to ``[B, T]``."""
+    mask: torch.Tensor
+    """The response tokens."""
+    divergence: torch.Tensor
+    """D_t, the rule's divergence of π_θ against the anchor (:data:`DIVERGENCES`)."""
+
+    @property
+    def ratio(self) -> torch.Tensor:
+        """r_t = π_θ/anchor (log r clamped at :data:`MAX_LOG_RATIO`)."""
+        return (self.logp - self.anchor_logp).clamp(max=MAX_LOG_RATIO).exp()
+
+
+@dataclass(frozen=True)
 class Rule:
-    """One mask M_t of the unified gradient (eq:unified_grad): the divergence D_t it reads (of π_θ against the
-    anchor, :func:`rule_divergence`), how it decides what is kept (:func:`trust_region_keep`), and its threshold:
-    ``delta`` (δ), ``eps`` (PPO's ε_low/ε_high), ``tau_m2`` (M2PO's τ_M2) or ``None``. Adding a rule is one entry
-    of :data:`RULE_TABLE`."""
+    """One mask M_t of the unified gradient (eq:unified_grad) and everything it brings to the loss: the divergence D_t
+    it reads (of π_θ against the anchor, :data:`DIVERGENCES`), its mask, its threshold field, the other fields it
+    reads, an optional term added to each token's loss (a regularizer), its own metrics, and for a top-K rule the rule
+    to run where no top-K set exists. Adding a rule is one :func:`register_rule` call (and its tests): the loss, the
+    fields a command line may override, the verl engine and the docs read it from :data:`RULE_TABLE`."""
 
     divergence: str
-    """``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl``, ``prob_drop`` (anchor − π) or
-    ``log_ratio_sq`` ((log r)²)."""
-    keep: str
-    """``all`` (M_t = 1), ``ratio`` (PPO's clip), ``divergence`` (DPPO: D_t > δ in the direction A_t pushes),
-    ``negative`` (A_t < 0 and anchor − π ≥ δ blocked), ``regularize`` (M_t = 1, and DRPO's quadratic regularizer in
-    the loss: :func:`drpo_regularizer`), ``prefix_budget`` (CPPO: :func:`prefix_budget_keep`) or ``second_moment``
-    (M2PO: :func:`second_moment_keep`)."""
-    threshold: str | None
-    """``delta`` (δ), ``eps`` (ε_low/ε_high), ``tau_m2`` (M2PO's τ_M2) or None."""
+    """A key of :data:`DIVERGENCES`: ``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl``,
+    ``prob_drop`` (anchor − π) or ``log_ratio_sq`` ((log r)²)."""
+    keep: Callable[[MaskInputs, "TrustRegion"], torch.Tensor]
+    """M_t: True where the token's update is kept."""
+    threshold: str | None = None
+    """The :class:`TrustRegion` field the mask thresholds: ``delta`` (δ), ``eps`` (ε_low/ε_high, and α when
+    relaxed), ``tau_m2`` (M2PO's τ_M2) or None."""
+    reads: tuple[str, ...] = ()
+    """The other numeric :class:`TrustRegion` fields the rule reads (CPPO's ``w_min``, ``delta_b``)."""
+    loss_term: Callable[[torch.Tensor, MaskInputs, "TrustRegion"], torch.Tensor] | None = None
+    """A term added to every token's loss, from log π_θ with its gradient (DRPO's regularizer)."""
+    metrics: Callable[[MaskInputs, torch.Tensor, "TrustRegion"], dict[str, torch.Tensor]] | None = None
+    """0-d statistics of the rule's own, from the inputs and the mask M_t (:func:`trust_region_metrics` reports
+    them)."""
+    couples_tokens: bool = False
+    """True when M_t reads other tokens than t: the earlier tokens of its response (CPPO) or the whole batch (M2PO).
+    The loss is then no sum of per-token functions of log π_θ(a_t) alone, and the caller passes the response mask."""
+    binary_twin: str | None = None
+    """For a top-K rule: the same rule on binary TV, which an engine without μ's top-K set runs instead."""
 
     @property
     def uses_topk(self) -> bool:
         return self.divergence.startswith("topk")
 
-    @property
-    def couples_tokens(self) -> bool:
-        """True when M_t reads other tokens than t: the earlier tokens of its response (``prefix_budget``) or the
-        whole batch (``second_moment``). The loss is then no sum of per-token functions of log π_θ(a_t) alone."""
-        return self.keep in ("prefix_budget", "second_moment")
+
+RULE_TABLE: dict[str, Rule] = {}
+"""Every rule by name (:func:`register_rule`)."""
+THRESHOLDS = ("delta", "eps", "tau_m2")
+"""The threshold fields a :class:`Rule` may name."""
 
 
-RULE_TABLE: dict[str, Rule] = {
-    "none": Rule("ratio", "all", None),  # PG-IS, CISPO: M_t = 1
-    "ratio": Rule("ratio", "ratio", "eps"),  # PPO's clip mask (eq:ppo-clip)
-    "binary_tv": Rule("binary_tv", "divergence", "delta"),  # DPPO (eq:dppo_obj), binary TV (eq:binary_tv)
-    "binary_kl": Rule("binary_kl", "divergence", "delta"),  # DPPO, binary KL
-    "topk_tv": Rule("topk_tv", "divergence", "delta"),  # DPPO, top-K TV on TopK(μ, K) ∪ {a_t} + other
-    "topk_kl": Rule("topk_kl", "divergence", "delta"),  # DPPO, top-K KL
-    "mask_negative": Rule("prob_drop", "negative", "delta"),  # Takeaway 3's minimal mask
-    "drpo": Rule("binary_tv", "regularize", "delta"),  # DRPO: M_t = 1 plus |A|·μ·(r − 1)²/(2δ)
-    "cppo_topk_tv": Rule("topk_tv", "prefix_budget", "delta"),  # CPPO, top-K TV
-    "cppo_binary_tv": Rule("binary_tv", "prefix_budget", "delta"),  # CPPO, binary TV
-    "m2po": Rule("log_ratio_sq", "second_moment", "tau_m2"),  # M2PO: (log r)² until the batch's mean ≤ τ_M2
-}
-"""Every rule by name: what it reads and how it masks (:class:`Rule`)."""
-RULES = tuple(RULE_TABLE)
+def register_rule(name: str, rule: Rule) -> Rule:
+    """Add ``rule`` to :data:`RULE_TABLE` as ``name``; a ValueError for a name taken, an unknown divergence or
+    threshold, or a top-K rule without a binary twin."""
+    if name in RULE_TABLE:
+        raise ValueError(f"a trust-region rule named {name!r} exists")
+    if rule.divergence not in DIVERGENCES:
+        raise ValueError(f"rule {name!r}: unknown divergence {rule.divergence!r}; one of {', '.join(DIVERGENCES)}")
+    if rule.threshold is not None and rule.threshold not in THRESHOLDS:
+        raise ValueError(f"rule {name!r}: unknown threshold {rule.threshold!r}; one of {', '.join(THRESHOLDS)}")
+    if rule.uses_topk and rule.binary_twin is None:
+        raise ValueError(f"rule {name!r} reads a top-K divergence: name its binary_twin")
+    RULE_TABLE[name] = rule
+    return rule
+
+
 ANCHORS = ("behavior", "recompute")
 RELAX_MODES = ("none", "low", "high", "both")
 IS_WEIGHTS = ("behavior", "decoupled_token", "decoupled_seq", "proximal")
@@ -110,16 +145,15 @@ PREFIX_BUDGET_CEILING = 2.0
 
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
                         mismatch_mask: str = "none") -> frozenset[str]:
-    """The numeric :class:`TrustRegion` fields a rule's loss reads: δ by the divergence rules, ``mask_negative`` and
-    DRPO, ε by ``ratio`` (α only when relaxed), K by top-K, w_min and δ_b by CPPO, τ_M2 by M2PO, C unless w_t is
-    ``proximal``, the band by a mismatch mask, τ by every rule. A value of any other field changes nothing."""
-    read, spec = {"kl_tau"}, RULE_TABLE[rule]
-    if spec.threshold in ("delta", "tau_m2"):
-        read.add(spec.threshold)
-    if spec.keep == "prefix_budget":
-        read.update(("w_min", "delta_b"))
+    """The numeric :class:`TrustRegion` fields a rule's loss reads: its threshold (ε_low and ε_high for ``eps``, α
+    too when relaxed) and the :attr:`Rule.reads` fields, K by top-K rules, C unless w_t is ``proximal``, the band by
+    a mismatch mask, τ by every rule. A value of any other field changes nothing."""
+    spec = RULE_TABLE[rule]
+    read = {"kl_tau", *spec.reads}
     if spec.threshold == "eps":
         read.update(("eps_low", "eps_high", *(("alpha",) if relax != "none" else ())))
+    elif spec.threshold is not None:
+        read.add(spec.threshold)
     if spec.uses_topk:
         read.add("k")
     if is_weight != "proximal":
@@ -134,7 +168,7 @@ class TrustRegion:
     """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`.
 
     Attributes:
-        rule: which mask M_t (see :data:`RULES`).
+        rule: which mask M_t (a name of :data:`RULE_TABLE`).
         delta: divergence threshold δ of DPPO (eq:dppo_obj) or of ``mask_negative``.
         eps_low, eps_high: PPO clip range ``[1 − ε_low, 1 + ε_high]`` of the ``ratio`` rule.
         is_cap: C, the truncation of the IS weight ``min(r, C)`` (``math.inf``: no truncation).
@@ -172,7 +206,7 @@ class TrustRegion:
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
-        _check_choice("rule", self.rule, RULES)
+        _check_choice("rule", self.rule, tuple(RULE_TABLE))
         _check_choice("anchor", self.anchor, ANCHORS)
         _check_choice("relax", self.relax, RELAX_MODES)
         _check_choice("is_weight", self.is_weight, IS_WEIGHTS)
@@ -591,27 +625,113 @@ def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> to
     return DIVERGENCES[RULE_TABLE[tr.rule].divergence](logp, anchor_logp, topk)
 
 
-def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None, mask=None):
-    """The mask M_t of ``tr`` and the divergence it thresholded. All inputs detached fp32 ``[B, T]``; ``mask`` (the
-    response tokens) is read by the rules that couple tokens (:attr:`TrustRegion.couples_tokens`)."""
-    divergence = rule_divergence(tr, logp, anchor_logp, topk)
-    ratio = (logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp()
-    how = RULE_TABLE[tr.rule].keep
+# --------------------------------------------------------------------------------------------- the rules
+
+
+def keep_all(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """M_t = 1 (PG-IS, CISPO, DRPO)."""
+    return torch.ones_like(x.logp, dtype=torch.bool)
+
+
+def keep_in_clip_range(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """PPO's clip (:func:`ratio_keep`) on r = π_θ/anchor, relaxed for μ < α (:func:`relaxed_clip_range`)."""
+    return ratio_keep(x.ratio, x.advantages, *relaxed_clip_range(x.behavior_logp.exp(), tr))
+
+
+def keep_in_divergence(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """DPPO's mask (:func:`divergence_keep`, eq:dppo_obj) at δ."""
+    return divergence_keep(x.ratio, x.advantages, x.divergence, tr.delta)
+
+
+def keep_but_negative_drops(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """Takeaway 3's mask (:func:`negative_keep`) at δ."""
+    return negative_keep(x.anchor_logp.exp(), x.logp.exp(), x.advantages, tr.delta)
+
+
+def keep_in_prefix_budget(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """CPPO's mask (:func:`prefix_budget_keep`)."""
+    return prefix_budget_keep(x.ratio, x.advantages, x.divergence, x.mask, tr)
+
+
+def keep_in_second_moment(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """M2PO's mask (:func:`second_moment_keep`) at τ_M2."""
+    return second_moment_keep(x.logp - x.anchor_logp, x.advantages, x.mask, tr.tau_m2)
+
+
+def drpo_term(logp: torch.Tensor, x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """DRPO's regularizer (:func:`drpo_regularizer`) from log π_θ with its gradient."""
+    return drpo_regularizer(logp, x.anchor_logp, x.advantages, x.mask, tr.delta)
+
+
+def drpo_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> dict[str, torch.Tensor]:
+    """ω_t of :func:`drpo_weight` over the A ≠ 0 tokens (``drpo/weight_mean``, ``drpo/weight_min``, and
+    ``drpo/corrective_fraction``, ω_t < 0: beyond the boundary) and the regularizer's mean per response token."""
+    active = x.mask & (x.advantages != 0)
+    weight = drpo_weight(x.logp.exp(), x.anchor_logp.exp(), x.advantages, tr.delta)
+    return {
+        "drpo/weight_mean": masked_mean(weight, active),
+        "drpo/weight_min": -_masked_max(-weight, active),
+        "drpo/corrective_fraction": _fraction(weight < 0, active),
+        "drpo/regularizer_mean": masked_mean(drpo_term(x.logp, x, tr), x.mask),
+    }
+
+
+def cppo_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> dict[str, torch.Tensor]:
+    """``cppo/budget_mask_fraction``, the A ≠ 0 tokens the prefix budget blocked although Z_t ≤ δ, and the mean
+    per-response budget δ_b^seq."""
+    z, _, budget = prefix_thresholds(x.divergence, x.mask, tr)
+    return {
+        "cppo/budget_mask_fraction": _fraction(~keep & (z <= tr.delta), x.mask & (x.advantages != 0)),
+        "cppo/delta_b_mean": masked_mean(budget, x.mask.any(-1, keepdim=True)),
+    }
+
+
+def m2po_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> dict[str, torch.Tensor]:
+    """M̂2 over the trust-region tokens before and after the mask (Algorithm 1's quantity; ``divergence/mean`` is
+    eq. 4's over all tokens), the masked fraction of the response tokens and the fraction that are trust-region
+    tokens."""
+    trust = m2po_trust_region(x.logp - x.anchor_logp, x.advantages, x.mask)
+    return {
+        "m2po/m2_before": masked_mean(x.divergence, trust),
+        "m2po/m2_after": masked_mean(x.divergence, trust & keep),
+        "m2po/masked_fraction": _fraction(~keep, x.mask),
+        "m2po/trust_region_fraction": _fraction(trust, x.mask),
+    }
+
+
+register_rule("none", Rule("ratio", keep_all))  # PG-IS, CISPO: M_t = 1
+register_rule("ratio", Rule("ratio", keep_in_clip_range, threshold="eps"))  # PPO's clip mask (eq:ppo-clip)
+register_rule("binary_tv", Rule("binary_tv", keep_in_divergence, threshold="delta"))  # DPPO (eq:dppo_obj, eq:binary_tv)
+register_rule("binary_kl", Rule("binary_kl", keep_in_divergence, threshold="delta"))  # DPPO, binary KL (eq:binary_kl)
+register_rule("topk_tv", Rule("topk_tv", keep_in_divergence, threshold="delta",  # DPPO, top-K TV (eq:topk_tv)
+                              binary_twin="binary_tv"))
+register_rule("topk_kl", Rule("topk_kl", keep_in_divergence, threshold="delta",  # DPPO, top-K KL (eq:topk_kl)
+                              binary_twin="binary_kl"))
+register_rule("mask_negative", Rule("prob_drop", keep_but_negative_drops, threshold="delta"))  # Takeaway 3's mask
+register_rule("drpo", Rule("binary_tv", keep_all, threshold="delta", loss_term=drpo_term,  # DRPO: M_t = 1 + penalty
+                           metrics=drpo_metrics))
+register_rule("cppo_topk_tv", Rule("topk_tv", keep_in_prefix_budget, threshold="delta", reads=("w_min", "delta_b"),
+                                   metrics=cppo_metrics, couples_tokens=True, binary_twin="cppo_binary_tv"))  # CPPO
+register_rule("cppo_binary_tv", Rule("binary_tv", keep_in_prefix_budget, threshold="delta", reads=("w_min", "delta_b"),
+                                     metrics=cppo_metrics, couples_tokens=True))  # CPPO on binary TV
+register_rule("m2po", Rule("log_ratio_sq", keep_in_second_moment, threshold="tau_m2", metrics=m2po_metrics,
+                           couples_tokens=True))  # M2PO: (log r)² until the batch's mean ≤ τ_M2
+
+
+def mask_inputs(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None, mask=None) -> MaskInputs:
+    """The :class:`MaskInputs` of a batch under ``tr``, its divergence D_t computed. All inputs detached fp32
+    ``[B, T]``; ``mask`` (the response tokens) is required by the rules that couple tokens."""
     if tr.couples_tokens and mask is None:
         raise ValueError(f"trust region {tr.name!r} masks a token by the others: pass the response mask")
-    if how in ("all", "regularize"):
-        keep = torch.ones_like(logp, dtype=torch.bool)
-    elif how == "ratio":
-        keep = ratio_keep(ratio, advantages, *relaxed_clip_range(behavior_logp.exp(), tr))
-    elif how == "negative":
-        keep = negative_keep(anchor_logp.exp(), logp.exp(), advantages, tr.delta)
-    elif how == "prefix_budget":
-        keep = prefix_budget_keep(ratio, advantages, divergence, mask, tr)
-    elif how == "second_moment":
-        keep = second_moment_keep(logp - anchor_logp, advantages, mask, tr.tau_m2)
-    else:
-        keep = divergence_keep(ratio, advantages, divergence, tr.delta)
-    return keep, divergence
+    divergence = rule_divergence(tr, logp, anchor_logp, topk)
+    mask = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask
+    return MaskInputs(logp, anchor_logp, behavior_logp, advantages, mask, divergence)
+
+
+def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None, mask=None):
+    """The mask M_t of ``tr`` and the divergence it thresholded (inputs as :func:`mask_inputs`'s)."""
+    inputs = mask_inputs(tr, logp, anchor_logp, behavior_logp, advantages, topk, mask)
+    return RULE_TABLE[tr.rule].keep(inputs, tr), inputs.divergence
 
 
 # --------------------------------------------------------------------------------------------- the loss
@@ -639,6 +759,7 @@ def policy_loss(
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
     """
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
+    rule = RULE_TABLE[tr.rule]
     logp32 = logp.float()
     mask = mask.bool()
     with torch.no_grad():
@@ -647,20 +768,20 @@ def policy_loss(
         adv = advantages.detach().float().expand_as(lp)
         recomputed = None if recomputed_logp is None else recomputed_logp.detach().float()
         anchor = mu if tr.anchor == "behavior" else recomputed
-        keep, divergence = trust_region_keep(tr, lp, anchor, mu, adv, topk, mask)
-        keep = keep & mask & mismatch_keep(tr, recomputed, mu, mask)
+        inputs = mask_inputs(tr, lp, anchor, mu, adv, topk, mask)
+        keep = rule.keep(inputs, tr) & mask & mismatch_keep(tr, recomputed, mu, mask)
         is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
         coefficient = torch.where(keep, adv * is_weight, 0.0)
     # value −M·w·A; gradient −M·w·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
     surrogate = torch.exp(torch.where(mask, logp32 - lp, 0.0))
     loss = -coefficient * surrogate
-    if RULE_TABLE[tr.rule].keep == "regularize":
-        loss = loss + drpo_regularizer(logp32, anchor, adv, mask, tr.delta)
+    if rule.loss_term is not None:
+        loss = loss + rule.loss_term(logp32, inputs, tr)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    extra = rule_metrics(tr, lp, anchor, adv, mask, keep, divergence)
-    metrics = trust_region_metrics(lp, mu, adv, mask, keep, divergence, mask & truncated, extra=extra)
-    return PolicyLossOutput(loss=loss, keep=keep, divergence=divergence, metrics=metrics)
+    extra = rule.metrics(inputs, keep, tr) if rule.metrics is not None else {}
+    metrics = trust_region_metrics(lp, mu, adv, mask, keep, inputs.divergence, mask & truncated, extra=extra)
+    return PolicyLossOutput(loss=loss, keep=keep, divergence=inputs.divergence, metrics=metrics)
 
 
 def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk) -> None:
@@ -698,7 +819,7 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     *shadow masks*: what ``ppo`` and ``grpo_clip_higher`` would have blocked on the same batch, by μ bucket
     (sec:method_limitations), and what ``icepop`` and ``seq_geo_mask`` would have masked. The shadows read the
     current π_θ in place of π_θ' (equal on a rollout batch's first minibatch), so every run reports them. ``extra``:
-    0-d statistics of the rule's own (:func:`rule_metrics`), reported after these.
+    0-d statistics of the rule's own (:attr:`Rule.metrics`), reported after these.
 
     One host synchronisation: every statistic is a 0-d tensor until the final ``tolist``.
     """
@@ -732,43 +853,6 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
-
-
-def rule_metrics(tr: TrustRegion, logp, anchor_logp, advantages, mask, keep, divergence) -> dict[str, torch.Tensor]:
-    """0-d statistics of the later rules (none for the others; inputs as :func:`trust_region_metrics`'s).
-
-    DRPO: ω_t of :func:`drpo_weight` over the A ≠ 0 tokens (``drpo/weight_mean``, ``drpo/weight_min``, and
-    ``drpo/corrective_fraction``, ω_t < 0: beyond the boundary) and its regularizer's mean per response token.
-    CPPO: ``cppo/budget_mask_fraction``, the A ≠ 0 tokens the prefix budget blocked although Z_t ≤ δ, and the mean
-    per-response budget δ_b^seq. M2PO: M̂2 over the trust-region tokens before and after the mask (Algorithm 1's
-    quantity; ``divergence/mean`` is eq. 4's over all tokens), the masked fraction of the response tokens and the
-    fraction that are trust-region tokens.
-    """
-    how = RULE_TABLE[tr.rule].keep
-    active = mask & (advantages != 0)
-    if how == "regularize":
-        weight = drpo_weight(logp.exp(), anchor_logp.exp(), advantages, tr.delta)
-        return {
-            "drpo/weight_mean": masked_mean(weight, active),
-            "drpo/weight_min": -_masked_max(-weight, active),
-            "drpo/corrective_fraction": _fraction(weight < 0, active),
-            "drpo/regularizer_mean": masked_mean(drpo_regularizer(logp, anchor_logp, advantages, mask, tr.delta), mask),
-        }
-    if how == "prefix_budget":
-        z, _, budget = prefix_thresholds(divergence, mask, tr)
-        return {
-            "cppo/budget_mask_fraction": _fraction(~keep & (z <= tr.delta), active),
-            "cppo/delta_b_mean": masked_mean(budget, mask.any(-1, keepdim=True)),
-        }
-    if how == "second_moment":
-        trust = m2po_trust_region(logp - anchor_logp, advantages, mask)
-        return {
-            "m2po/m2_before": masked_mean(divergence, trust),
-            "m2po/m2_after": masked_mean(divergence, trust & keep),
-            "m2po/masked_fraction": _fraction(~keep, mask),
-            "m2po/trust_region_fraction": _fraction(trust, mask),
-        }
-    return {}
 
 
 def _shadow_stats(preset: str, blocked: torch.Tensor, active: torch.Tensor, mu_prob: torch.Tensor) -> dict:

@@ -35,6 +35,9 @@ const text = document.querySelector('article').innerText;
 return {formulas: boxes.length, empty: boxes.filter(b => !(b.width > 0 && b.height > 0)).length,
         fractions: fractions, tex_left: /\\\\\\(|\\\\\\[|\\$\\$/.test(text)};
 """
+BROWSER_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--no-first-run", "--window-size=1280,2000")
+"""Chromium without a screen, a sandbox (root in CI) or a network to reach."""
 LINKS = """
 return [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'));
 """
@@ -45,9 +48,7 @@ def browser(executable: str | None):
     from selenium import webdriver
 
     options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--no-first-run", "--window-size=1280,2000"):
-        options.add_argument(flag)
+    options.arguments.extend(BROWSER_FLAGS)
     if executable:
         options.binary_location = executable
     service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))

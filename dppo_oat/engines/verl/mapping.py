@@ -72,10 +72,11 @@ def refusal(preset: str) -> str | None:
 
 def binary_alternatives(tr: TrustRegion) -> list[str]:
     """The presets to run instead of top-K rule ``tr``: DPPO's binary TV and KL for DPPO's top-K rules, else the
-    presets of the same rule on binary TV (``cppo`` → ``cppo_binary_tv``)."""
-    if RULE_TABLE[tr.rule].keep == "divergence":
+    presets of the rule's binary twin (:attr:`~dppo_oat.trust_region.Rule.binary_twin`: ``cppo`` →
+    ``cppo_binary_tv``)."""
+    if RULE_TABLE[tr.rule].keep is RULE_TABLE["binary_tv"].keep:  # DPPO's mask
         return ["dppo_binary_tv", "dppo_binary_kl"]
-    binary = tr.rule.replace("topk", "binary")
+    binary = RULE_TABLE[tr.rule].binary_twin
     return [name for name, preset in PRESETS.items() if preset.fields.get("rule") == binary]
 
 
@@ -108,9 +109,10 @@ def clip_range(config: Any) -> tuple[float, float]:
 
 def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
     """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's)."""
-    if tr.rule in EPS_RULES:
+    threshold = RULE_TABLE[tr.rule].threshold  # read now: a rule registered after this module counts too
+    if threshold == "eps":
         return ("eps_low", "eps_high", "is_cap")
-    if tr.rule in DELTA_RULES:
+    if threshold == "delta":
         return ("delta", "is_cap")
     return ("is_cap",)
 

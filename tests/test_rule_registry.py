@@ -1,0 +1,121 @@
+"""A trust-region rule is one registered entry (:func:`dppo_oat.trust_region.register_rule`): a throwaway rule and a
+preset of it, registered in one call each, reach the loss (mask, loss term, metrics), the fields a command line may
+override, the local engine's command line, the verl engine's mapping and the docs' presets table, with no other
+edit; and the registry refuses a malformed entry in one line."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dppo_oat import trust_region as T
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A rule no method uses: block every token with A < 0 whose μ is below δ, and add δ·log π_θ to each token's loss.
+THROWAWAY = """
+import torch
+from dppo_oat import trust_region as T
+
+def keep_low_mu_positive(x, tr):
+    return ~((x.advantages < 0) & (x.behavior_logp.exp() < tr.delta))
+
+def plus_delta_logp(logp, x, tr):
+    return tr.delta * torch.where(x.mask, logp, 0.0)
+
+def count_blocked(x, keep, tr):
+    return {"throwaway/blocked": (~keep & x.mask).sum().float()}
+
+T.register_rule("throwaway", T.Rule("binary_tv", keep_low_mu_positive, threshold="delta", loss_term=plus_delta_logp,
+                                    metrics=count_blocked))
+T.PRESETS["throwaway_preset"] = T.Preset({"rule": "throwaway", "delta": 0.3}, "a test's throwaway rule")
+"""
+
+
+@pytest.fixture
+def throwaway():
+    """The throwaway rule and preset registered for one test (in the tables every module reads), removed after it."""
+    exec(THROWAWAY, {})  # noqa: S102 -- the registration a user would write, run as written
+    try:
+        yield T.TrustRegion.preset("throwaway_preset")
+    finally:
+        del T.RULE_TABLE["throwaway"], T.PRESETS["throwaway_preset"]
+
+
+def test_the_registered_rule_is_the_loss(throwaway):
+    logp = torch.tensor([[0.5, 0.2, 0.9]], dtype=torch.float64).log().requires_grad_()
+    mu = torch.tensor([[0.1, 0.6, 0.2]], dtype=torch.float64).log()
+    adv = torch.tensor([[-1.0, -1.0, 1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    out = T.policy_loss(logp, mu, adv, mask, throwaway)
+    assert out.keep.tolist() == [[False, True, True]]  # A < 0 and μ = 0.1 < δ = 0.3: blocked
+    out.loss.sum().backward()
+    ratio = torch.tensor([[5.0, 1 / 3, 4.5]], dtype=torch.float64)
+    # ∂/∂log π of −M·r·A + δ·log π: −M·r·A + δ
+    assert torch.allclose(logp.grad, -out.keep.double() * ratio * adv + 0.3)
+    assert out.metrics["throwaway/blocked"] == 1.0
+    assert throwaway.fields_read == {"delta", "is_cap", "kl_tau"}
+
+
+def test_the_command_line_overrides_what_the_rule_reads_and_refuses_the_rest(throwaway):
+    from dppo_oat.spec import DPPOFlags
+
+    assert DPPOFlags(trust_region="throwaway_preset", tr_delta=0.4).trust_region_spec().delta == 0.4
+    with pytest.raises(ValueError, match="--tr-eps-low: not read by the trust region throwaway_preset"):
+        DPPOFlags(trust_region="throwaway_preset", tr_eps_low=0.1).trust_region_spec()
+
+
+def test_the_verl_mapping_and_the_docs_table_list_it(throwaway):
+    mapping = load("dppo_oat/engines/verl/mapping.py")  # the mapping needs no verl (its package imports verl)
+    assert mapping.supported_presets()["throwaway_preset"] is None
+    assert mapping.verl_settable_fields(throwaway) == ("delta", "is_cap")
+    tables = load("scripts/docs_tables.py")
+    assert "| `throwaway_preset` | rule `throwaway`, delta 0.3" in tables.presets_table()
+
+
+def test_the_local_engines_command_line_takes_a_rule_registered_before_it_is_built(tmp_path):
+    """The command line's preset names are read when it is built: a plugin that registers first is one of them."""
+    plugin = tmp_path / "throwaway_plugin.py"
+    plugin.write_text(THROWAWAY)
+    program = ("import sys, json, tyro; sys.path.insert(0, sys.argv[1]); import throwaway_plugin\n"
+               "from dppo_oat.engines.local.config import TrainConfig\n"
+               "config = tyro.cli(TrainConfig, args=['--trust-region', 'throwaway_preset', '--tr-delta', '0.25'])\n"
+               "tr = config.trust_region_spec()\n"
+               "print(json.dumps({'rule': tr.rule, 'delta': tr.delta}))")
+    done = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"rule": "throwaway", "delta": 0.25}
+
+
+@pytest.mark.parametrize("rule,message", [
+    (T.Rule("binary_tv", T.keep_all), "a trust-region rule named 'binary_tv' exists"),
+    (T.Rule("no_such", T.keep_all), "unknown divergence 'no_such'"),
+    (T.Rule("ratio", T.keep_all, threshold="sigma"), "unknown threshold 'sigma'"),
+    (T.Rule("topk_tv", T.keep_all), "reads a top-K divergence: name its binary_twin"),
+])
+def test_a_malformed_rule_is_refused_in_one_line(rule, message):
+    name = "binary_tv" if "exists" in message else "new_rule"
+    before = dict(T.RULE_TABLE)
+    with pytest.raises(ValueError, match=message):
+        T.register_rule(name, rule)
+    assert T.RULE_TABLE == before
+
+
+def test_every_top_k_rule_has_a_binary_twin_of_the_same_mask():
+    for name, rule in T.RULE_TABLE.items():
+        if rule.uses_topk:
+            twin = T.RULE_TABLE[rule.binary_twin]
+            assert not twin.uses_topk and twin.keep is rule.keep and twin.threshold == rule.threshold, name
+
+
+def load(relative: str):
+    """A module of the repository loaded from its file (not through its package)."""
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
