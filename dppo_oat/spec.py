@@ -12,7 +12,9 @@ Every settings class validates itself when built, so a bad value fails before an
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Iterable, Literal, Optional, Tuple
 
@@ -20,6 +22,7 @@ import tyro
 
 from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.docstrings import field_docstrings
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
@@ -29,9 +32,10 @@ TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
 FORMAT_ERROR_PENALTY = -0.1
 """Gem's reward for an unreadable action (``LanguageGameReward.format_error_reward``), also given to an episode
 whose prompt no longer fits (a test checks that the two agree; the spec does not import Gem)."""
-TRUST_REGION_OVERRIDES = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "k", "mismatch_low", "mismatch_high",
-                          "kl_tau", "w_min", "delta_b", "tau_m2")
-"""The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``)."""
+TRUST_REGION_OVERRIDES = tuple(f.name for f in dataclasses.fields(TrustRegion) if f.type in ("float", "int"))
+"""The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``): every numeric one."""
+MAX_NAMED_READERS = 6
+"""An override's help names the presets that read it when there are at most this many."""
 
 
 def check_temperature(temperature: float, *, training: bool) -> None:
@@ -185,40 +189,52 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
                          f"{sampling.temperature}: π_θ and μ would be different distributions")
 
 
-@dataclass
-class DPPOFlags:
-    """The command-line flags DPPO adds to an engine's own, declared once for the local and oat engines (tyro reads the
-    docstrings below as help). Engines override a default by declaring the field again."""
+def plain(text: str) -> str:
+    """A docstring as a command line's help shows it: no Sphinx roles, no reST double backticks."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
-    trust_region: PresetName = "dppo_binary_tv"
-    """Trust-region preset, a name of dppo_oat.trust_region.PRESETS: the paper's methods (ppo, grpo_clip_higher,
-    cispo, pg_is, minirl, dppo_binary_tv, ...), the training-inference mismatch fixes of other frameworks (tis,
-    seq_tis, icepop, seq_geo_mask, decoupled_ppo, dppo_binary_tv_kl) and later trust regions (drpo, cppo,
-    cppo_binary_tv, m2po); docs/trust-region.md lists each with its source."""
-    tr_delta: Optional[float] = None
-    """Override the preset's divergence threshold δ (DPPO, mask_negative, CPPO; DRPO's regularization δ)."""
-    tr_eps_low: Optional[float] = None
-    """Override the preset's lower clip range ε_low (ratio rules)."""
-    tr_eps_high: Optional[float] = None
-    """Override the preset's upper clip range ε_high (ratio rules)."""
-    tr_is_cap: Optional[float] = None
-    """Override the preset's IS-weight cap C (inf: none)."""
-    tr_alpha: Optional[float] = None
-    """Override the preset's α (relax_* presets)."""
-    tr_k: Optional[int] = None
-    """Override the preset's K (top-K rules: the rollout returns TopK(μ, K) with each token)."""
-    tr_mismatch_low: Optional[float] = None
-    """Override the lower bound of the preset's band on π_θ'/μ (icepop, seq_geo_mask, decoupled_ppo; 0: none)."""
-    tr_mismatch_high: Optional[float] = None
-    """Override the upper bound of the preset's band on π_θ'/μ (icepop, seq_geo_mask, decoupled_ppo)."""
-    tr_kl_tau: Optional[float] = None
-    """Override the preset's τ of the penalty τ·log²(π_θ/μ) per token (dppo_binary_tv_kl; 0: none)."""
-    tr_w_min: Optional[float] = None
-    """Override CPPO's position weight w_min of a response's last token, in (0, 1] (cppo, cppo_binary_tv)."""
-    tr_delta_b: Optional[float] = None
-    """Override CPPO's floor δ_b of the per-response prefix budget (cppo, cppo_binary_tv)."""
-    tr_tau_m2: Optional[float] = None
-    """Override M2PO's bound τ_M2 on the batch's mean (log r)² (m2po; inf: no mask)."""
+
+def preset_help() -> str:
+    """``--trust-region``'s help, with every preset of :data:`~dppo_oat.trust_region.PRESETS` by name."""
+    return (f"Trust-region preset: {', '.join(PRESETS)}. The paper's methods, the training-inference mismatch fixes of "
+            "other frameworks and later trust regions; docs/trust-region.md lists each with its source.")
+
+
+def override_help(name: str, doc: str) -> str:
+    """The help of ``--tr-<name>``: the field's docstring, and the presets that read it when they are few."""
+    readers = [preset for preset in PRESETS if name in TrustRegion.preset(preset).fields_read]
+    named = f" Read by {', '.join(readers)}." if len(readers) <= MAX_NAMED_READERS else ""
+    return f"Override the preset's {plain(doc)}{named}"
+
+
+def trust_region_override_fields() -> list[tuple]:
+    """``tr_<field>`` for every field of :data:`TRUST_REGION_OVERRIDES`, as ``make_dataclass`` takes them: optional,
+    of the field's type, default None, its help from the field's docstring."""
+    docs, types = field_docstrings(TrustRegion), {f.name: f.type for f in dataclasses.fields(TrustRegion)}
+    return [(f"tr_{name}", Annotated[Optional[int if types[name] == "int" else float],
+                                     tyro.conf.arg(help=override_help(name, docs[name]))],
+             dataclasses.field(default=None)) for name in TRUST_REGION_OVERRIDES]
+
+
+@dataclass
+class TrustRegionChoice:
+    """The preset (the first of :class:`DPPOFlags`)."""
+
+    trust_region: Annotated[PresetName, tyro.conf.arg(help=preset_help())] = "dppo_binary_tv"
+
+
+TrustRegionFlags = dataclasses.make_dataclass("TrustRegionFlags", trust_region_override_fields(),
+                                              bases=(TrustRegionChoice,))
+"""The preset and one override flag per numeric :class:`TrustRegion` field, generated from the fields, so a field
+added to :class:`TrustRegion` is a flag with its docstring as help."""
+
+
+@dataclass
+class DPPOFlags(TrustRegionFlags):
+    """The command-line flags DPPO adds to an engine's own, declared once for the local and oat engines (tyro reads the
+    docstrings below as help; the trust region's, :class:`TrustRegionFlags`, are generated from its fields). Engines
+    override a default by declaring the field again."""
+
     env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
     env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()

@@ -165,45 +165,45 @@ def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavi
 
 @dataclass(frozen=True)
 class TrustRegion:
-    """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`.
-
-    Attributes:
-        rule: which mask M_t (a name of :data:`RULE_TABLE`).
-        delta: divergence threshold δ of DPPO (eq:dppo_obj) or of ``mask_negative``.
-        eps_low, eps_high: PPO clip range ``[1 − ε_low, 1 + ε_high]`` of the ``ratio`` rule.
-        is_cap: C, the truncation of the IS weight ``min(r, C)`` (``math.inf``: no truncation).
-        anchor: the distribution the mask compares π_θ with: ``behavior`` (μ) or ``recompute`` (π_θ').
-        alpha, relax: the α study (sec:training_efficiency): for tokens with μ < α, ε_low (``low``), ε_high
-            (``high``) or both are set to ∞.
-        k: K of the top-K rules (the set is ``TopK(μ, K) ∪ {a_t}``).
-        is_weight: how w_t is built (see :data:`IS_WEIGHTS`).
-        mismatch_mask, mismatch_low, mismatch_high: the mask on ρ_t = π_θ'/μ and its band (see
-            :data:`MISMATCH_MASKS`; ``mismatch_low`` 0: no lower bound).
-        kl_tau: τ of the penalty τ·log²(π_θ/μ) added to every response token's loss (0: none).
-        w_min: CPPO's position weight at a response's last token (its first has 1; :func:`position_weights`).
-        delta_b: CPPO's floor δ_b of the per-response prefix budget (:func:`prefix_budget`).
-        tau_m2: M2PO's bound τ_M2 on the batch's second moment of log r (:func:`second_moment_keep`).
-        name: the preset this came from (for logs).
-    """
+    """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`. Each field's
+    docstring is also the help of its command-line override (``--tr-<field>``, :class:`~dppo_oat.spec.DPPOFlags`)."""
 
     rule: str = "binary_tv"
+    """Which mask M_t: a name of :data:`RULE_TABLE`."""
     delta: float = 0.15
+    """divergence threshold δ (DPPO's mask, eq:dppo_obj; mask_negative; CPPO; DRPO's regularization δ)."""
     eps_low: float = 0.2
+    """lower clip range ε_low: PPO's clip range is [1 − ε_low, 1 + ε_high] (ratio rules)."""
     eps_high: float = 0.28
+    """upper clip range ε_high (ratio rules)."""
     is_cap: float = math.inf
+    """IS-weight cap C of min(r, C) (inf: no truncation)."""
     anchor: str = "behavior"
+    """The distribution the mask compares π_θ with: ``behavior`` (μ) or ``recompute`` (π_θ')."""
     alpha: float = 0.1
+    """α of the α study (sec:training_efficiency): for tokens with μ < α the relaxed side's ε is ∞."""
     relax: str = "none"
+    """Which side of the clip range is relaxed for μ < α: ``none``, ``low``, ``high`` or ``both``."""
     k: int = 20
+    """K of the top-K rules: the set is TopK(μ, K) ∪ {a_t}, which the rollout returns with each token."""
     is_weight: str = "behavior"
+    """How w_t is built (:data:`IS_WEIGHTS`)."""
     mismatch_mask: str = "none"
+    """The mask on ρ_t = π_θ'/μ (:data:`MISMATCH_MASKS`)."""
     mismatch_low: float = 0.0
+    """lower bound of the band on ρ_t = π_θ'/μ (0: none)."""
     mismatch_high: float = math.inf
+    """upper bound of the band on ρ_t = π_θ'/μ."""
     kl_tau: float = 0.0
+    """τ of the penalty τ·log²(π_θ/μ) added to every response token's loss (0: none)."""
     w_min: float = 0.8
+    """position weight w_min of a response's last token, in (0, 1] (CPPO; its first has 1: :func:`position_weights`)."""
     delta_b: float = 0.02
+    """floor δ_b of CPPO's per-response prefix budget (:func:`prefix_budget`)."""
     tau_m2: float = 0.04
+    """bound τ_M2 of M2PO on the batch's mean (log r)² (inf: no mask; :func:`second_moment_keep`)."""
     name: str = field(default="custom", compare=False)
+    """The preset this came from (for logs)."""
 
     def __post_init__(self) -> None:
         _check_choice("rule", self.rule, tuple(RULE_TABLE))

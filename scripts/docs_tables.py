@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import inspect
 import json
 import math
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -33,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
+from dppo_oat.docstrings import documented_fields, field_docstrings  # noqa: E402
 from dppo_oat.spec import DPPOFlags  # noqa: E402
 from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
 
@@ -65,23 +64,16 @@ def presets_table() -> str:
 # --------------------------------------------------------------------------------- flags, from their dataclasses
 
 
-def documented_fields(klass: ast.ClassDef) -> dict[str, str]:
-    """The docstring under each field of a class body (the string literal after the field, as tyro reads it), joined
-    into one line."""
-    docs: dict[str, str] = {}
-    for statement, following in zip(klass.body, klass.body[1:]):
-        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            docs[statement.target.id] = " ".join(following.value.value.split())
-    return docs
+def flag_help(cls: type) -> dict[str, str]:
+    """The help of each field of a dataclass: its docstring (:func:`~dppo_oat.docstrings.field_docstrings`), else the
+    ``tyro.conf.arg(help=...)`` of its annotation (the fields generated at run time, such as the ``--tr-*`` flags)."""
+    import typing
 
-
-def field_docstrings(cls: type) -> dict[str, str]:
-    """The field docstrings of a dataclass and of its dataclass bases (a subclass's own win)."""
-    docs: dict[str, str] = {}
-    for klass in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
-        docs.update(documented_fields(ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]))
+    docs = field_docstrings(cls)
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        helps = [getattr(meta, "help", None) for meta in getattr(hint, "__metadata__", ())]
+        if name not in docs and any(helps):
+            docs[name] = " ".join(next(h for h in helps if h).split())
     return docs
 
 
@@ -97,7 +89,7 @@ def flag_row(flag: str, default: str, help_text: str) -> str:
 
 def flag_rows(cls: type, prefix: str = "") -> Iterator[str]:
     """One row per flag of ``cls`` (nested dataclasses as ``--outer.inner``): the flag, its default and its help."""
-    docs = field_docstrings(cls)
+    docs = flag_help(cls)
     for field in dataclasses.fields(cls):
         flag = prefix + field.name.replace("_", "-")
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
@@ -152,7 +144,7 @@ def oat_engine_flags() -> dict[str, tuple[str, str]]:
     """The flags the oat engine declares, ``name -> (default, help)``: ``DPPOFlags``' (with the defaults and help
     ``DPPOOatArgs`` gives them again), then the fields ``DPPOOatArgs`` documents itself; a field it declares
     without a docstring only changes the default of oat's own flag (:func:`oat_default_changes`)."""
-    docs = field_docstrings(DPPOFlags)
+    docs = flag_help(DPPOFlags)
     flags = {field.name: (repr(field.default), docs[field.name]) for field in dataclasses.fields(DPPOFlags)}
     klass = class_node(oat_args_module(), "DPPOOatArgs")
     own_docs = documented_fields(klass)

@@ -119,3 +119,23 @@ def load(relative: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docstrings_as_help():
+    """One ``--tr-<field>`` per numeric TrustRegion field, generated (a field added there is a flag), its help the
+    field's docstring without reST markup, and ``--trust-region``'s help names every preset."""
+    import dataclasses
+    import typing
+
+    from dppo_oat.docstrings import field_docstrings
+    from dppo_oat.spec import DPPOFlags, preset_help
+
+    numeric = [f.name for f in dataclasses.fields(T.TrustRegion) if f.type in ("float", "int")]
+    flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_")]
+    assert flags == numeric
+    hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
+    for name in numeric:
+        help_text = hints[f"tr_{name}"].__metadata__[0].help
+        assert help_text.startswith("Override the preset's ") and "``" not in help_text and ":func:" not in help_text
+        assert docs[name].split("(")[0].strip().replace("``", "") in help_text, name
+    assert all(preset in preset_help() for preset in T.PRESETS)
