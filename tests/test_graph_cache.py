@@ -85,9 +85,10 @@ def test_the_storage_key_survives_in_place_updates_and_not_a_new_tensor():
     assert storage_key(model) != key
 
 
-def decode_once(model, cache, rows, seed=3, max_new_tokens=6):
-    """One call's decode through ``cache`` (tokens, μ, the buffer at the end)."""
-    state = prefilled(model, rows)
+def decode_once(model, cache, rows, seed=3, max_new_tokens=6, room=None):
+    """One call's decode through ``cache`` (tokens, μ, the buffer at the end); ``room``: columns to sample into
+    (default ``max_new_tokens``)."""
+    state = prefilled(model, rows, room=max_new_tokens if room is None else room)
     step = decode_step(model, state.cache, max_new_tokens, cache)
     decoded = decode(model, state, max_new_tokens=max_new_tokens, temperature=1.0, stop_ids=torch.tensor([49]),
                      pad_id=0, keep_logprobs=True, generator=torch.Generator().manual_seed(seed), step=step,
@@ -103,6 +104,46 @@ def test_the_cache_captures_once_per_bucket_and_reuses_the_graph_across_calls():
         assert isinstance(first, GraphedStep) and first.graph is second.graph and cache.captures == 1
         decode_once(model, cache, rows=5)
     assert cache.captures == 2 and len(cache.graphs) == 2
+
+
+def test_a_call_takes_the_smallest_cached_graph_that_serves_it_and_captures_only_when_none_does():
+    model, cache = small_model("Qwen3"), cpu_cache()
+    with torch.inference_mode():
+        four, *_ = decode_once(model, cache, rows=4)
+        eight, *_ = decode_once(model, cache, rows=6)
+        two, *_ = decode_once(model, cache, rows=2)
+        wide, *_ = decode_once(model, cache, rows=2, room=120)
+    assert (four.graph.key.batch, eight.graph.key.batch) == (4, 8) and two.graph is four.graph
+    assert wide.graph.key.capacity > four.graph.key.capacity and cache.captures == 3
+
+
+def test_the_oldest_graphs_go_when_their_kv_buffers_would_pass_the_memory_limit():
+    model = small_model("Qwen3")
+    with torch.inference_mode():
+        one = graph_key(prefilled(model, 4).cache).buffer_bytes
+        cache = cpu_cache(max_bytes=3 * one)  # a 4-row graph, then an 8-row one (twice its bytes)
+        decode_once(model, cache, rows=4)
+        decode_once(model, cache, rows=8)
+        assert [key.batch for key in cache.graphs] == [4, 8]
+        decode_once(model, cache, rows=16)  # 4x: alone over the limit, it still replaces every other graph
+    assert [key.batch for key in cache.graphs] == [16] and cache.captures == 3
+
+
+def test_a_failed_capture_warns_once_and_the_generator_decodes_eagerly_from_then_on():
+    attempts = []
+
+    def failing(graph):
+        attempts.append(graph.key)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    model, cache = small_model("Qwen3"), GraphCache(capture=failing, device_types=("cpu",))
+    with torch.inference_mode():
+        state = prefilled(model, 3)
+        with pytest.warns(UserWarning, match="decodes eagerly from now on"):
+            first = decode_step(model, state.cache, 6, cache)
+        second = decode_step(model, prefilled(model, 3).cache, 6, cache)
+    assert isinstance(first, EagerStep) and isinstance(second, EagerStep) and len(attempts) == 1
+    assert "operation not permitted" in cache.failure and not cache.serves(torch.device("cpu"))
 
 
 def test_a_padded_graph_decodes_what_the_eager_step_does_and_leaves_the_keys_in_the_calls_buffer():
@@ -189,7 +230,7 @@ def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_
         for e, g in zip(eager_call, graphed_call):
             assert max((abs(a - b) for a, b in zip(e.logprobs, g.logprobs)), default=0.0) < 1e-4
     assert eager.decode_steps == {"EagerStep": 9} and graphed.decode_steps == {"GraphedStep": 9}
-    assert graphed.graph_captures == 2 and eager.graph_captures == 0  # batches of 4 and 1 row, 64 columns
+    assert graphed.graph_captures == 1 and eager.graph_captures == 0  # batches of 4 and 1 row: the 4-row graph
     assert any(len(c.token_ids) < 12 for call in graphed_calls for c in call)
 
 
@@ -229,3 +270,16 @@ def test_the_engines_rollout_copy_is_refreshed_in_place_after_each_update(tmp_pa
     assert storage_key(generator.model) == storage == generator.graphs.storage and generator.graph_captures > 0
     assert all(row["mismatch/first_abs_diff_mean"] < 1e-3 for row in rows), rows
     assert set(generator.decode_steps) == {"GraphedStep"}
+
+
+def test_an_update_without_the_head_is_refused_when_the_rollout_copys_head_is_its_own():
+    """The bf16 copy of the decode graphs holds its LM head apart from the embedding: an update that leaves the head
+    out would leave it stale, so it is refused; the tied model takes the same update."""
+    from dppo_oat.rollout.precision import autocast_weights_copy
+
+    model, tokenizer = build_tiny_policy(toy_corpus(50), seed=0, vocab_size=120)
+    update = {name: tensor for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
+    HFGenerator(model, tokenizer).update_weights(update)  # tied: the head is the embedding
+    copy_generator = HFGenerator(autocast_weights_copy(model, "bfloat16"), tokenizer, compute_dtype="bfloat16")
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        copy_generator.update_weights(update)

@@ -49,6 +49,8 @@ MIN_CAPACITY = 64
 """The fewest columns a graph's KV buffer has."""
 MAX_GRAPHS = 8
 """The most graphs a cache keeps (each with its KV buffer); the one replayed longest ago goes first."""
+MAX_GRAPH_MEMORY_FRACTION = 0.25
+"""The most of the device's memory a cache's graphs' KV buffers may hold together; the oldest go first."""
 
 Layout = tuple[tuple[int, int, torch.dtype], ...]
 """Per layer, keys then values: ``(heads, head size, dtype)``."""
@@ -80,6 +82,19 @@ class GraphKey:
     capacity: int
     layout: Layout
     autocast: torch.dtype | None
+
+    @property
+    def buffer_bytes(self) -> int:
+        """What the graph's KV buffer holds: every layer's keys and values for its rows and columns."""
+        per_column = sum(heads * size * torch.empty((), dtype=dtype).element_size()
+                         for heads, size, dtype in self.layout)
+        return self.batch * self.capacity * per_column
+
+    def serves(self, needed: "GraphKey") -> bool:
+        """Whether this graph can decode a call of ``needed``: the same layout and autocast, at least its rows and
+        columns (the extra rows decode padding, the extra columns are masked)."""
+        return (self.layout == needed.layout and self.autocast == needed.autocast and self.batch >= needed.batch
+                and self.capacity >= needed.capacity)
 
 
 def buffer_layout(buffer: KVBuffer) -> Layout:
@@ -181,41 +196,60 @@ class GraphedStep:
 
 
 class GraphCache:
-    """The decode graphs of a generator, kept across its calls: one :class:`DecodeGraph` per :class:`GraphKey`, at
-    most ``max_graphs`` (the one used longest ago goes first), all dropped when the model's storage changes
-    (:func:`storage_key`) or the model is another. ``captures`` counts the graphs captured. ``capture`` builds a
-    graph's replay (:func:`capture_cuda_graph`; a test passes the eager forward to run the same logic on the CPU),
-    on the devices of ``device_types``."""
+    """The decode graphs of a generator, kept across its calls, all dropped when the model's storage changes
+    (:func:`storage_key`) or the model is another. A call takes the smallest cached graph that serves its
+    :class:`GraphKey` (:meth:`GraphKey.serves`), and captures one for its own key only when none does; past
+    ``max_graphs`` graphs, or ``max_bytes`` of their KV buffers together (default: :data:`MAX_GRAPH_MEMORY_FRACTION`
+    of the device's memory), the one used longest ago goes first. The graphs' captures share one memory pool and one
+    side stream (a call replays one graph at a time, and each graph's output stays its own). A capture that fails
+    turns the cache off (``failure`` says why; the generator decodes eagerly from then on, warned once). ``captures``
+    counts the graphs captured. ``capture`` builds a graph's replay (:func:`capture_cuda_graph`; a test passes the
+    eager forward to run the same logic on the CPU), on the devices of ``device_types``."""
 
     def __init__(self, capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]] | None = None,
-                 max_graphs: int = MAX_GRAPHS, device_types: tuple[str, ...] = ("cuda",)):
-        self.capture = capture if capture is not None else capture_cuda_graph
-        self.max_graphs, self.device_types = max_graphs, device_types
+                 max_graphs: int = MAX_GRAPHS, device_types: tuple[str, ...] = ("cuda",),
+                 max_bytes: int | None = None):
+        self.capture = capture if capture is not None else self._capture_on_cuda
+        self.max_graphs, self.device_types, self.max_bytes = max_graphs, device_types, max_bytes
         self.graphs: collections.OrderedDict[GraphKey, DecodeGraph] = collections.OrderedDict()
         self.model, self.storage, self.captures = None, None, 0
+        self.failure: str | None = None
+        self._pool, self._stream = None, None
 
     def serves(self, device: torch.device) -> bool:
-        """Whether this cache captures on ``device``."""
-        return device.type in self.device_types
+        """Whether this cache captures on ``device`` (and no capture has failed)."""
+        return device.type in self.device_types and self.failure is None
 
     def step(self, model, buffer: KVBuffer) -> GraphedStep:
-        """The step that decodes the prefilled ``buffer`` with ``model``, on its graph (captured now if the cache
-        has none for its key)."""
+        """The step that decodes the prefilled ``buffer`` with ``model``, on a graph that serves it (captured now if
+        the cache has none)."""
         return GraphedStep(self.graph(model, graph_key(buffer), buffer.valid.device), buffer)
 
     def graph(self, model, key: GraphKey, device: torch.device) -> DecodeGraph:
-        """The graph of ``key``: the cached one, else a new capture (the least recently used one dropped past
-        ``max_graphs``)."""
+        """The smallest cached graph that serves ``key``, else a new capture for ``key`` (the graphs used longest
+        ago dropped past the limits); a failed capture turns the cache off and raises."""
         self.check_storage(model)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            return self.graphs[key]
-        graph = DecodeGraph(model, key, device, self.capture)
+        fitting = [cached for cached in self.graphs if cached.serves(key)]
+        if fitting:
+            best = min(fitting, key=lambda cached: (cached.batch * cached.capacity, cached.batch))
+            self.graphs.move_to_end(best)
+            return self.graphs[best]
+        self.evict(room_for=key, device=device)
+        try:
+            graph = DecodeGraph(model, key, device, self.capture)
+        except (RuntimeError, TypeError, ValueError) as error:
+            self.failure = f"{type(error).__name__}: {error}"
+            raise
         self.captures += 1
         self.graphs[key] = graph
-        while len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
         return graph
+
+    def evict(self, room_for: GraphKey, device: torch.device) -> None:
+        """Drop the graphs used longest ago until one more graph (``room_for``) fits both limits."""
+        limit = self.max_bytes if self.max_bytes is not None else default_graph_bytes(device)
+        while self.graphs and (len(self.graphs) >= self.max_graphs
+                               or sum(k.buffer_bytes for k in self.graphs) + room_for.buffer_bytes > limit):
+            self.graphs.popitem(last=False)
 
     def clear(self) -> None:
         """Drop every graph (the next call of each bucket captures again)."""
@@ -228,21 +262,37 @@ class GraphCache:
             self.clear()
             self.model, self.storage = model, storage
 
+    def _capture_on_cuda(self, graph: DecodeGraph) -> Callable[[], torch.Tensor]:
+        """:func:`capture_cuda_graph` into this cache's memory pool, on its side stream (made at the first capture)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(graph.buffer.valid.device)
+        return capture_cuda_graph(graph, pool=self._pool, side=self._stream)
 
-def capture_cuda_graph(graph: DecodeGraph) -> Callable[[], torch.Tensor]:
-    """Record ``graph.forward()`` in a CUDA graph (after :data:`WARMUP_STEPS` eager runs on a side stream, under
-    :func:`uncached_autocast`) and return its replay, which gives the graph's logits tensor."""
+
+def default_graph_bytes(device: torch.device) -> int:
+    """:data:`MAX_GRAPH_MEMORY_FRACTION` of ``device``'s memory (no limit off a CUDA device)."""
+    if device.type != "cuda":
+        return 1 << 62
+    return int(MAX_GRAPH_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory)
+
+
+def capture_cuda_graph(graph: DecodeGraph, pool=None, side: "torch.cuda.Stream | None" = None
+                       ) -> Callable[[], torch.Tensor]:
+    """Record ``graph.forward()`` in a CUDA graph (after :data:`WARMUP_STEPS` eager runs on the ``side`` stream, a new
+    one by default, under :func:`uncached_autocast`), its memory from ``pool`` (a ``graph_pool_handle``; default: a
+    pool of its own), and return its replay, which gives the graph's logits tensor."""
     device = graph.buffer.valid.device
     cuda_graph = torch.cuda.CUDAGraph()
     with uncached_autocast(device):
         graph.static.point_at_next_column()
-        side = torch.cuda.Stream(device)
+        side = side if side is not None else torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 graph.forward()
         torch.cuda.current_stream(device).wait_stream(side)
-        with captured_on(cuda_graph, side):
+        with captured_on(cuda_graph, side, pool):
             logits = graph.forward()
 
     def replay() -> torch.Tensor:
@@ -253,13 +303,14 @@ def capture_cuda_graph(graph: DecodeGraph) -> Callable[[], torch.Tensor]:
 
 
 @contextlib.contextmanager
-def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream") -> Iterator[None]:
-    """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`. ``torch.cuda.graph``
+def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream", pool=None) -> Iterator[None]:
+    """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`, its memory from ``pool``
+    (None: a pool of its own). ``torch.cuda.graph``
     does the same after a device-wide synchronize and an ``empty_cache``, to free memory for the graph: in a
     background rollout those would stall the learner's thread and drop its cached blocks. A capture the block fails
     is ended before its error propagates (its own end-of-capture error is dropped)."""
     with torch.cuda.stream(stream):
-        graph.capture_begin(capture_error_mode=CAPTURE_ERROR_MODE)
+        graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
         try:
             yield
         except BaseException:
@@ -280,14 +331,16 @@ def uncached_autocast(device: torch.device) -> contextlib.AbstractContextManager
 
 def decode_step(model, buffer: KVBuffer, max_new_tokens: int, graphs: GraphCache | None) -> DecodeStep:
     """The step :func:`~dppo_oat.rollout.decode.decode` runs: a :class:`GraphedStep` from ``graphs`` on a device it
-    serves when at least :data:`MIN_GRAPH_STEPS` tokens are to be sampled (the eager step if the capture fails,
-    with a warning), else :class:`~dppo_oat.rollout.decode.EagerStep`."""
+    serves when at least :data:`MIN_GRAPH_STEPS` tokens are to be sampled, else
+    :class:`~dppo_oat.rollout.decode.EagerStep`. A capture that fails warns once and turns the graphs off: every
+    later call decodes eagerly (a retried capture would cost a warm-up and a failed capture at every call)."""
     if graphs is None or not graphs.serves(buffer.valid.device) or max_new_tokens < MIN_GRAPH_STEPS:
         return EagerStep(model, buffer)
     try:
         return graphs.step(model, buffer)
     except (RuntimeError, TypeError, ValueError) as error:
-        warnings.warn(f"capturing the decode step in a CUDA graph failed ({error}); decoding eagerly", stacklevel=2)
+        warnings.warn(f"capturing the decode step in a CUDA graph failed ({error}); this generator decodes eagerly "
+                      "from now on", stacklevel=2)
         return EagerStep(model, buffer)
 
 

@@ -142,10 +142,15 @@ def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
 
 
 def tied_keys(model: torch.nn.Module) -> set[str]:
-    """State-dict keys that may be absent because they alias another parameter (tied embeddings)."""
+    """State-dict keys that may be absent because they alias another parameter (tied embeddings): the LM head's
+    weight when it is the embedding's own tensor. A rollout copy whose LM head holds a matrix of its own (the decode
+    graphs' bf16 copy, :func:`~dppo_oat.rollout.precision.autocast_weights_copy`) needs it in every update, or its
+    head would keep the old weights."""
     config = getattr(model, "config", None)
     tied = getattr(config, "tie_word_embeddings", False) if config is not None else False
-    return {"lm_head.weight"} if tied else set()
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    shared = head is not None and embedding is not None and head.weight is embedding.weight
+    return {"lm_head.weight"} if tied and shared else set()
 
 
 def uses_sampling_loop(settings: SamplingSettings) -> bool:
