@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from envs import ensure_registered
 
@@ -30,6 +29,7 @@ from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
+from dppo_oat.engines.local.progress import StepProgress
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
@@ -404,9 +404,7 @@ class LocalTrainer:
         """Train until ``config.steps``; returns the held-out success before and after RL."""
         c = self.config
         self._evaluate_if_missing()  # before RL; or the evaluation that a kill after the last checkpoint cut short
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=self.console) as progress:
-            task = progress.add_task("RL steps", total=c.steps, completed=self.step)
+        with StepProgress(self.console, c.steps, completed=self.step) as progress:
             while self.step < c.steps:
                 self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
@@ -415,7 +413,7 @@ class LocalTrainer:
                 self.save_checkpoint()
                 if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())
-                progress.update(task, completed=self.step, description=(
+                progress.update(self.step, description=(
                     f"RL steps: success {metrics['success']:.2f}, |π−μ| {metrics['mismatch/abs_diff_mean']:.4f}, "
                     f"masked {metrics['mask/fraction']:.3f}"))
         return self._summary()
