@@ -659,17 +659,6 @@ def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, ca
     one_error(capsys, [*argv, "--steps", "1"], 2, "checkpointed at step 2, past --steps 1", "--steps 2 or more")
 
 
-@pytest.mark.fault("`--resume` without `metrics.jsonl`",
-                   "a warning: its curves hold only the steps after the checkpoint")
-def test_resume_says_when_the_metrics_are_missing(finished_run, tmp_path, capsys, cache_dir):
-    runs = copy_run(finished_run, tmp_path)
-    (runs / "one" / "metrics.jsonl").unlink()
-    code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
-                              "--steps", "2", *TINY], capsys)
-    assert code == 0 and "metrics.jsonl is missing or empty: its curves hold only the steps after 1" in text, text
-    assert [r["step"] for r in read_jsonl(runs / "one" / "metrics.jsonl")] == [2]
-
-
 @pytest.fixture
 def umask_002():
     previous = os.umask(0o002)

@@ -160,6 +160,12 @@ class TrainConfig(spec.DPPOFlags):
     """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
     """Continue runs/<run_name> from its last checkpoint."""
+    overwrite: bool = False
+    """Start a new run where a run of this name is: its files are moved aside into <run>/overwritten-<UTC time>/
+    (never deleted). Without it a new run refuses to start where any file of a run is."""
+    allow_metrics_gap: bool = False
+    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (those steps stay missing from
+    its curves). Without it such a resume is refused."""
     cache_dir: Optional[str] = None
     """Where the tiny policy is cached (default: $DPPO_CACHE or ~/.cache/dppo_oat)."""
     device: str = "cpu"
@@ -190,7 +196,10 @@ class TrainConfig(spec.DPPOFlags):
         return self.groups_per_step * self.group_size
 
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
+        """``--run-name`` as given (an empty one is refused by validation, not replaced), else the default name."""
+        if self.run_name is not None:
+            return self.run_name
+        return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
     def run_path(self) -> Path:
         return Path(self.run_dir) / self.resolved_run_name()
