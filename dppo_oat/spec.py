@@ -252,7 +252,7 @@ class DPPOFlags:
         probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
-        tr = TrustRegion.preset(self.trust_region, **overrides)
+        tr = TrustRegion.preset(self.trust_region).replace(**overrides)  # refused below where no rule reads them
         read = tr.fields_read | set(also_read)
         unread = [name for name in overrides if name not in read]
         if unread:
