@@ -60,6 +60,9 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
     for name, value in finite.items():
         if not math.isfinite(value):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if c.weight_decay < 0:
+        raise ValueError(f"--weight-decay must be a finite number >= 0 (AdamW's), got {c.weight_decay}")
+    c.warm_start.check()
     for flag, seed in (("--seed", c.seed), ("--warm-start.seed", c.warm_start.seed)):
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
