@@ -15,7 +15,15 @@ is not installed the package imports all the same (registering nothing): the map
 
 import importlib.util
 
-VERL_INSTALLED = importlib.util.find_spec("verl") is not None
+
+def verl_installed() -> bool:
+    """Whether verl's package is importable here (a folder named ``verl`` on the path, such as ``tests/verl``, is a
+    namespace package without an origin, not verl)."""
+    spec = importlib.util.find_spec("verl")
+    return spec is not None and spec.origin is not None
+
+
+VERL_INSTALLED = verl_installed()
 """Whether verl can be imported here (the losses are registered only then)."""
 INSTALL_HINT = "pip install 'dppo_oat[verl]'"
 
