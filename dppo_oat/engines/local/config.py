@@ -69,8 +69,8 @@ class WarmStartConfig:
         if not 0 <= self.mistake_rate < 1:  # NaN fails too
             raise ValueError(f"{flag_of('mistake_rate')} must be in [0, 1) (a share of demonstration turns), got "
                              f"{self.mistake_rate}")
-        if not 0 < self.target_success <= 1:
-            raise ValueError(f"{flag_of('target_success')} must be in (0, 1] (a validation success rate), got "
+        if not 0 <= self.target_success <= 1:  # 0: stop at the first check
+            raise ValueError(f"{flag_of('target_success')} must be in [0, 1] (a validation success rate), got "
                              f"{self.target_success}")
 
 
