@@ -32,8 +32,11 @@ lowers the scale: :func:`~dppo_oat.update.scaled_clip_and_step`), else 0.0; summ
 steps. Not a divergence: the guard neither counts it nor stops for it."""
 NONFINITE_PI = "guard/nonfinite_pi"
 """π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
+NONFINITE_ADVANTAGES = "guard/nonfinite_advantages"
+"""The advantages non-finite: the rewards or the advantage estimator broke, and every later batch would too."""
 NONFINITE_CAUSES = {"guard/nonfinite_loss": "the policy loss", "guard/nonfinite_mu": "μ's log-probs (the rollout's)",
-                    "guard/nonfinite_grad": "the gradient norm", NONFINITE_PI: "π_θ's log-probs"}
+                    "guard/nonfinite_grad": "the gradient norm", NONFINITE_PI: "π_θ's log-probs",
+                    NONFINITE_ADVANTAGES: "the advantages"}
 """The guard's per-step metrics (1.0 when that value was non-finite) and what each names in an error."""
 
 HEALTHY, SKIP, DIVERGED = 0, 1, 2
@@ -56,8 +59,12 @@ def where(here: bool) -> str:
     return "" if here else " on another learner"
 
 
-def diverged_error(here: bool) -> TrainingDiverged:
-    """The stop of a run whose weights diverged, on this learner or on another one."""
+def diverged_error(here: bool, cause: str = NONFINITE_PI) -> TrainingDiverged:
+    """The stop of a run whose weights (or, ``cause`` :data:`NONFINITE_ADVANTAGES`, advantages) diverged, on this
+    learner or on another one."""
+    if cause == NONFINITE_ADVANTAGES:
+        return TrainingDiverged(f"the advantages are non-finite{where(here)}: the rewards or the advantage estimator "
+                                "broke (check the env's rewards and --advantage-mode), nothing was applied")
     return TrainingDiverged(f"π_θ's log-probs are non-finite{where(here)}: the policy's weights diverged (lower --lr "
                             "and start a new run from the last checkpoint's settings)")
 
@@ -90,14 +97,18 @@ class DivergenceGuard:
 
 
 def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
-                    response_mask: torch.Tensor, topk: TopK | None = None) -> str | None:
+                    response_mask: torch.Tensor, topk: TopK | None = None,
+                    advantages: torch.Tensor | None = None) -> str | None:
     """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs (:data:`NONFINITE_PI`)
-    mean the weights themselves diverged: the minibatch ends the run once every learner has finished it (see
-    :func:`~dppo_oat.update.finish_minibatch`). μ on the top-K set may be −inf (its padding slots, an underflowed
-    tail token), never NaN."""
+    mean the weights themselves diverged, non-finite advantages (:data:`NONFINITE_ADVANTAGES`) that the rewards or
+    their estimator did: either minibatch ends the run once every learner has finished it (see
+    :func:`~dppo_oat.update.finish_minibatch`); ``policy_loss`` would only mask such tokens. μ on the top-K set may
+    be −inf (its padding slots, an underflowed tail token), never NaN."""
     mask = response_mask.bool()
     if not torch.isfinite(logp.detach()[mask]).all():
         return NONFINITE_PI
+    if advantages is not None and not torch.isfinite(advantages.expand_as(mask)[mask]).all():
+        return NONFINITE_ADVANTAGES
     if not torch.isfinite(behavior_logp[mask]).all():
         return "guard/nonfinite_mu"
     if topk is not None and torch.isnan(topk.behavior_logp[mask]).any():
@@ -113,10 +124,14 @@ def zero_surrogate(logp: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     return (logp * response_mask).sum() * 0.0
 
 
+STOPPING_CAUSES = (NONFINITE_PI, NONFINITE_ADVANTAGES)
+"""The guard metrics no skip recovers from: the run stops at the first minibatch that shows one."""
+
+
 def minibatch_state(poisoned: Sequence[str]) -> int:
-    """:data:`DIVERGED` when π_θ itself is non-finite, :data:`SKIP` for any other guard metric, else
-    :data:`HEALTHY`."""
-    if NONFINITE_PI in poisoned:
+    """:data:`DIVERGED` when π_θ itself or the advantages are non-finite (:data:`STOPPING_CAUSES`), :data:`SKIP` for
+    any other guard metric, else :data:`HEALTHY`."""
+    if any(cause in poisoned for cause in STOPPING_CAUSES):
         return DIVERGED
     return SKIP if poisoned else HEALTHY
 

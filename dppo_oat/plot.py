@@ -11,6 +11,7 @@ refused before any run is read; without a suffix the image is a PNG named ``<out
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from contextlib import contextmanager
@@ -65,7 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> PlotArgs:
 
 
 class OutputError(ValueError):
-    """An ``-o`` the image cannot be written to."""
+    """An ``-o`` the image cannot be written to, or an option out of its range (both refused before any run is
+    read)."""
 
 
 def output_problem(output: Path) -> str | None:
@@ -84,6 +86,18 @@ def output_problem(output: Path) -> str | None:
     return None
 
 
+def options_problem(args: PlotArgs) -> str | None:
+    """Why an option is out of its range (None when none is): the smoothing's σ is a finite number ≥ 0, the panels
+    per row and the resolution are at least 1."""
+    if not 0 <= args.sigma < math.inf:
+        return f"--sigma must be a finite number >= 0 (0: raw curves only), got {args.sigma}"
+    if args.ncols is not None and args.ncols < 1:
+        return f"--ncols must be >= 1 (leave it out for up to 4 panels a row), got {args.ncols}"
+    if args.dpi < 1:
+        return f"--dpi must be >= 1, got {args.dpi}"
+    return None
+
+
 def output_file(output: Path) -> Path:
     """The file the image is written to: ``output``, with matplotlib's default format (``.png``) appended when it
     has no suffix (as ``savefig`` does)."""
@@ -98,7 +112,7 @@ def plot(args: PlotArgs) -> list[str]:
         OutputError: ``args.output`` cannot name the image (:func:`output_problem`).
         ValueError: a path that is not a run directory, a pattern without one, no readable run, or nothing to plot.
     """
-    problem = output_problem(args.output)
+    problem = output_problem(args.output) or options_problem(args)
     if problem is not None:
         raise OutputError(problem)
     if not args.runs:

@@ -39,6 +39,10 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 TOKENS_FILE = "tokens.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE, CHECKPOINT_FILE)
+"""The files that make a run: a new run never starts where one of them is (:func:`run_files`)."""
+OVERWRITTEN_PREFIX = "overwritten-"
+"""``<run>/overwritten-<UTC time>/``: where ``--overwrite`` moves an earlier run's files (:func:`move_run_aside`)."""
 
 
 def to_jsonable(value: Any) -> Any:
@@ -98,10 +102,16 @@ def honour_umask(path: str | Path, *, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
+def temporary_prefix(name: str) -> str:
+    """The prefix of the temporary files an atomic write of ``name`` goes through (``.checkpoint.pt.`` + 8 random
+    characters): a kill mid-write leaves one, which the next start of the run removes (:func:`remove_temporaries`)."""
+    return f".{name}."
+
+
 def _temporary_sibling(path: Path) -> tuple[int, str]:
     """An open temporary file beside ``path`` (same file system: the rename is atomic), with the umask's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name))
     os.fchmod(fd, 0o666 & ~current_umask())
     return fd, tmp
 
@@ -257,21 +267,76 @@ def settings_hash(config: Mapping[str, Any], free: Iterable[str]) -> str:
 
 
 def read_config(directory: Path) -> dict:
-    """The run's ``config.json`` (``{}`` when absent); a damaged one is a one-line ``ValueError``."""
+    """The run's ``config.json`` (``{}`` when absent); a damaged one, or one that is not a JSON object, is a one-line
+    ``ValueError``."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is damaged ({error}): restore it, or start a new run with another --run-name") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON object (it holds a {type(config).__name__}): restore it, or start a "
+                         "new run with another --run-name")
+    return config
 
 
 def check_run_name(name: str, flag: str, parent_flag: str) -> None:
     """A run name is one folder inside the runs' folder: ``..``, ``.``, an empty name or a path would write elsewhere
-    (beside it, into it, or nested in another run). Both engines refuse one, naming their flags."""
-    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+    (beside it, into it, or nested in another run), and a control character (a line break) would break every line
+    that names the run. Both engines refuse one, naming their flags."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"{flag} {name!r} must be one folder name inside {parent_flag} (no '/', not '.' or '..')")
+    if not name.isprintable():
+        raise ValueError(f"{flag} {name!r} holds a line break or another control character: give a printable name")
+
+
+def run_files(directory: Path) -> list[str]:
+    """The run files (:data:`RUN_FILES`) in ``directory``, whatever their size or kind (an empty file or a dangling
+    link counts): a new run in that directory would overwrite them."""
+    return [name for name in RUN_FILES if os.path.lexists(Path(directory) / name)]
+
+
+def temporaries(directory: Path) -> list[Path]:
+    """The temporary files that atomic writes of run files left in ``directory`` (:func:`temporary_prefix`)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    prefixes = tuple(temporary_prefix(name) for name in RUN_FILES)
+    return sorted(path for path in directory.iterdir() if path.name.startswith(prefixes) and path.is_file())
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporaries of killed saves in ``directory`` (:func:`temporaries`) and return them. Only the holder of
+    the run's lock may call it: another live writer's temporary would be one it is still writing."""
+    removed = temporaries(directory)
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def move_run_aside(directory: Path) -> Path | None:
+    """Move the run files of ``directory`` (and its ``tensorboard/`` and ``wandb/`` folders) into a new
+    ``overwritten-<UTC time>/`` folder inside it, and return that folder (None when there was nothing to move).
+    Under the run's lock: ``--overwrite`` never deletes what an earlier run wrote."""
+    directory = Path(directory)
+    names = run_files(directory) + [name for name in ("tensorboard", "wandb") if (directory / name).is_dir()]
+    if not names:
+        return None
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = directory / f"{OVERWRITTEN_PREFIX}{stamp}"
+    aside.mkdir()
+    honour_umask(aside, directory=True)
+    for name in names:
+        os.replace(directory / name, aside / name)
+    return aside
+
+
+def missing_steps(rows: list[dict], last: int) -> list[int]:
+    """The steps 1..``last`` that no row of a log holds (a log that lost lines, or all of them)."""
+    logged = {row.get("step") for row in rows}
+    return [step for step in range(1, last + 1) if step not in logged]
 
 
 LOCK_FILE = ".lock"
@@ -287,6 +352,8 @@ class RunLock:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory).absolute()
+        self.removed: list[Path] = []
+        """The temporaries of killed saves that taking the lock removed (:func:`remove_temporaries`)."""
         self._created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
         make_writable_dir(self.directory)
         self._file = open(self.directory / LOCK_FILE, "a+")
@@ -301,6 +368,8 @@ class RunLock:
         except OSError as error:  # a file system without flock (NFS without lockd): run, but say it is unguarded
             warnings.warn(f"run directory {self.directory} cannot be locked ({error}): a second run writing it "
                           "would not be refused", stacklevel=2)
+        else:  # the one writer: a temporary here is a killed writer's
+            self.removed = remove_temporaries(self.directory)
         self._file.seek(0)
         self._file.truncate()
         self._file.write(f"{os.getpid()}\n")

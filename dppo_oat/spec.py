@@ -83,9 +83,15 @@ class SamplingSettings:
         return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k == -1
 
 
+DEFAULT_MAX_TURNS = 100
+"""The turn cap of an episode whose env has no turn limit of its own (a ``max_turns`` attribute) when none is given
+(``--max-turns``): an env that never ends its episodes would otherwise play one rollout forever."""
+
+
 @dataclass(frozen=True)
 class RolloutSettings:
-    """How episodes are played. ``max_turns`` caps turns on top of the env's own limit (None: the env's).
+    """How episodes are played. ``max_turns`` caps turns on top of the env's own limit (None: the env's own, else
+    :data:`DEFAULT_MAX_TURNS`).
 
     ``wrappers`` are Gem's observation wrappers by name (``gem.wrappers.wrapper_factory``), e.g. ``concat``: the
     whole history of the episode in every prompt, as Gem's oat examples train games.
@@ -245,7 +251,8 @@ class DPPOFlags(TrustRegionFlags):
     wrappers: Tuple[str, ...] = ()
     """Gem observation wrappers by name, applied to every env (e.g. concat: the episode's history in each prompt)."""
     max_turns: Optional[int] = None
-    """Turn limit on top of the env's own."""
+    """Turn limit on top of the env's own. None: the env's own, else 100 turns for an env without one (a warning
+    says so when it binds)."""
     advantage_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
     """drgrpo (the paper's default), grpo, rloo (group baselines over per-turn returns) or rebn (batch-normalised
     returns, Gem's norm_return)."""
@@ -268,7 +275,7 @@ class DPPOFlags(TrustRegionFlags):
         probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
-        tr = TrustRegion.preset(self.trust_region, **overrides)
+        tr = TrustRegion.preset(self.trust_region).replace(**overrides)  # refused below where no rule reads them
         read = tr.fields_read | set(also_read)
         unread = [name for name in overrides if name not in read]
         if unread:

@@ -7,16 +7,29 @@ DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import signal
 import sys
-import threading
-from typing import Sequence
 
-import tyro
 
-from dppo_oat.engines.local.config import TrainConfig
+def _stopped_while_starting(signum, frame) -> None:
+    """Ctrl-C or SIGTERM while ``python -m dppo_oat.train`` imports its modules, before :func:`main` handles them:
+    one line, exit 130 or 143 (128 + the signal), as later."""
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    sys.stderr.write(f"error: {what} before the run started: nothing was written; run the same command again\n")
+    sys.exit(128 + signum)
+
+
+if __name__ == "__main__":  # the first instruction of the command (the package's own import runs nothing heavy)
+    signal.signal(signal.SIGINT, _stopped_while_starting)
+    signal.signal(signal.SIGTERM, _stopped_while_starting)
+
+import contextlib  # noqa: E402
+import errno  # noqa: E402
+import threading  # noqa: E402
+from typing import TYPE_CHECKING, Sequence  # noqa: E402
+
+if TYPE_CHECKING:  # imported in main(), where Ctrl-C and SIGTERM already end in one line
+    from dppo_oat.engines.local.config import TrainConfig
 
 
 def engine_of(argv: Sequence[str]) -> str:
@@ -60,22 +73,22 @@ def run_local(config: TrainConfig) -> dict:
             try:
                 trainer = LocalTrainer(config, console)
             except ValueError as error:  # bad input: every check runs while the trainer is built
-                _fail(console, str(error), 2)
+                _fail(str(error), 2)
             summary = trainer.run()
             failed = False
             return summary
         except TrainingDiverged as error:
             where = "" if trainer is None else f" at step {trainer.step_in_progress}"
-            _fail(console, f"training diverged{where}: {error}", 1)
+            _fail(f"training diverged{where}: {error}", 1)
         except (RunError, BrokenEnvError) as error:
-            _fail(console, str(error), 1)
+            _fail(str(error), 1)
         except OSError as error:
             if error.filename is None:  # not a file the run reads or writes: a bug, with its traceback
                 raise
-            _fail(console, _file_failure(error, trainer, config), 1)
+            _fail(_file_failure(error, trainer, config), 1)
         except KeyboardInterrupt as interrupt:
             ignore_signals()  # a second Ctrl-C must not cut the cleanup short with a traceback
-            _fail(console, _interrupted(trainer, config, interrupt), 143 if isinstance(interrupt, Terminated) else 130)
+            _fail(_interrupted(trainer, config, interrupt), _signal_status(interrupt))
         finally:
             if trainer is not None:
                 trainer.close(failed=failed)
@@ -98,6 +111,8 @@ def signals_as_interrupts():
         return
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous[signal.SIGINT] is _stopped_while_starting:  # Python's own: Ctrl-C raises KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
@@ -112,26 +127,49 @@ def ignore_signals() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _fail(console, message: str, code: int) -> None:
+def _signal_status(interrupt: KeyboardInterrupt) -> int:
+    """The exit status of a run a signal ended: 143 for SIGTERM (128 + 15), 130 for Ctrl-C (128 + 2)."""
+    return 143 if isinstance(interrupt, Terminated) else 130
+
+
+def _signal_name(interrupt: KeyboardInterrupt) -> str:
+    return "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
+
+
+def _fail(message: str, code: int) -> None:
+    """End the command with one ``error:`` line on stderr and exit status ``code``."""
+    from rich.console import Console
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise SystemExit(code) from None
 
 
+def _checkpointed_step(trainer, config: TrainConfig) -> int | None:
+    """The step the run directory's checkpoint holds now (None: none), as far as this process knows: the trainer's,
+    or, for a resume that stopped before its trainer was built, the checkpoint validation found (left untouched)."""
+    if trainer is not None and trainer.checkpointed_step:
+        return trainer.checkpointed_step
+    if config.resume:
+        from dppo_oat.engines.local.validation import checkpointed_step
+
+        return checkpointed_step(config.run_path())
+    return None
+
+
 def _resume_hint(trainer, config: TrainConfig) -> str:
-    if trainer is None or trainer.checkpointed_step == 0:
+    step = _checkpointed_step(trainer, config)
+    if step is None:
         return "nothing was checkpointed yet: run the same command again to start over"
-    return (f"step {trainer.checkpointed_step} is checkpointed in {config.run_path()}: the same command with --resume "
-            "continues")
+    return f"step {step} is checkpointed in {config.run_path()}: the same command with --resume continues"
 
 
 def _interrupted(trainer, config: TrainConfig, interrupt: KeyboardInterrupt) -> str:
     """What Ctrl-C or SIGTERM left behind and how to go on."""
-    what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
-    if trainer is None or trainer.checkpointed_step == 0:
-        return f"{what} before the first checkpoint: run the same command again to start over"
-    return f"{what} at step {trainer.step_in_progress}; {_resume_hint(trainer, config)}"
+    if _checkpointed_step(trainer, config) is None:
+        return f"{_signal_name(interrupt)} before the first checkpoint: run the same command again to start over"
+    where = f" at step {trainer.step_in_progress}" if trainer is not None else " while the run was being built"
+    return f"{_signal_name(interrupt)}{where}; {_resume_hint(trainer, config)}"
 
 
 def _file_failure(error: OSError, trainer, config: TrainConfig) -> str:
@@ -142,14 +180,31 @@ def _file_failure(error: OSError, trainer, config: TrainConfig) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command line. Ctrl-C and SIGTERM end in one line from here on, the imports and the parsing included (the
+    package's own import is lazy: nothing heavy runs before this function)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if engine_of(argv) == "oat":
-        from dppo_oat.engines.oat.launch import main as oat_main
+    with signals_as_interrupts():
+        try:
+            if engine_of(argv) == "oat":
+                from dppo_oat.engines.oat.launch import main as oat_main
 
-        oat_main(without_engine_flag(argv))
-        return
-    config = tyro.cli(TrainConfig, args=argv, description=f"{__doc__}\n{TrainConfig.__doc__}")
-    run_local(config)
+                oat_main(without_engine_flag(argv))
+                return
+            config = _parse(argv)
+            run_local(config)  # which ends every fault of the run itself in one line
+        except KeyboardInterrupt as interrupt:
+            ignore_signals()
+            _fail(f"{_signal_name(interrupt)} before the run started: nothing was written; run the same command "
+                  "again", _signal_status(interrupt))
+
+
+def _parse(argv: list[str]) -> TrainConfig:
+    """The local engine's flags (tyro: ``--help``, or a usage error on stderr with exit 2)."""
+    import tyro
+
+    from dppo_oat.engines.local.config import TrainConfig
+
+    return tyro.cli(TrainConfig, args=argv, description=f"{__doc__}\n{TrainConfig.__doc__}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -127,6 +128,11 @@ IS_WEIGHTS = ("behavior", "decoupled_token", "decoupled_seq", "proximal")
 (π_θ/π_θ')·min(ρ, C), with ρ = π_θ'/μ per token or ∏_t π_θ'/μ per response: the PPO ratio on the recomputed π_θ'
 times the truncated IS weight of π_θ' against μ (decoupled PPO with token/sequence TIS). ``proximal``: π_θ/π_θ' (PPO
 on π_θ' with no correction toward μ; C unused)."""
+NUMBER_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau", "w_min",
+                 "delta_b", "tau_m2")
+"""The :class:`TrustRegion` fields that are real numbers (K, an integer, apart)."""
+CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask")
+"""The :class:`TrustRegion` fields that name one of a few choices."""
 MISMATCH_MASKS = ("none", "token", "seq_geo")
 """A mask on the training–inference ratio ρ_t = π_θ'/μ, kept inside ``[mismatch_low, mismatch_high]``: ``token``
 masks each token outside the band (IcePop, AReaL's rejection sampling); ``seq_geo`` masks every token of a response
@@ -206,13 +212,13 @@ class TrustRegion:
     """The preset this came from (for logs)."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         _check_choice("rule", self.rule, tuple(RULE_TABLE))
         _check_choice("anchor", self.anchor, ANCHORS)
         _check_choice("relax", self.relax, RELAX_MODES)
         _check_choice("is_weight", self.is_weight, IS_WEIGHTS)
         _check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
-        for attr in ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau",
-                     "w_min", "delta_b", "tau_m2"):
+        for attr in NUMBER_FIELDS:
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
         if not self.delta > 0:
@@ -223,7 +229,7 @@ class TrustRegion:
             raise ValueError(f"is_cap (C) must be > 0 (math.inf for no truncation), got {self.is_cap}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha must be a probability in [0, 1], got {self.alpha}")
-        if self.uses_topk and (not isinstance(self.k, int) or self.k < 1):
+        if self.uses_topk and self.k < 1:
             raise ValueError(f"rule {self.rule!r} needs k >= 1 (the K of TopK(μ, K)), got {self.k}")
         if self.relax != "none" and RULE_TABLE[self.rule].threshold != "eps":
             raise ValueError(f"relax={self.relax!r} relaxes the PPO clip range: it needs rule='ratio'")
@@ -240,6 +246,20 @@ class TrustRegion:
             raise ValueError(f"delta_b (δ_b) must be a finite number >= 0, got {self.delta_b}")
         if not self.tau_m2 >= 0:
             raise ValueError(f"tau_m2 (τ_M2) must be >= 0 (math.inf: no mask), got {self.tau_m2}")
+
+    def _check_types(self) -> None:
+        """Every field has its type (a ``ValueError`` naming it, as the command line's parser would): the numbers are
+        real numbers and K an integer (never a bool), the choices and the name strings."""
+        for attr in NUMBER_FIELDS:
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{attr} must be a real number, got {type(value).__name__} {value!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral):
+            raise ValueError(f"k must be an integer (the K of TopK(μ, K)), got {type(self.k).__name__} {self.k!r}")
+        for attr in (*CHOICE_FIELDS, "name"):
+            if not isinstance(getattr(self, attr), str):
+                raise ValueError(f"{attr} must be a string, got {type(getattr(self, attr)).__name__} "
+                                 f"{getattr(self, attr)!r}")
 
     @property
     def uses_topk(self) -> bool:
@@ -263,16 +283,23 @@ class TrustRegion:
         return self.anchor == "recompute" or self.is_weight != "behavior" or self.mismatch_mask != "none"
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "TrustRegion":
-        """The paper's method ``name`` (see :data:`PRESETS`), with optional field overrides."""
-        if name not in PRESETS:
+    def preset(cls, name: str, /, **overrides) -> "TrustRegion":
+        """The paper's method ``name`` (see :data:`PRESETS`), with optional field overrides; a numeric override its
+        rule never reads (``preset("ppo", delta=0.2)``) is refused, as the command line refuses ``--tr-delta`` there
+        (:meth:`replace` changes any field)."""
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"unknown trust-region preset {name!r}; choose one of: {', '.join(PRESETS)}")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown TrustRegion field(s) {sorted(unknown)} for preset {name!r}")
         fields = {**PRESETS[name].fields, "name": name}
         fields.update(overrides)
-        return cls(**fields)
+        tr = cls(**fields)
+        unread = [field for field in overrides if field in (*NUMBER_FIELDS, "k") and field not in tr.fields_read]
+        if unread:
+            raise ValueError(f"{', '.join(unread)}: not read by the trust region {name} (it reads "
+                             f"{', '.join(sorted(tr.fields_read))}): leave it out, or choose a preset that uses it")
+        return tr
 
     def replace(self, **overrides) -> "TrustRegion":
         """A copy with some fields changed (validated again)."""
@@ -760,18 +787,19 @@ def policy_loss(
     """
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
     rule = RULE_TABLE[tr.rule]
-    logp32 = logp.float()
-    mask = mask.bool()
+    response = mask.bool()
     with torch.no_grad():
-        lp = logp32.detach()
-        mu = behavior_logp.detach().float()
-        adv = advantages.detach().float().expand_as(lp)
-        recomputed = None if recomputed_logp is None else recomputed_logp.detach().float()
+        finite = finite_tokens(logp.detach(), behavior_logp, advantages, recomputed_logp, topk)
+        mask = response & finite  # a token with a non-finite input is masked: no NaN reaches the loss
+        lp, mu, adv, recomputed = (None if x is None else torch.where(finite, x.detach().float().expand_as(finite), 0.0)
+                                   for x in (logp, behavior_logp, advantages, recomputed_logp))
+        _check_logprobs_at_most_zero(mask, logp=lp, behavior_logp=mu, recomputed_logp=recomputed)
         anchor = mu if tr.anchor == "behavior" else recomputed
         inputs = mask_inputs(tr, lp, anchor, mu, adv, topk, mask)
         keep = rule.keep(inputs, tr) & mask & mismatch_keep(tr, recomputed, mu, mask)
         is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
         coefficient = torch.where(keep, adv * is_weight, 0.0)
+    logp32 = torch.where(finite, logp.float(), 0.0)
     # value −M·w·A; gradient −M·w·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
     surrogate = torch.exp(torch.where(mask, logp32 - lp, 0.0))
     loss = -coefficient * surrogate
@@ -779,14 +807,44 @@ def policy_loss(
         loss = loss + rule.loss_term(logp32, inputs, tr)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    extra = rule.metrics(inputs, keep, tr) if rule.metrics is not None else {}
+    extra = {**(rule.metrics(inputs, keep, tr) if rule.metrics is not None else {}),
+             "nonfinite": (response & ~finite).sum()}
     metrics = trust_region_metrics(lp, mu, adv, mask, keep, inputs.divergence, mask & truncated, extra=extra)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=inputs.divergence, metrics=metrics)
+
+
+LOGPROB_TOLERANCE = 1e-4
+"""How far above 0 a log-probability may round (a log-softmax never exceeds 0; an inference engine's may by a hair)."""
+
+
+def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
+    """``[B, T]``: True where every input of the token is finite (its log-probs, its advantage, its top-K log-probs
+    but for the padding slots, where μ may be −∞). :func:`policy_loss` masks the others and counts them in its
+    ``nonfinite`` metric."""
+    finite = torch.isfinite(logp) & torch.isfinite(behavior_logp) & torch.isfinite(advantages).expand_as(logp)
+    if recomputed_logp is not None:
+        finite &= torch.isfinite(recomputed_logp)
+    if topk is not None:
+        finite &= ~(topk.valid & (torch.isnan(topk.behavior_logp) | torch.isnan(topk.logp))).any(-1)
+    return finite
+
+
+def _check_logprobs_at_most_zero(mask: torch.Tensor, **logprobs: torch.Tensor | None) -> None:
+    """A log-probability is at most 0 (beyond :data:`LOGPROB_TOLERANCE`): a larger one is no probability, e.g. a
+    logit or a probability passed where a log-probability belongs."""
+    for name, values in logprobs.items():
+        if values is not None and bool((mask & (values > LOGPROB_TOLERANCE)).any()):
+            worst = float(torch.where(mask, values, -math.inf).max())
+            raise ValueError(f"{name} holds values > 0 (up to {worst:.4g}): it must be log-probabilities (≤ 0), not "
+                             "logits or probabilities")
 
 
 def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if logp.numel() == 0:
+        raise ValueError(f"logp holds no token (shape {tuple(logp.shape)}): give a batch of at least one response "
+                         "token")
     for name, tensor in (("behavior_logp", behavior_logp), ("mask", mask), ("recomputed_logp", recomputed_logp)):
         if tensor is not None and tensor.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logp.shape)}")
@@ -797,8 +855,9 @@ def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, to
     if tr.uses_topk:
         if topk is None:
             raise ValueError(f"trust region {tr.name!r} needs the top-K set: pass topk=TopK(...)")
-        if topk.ids.shape[:2] != logp.shape:
-            raise ValueError(f"topk is {tuple(topk.ids.shape)}, expected [{logp.shape[0]}, {logp.shape[1]}, K']")
+        if topk.ids.shape != (*logp.shape, tr.k + 1):
+            raise ValueError(f"topk is {tuple(topk.ids.shape)}, expected [{logp.shape[0]}, {logp.shape[1]}, K + 1 = "
+                             f"{tr.k + 1}]: TopK(μ, {tr.k}) ∪ {{a_t}} (tr.k is {tr.k})")
 
 
 # --------------------------------------------------------------------------------------------- metrics

@@ -28,9 +28,9 @@ import torch
 
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED, AnyLearner,
-                            DivergenceGuard, check_policy_finite, diverged_error, minibatch_state, nonfinite_cause,
-                            one_learner, zero_surrogate)
+from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED,
+                            STOPPING_CAUSES, AnyLearner, DivergenceGuard, check_policy_finite, diverged_error,
+                            minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
 from dppo_oat.learner_forward import ForwardFn, causal_lm_forward
 from dppo_oat.samples import UpdateBatch
 from dppo_oat.spec import UpdateSettings
@@ -184,7 +184,8 @@ def finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn,
     if discard_step is not None:
         out.update(discard_step() or {})
     if state == DIVERGED:
-        raise diverged_error(here=NONFINITE_PI in poisoned)
+        stops = [cause for cause in poisoned if cause in STOPPING_CAUSES]
+        raise diverged_error(here=bool(stops), cause=stops[0] if stops else NONFINITE_PI)
     if discard_step is None:
         cause = NONFINITE_CAUSES[poisoned[0]] if poisoned else "a value on another learner"
         raise TrainingDiverged(f"{cause} non-finite, and this engine cannot skip a step")
@@ -211,7 +212,7 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
         )
         loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
-        cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk)
+        cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk, micro.advantages)
         if cause is not None:
             poisoned.add(cause)
         elif token_sampler is not None:

@@ -71,11 +71,14 @@ def reset_problem(result: Any) -> str | None:
 
 
 def step_problem(result: Any) -> str | None:
-    """What is wrong with what ``step()`` returned (:data:`STEP_RETURNS`), or None. The observation of a finished
-    episode is never shown to the policy, so it may be anything."""
+    """What is wrong with what ``step()`` returned (:data:`STEP_RETURNS`), or None. A reward is a real number, never
+    a bool (``True`` would pass as 1.0 where the env meant a flag); an observation is text, the last one of an
+    episode too (an env that returns something else there returns it elsewhere as well)."""
     if not isinstance(result, (tuple, list)) or len(result) != 5:
         return f"returned {returned(result)}"
     observation, reward, terminated, truncated, info = result
+    if isinstance(reward, (bool, np.bool_)):
+        return f"returned the reward {reward!r}, a bool: rewards are real numbers (1.0, not True)"
     if not is_number(reward):
         return f"returned the reward {reward!r}"
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
@@ -83,8 +86,8 @@ def step_problem(result: Any) -> str | None:
             return f"returned {name}={flag!r}"
     if not isinstance(info, dict):
         return f"returned an info of type {type(info).__name__}"
-    if not isinstance(observation, str) and not (terminated or truncated):
-        return f"returned an observation of type {type(observation).__name__} while the episode goes on"
+    if not isinstance(observation, str):
+        return f"returned an observation of type {type(observation).__name__}"
     return None
 
 

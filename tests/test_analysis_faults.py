@@ -146,7 +146,7 @@ def test_a_metrics_folder_skips_its_run(tmp_path, good):
     bad = damaged(tmp_path, "bad")
     (bad / "metrics.jsonl").unlink()
     (bad / "metrics.jsonl").mkdir()
-    load_skipping_one([bad, good], bad, "its metrics.jsonl is not a file")
+    load_skipping_one([bad, good], bad, "its metrics.jsonl is a directory")
 
 
 def test_an_unreadable_packed_log_skips_its_run(tmp_path, good):
@@ -297,3 +297,38 @@ def test_plot_without_a_suffix_says_the_file_it_wrote(tmp_path, good, capsys):
     main([str(good), "-o", str(tmp_path / "figure"), "--metrics", "reward"])
     assert (tmp_path / "figure.png").is_file() and not (tmp_path / "figure").exists()
     assert f"wrote {tmp_path / 'figure.png'}" in capsys.readouterr().out
+
+
+@pytest.mark.fault("a run whose `metrics.jsonl` (or `eval.jsonl`, `config.json`) is a directory, a dangling link or "
+                   "another file that is not a regular, readable file, given to `load_runs`, `dppo_oat.plot` or the "
+                   "notebooks",
+                   "skipped with one warning naming it and the file (`…: skipped, its metrics.jsonl is a directory`); "
+                   "the other runs are read, never an empty run loaded silently")
+@pytest.mark.parametrize("name", ["metrics.jsonl", "eval.jsonl", "config.json"])
+@pytest.mark.parametrize("kind", ["a directory", "a dangling link"])
+def test_a_run_file_that_is_not_a_regular_file_skips_its_run(name, kind, tmp_path, good):
+    other = write_run(tmp_path, "other", metrics=hand_metrics([0.3, 0.2, 0.1]))
+    (other / name).unlink()
+    if kind == "a directory":
+        (other / name).mkdir()
+    else:
+        (other / name).symlink_to(tmp_path / "nowhere")
+    with pytest.warns(UserWarning) as caught:
+        df = load_runs([good, other])
+    assert set(df["run"]) == {"good"}
+    [warning] = [str(w.message) for w in caught]
+    assert warning.startswith(f"{other}: skipped") and f"its {name} is {kind}" in warning
+
+
+@pytest.mark.fault("`dppo_oat.plot --sigma -1` (or `nan`, `inf`), `--ncols 0`, `--dpi 0`",
+                   "one line before any run is read: `dppo-plot: error: --sigma must be a finite number >= 0 …` "
+                   "(exit 2)")
+@pytest.mark.parametrize("flag, value", [("--sigma", "-1"), ("--sigma", "nan"), ("--sigma", "inf"),
+                                         ("--ncols", "0"), ("--dpi", "0")])
+def test_plot_refuses_options_out_of_range(flag, value, tmp_path, good, capsys, monkeypatch):
+    refuse_before_reading(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(good), "-o", str(tmp_path / "figure.png"), flag, value])
+    assert exit_info.value.code == 2
+    assert one_line(capsys.readouterr().err).startswith(f"dppo-plot: error: {flag} must be")
+    assert not (tmp_path / "figure.png").exists()

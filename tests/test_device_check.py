@@ -167,7 +167,8 @@ def test_the_smoke_run_writes_every_benchs_rows(tmp_path):
             assert row["gpu"].startswith("cpu") and row["commit"]
     rollout = json.loads((tmp_path / "out" / "rollout_cpu.jsonl").read_text())
     assert rollout["multi_turn"]["ratio"] > 0 and rollout["roofline"]["roofline_tokens_per_s"] > 0
-    assert 0 < json.loads((tmp_path / "out" / "learner_mfu_cpu.jsonl").read_text())["mfu"] < 1
+    assert json.loads((tmp_path / "out" / "learner_mfu_cpu.jsonl").read_text())["mfu"] > 0  # on a loaded CPU the
+    # peak and the update are timed apart, so the ratio may pass 1: no bound on it is a property of the code
     ops = json.loads((tmp_path / "out" / "rollout_ops_cpu.jsonl").read_text())
     assert ops["forwards"] > 0 and ops["kernel_ops"] > ops["forwards"] and ops["sampled_tokens"] > 0
     run = json.loads((tmp_path / "out" / "default_run_cpu.jsonl").read_text())

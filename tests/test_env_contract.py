@@ -20,6 +20,8 @@ import io
 import math
 import os
 import random
+import re
+from pathlib import Path
 from typing import List
 
 import gem
@@ -117,20 +119,29 @@ def is_single_turn(env_id: str) -> bool:
     return all(len(turns) == 1 for turns, _ in oracle_episodes(env_id))
 
 
+def unreadable_reply_rule(env_id: str) -> str:
+    """The rule :func:`check_unreadable_reply_ends_the_episode` applies to ``env_id``, in words: which kind of env
+    its oracle's episodes make it, and what an unreadable reply must then score."""
+    if is_single_turn(env_id):
+        return (f"{env_id} is single-turn (every oracle episode is one turn): an unreadable reply ends the episode "
+                "(terminated=True) and scores at most 0, as a wrong answer does")
+    return (f"{env_id} is multi-turn (an oracle episode takes more than one turn): an unreadable reply ends the "
+            f"episode (terminated=True) with Gem's format-error reward {FORMAT_ERROR_PENALTY}, so that it costs more "
+            "than a legal move")
+
+
 def check_unreadable_reply_ends_the_episode(env_id: str) -> None:
     """A reply with no readable answer ends the episode: Gem's -0.1 in a multi-turn env (so that format errors cost
-    more than a legal move), at most 0 in a single-turn one (Gem's ``rg:*`` give 0)."""
+    more than a legal move), at most 0 in a single-turn one (Gem's ``rg:*`` give 0). A failure states the rule it
+    applied (:func:`unreadable_reply_rule`)."""
     single_turn = is_single_turn(env_id)
     env = envs.make_env(env_id)
     for reply in UNREADABLE_REPLIES:
         env.reset(seed=0)
         _, reward, terminated, _, _ = env.step(reply)
-        assert terminated, f"an unreadable reply ({reply!r}) must end the episode (terminated=True)"
-        if single_turn:
-            assert float(reward) <= 0, f"an unreadable answer ({reply!r}) scored {reward}"
-        else:
-            assert float(reward) == pytest.approx(FORMAT_ERROR_PENALTY), (
-                f"an unreadable reply ({reply!r}) in a multi-turn env must score {FORMAT_ERROR_PENALTY}, got {reward}")
+        got = f"the reply {reply!r} gave terminated={terminated}, reward {reward}"
+        ok = terminated and (float(reward) <= 0 if single_turn else float(reward) == pytest.approx(FORMAT_ERROR_PENALTY))
+        assert ok, f"{unreadable_reply_rule(env_id)}; {got}"
 
 
 CHECKS = (check_makes_resets_and_steps, check_group_slots_play_the_same_episode, check_reset_seed_fixes_the_episode,
@@ -172,3 +183,27 @@ def test_oracle_wins(env_id, record_property):
 @pytest.mark.parametrize("env_id", CONTRACT_ENV_IDS)
 def test_unreadable_reply_ends_the_episode(env_id):
     check_unreadable_reply_ends_the_episode(env_id)
+
+
+README = Path(__file__).resolve().parents[1] / "envs" / "README.md"
+
+
+def readme_plugin(tmp_path) -> tuple[str, list[str]]:
+    """The README's complete plugin (its single-turn example) as a file: (its path, the env ids it registers)."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    [code] = [block for block in blocks if "class " in block and "register(" in block]
+    path = tmp_path / "readme_plugin.py"
+    path.write_text(code)
+    return str(path), re.findall(r'register\("([^"]+)"', code)
+
+
+def test_a_plugin_that_follows_the_docs_passes_the_contract(tmp_path):
+    """envs/README.md's plugin, as written there, passes every check, the oracle's win rate included."""
+    path, env_ids = readme_plugin(tmp_path)
+    envs.import_env_modules([path])
+    assert env_ids
+    for env_id in env_ids:
+        for check in CHECKS:
+            check(env_id)
+        assert oracle_win_rate(env_id) >= 1.0
+        assert "single-turn" in unreadable_reply_rule(env_id)

@@ -203,6 +203,12 @@ class Guess(Env):
             guess = int(guesses[-1])
             self.low, self.top = (guess + 1, self.top) if guess < self.secret else (self.low, guess - 1)
             result = (f"From {self.low} to {self.top}.", 0.0, self.turn >= 6, self.turn >= 6, {})
+        if FLAW == "step returns a bool reward":
+            result = (result[0], result[1] > 0, *result[2:])
+        if FLAW == "step returns an int observation at the end" and result[2]:
+            result = (7, *result[1:])
+        if FLAW == "step never ends the episode":
+            result = (result[0], 0.0, False, False, {})
         if FLAW == "step returns 3 values":
             return result[:3]
         if FLAW == "step returns no info":
@@ -302,6 +308,10 @@ class Replies:
                 for _ in prompts]
 
 
+COLLECT_FLAWS = ("step returns 3 values", "reset returns None", "reset raises", "step returns a bool reward",
+                 "step returns an int observation at the end")
+
+
 @pytest.mark.fault("a plugin env that breaks Gem's contract only in play (a model of one's own plays no oracle at "
                    "validation), or whose `reset()` raises",
                    "the run stops at the first episode that shows it, in one line naming the env and its plugin (exit "
@@ -313,20 +323,41 @@ class Replies:
                            r"Gem envs return \(observation: str, info: dict\): fix its reset\(\)"),
     ("reset raises", r"env mine:Collect2-v0 \(plugin .*collect2_v0.py\): reset\(seed=3\) raised KeyError: 'no "
                      r"puzzle 3': fix its reset\(\)"),
+    ("step returns a bool reward", r"env mine:Collect3-v0 \(plugin .*\): step\(\) returned the reward False, a bool: "
+                                   r"rewards are real numbers"),
+    ("step returns an int observation at the end", r"env mine:Collect4-v0 \(plugin .*\): step\(\) returned an "
+                                                   r"observation of type int"),
 ])
 def test_a_contract_violation_stops_a_rollout_and_is_not_an_env_error(flaw, message, tmp_path, tokenizer):
     """With a model of one's own no oracle is played before the first rollout: the collector checks what the env
     returns, in both engines (the oat actor uses the same collector), and stops the run instead of counting it. A
     reset() that raises stops the run too: no episode can start."""
-    name = f"Collect{['step returns 3 values', 'reset returns None', 'reset raises'].index(flaw)}-v0"
+    name = f"Collect{COLLECT_FLAWS.index(flaw)}-v0"
     plugin, env_id = write_plugin(tmp_path, flaw, name)
     envs.import_env_modules([plugin])
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
         with pytest.raises(BrokenEnvError, match=message):
             collector = EpisodeCollector([env_id], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))
-            collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [3])
+            collector.collect(Replies(tokenizer, "no guess"), SamplingSettings(8), [3])
     assert not [w for w in shown if "env_error" in str(w.message)], "counted as an env error"
+
+
+@pytest.mark.fault("an env that never ends its episodes, with no turn limit of its own and no `--max-turns`",
+                   "each episode ends at the default turn cap (100 turns, counted in `end/max_turns`), with one "
+                   "warning per env naming the cap and `--max-turns`; never a rollout that runs forever")
+def test_an_env_that_never_ends_is_stopped_by_the_default_turn_cap(tmp_path, tokenizer):
+    from dppo_oat.spec import DEFAULT_MAX_TURNS
+
+    plugin, env_id = write_plugin(tmp_path, "step never ends the episode", "Endless-v0")
+    envs.import_env_modules([plugin])
+    collector = EpisodeCollector([env_id], 1, 2, tokenizer, RolloutSettings(template="plain"))
+    with pytest.warns(UserWarning, match=rf"env {env_id}: its episodes reached the turn cap {DEFAULT_MAX_TURNS}.*"
+                                         r"--max-turns") as shown:
+        rollout = collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [3])
+        collector.collect(Replies(tokenizer, "\\boxed{8}"), SamplingSettings(8), [4])
+    assert len([w for w in shown if "turn cap" in str(w.message)]) == 1
+    assert rollout.stats()["end/max_turns"] == 2.0 and rollout.stats()["turns_per_episode"] == DEFAULT_MAX_TURNS
 
 
 def test_an_env_whose_step_raises_is_still_counted(tmp_path, tokenizer):

@@ -133,7 +133,7 @@ def cli_error(capsys, monkeypatch, argv) -> str:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     return lines[0]
 

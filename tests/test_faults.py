@@ -117,6 +117,33 @@ def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, ca
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
+@pytest.mark.fault("a warm-start flag or `--weight-decay` out of range (`--warm-start.check-every 0`, "
+                   "`--warm-start.num-layers 0`, `--warm-start.target-success 2`, `--warm-start.mistake-rate nan`, "
+                   "`--warm-start.lr -1`, `--warm-start.batch-size 0`, `--warm-start.demo-episodes 0`, "
+                   "`--weight-decay -1`)",
+                   "one line naming the flag and its range (exit 2), before any model loads or any warm start begins")
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--warm-start.check-every", "0", ">= 1"),
+    ("--warm-start.num-layers", "0", ">= 1"),
+    ("--warm-start.hidden-size", "0", ">= 1"),
+    ("--warm-start.target-success", "2", "in [0, 1]"),
+    ("--warm-start.target-success", "-0.5", "in [0, 1]"),
+    ("--warm-start.mistake-rate", "nan", "in [0, 1)"),
+    ("--warm-start.mistake-rate", "1", "in [0, 1)"),
+    ("--warm-start.lr", "-1", "finite number > 0"),
+    ("--warm-start.lr", "inf", "finite number > 0"),
+    ("--warm-start.batch-size", "0", ">= 1"),
+    ("--warm-start.demo-episodes", "0", ">= 1"),
+    ("--warm-start.check-episodes", "0", ">= 1"),
+    ("--warm-start.max-steps", "0", ">= 1"),
+    ("--weight-decay", "-1", "finite number >= 0"),
+])
+def test_warm_start_and_weight_decay_flags_are_range_checked_before_any_model(flag, value, fragment, tmp_path,
+                                                                             capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path), flag, value], 2, f"{flag} must be", fragment)
+    assert not any(tmp_path.iterdir()), "a refused command left something behind"
+
+
 @pytest.fixture
 def no_wandb_login(monkeypatch, tmp_path):
     """A machine where wandb was never logged in: no WANDB_API_KEY, no netrc, online mode."""
@@ -657,17 +684,6 @@ def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, ca
     argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", *TINY]
     assert run([*argv, "--steps", "2"], capsys)[0] == 0
     one_error(capsys, [*argv, "--steps", "1"], 2, "checkpointed at step 2, past --steps 1", "--steps 2 or more")
-
-
-@pytest.mark.fault("`--resume` without `metrics.jsonl`",
-                   "a warning: its curves hold only the steps after the checkpoint")
-def test_resume_says_when_the_metrics_are_missing(finished_run, tmp_path, capsys, cache_dir):
-    runs = copy_run(finished_run, tmp_path)
-    (runs / "one" / "metrics.jsonl").unlink()
-    code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
-                              "--steps", "2", *TINY], capsys)
-    assert code == 0 and "metrics.jsonl is missing or empty: its curves hold only the steps after 1" in text, text
-    assert [r["step"] for r in read_jsonl(runs / "one" / "metrics.jsonl")] == [2]
 
 
 @pytest.fixture

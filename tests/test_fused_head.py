@@ -256,7 +256,8 @@ def test_later_presets_train_the_same_gradients_on_both_heads(policy, preset):
     head's gradient still reaches the logits only through log π_θ(a_t) of each token."""
     model, _ = policy
     small = {"m2po": {"tau_m2": 0.01}, "drpo": {"delta": 0.05}}.get(preset, {"delta": 5e-4, "delta_b": 1e-4, "k": 3})
-    tr = TrustRegion.preset(preset, **small)  # thresholds for this tiny model's probabilities (about 1/300)
+    tr = TrustRegion.preset(preset)  # thresholds for this tiny model's probabilities (about 1/300)
+    tr = tr.replace(**{name: value for name, value in small.items() if name in tr.fields_read})
     batch = model_batch(policy, k=3 if tr.uses_topk else 0)
     settings = UpdateSettings(minibatch_size=4, micro_batch_size=2, aggregation="token-mean", temperature=0.8)
     found = {}

@@ -110,6 +110,20 @@ def test_a_minibatch_with_non_finite_mu_is_skipped_and_counted(policy):
         torch.testing.assert_close(value, policy[0].state_dict()[name], atol=0, rtol=0)
 
 
+@pytest.mark.fault("a minibatch whose advantages are non-finite (a broken advantage estimator or reward)",
+                   "the run stops: `training diverged: the advantages are non-finite …` before any step applies "
+                   "them (`policy_loss` alone would mask those tokens and count them in `nonfinite`)")
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_advantages_stop_the_run_before_any_step(policy, value):
+    model = copy.deepcopy(policy[0])
+    batch = copy.deepcopy(on_policy_batch(policy, 1.0))
+    batch.advantages[1] = value
+    with pytest.raises(TrainingDiverged, match="advantages are non-finite"):
+        plain_update(model, batch, minibatch_size=len(batch))
+    for name, tensor in model.state_dict().items():  # nothing was applied
+        torch.testing.assert_close(tensor, policy[0].state_dict()[name], atol=0, rtol=0)
+
+
 def test_healthy_minibatches_still_train_beside_a_skipped_one(policy):
     model = copy.deepcopy(policy[0])
     history = plain_update(model, poisoned(on_policy_batch(policy, 1.0)), minibatch_size=3)

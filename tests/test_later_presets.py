@@ -220,7 +220,7 @@ def cppo_mask_as_the_paper_writes_it(divergence, ratio, adv, mask, delta, w_min,
 def test_cppo_gradient_is_the_papers(preset, seed):
     """The loss is DPPO's surrogate −Σ M_t·r_t·A_t (C = ∞) under the mask of eq. 8-10, and the case exercises the
     budget (some tokens blocked that DPPO would keep)."""
-    tr = TrustRegion.preset(preset, k=3)
+    tr = TrustRegion.preset(preset).replace(k=3)  # K read by the top-K one only
     mu, logp, adv, mask = random_batch(seed)
     topk = None
     if tr.uses_topk:
@@ -239,7 +239,7 @@ def test_cppo_gradient_is_the_papers(preset, seed):
     theirs = logp.clone().requires_grad_()
     torch.where(paper_keep & mask, -(theirs.exp() / mu.exp()) * adv, 0.0).sum().backward()
     torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6)
-    dppo = TrustRegion.preset("dppo_topk_tv" if tr.uses_topk else "dppo_binary_tv", k=3)
+    dppo = TrustRegion.preset("dppo_topk_tv" if tr.uses_topk else "dppo_binary_tv").replace(k=3)
     assert (policy_loss(logp, mu, adv, mask, dppo, topk=topk).keep & ~out.keep).any(), "the budget binds"
 
 
@@ -286,8 +286,8 @@ def test_cppo_without_position_weights_or_budget_is_dppo(cppo, dppo):
 
     mu, logp, adv, mask = random_batch(5, b=8, t=20)
     topk = random_topk(logp.float(), mu.float(), seed=5) if "topk" in dppo else None
-    ours = policy_loss(logp, mu, adv, mask, TrustRegion.preset(cppo, w_min=1.0, delta_b=1e6, k=3), topk=topk)
-    theirs = policy_loss(logp, mu, adv, mask, TrustRegion.preset(dppo, k=3), topk=topk)
+    ours = policy_loss(logp, mu, adv, mask, TrustRegion.preset(cppo, w_min=1.0, delta_b=1e6).replace(k=3), topk=topk)
+    theirs = policy_loss(logp, mu, adv, mask, TrustRegion.preset(dppo).replace(k=3), topk=topk)
     assert torch.equal(ours.keep, theirs.keep) and (~theirs.keep & mask).any()
 
 
@@ -372,8 +372,8 @@ def test_m2po_bounds(log_r, signs, tau):
     """After the mask the trust-region tokens' M̂2 is ≤ τ_M2 (or none is left), the masked ones are the largest, as
     few as possible (putting back the smallest masked one breaks the bound), and no other token is masked."""
     n = len(log_r)
-    mu = [[0.3] * n]
-    pi = [[0.3 * math.exp(x) for x in log_r]]
+    mu = [[0.1] * n]
+    pi = [[0.1 * math.exp(x) for x in log_r]]  # ≤ 0.74: log-probabilities
     adv = [signs[:n]]
     out, _ = run("m2po", mu, pi, adv, tau_m2=tau)
     keep = out.keep[0].tolist()
@@ -418,7 +418,8 @@ def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
 
     logp, mu, recomputed, adv, mask = batch_of(seed=9)
     base = TrustRegion.preset(preset)
-    topk = random_topk(logp, mu, seed=2) if base.uses_topk else None
+    base = base.replace(k=3) if base.uses_topk else base  # random_topk's K
+    topk = random_topk(logp, mu, seed=2, k=3) if base.uses_topk else None
 
     def loss_of(tr):
         lp = logp.clone().requires_grad_()
@@ -435,7 +436,7 @@ def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
 
 @pytest.mark.parametrize("preset", LATER)
 def test_no_nan_or_inf_at_extreme_probabilities(preset):
-    tr = TrustRegion.preset(preset, k=2)
+    tr = TrustRegion.preset(preset).replace(k=1)  # a two-token vocabulary: TopK(μ, 1) ∪ {a_t}
     near_one = math.log1p(-1e-7)
     values = torch.tensor([-60.0, -30.0, -1e-7, near_one, -1.0, 0.0])
     logp, mu = torch.meshgrid(values, values, indexing="ij")

@@ -122,3 +122,15 @@ def test_visible_gpus_that_oat_would_misplace_are_refused(visible, gpus, message
     with pytest.raises(ValueError, match=re.escape(message)) as refused:
         check_visible_gpus(gpus, visible)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.fault("oat engine: `--num_samples 0` or a negative one (with `--dry_run` too)",
+                   "one line before the plan is printed: `--num_samples must be an integer >= 1` (exit 2); the dry "
+                   "run stops at its first failed check")
+@pytest.mark.parametrize("value", [0, -3, True])
+def test_a_group_size_below_one_is_refused(value):
+    from dppo_oat.engines.oat.plan import check_group_size
+
+    with pytest.raises(ValueError, match="--num_samples must be an integer >= 1"):
+        check_group_size(value)
+    check_group_size(8)

@@ -133,7 +133,7 @@ def test_stale_rollouts_follow_their_schedule_and_resume_exactly(tmp_path, capsy
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["--steps", "5", "--run-name", "killed", "--resume", *synchronous])
-    assert "max_staleness: 2 → 0" in " ".join(capsys.readouterr().out.split())
+    assert "max_staleness: 2 → 0" in " ".join(capsys.readouterr().err.split())
 
 
 def test_learning_rate_schedules():

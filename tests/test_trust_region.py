@@ -35,6 +35,7 @@ def expected_weight(tr, logp, mu, recomputed, mask):
 def run_rule(preset, mu, pi, adv, recomputed=None, **overrides):
     """keep, divergence and IS-weighted gradient of one token under ``preset``."""
     tr = TrustRegion.preset(preset, **overrides)
+    tr = tr.replace(k=1) if tr.uses_topk else tr  # a two-token vocabulary: TopK(μ, 1) ∪ {a_t}
     logp = torch.tensor([[math.log(pi)]], requires_grad=True)
     mu_logp = torch.tensor([[math.log(mu)]])
     recomputed_logp = torch.tensor([[math.log(recomputed if recomputed is not None else mu)]])
@@ -200,7 +201,8 @@ def test_gradient_identity_on_random_batches(preset, per_token_adv):
     logp, mu, recomputed, adv, mask = random_batch(seed=len(preset))
     if not per_token_adv:
         adv = adv[:, :1]
-    topk = random_topk(logp, mu, seed=1) if tr.uses_topk else None
+    tr = tr.replace(k=3) if tr.uses_topk else tr  # random_topk's K
+    topk = random_topk(logp, mu, seed=1, k=tr.k) if tr.uses_topk else None
     logp = logp.clone().requires_grad_()
     out = policy_loss(logp, mu, adv, mask, tr, recomputed_logp=recomputed, topk=topk)
     out.loss.sum().backward()
@@ -234,6 +236,7 @@ def test_topk_rule_equals_binary_on_a_two_token_vocabulary():
 @pytest.mark.parametrize("preset", ALL_PRESETS)
 def test_no_nan_or_inf_at_extreme_probabilities(preset):
     tr = TrustRegion.preset(preset)
+    tr = tr.replace(k=1) if tr.uses_topk else tr  # a two-token vocabulary
     near_one = math.log1p(-1e-7)
     values = torch.tensor([-60.0, -30.0, -1e-7, near_one, -1.0, 0.0])
     logp, mu = torch.meshgrid(values, values, indexing="ij")
@@ -364,7 +367,7 @@ def test_a_field_a_rule_does_not_read_changes_nothing(preset):
 
     expected = loss_of(base)
     for name in sorted(set(UNREAD_PERTURBATION) - base.fields_read):
-        got = loss_of(TrustRegion.preset(preset, **{name: UNREAD_PERTURBATION[name]}))
+        got = loss_of(base.replace(**{name: UNREAD_PERTURBATION[name]}))  # preset() refuses an unread field
         assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"{preset} reads {name} after all"
 
 

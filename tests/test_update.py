@@ -122,7 +122,8 @@ def test_recompute_anchor_and_topk_rules_run(policy):
                                atol=1e-4, rtol=0)
     settings = UpdateSettings(minibatch_size=3, aggregation="token-mean")
     for preset in ("minirl", "dppo_binary_kl_recompute", "dppo_topk_tv", "dppo_topk_kl"):
-        history = sgd_update(model, batch, TrustRegion.preset(preset), settings, lr=0.01)
+        tr = TrustRegion.preset(preset)
+        history = sgd_update(model, batch, tr.replace(k=4) if tr.uses_topk else tr, settings, lr=0.01)  # top_k=4
         assert len(history) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
     _, no_topk = sampled_batch(policy)
     with pytest.raises(ValueError, match="top-K"):

@@ -9,6 +9,7 @@ finite number within int64 is dropped (:func:`step_numbers`) and non-numeric val
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from dppo_oat import runlog
-from dppo_oat.runlog import CONFIG_FILE, METRICS_FILE
+from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 
 MAX_SHOWN = 40
 """Values of a wrong type longer than this (as JSON) are named by their type in messages."""
@@ -139,6 +140,32 @@ def read_config(path: Path) -> dict:
     if problem is not None:
         raise DamagedRun(path, problem)
     return config
+
+
+def file_problem(path: Path, name: str) -> str | None:
+    """Why the run file ``name`` of run directory ``path`` cannot be read as one (None when it is absent, or a
+    regular file this process may read): a directory, a dangling link, a socket... would read as an empty log."""
+    file = Path(path) / name
+    if not os.path.lexists(file):
+        return None
+    if file.is_symlink() and not file.exists():
+        return f"its {name} is a dangling link (to {os.readlink(file)})"
+    if file.is_dir():
+        return f"its {name} is a directory"
+    if not file.is_file():
+        return f"its {name} is not a regular file"
+    if not os.access(file, os.R_OK):
+        return f"its {name} cannot be read (permission denied)"
+    return None
+
+
+def check_run_files(path: Path) -> None:
+    """Every run file of ``path`` that exists is a regular, readable file (:func:`file_problem`); ``DamagedRun``
+    naming the first that is not."""
+    for name in (CONFIG_FILE, METRICS_FILE, EVAL_FILE):
+        problem = file_problem(path, name)
+        if problem is not None:
+            raise DamagedRun(path, problem)
 
 
 def step_numbers(column: pd.Series) -> pd.Series:

@@ -28,6 +28,7 @@ from dppo_oat import runlog
 from dppo_oat.analysis.run_checks import (
     CHOICE_FIELDS,
     DamagedRun,
+    check_run_files,
     no_rows_reason,
     none_left_message,
     read_config,
@@ -201,12 +202,14 @@ def load_run(path: PathLike) -> Run:
 
     Raises:
         ValueError: ``path`` is not a run directory.
-        DamagedRun: its ``config.json`` is not a usable JSON object
+        DamagedRun: a run file is not a regular, readable file
+            (:func:`~dppo_oat.analysis.run_checks.check_run_files`), its ``config.json`` is not a usable JSON object
             (:func:`~dppo_oat.analysis.run_checks.read_config`), or a log cannot be read.
     """
     path = Path(path)
     if not is_run_dir(path):
         raise ValueError(not_a_run_dir_message(path))
+    check_run_files(path)
     config = read_config(path)
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})

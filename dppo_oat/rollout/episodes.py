@@ -38,7 +38,7 @@ from dppo_oat.errors import RunError
 from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
 from dppo_oat.samples import TurnSample
-from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
 from envs.contract import INVALID_ACTION, BrokenEnvError, checked_reset, checked_step, observation_text
 from envs.plugins import env_label
 
@@ -233,6 +233,7 @@ class EpisodeCollector:
         self._next_episode_id = 0
         self._encoded: dict[str, list[int]] = {}  # prompt text -> token ids, within one rollout
         self._env_errors_shown: set[str] = set()  # env ids whose first step() exception was shown
+        self._default_cap_shown: set[str] = set()  # env ids whose episodes reached the default turn cap
         self._errors_in_a_row, self._first_error_in_a_row = 0, ""  # the latest episodes ended by env errors
 
     @property
@@ -252,14 +253,25 @@ class EpisodeCollector:
         slots = [self._new_slot(i, seed) for i, seed in enumerate(slot_seeds)]
         for i, slot in enumerate(slots):
             slot.prompt = self.render(self.observation_fn(observations[i], infos[i]))
+        caps = [self.turn_cap(env) for env in self.vec_env.envs]  # after reset: an env may draw its limit there
         turn = 0
         while any(slot.running for slot in slots):
-            if self.settings.max_turns is not None and turn >= self.settings.max_turns:
-                self._stop_at_turn_limit(slots)
-                break
-            self._play_turn(generator, sampling, slots, turn)
-            turn += 1
+            self._stop_at_turn_caps(slots, caps, turn)
+            if any(slot.running for slot in slots):
+                self._play_turn(generator, sampling, slots, turn)
+                turn += 1
         return self._finish(slots)
+
+    def turn_cap(self, env) -> tuple[int, bool]:
+        """``(cap, by_default)``: the turns an episode of ``env`` may play: ``--max-turns`` when given, else none
+        beyond the env's own limit (its ``max_turns``: the env ends the episode), else :data:`DEFAULT_MAX_TURNS`
+        (``by_default``: said when it binds)."""
+        if self.settings.max_turns is not None:
+            return self.settings.max_turns, False
+        own = getattr(env.unwrapped, "max_turns", None)
+        if isinstance(own, int) and not isinstance(own, bool) and own > 0:
+            return max(own, DEFAULT_MAX_TURNS), False
+        return DEFAULT_MAX_TURNS, True
 
     def first_prompt_lengths(self, seed: int) -> dict[str, int]:
         """The token count of each env's first prompt from reset ``seed`` (the longest over its slots)."""
@@ -349,10 +361,19 @@ class EpisodeCollector:
             slot.samples[-1].done = slot.samples[-1].done or reason in ("terminated", "env_error")
             slot.samples[-1].truncated = slot.samples[-1].truncated or reason in ("max_turns", "prompt_too_long")
 
-    def _stop_at_turn_limit(self, slots: list[_Slot]) -> None:
-        for slot in slots:
-            if slot.running:
-                self._end(slot, "max_turns")
+    def _stop_at_turn_caps(self, slots: list[_Slot], caps: list[tuple[int, bool]], turn: int) -> None:
+        """End the running episodes that played their turn cap (:meth:`turn_cap`); say once per env id when the
+        default cap bound (its env has no limit of its own)."""
+        for slot, (cap, by_default) in zip(slots, caps):
+            if not slot.running or turn < cap:
+                continue
+            self._end(slot, "max_turns")
+            env_id = slot.record.env_id
+            if by_default and env_id not in self._default_cap_shown:
+                self._default_cap_shown.add(env_id)
+                warnings.warn(f"env {env_id}: its episodes reached the turn cap {cap} (the env has no turn limit of "
+                              "its own): they end there, counted in end/max_turns; --max-turns sets another cap",
+                              stacklevel=3)
 
     def _prompts_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """The prompt ids of ``texts``; a text already encoded in this rollout (a group's shared first board, a

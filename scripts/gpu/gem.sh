@@ -39,6 +39,7 @@ esac
 
 gpus=$(gpus_of "$@")
 batch=128  # Gem's GRADIENT_BATCH_SIZE: turn samples per learning round, and per optimizer step
+per_gpu=$(per_device $batch "$gpus")  # an assignment: a refusal stops the script (set -e)
 if [[ $variant == gem ]]; then
     group_flags=(--num_samples 1 --advantage_mode rebn)  # Gem: norm_return
 else
@@ -47,8 +48,8 @@ fi
 
 exec "${TRAIN[@]}" "${NODE_FLAGS[@]}" $(trust_region_flags "$trust_region") \
     --pretrain "${MODEL:-Qwen/Qwen3-1.7B-Base}" --gpus "$gpus" "${task_flags[@]}" "${group_flags[@]}" \
-    --rollout_batch_size "$batch" --rollout_batch_size_per_device "$(per_device $batch "$gpus")" \
-    --pi_buffer_maxlen_per_device "$(per_device $batch "$gpus")" \
+    --rollout_batch_size "$batch" --rollout_batch_size_per_device "$per_gpu" \
+    --pi_buffer_maxlen_per_device "$per_gpu" \
     --train_batch_size "$batch" --train_batch_size_per_device 1 --num_ppo_epochs 2 \
     --max_model_len 12800 --prompt_max_length 8704 --generate_max_length 4096 \
     --eval_steps 20 --num_eval_seeds 64 --eval_n 1 --eval_temperature 0.6 --eval_top_p 0.95 \

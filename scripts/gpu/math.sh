@@ -16,12 +16,13 @@ trust_region=dppo_binary_tv
 if [[ $# -gt 0 && $1 != -* ]]; then trust_region=$1; shift; fi
 gpus=$(gpus_of "$@")
 samples=1024  # oat: 128 prompts × 8 samples per learning round
+per_gpu=$(per_device $samples "$gpus")  # an assignment: a refusal stops the script (set -e)
 
 exec "${TRAIN[@]}" "${NODE_FLAGS[@]}" $(trust_region_flags "$trust_region") \
     --pretrain "${MODEL:-OctoThinker/OctoThinker-3B-Hybrid-Base}" --gpus "$gpus" \
     --env_ids local-math:math_lvl3to5_8k:train --prompt_template qwen3_general --num_samples 8 --advantage_mode drgrpo \
-    --rollout_batch_size $samples --rollout_batch_size_per_device "$(per_device $samples "$gpus")" \
-    --pi_buffer_maxlen_per_device "$(per_device $samples "$gpus")" \
+    --rollout_batch_size $samples --rollout_batch_size_per_device "$per_gpu" \
+    --pi_buffer_maxlen_per_device "$per_gpu" \
     --train_batch_size 128 --train_batch_size_per_device 1 --num_ppo_epochs 1 \
     --prompt_max_length 1024 --generate_max_length 4096 --max_model_len 5120 \
     --eval_env_ids local-math:evaluation_suite:aime local-math:evaluation_suite:amc --num_eval_seeds 0 --eval_n 32 \

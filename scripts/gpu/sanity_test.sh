@@ -20,14 +20,15 @@ if [[ ${#methods[@]} -eq 0 ]]; then
 fi
 gpus=$(gpus_of "$@")
 samples=512  # 64 prompts × 8 samples per rollout; minibatches of 128 samples: 4 gradient steps
+per_gpu=$(per_device $samples "$gpus")  # an assignment: a refusal stops the script (set -e)
 
 for method in "${methods[@]}"; do
     "${TRAIN[@]}" "${NODE_FLAGS[@]}" --trust_region "$method" \
         --pretrain "${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}" --gpus "$gpus" \
         --env_ids "local-math:${SANITY_SET:-math_lvl3to5_8k:train}" --prompt_template chat --num_samples 8 \
         --advantage_mode drgrpo \
-        --rollout_batch_size $samples --rollout_batch_size_per_device "$(per_device $samples "$gpus")" \
-        --pi_buffer_maxlen_per_device "$(per_device $samples "$gpus")" \
+        --rollout_batch_size $samples --rollout_batch_size_per_device "$per_gpu" \
+        --pi_buffer_maxlen_per_device "$per_gpu" \
         --train_batch_size 128 --train_batch_size_per_device 1 --num_ppo_epochs 1 \
         --prompt_max_length 1024 --generate_max_length 8000 --max_model_len 9024 \
         --eval_env_ids local-math:evaluation_suite:aime --num_eval_seeds 0 --eval_n 32 \

@@ -105,3 +105,29 @@ def test_prepare_math_writes_rows_verl_scores(tmp_path):
     row = rows[1]
     assert default_compute_score(row["data_source"], "so \\boxed{6}", row["reward_model"]["ground_truth"]) == 1.0
     assert default_compute_score(row["data_source"], "so \\boxed{7}", row["reward_model"]["ground_truth"]) == 0.0
+
+
+@pytest.mark.fault("verl engine: `python -m dppo_oat.engines.verl check` with an override Hydra cannot parse "
+                   "(`garbage`, `a.b=[1,`), one verl's config refuses, or `loss_mode=dppo_oat.nosuch`",
+                   "one line on stderr saying which override and why (exit 2); an unknown dppo_oat loss mode is named "
+                   "before verl's own checks run")
+@pytest.mark.parametrize("overrides, fragment", [
+    (["garbage"], "garbage"),
+    (["a.b=[1,"], "a.b=[1,"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_oat.nosuch"], "unknown trust-region preset 'nosuch'"),
+    (["trainer.no_such_key=1"], "no_such_key"),
+])
+def test_check_refuses_a_bad_override_in_one_line(verl_adapter, overrides, fragment, capsys):
+    from dppo_oat.engines.verl.__main__ import main
+
+    assert main(["check", *overrides]) == 2
+    out = capsys.readouterr()
+    assert not out.out and out.err.count("\n") == 1 and out.err.startswith("error: ") and fragment in out.err, out
+
+
+@pytest.mark.parametrize("override", ["garbage", "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_oat.nosuch"])
+def test_launch_example_refuses_a_bad_override_in_one_line(tmp_path, override):
+    result = run_launch(tmp_path, "dppo_binary_tv", override)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "main_ppo" not in result.stdout

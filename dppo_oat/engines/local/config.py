@@ -3,6 +3,7 @@ the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`)."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,26 @@ class WarmStartConfig:
     seed: Optional[int] = 0
     """Seed of the tokenizer, model and demonstrations. Every RL --seed starts from this one warm-started policy, as
     the paper's seeds share one initial model (the default run's ships with the package); None: the run's --seed."""
+
+    def check(self) -> None:
+        """Every flag in its range (one line naming it), before any model loads or any warm start begins."""
+        for name in ("demo_episodes", "batch_size", "check_every", "check_episodes", "max_steps", "vocab_size",
+                     "hidden_size", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag_of(name)} must be >= 1, got {getattr(self, name)}")
+        if not (0 < self.lr < math.inf):
+            raise ValueError(f"{flag_of('lr')} must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.mistake_rate < 1:  # NaN fails too
+            raise ValueError(f"{flag_of('mistake_rate')} must be in [0, 1) (a share of demonstration turns), got "
+                             f"{self.mistake_rate}")
+        if not 0 <= self.target_success <= 1:  # 0: stop at the first check
+            raise ValueError(f"{flag_of('target_success')} must be in [0, 1] (a validation success rate), got "
+                             f"{self.target_success}")
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a warm-start setting (``check_every`` → ``--warm-start.check-every``)."""
+    return f"--warm-start.{name.replace('_', '-')}"
 
 
 @dataclass
@@ -160,6 +181,12 @@ class TrainConfig(spec.DPPOFlags):
     """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
     """Continue runs/<run_name> from its last checkpoint."""
+    overwrite: bool = False
+    """Start a new run where a run of this name is: its files are moved aside into <run>/overwritten-<UTC time>/
+    (never deleted). Without it a new run refuses to start where any file of a run is."""
+    allow_metrics_gap: bool = False
+    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (those steps stay missing from
+    its curves). Without it such a resume is refused."""
     cache_dir: Optional[str] = None
     """Where the tiny policy is cached (default: $DPPO_CACHE or ~/.cache/dppo_oat)."""
     device: str = "cpu"
@@ -190,7 +217,10 @@ class TrainConfig(spec.DPPOFlags):
         return self.groups_per_step * self.group_size
 
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
+        """``--run-name`` as given (an empty one is refused by validation, not replaced), else the default name."""
+        if self.run_name is not None:
+            return self.run_name
+        return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
     def run_path(self) -> Path:
         return Path(self.run_dir) / self.resolved_run_name()

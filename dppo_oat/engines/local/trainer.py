@@ -41,8 +41,8 @@ from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save, read_config,
-                             read_jsonl, settings_hash)
+from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save,
+                             missing_steps, move_run_aside, read_config, read_jsonl, settings_hash)
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_samples import TokenSampler, decode_each
@@ -79,6 +79,9 @@ class LocalTrainer:
         self.config, self.console = config, console or Console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
         self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
+        if self.lock.removed:
+            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed save "
+                               f"({self.lock.removed[0].name} first)", soft_wrap=True)
         try:
             self._build(config)
         except BaseException:  # a failed start (a prompt too long, Ctrl-C) frees the directory and leaves no new one
@@ -129,11 +132,26 @@ class LocalTrainer:
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
-        if resuming and self.resume_step > 0 and not read_jsonl(c.run_path() / METRICS_FILE):
-            self.console.print(f"warning: {c.run_path() / METRICS_FILE} is missing or empty: its curves hold only "
-                               f"the steps after {self.resume_step}", soft_wrap=True)
+        if resuming:
+            self._warn_of_metrics_gap()
+        elif c.overwrite:
+            self._move_earlier_run_aside()
         self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
                           tensorboard=c.tensorboard)
+
+    def _warn_of_metrics_gap(self) -> None:
+        """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
+        path = self.config.run_path() / METRICS_FILE
+        missing = missing_steps(read_jsonl(path), self.resume_step)
+        if missing:
+            self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
+                               f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+
+    def _move_earlier_run_aside(self) -> None:
+        """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
+        aside = move_run_aside(self.config.run_path())
+        if aside is not None:
+            self.console.print(f"--overwrite: the earlier run's files are in {aside}", soft_wrap=True)
 
     # ------------------------------------------------------------------ building
     def _sampling(self, seed: int, *, evaluation: bool = False) -> SamplingSettings:

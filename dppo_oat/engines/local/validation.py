@@ -16,9 +16,9 @@ from dppo_oat.mixed_precision import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, PROVENANCE, check_can_write,
-                             check_run_name, check_tensorboard, check_wandb, config_differences, read_config,
-                             settings_hash)
+from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
+                             check_can_write, check_run_name, check_tensorboard, check_wandb, config_differences,
+                             missing_steps, read_config, read_jsonl, run_files, settings_hash)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
@@ -60,6 +60,9 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
     for name, value in finite.items():
         if not math.isfinite(value):
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if c.weight_decay < 0:
+        raise ValueError(f"--weight-decay must be a finite number >= 0 (AdamW's), got {c.weight_decay}")
+    c.warm_start.check()
     for flag, seed in (("--seed", c.seed), ("--warm-start.seed", c.warm_start.seed)):
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
@@ -254,23 +257,44 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
 
 
 def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
-    """The checkpoint step when resuming; refuses an unwritable directory and overwriting a finished log."""
+    """The checkpoint step when resuming; refuses an unwritable directory, a resume it cannot continue, and a new run
+    where a run's files are (without ``--overwrite``, which moves them aside once the run holds its lock)."""
     check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
     path = c.run_path()
     check_can_write(path)
-    checkpoint = path / CHECKPOINT_FILE
     if c.resume:
-        if not checkpoint.exists():
-            raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
-        stored = _check_same_run(c, spec, path)
-        return _check_checkpoint_identity(checkpoint, stored, spec, c.steps)
-    metrics = path / METRICS_FILE
-    if checkpoint.exists() and metrics.exists() and metrics.stat().st_size > 0:  # no checkpoint: nothing to keep
-        raise ValueError(f"run {str(path)!r} already has metrics: pass --resume, or another --run-name")
+        return _check_resume(c, spec, path)
+    existing = run_files(path)
+    if existing and not c.overwrite:
+        go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
+                 "it has no checkpoint to --resume from; ")
+        raise ValueError(f"run {str(path)!r} already holds {', '.join(existing)}: {go_on}another --run-name starts "
+                         f"beside it, --overwrite starts over (its files are moved aside into {path}/"
+                         f"{OVERWRITTEN_PREFIX}<UTC time>/)")
     return None
 
 
-RESUMABLE = ("steps", "resume", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
+def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
+    """The checkpoint step of a run ``--resume`` can continue: this run's checkpoint, its settings, and a metrics log
+    that holds every checkpointed step (or ``--allow-metrics-gap``)."""
+    if c.overwrite:
+        raise ValueError("--overwrite starts a new run and --resume continues one: give one of them")
+    if not (path / CHECKPOINT_FILE).exists():
+        if run_files(path):
+            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed; start it over "
+                             f"with --overwrite in place of --resume (its files are moved aside)")
+        raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
+    stored = _check_same_run(c, spec, path)
+    step = _check_checkpoint_identity(path / CHECKPOINT_FILE, stored, spec, c.steps)
+    missing = missing_steps(read_jsonl(path / METRICS_FILE), step)
+    if missing and not c.allow_metrics_gap:
+        raise ValueError(f"--resume: {path / METRICS_FILE} lacks step {missing[0]} of the {step} its checkpoint holds "
+                         f"({len(missing)} missing): restore it, or pass --allow-metrics-gap to continue with those "
+                         "steps missing from its curves")
+    return step
+
+
+RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
              "eval_every", "probe_every", "token_samples")
 """Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
 
@@ -317,6 +341,14 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
         raise ValueError(f"--resume: {checkpoint.parent} is checkpointed at step {step}, past --steps {steps}: give "
                          f"--steps {step} or more")
     return step
+
+
+def checkpointed_step(run_path: Path) -> int | None:
+    """The step of the run's checkpoint, None when there is none or it does not load (for messages only)."""
+    try:
+        return _checkpoint_record(run_path / CHECKPOINT_FILE)["step"]
+    except ValueError:
+        return None
 
 
 def _checkpoint_record(checkpoint: Path) -> dict:

@@ -26,7 +26,7 @@ from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.engines.oat.plan import check_plan, check_visible_gpus, plan_of
+from dppo_oat.engines.oat.plan import check_group_size, check_plan, check_visible_gpus, plan_of
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
@@ -184,6 +184,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
         raise ValueError(ASYNCHRONOUS_REFUSED)
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
+    check_group_size(args.num_samples)
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)

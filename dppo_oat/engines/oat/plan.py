@@ -131,6 +131,14 @@ def _every_rounds(every_actor_steps: int, interval: int) -> Optional[int]:
     return math.lcm(every_actor_steps, interval) // interval
 
 
+def check_group_size(num_samples: int) -> None:
+    """``--num_samples`` (episodes per prompt, the GRPO group) is a positive count: the actors' batch is divided by
+    it (0 would divide by zero on the node, after the models loaded; a negative one would plan nonsense)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"--num_samples must be an integer >= 1 (episodes per prompt, the GRPO group), got "
+                         f"{num_samples!r}")
+
+
 def check_plan(plan: Plan) -> None:
     """Refuse, in one line that says what to change, a plan oat would crash on or that trains on the wrong data."""
     _check_topology(plan)

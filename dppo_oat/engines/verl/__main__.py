@@ -14,30 +14,49 @@ import math
 import sys
 from typing import Sequence
 
-from dppo_oat.engines.verl import REFUSED, REGISTERED
-from dppo_oat.engines.verl.mapping import hydra_overrides
-from dppo_oat.engines.verl.preflight import check, compose
+from dppo_oat.engines.verl import INSTALL_HINT, VERL_INSTALLED
+from dppo_oat.engines.verl.mapping import hydra_overrides, loss_name, supported_presets
 
 
 def parse_fields(pairs: Sequence[str]) -> dict:
-    """``["delta=0.2", "is_cap=inf"]`` as TrustRegion field overrides (numbers as floats or ints, else strings)."""
+    """``["delta=0.2", "is_cap=inf"]`` as TrustRegion field overrides: each a FIELD=VALUE whose value is a number
+    (``inf`` allowed, NaN not); ``ValueError`` with one line naming the pair otherwise."""
     fields = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"a trust-region field is FIELD=VALUE, got {pair!r}")
-        fields[name] = _value(value)
+        if not sep or not name:
+            raise ValueError(f"a trust-region field is FIELD=VALUE (e.g. delta=0.2), got {pair!r}")
+        fields[name] = _number(pair, value)
     return fields
 
 
-def _value(text: str):
+def _number(pair: str, text: str) -> int | float:
+    """The number ``text`` of ``pair`` (an int where it is one: K), never NaN."""
     for kind in (int, float):
         try:
             number = kind(text)
         except ValueError:
             continue
-        return number if kind is int or not math.isnan(number) else text
-    return text
+        if kind is float and math.isnan(number):
+            break
+        return number
+    raise ValueError(f"{pair}: a trust-region field takes a number (e.g. delta=0.2, is_cap=inf), got {text!r}")
+
+
+def preset_lines() -> list[str]:
+    """``list``: every preset, registered (verl can run it) or refused with the reason; no verl needed."""
+    presets = supported_presets()
+    return ([f"{loss_name(name)}: registered" for name, reason in presets.items() if reason is None]
+            + [reason for reason in presets.values() if reason is not None])
+
+
+def check_lines(overrides: Sequence[str]) -> list[str]:
+    """``check``: compose verl's config with ``overrides`` and check it (needs verl)."""
+    if not VERL_INSTALLED:
+        raise ValueError(f"check composes verl's own config: it needs verl ({INSTALL_HINT})")
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    return [check(compose(overrides))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
-            lines = [f"{name}: registered" for name in REGISTERED] + [f"{reason}" for reason in REFUSED.values()]
+            lines = preset_lines()
         elif args.command == "overrides":
             lines = hydra_overrides(args.preset, **parse_fields(args.fields))
         else:
-            lines = [check(compose(args.overrides))]
+            lines = check_lines(args.overrides)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

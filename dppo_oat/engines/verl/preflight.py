@@ -32,15 +32,47 @@ def verl_config_dir() -> str:
     return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message in one line (Hydra's and OmegaConf's span several, with a link or a key path)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines[:2]) if lines else type(error).__name__
+
+
+def config_errors() -> tuple[type[BaseException], ...]:
+    """What Hydra, OmegaConf and verl's config classes raise for a config they refuse."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return HydraException, OmegaConfBaseException, AssertionError, TypeError
+
+
+def check_syntax(overrides: Sequence[str]) -> None:
+    """Every override parses in Hydra's grammar; ``ValueError`` naming the first that does not."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as error:
+            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax ({first_line(error)})") from None
+
+
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer"):
-    """verl's ``main_ppo`` config with ``overrides``, interpolations resolved (as its TaskRunner resolves them)."""
+    """verl's ``main_ppo`` config with ``overrides``, interpolations resolved (as its TaskRunner resolves them);
+    ``ValueError`` with one line for an override Hydra cannot parse or the config refuses."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
-        config = hydra_compose(config_name=config_name, overrides=list(overrides))
-    OmegaConf.resolve(config)
+    check_syntax(overrides)
+    try:
+        with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+            config = hydra_compose(config_name=config_name, overrides=list(overrides))
+        OmegaConf.resolve(config)
+    except config_errors() as error:
+        raise ValueError(f"verl's config does not take these overrides: {first_line(error)}") from None
     return config
 
 
@@ -72,22 +104,32 @@ def _check_mirror(config, actor) -> None:
                              f"({field}: {wanted.get(field)!r} in algorithm, {seen.get(field)!r} in the actor)")
 
 
-def check(config) -> str:
-    """One line on what the run's loss will do, or ValueError with one line on what to change. Runs verl's own
-    ``validate_config`` first, as ``verl.trainer.main_ppo.main`` does before it starts Ray."""
+def _verl_checked_actor(config):
+    """verl's own ``validate_config`` (as ``main_ppo`` runs it before Ray starts), then the actor config as verl's
+    workers build it; ``ValueError`` with one line where verl refuses the config."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    try:
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    except (*config_errors(), ValueError) as error:
+        raise ValueError(f"verl refuses the config: {first_line(error)}") from None
+
+
+def check(config) -> str:
+    """One line on what the run's loss will do, or ValueError with one line on what to change. Runs verl's own
+    ``validate_config`` first, as ``verl.trainer.main_ppo.main`` does before it starts Ray."""
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     preset = preset_of(loss_mode)
+    reason = None if preset is None else refusal(preset)
+    if reason:  # an unknown or refused dppo_oat loss, named before verl's own checks
+        raise ValueError(reason)
+    actor = _verl_checked_actor(config)
     if preset is None:
         return f"loss_mode {loss_mode} is verl's own: nothing of dppo_oat to check"
-    reason = refusal(preset)
-    if reason:
-        raise ValueError(reason)
     _check_plumbing(config)
-    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     _check_mirror(config, actor)
     tr = trust_region_for(preset, actor)
     problem = anchoring_problem(tr, rollout_correction_of(actor))

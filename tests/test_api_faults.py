@@ -1,0 +1,107 @@
+"""Faults at the Python API's boundary: ``TrustRegion`` and ``policy_loss`` refuse what they cannot use in one
+``ValueError`` naming the field or input (as the command line does), and a non-finite input token never passes
+silently into the loss."""
+
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dppo_oat import TopK, TrustRegion, policy_loss
+
+
+@pytest.mark.fault("`TrustRegion.preset(\"tis\", name=123)`, `preset(\"drpo\", delta=\"0.1\")`, `delta=None`, "
+                   "`preset(\"cppo\", k=True)`, or `TrustRegion(...)` with such a value",
+                   "`ValueError` naming the field and the type it takes (never a `TypeError` from deep inside)")
+@pytest.mark.parametrize("build, field", [
+    (lambda: TrustRegion.preset("tis", name=123), "name"),
+    (lambda: TrustRegion.preset("drpo", delta="0.1"), "delta"),
+    (lambda: TrustRegion.preset("drpo", delta=None), "delta"),
+    (lambda: TrustRegion.preset("cppo", k=True), "k"),
+    (lambda: TrustRegion.preset("cppo", k=2.5), "k"),
+    (lambda: TrustRegion(eps_low=False), "eps_low"),
+    (lambda: TrustRegion(rule=["ratio"]), "rule"),
+])
+def test_a_trust_region_of_a_wrong_type_is_a_value_error_naming_the_field(build, field):
+    with pytest.raises(ValueError, match=f"^{field} "):
+        build()
+
+
+@pytest.mark.fault("`TrustRegion.preset(\"ppo\", delta=0.2)`: a field the preset's rule never reads",
+                   "`ValueError` naming the field and what the rule reads, as the command line refuses "
+                   "`--tr-delta` there")
+def test_a_preset_refuses_a_field_its_rule_never_reads():
+    with pytest.raises(ValueError, match=r"delta: not read by the trust region ppo \(it reads .*eps_low"):
+        TrustRegion.preset("ppo", delta=0.2)
+    assert TrustRegion.preset("ppo").replace(delta=0.2).delta == 0.2  # replace() stays a plain copy
+
+
+def batch(b=2, t=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=gen) - 0.1
+    mu = logp + 0.05 * torch.randn(b, t, generator=gen)
+    return logp.clamp(max=0), mu.clamp(max=0), torch.tensor([[1.0], [-1.0]])[:b], torch.ones(b, t, dtype=torch.bool)
+
+
+@pytest.mark.fault("`policy_loss` on an empty batch (B = 0 or T = 0), with log-probs > 0, or with a top-K set whose "
+                   "width is not K + 1",
+                   "`ValueError` naming the input and what it must be (never a `RuntimeError` from `max()`)")
+@pytest.mark.parametrize("case", ["empty rows", "empty tokens", "logp > 0", "mu > 0", "top-K width"])
+def test_policy_loss_refuses_inputs_it_cannot_use(case):
+    logp, mu, adv, mask = batch()
+    tr, topk = TrustRegion.preset("dppo_binary_tv"), None
+    if case == "empty rows":
+        logp, mu, adv, mask = logp[:0], mu[:0], adv[:0], mask[:0]
+    elif case == "empty tokens":
+        logp, mu, mask = logp[:, :0], mu[:, :0], mask[:, :0]
+    elif case == "logp > 0":
+        logp = logp.clone()
+        logp[0, 1] = 0.5
+    elif case == "mu > 0":
+        mu = mu.clone()
+        mu[1, 2] = 2.0
+    else:
+        tr = TrustRegion.preset("dppo_topk_tv", k=3)
+        shape = (*logp.shape, 3)  # K = 3 needs K + 1 = 4 slots
+        topk = TopK(torch.zeros(shape, dtype=torch.long), torch.full(shape, -1.0), torch.full(shape, -1.0),
+                    torch.ones(shape, dtype=torch.bool))
+    fragment = {"empty rows": "no token", "empty tokens": "no token", "logp > 0": "logp", "mu > 0": "behavior_logp",
+                "top-K width": "K + 1 = 4"}[case]
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        policy_loss(logp, mu, adv, mask, tr, topk=topk)
+
+
+@pytest.mark.fault("`policy_loss` with a NaN or infinite log-prob (π_θ's or μ's) or advantage on a response token",
+                   "that token is masked (`keep` False, loss and gradient 0) and counted in the `nonfinite` metric; "
+                   "the other tokens' loss is as without it")
+@pytest.mark.parametrize("where", ["logp", "behavior_logp", "advantages"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_input_token_is_masked_and_counted(where, value):
+    logp, mu, adv, mask = batch()
+    adv = adv.expand(-1, logp.shape[1]).clone()
+    inputs = {"logp": logp.clone(), "behavior_logp": mu.clone(), "advantages": adv}
+    inputs[where][0, 1] = value
+    leaf = inputs["logp"].clone().requires_grad_()
+    out = policy_loss(leaf, inputs["behavior_logp"], inputs["advantages"], mask, TrustRegion.preset("dppo_binary_tv"))
+    out.loss.sum().backward()
+    assert torch.isfinite(out.loss).all() and torch.isfinite(leaf.grad).all()
+    assert not out.keep[0, 1] and out.loss[0, 1] == 0 and leaf.grad[0, 1] == 0
+    assert out.metrics["nonfinite"] == 1 and all(math.isfinite(v) for v in out.metrics.values())
+    others = mask.clone()
+    others[0, 1] = False
+    clean = policy_loss(logp, mu, adv, others, TrustRegion.preset("dppo_binary_tv"))
+    assert torch.equal(out.loss[others], clean.loss[others])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from([0.0, math.nan, math.inf, -math.inf, -0.5]), min_size=6, max_size=6),
+       st.sampled_from(["dppo_binary_tv", "ppo", "cispo", "drpo", "m2po", "dppo_binary_tv_kl", "cppo_binary_tv"]))
+def test_any_non_finite_input_gives_a_finite_loss_and_is_counted(noise, preset):
+    logp, mu, adv, mask = batch()
+    damage = torch.tensor(noise).reshape(2, 3)
+    out = policy_loss(logp + damage, mu, adv, mask, TrustRegion.preset(preset))
+    assert torch.isfinite(out.loss).all()
+    assert out.metrics["nonfinite"] == int((~torch.isfinite(damage)).sum())

@@ -1,0 +1,262 @@
+"""The run directory is never lost: a new run never overwrites one (``--overwrite`` moves its files aside), a killed
+save leaves no temporary file past the next start, a resume refuses what it cannot continue truthfully (a metrics log
+that ends before the checkpoint, a ``config.json`` that is not an object), and its messages say what is intact.
+
+The runs here start from the tiny policy shipped with the package (no warm start), on real Sudoku.
+"""
+
+import pytest
+
+from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.runlog import read_jsonl
+from dppo_oat.train import main
+
+TINY = ["--groups-per-step", "2", "--group-size", "4", "--minibatch-size", "32", "--eval-episodes", "4",
+        "--eval-every", "5", "--token-samples", "4"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("policy-cache"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, cache_dir):
+    """A 2-step run to resume, damage or overwrite."""
+    runs = tmp_path_factory.mktemp("runs")
+    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "2", *TINY])
+    return runs / "one"
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A copy of the finished run in ``tmp_path / "one"``; its argv (without --resume) as ``run_copy.argv``."""
+    import shutil
+
+    shutil.copytree(finished_run, tmp_path / "one")
+    return tmp_path / "one"
+
+
+def argv_of(run_dir, cache_dir, *flags):
+    return ["--run-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *TINY, *flags]
+
+
+def run(argv, capsys):
+    """``python -m dppo_oat.train argv``: (exit code, the ``error:`` lines of stderr, all output)."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, [line for line in out.err.splitlines() if line.startswith("error:")], out.out + out.err
+
+
+def one_error(capsys, argv, code, *fragments):
+    """The command exits with ``code`` and exactly one ``error:`` line, on stderr, holding every fragment."""
+    got, errors, text = run(argv, capsys)
+    assert got == code, text
+    assert len(errors) == 1 and "Traceback" not in text, text
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def files_of(directory):
+    return {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file() and path.name != ".lock"}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    import dppo_oat.engines.local.trainer as trainer_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_pretrained", refuse)
+
+
+# ---------------------------------------------------------------- a new run never overwrites one
+
+
+@pytest.mark.fault("a new run under the `--run-name` of an existing run, without `--resume`, whatever file of it is "
+                   "left (`config.json`, `metrics.jsonl`, `eval.jsonl`, `tokens.jsonl` or `checkpoint.pt`, even "
+                   "empty)",
+                   "refused in one line before any model: `--resume` continues it, another `--run-name` starts "
+                   "beside it, `--overwrite` starts over; nothing of it is changed")
+@pytest.mark.parametrize("kept", ["config.json", "metrics.jsonl", "eval.jsonl", "tokens.jsonl", "checkpoint.pt",
+                                  "empty metrics.jsonl"])
+def test_a_new_run_never_overwrites_any_file_of_an_existing_one(kept, run_copy, cache_dir, capsys, no_model):
+    """The data loss of the earlier check, which looked at the checkpoint and the metrics together: a run that lost
+    one of them lost the rest to the next run of its name."""
+    if kept == "empty metrics.jsonl":
+        (run_copy / "metrics.jsonl").write_text("")
+        kept = "metrics.jsonl"
+    for path in run_copy.iterdir():
+        if path.name not in (kept, ".lock"):
+            path.unlink()
+    before = files_of(run_copy)
+    one_error(capsys, argv_of(run_copy, cache_dir, "--steps", "1"), 2, str(run_copy), kept, "--overwrite",
+              "--run-name")
+    assert files_of(run_copy) == before
+
+
+@pytest.mark.fault("`--overwrite` on an existing run",
+                   "its files are moved aside into `<run>/overwritten-<UTC time>/` (said in one line), never deleted; "
+                   "the new run starts in their place")
+def test_overwrite_moves_the_old_files_aside(run_copy, cache_dir, capsys):
+    before = files_of(run_copy)
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--steps", "1", "--overwrite"), capsys)
+    assert code == 0 and not errors, text
+    [aside] = [path for path in run_copy.iterdir() if path.name.startswith("overwritten-")]
+    assert files_of(aside) == before and str(aside) in " ".join(text.split())
+    assert [row["step"] for row in read_jsonl(run_copy / "metrics.jsonl")] == [1]
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--overwrite", "--resume"], ["--overwrite", "--resume"]),
+    (["--run-name", ""], ["--run-name ''"]),
+    (["--run-name", "a\nb"], ["--run-name", "line break"]),
+])
+def test_contradictory_or_unprintable_run_flags_are_one_line(flags, fragments, tmp_path, capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), *flags], 2, *fragments)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.fault("`--resume` of a run killed before its first checkpoint (its `config.json` and logs are there, "
+                   "no `checkpoint.pt`)",
+                   "one line: nothing was checkpointed, `--overwrite` in place of `--resume` starts it over (its files "
+                   "moved aside)")
+def test_resume_without_a_checkpoint_says_how_to_start_over(run_copy, cache_dir, capsys, no_model):
+    (run_copy / "checkpoint.pt").unlink()
+    one_error(capsys, argv_of(run_copy, cache_dir, "--resume"), 2, "no checkpoint", "--overwrite")
+
+
+# ---------------------------------------------------------------- temporaries of killed saves
+
+
+@pytest.mark.fault("a kill while `checkpoint.pt` (or a log being truncated) is written",
+                   "its temporary file (`.checkpoint.pt.XXXXXXXX`) is removed by the next start or `--resume` of that "
+                   "run, under its lock, never by another process")
+@pytest.mark.parametrize("resume", [True, False])
+def test_temporaries_of_a_killed_save_go_at_the_next_start(resume, run_copy, cache_dir, capsys):
+    litter = [run_copy / ".checkpoint.pt.k1ll3d00", run_copy / ".metrics.jsonl.k1ll3d01"]
+    for path in litter:
+        path.write_bytes(b"half a checkpoint")
+    keep = run_copy / ".checkpoint.pt-notes"  # not a temporary of this package: left alone
+    keep.write_text("mine")
+    flags = ["--resume", "--steps", "3"] if resume else ["--overwrite", "--steps", "1"]
+    code, errors, text = run(argv_of(run_copy, cache_dir, *flags), capsys)
+    assert code == 0, text
+    assert not any(path.exists() for path in litter) and keep.exists()
+
+
+def test_a_live_runs_temporaries_are_not_touched_by_a_refused_start(run_copy, cache_dir, capsys, no_model):
+    """Only the lock's holder may remove them: a second start that is refused (the run is in use) leaves them."""
+    from dppo_oat.runlog import RunLock
+
+    temporary = run_copy / ".checkpoint.pt.l1ve0000"
+    lock = RunLock(run_copy)
+    try:
+        temporary.write_bytes(b"being written")
+        one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3"), 2, "in use")
+        assert temporary.exists()
+    finally:
+        lock.release()
+
+
+# ---------------------------------------------------------------- resumes that cannot continue truthfully
+
+
+@pytest.mark.fault("`--resume` of a run whose `metrics.jsonl` lost steps the checkpoint has (its last lines, or all)",
+                   "refused in one line naming the first missing step: restore `metrics.jsonl`, or "
+                   "`--allow-metrics-gap` to continue with those steps missing from its curves")
+@pytest.mark.parametrize("damage", ["last line", "all"])
+def test_resume_refuses_metrics_that_end_before_the_checkpoint(damage, run_copy, cache_dir, capsys):
+    metrics = run_copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    if damage == "all":
+        metrics.unlink()
+    else:
+        metrics.write_text("".join(lines[:-1]))
+    missing = "1" if damage == "all" else "2"
+    one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3"), 2, "metrics.jsonl",
+              f"step {missing}", "--allow-metrics-gap")
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--allow-metrics-gap"), capsys)
+    assert code == 0, text
+    assert "warning:" in text and f"step {missing}" in " ".join(text.split())
+    assert [row["step"] for row in read_jsonl(metrics)] == ([3] if damage == "all" else [1, 3])
+
+
+@pytest.mark.fault("`--resume` with a `config.json` that is JSON but not an object (`[1, 2]`)",
+                   "one line naming the file: restore it")
+def test_resume_with_a_config_that_is_not_an_object_is_one_line(run_copy, cache_dir, capsys, no_model):
+    (run_copy / "config.json").write_text("[1, 2]")
+    one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3"), 2, "config.json", "not a JSON object")
+
+
+@pytest.mark.fault("a `--resume` that fails or is stopped while the run is being built (a run file it cannot write, "
+                   "Ctrl-C, SIGTERM)",
+                   "one line that says the run's checkpoint is intact and that the same command with `--resume` "
+                   "continues (never \"nothing was checkpointed\")")
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, PermissionError])
+def test_a_resume_that_fails_while_building_says_the_checkpoint_is_intact(failure, run_copy, cache_dir, capsys,
+                                                                         monkeypatch):
+    def fail(self):
+        if failure is PermissionError:
+            raise PermissionError(13, "Permission denied", str(run_copy / "config.json"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalTrainer, "_open_log", fail)
+    before = (run_copy / "checkpoint.pt").read_bytes()
+    error = one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3"),
+                      130 if failure is KeyboardInterrupt else 1, "checkpoint", "--resume")
+    assert "nothing was checkpointed" not in error and "step 2" in error
+    assert (run_copy / "checkpoint.pt").read_bytes() == before
+
+
+@pytest.mark.fault("`python -m dppo_oat.train --threads 0 >/dev/null` (any `error:` line of the local engine)",
+                   "the `error:` line is on stderr, as those of `dppo_oat.plot`, the oat engine and the verl CLI")
+def test_error_lines_go_to_stderr(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--run-dir", str(tmp_path), "--threads", "0"])
+    out = capsys.readouterr()
+    assert "error:" not in out.out and out.err.startswith("error: --threads must be >= 1"), out
+
+
+# ---------------------------------------------------------------- signals from the first instruction
+
+
+def signalled_while_importing(module: str, sig, tmp_path):
+    """``python -m dppo_oat.train`` sent ``sig`` as soon as it imports ``module`` (``-X importtime`` says when):
+    (exit status, stderr without the import lines)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "dppo_oat.train", "--run-dir",
+                                str(tmp_path / "runs"), "--steps", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.rstrip().endswith(f"| {module}") or line.rstrip().endswith(f"|   {module}"):
+            process.send_signal(sig)
+            break
+    rest = process.communicate(timeout=300)[1]
+    return process.returncode, [line for line in lines + rest.splitlines() if "import time:" not in line]
+
+
+@pytest.mark.fault("Ctrl-C or SIGTERM in the first seconds of `python -m dppo_oat.train` (its imports, parsing, "
+                   "validation)",
+                   "`error: interrupted before the run started: nothing was written; run the same command again` "
+                   "(exit 130; SIGTERM: `terminated (SIGTERM) …`, exit 143), never a `KeyboardInterrupt` traceback")
+@pytest.mark.parametrize("module, sig, code", [("tyro", "SIGINT", 130),
+                                               ("dppo_oat.engines.local.trainer", "SIGTERM", 143)])
+def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, tmp_path):
+    import signal
+
+    status, err = signalled_while_importing(module, getattr(signal, sig), tmp_path)
+    errors = [line for line in err if line.startswith("error:")]
+    assert status == code and len(errors) == 1 and not any("Traceback" in line for line in err), err
+    assert "before the run started" in errors[0] and not (tmp_path / "runs").exists()
