@@ -8,6 +8,7 @@ DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-
 from __future__ import annotations
 
 import signal
+import os
 import sys
 
 
@@ -198,13 +199,28 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "again", _signal_status(interrupt))
 
 
+PROG = "python -m dppo_oat.train"
+"""How ``--help`` names the command (not the module's file)."""
+
+
 def _parse(argv: list[str]) -> TrainConfig:
-    """The local engine's flags (tyro: ``--help``, or a usage error on stderr with exit 2)."""
+    """The local engine's flags (tyro: ``--help``, or a usage error on stderr with exit 2). Help piped into a reader
+    that stops early (``--help | head``) ends quietly."""
     import tyro
 
     from dppo_oat.engines.local.config import TrainConfig
 
-    return tyro.cli(TrainConfig, args=argv, description=f"{__doc__}\n{TrainConfig.__doc__}")
+    description = plain_help(f"{__doc__}\n{TrainConfig.__doc__}")
+    try:
+        return tyro.cli(TrainConfig, args=argv, prog=PROG, description=description)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        raise SystemExit(0) from None
+
+
+def plain_help(text: str) -> str:
+    """A docstring as ``--help`` shows it: reST's double backticks as single ones."""
+    return text.replace("``", "`")
 
 
 if __name__ == "__main__":

@@ -85,3 +85,20 @@ def test_every_argparse_option_of_the_package_and_its_scripts_has_help_text():
                     and node.func.attr == "add_argument" and not any(k.arg == "help" for k in node.keywords)):
                 silent.append(f"{path.relative_to(root)}:{node.lineno}")
     assert silent == []
+
+
+def test_help_names_the_command_shows_no_rest_markup_and_ends_quietly_into_a_closed_pipe():
+    """``--help`` says ``python -m dppo_oat.train`` (not the module's file) without reST's double backticks in its
+    description; piped into a reader that has stopped (``--help | head``), it ends with status 0 and no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m dppo_oat.train ")
+    assert "``" not in done.stdout.split("╭")[0]
+    reader_gone = subprocess.Popen([sys.executable, "-m", "dppo_oat.train", "--help"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+    reader_gone.stdout.close()  # the reader stops before the first line
+    _, errors = reader_gone.communicate(timeout=120)
+    assert reader_gone.returncode == 0 and b"Traceback" not in errors and b"BrokenPipe" not in errors, errors[-2000:]
