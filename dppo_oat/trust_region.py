@@ -1057,7 +1057,8 @@ def policy_loss(
         loss = loss + rule.loss_term(logp32, inputs, tr)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    extra = rule.metrics(inputs, keep, tr) if rule.metrics is not None else {}
+    extra = mismatch_diagnostics(lp, mu, mask, is_weight)
+    extra.update(rule.metrics(inputs, keep, tr) if rule.metrics is not None else {})
     metrics = trust_region_metrics(lp, mu, adv, mask, keep, inputs.divergence, mask & truncated, extra=extra)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=inputs.divergence, metrics=metrics)
 
@@ -1131,6 +1132,61 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
+
+
+def mismatch_diagnostics(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor,
+                         is_weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far π_θ is from μ on a batch, under the names other frameworks log, as 0-d tensors (inputs detached fp32
+    ``[B, T]``; ``is_weight`` the loss's w_t). A sequence is a row (one turn); the statistics over sequences take
+    the rows with a response token.
+
+    verl ``rollout_corr_helper.compute_offpolicy_metrics`` (under ``rollout_corr/``): ``kl`` (mean log μ − log π),
+    ``k3_kl`` (mean r − 1 − log r, r = π/μ), ``chi2_token`` (mean r² − 1) and ``chi2_seq`` (mean over sequences of
+    (∏ r)² − 1, log ∏ r clamped at ±20), ``training_ppl`` / ``rollout_ppl`` (mean over sequences of exp(−mean log π) /
+    of μ), ``log_ppl_diff`` and ``ppl_ratio`` (mean over sequences of mean log μ − mean log π, and of its exp);
+    ``compute_is_metrics``'s ``rollout_is_eff_sample_size``, 1/mean((w/mean w)²) over the response tokens, here of
+    the loss's own w_t. ``k3_kl_seq`` (this project's: verl logs no sequence k3) is the mean over sequences of
+    Σ_t k3, an estimate of the sequence-level KL(μ ‖ π). SkyRL ``trainer.py``:
+    ``policy/rollout_train_logprobs_abs_diff_{mean,std,max}`` of |log π − log μ| (std with Bessel's correction).
+    ``mismatch/abs_diff_std`` is the std of |π − μ| beside :func:`trust_region_metrics`'s mean and max."""
+    log_ratio = torch.where(mask, (logp - behavior_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+    rows = mask.any(-1)
+    sum_log_ratio = log_ratio.sum(-1)
+    bounded = log_ratio.clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND)
+    k3 = torch.where(mask, log_ratio.exp() - 1 - log_ratio, 0.0)
+    mean_logp = sequence_log_ratio(logp, mask, mean=True).squeeze(-1)
+    mean_mu = sequence_log_ratio(behavior_logp, mask, mean=True).squeeze(-1)
+    log_ppl_diff = mean_mu - mean_logp
+    weight = torch.where(mask, is_weight, 0.0)
+    weight = weight / weight.amax().clamp(min=torch.finfo(weight.dtype).tiny)  # ESS is scale-free; w² stays finite
+    ess = masked_mean(weight, mask).square() / masked_mean(weight.square(), mask).clamp(min=torch.finfo(weight.dtype).tiny)
+    abs_log_diff = log_ratio.abs()
+    abs_diff = (logp.exp() - behavior_logp.exp()).abs()
+    return {
+        "rollout_corr/kl": masked_mean(-log_ratio, mask),
+        "rollout_corr/k3_kl": masked_mean(k3, mask),
+        "rollout_corr/k3_kl_seq": masked_mean(k3.sum(-1), rows),
+        "rollout_corr/chi2_token": masked_mean((2 * bounded).exp(), mask) - 1,
+        "rollout_corr/chi2_seq": masked_mean((2 * sum_log_ratio.clamp(-20.0, 20.0)).exp(), rows) - 1,
+        "rollout_corr/training_ppl": masked_mean((-mean_logp).exp(), rows),
+        "rollout_corr/rollout_ppl": masked_mean((-mean_mu).exp(), rows),
+        "rollout_corr/log_ppl_diff": masked_mean(log_ppl_diff, rows),
+        "rollout_corr/ppl_ratio": masked_mean(log_ppl_diff.exp(), rows),
+        "rollout_corr/rollout_is_eff_sample_size": torch.where(mask.any(), ess, 1.0),
+        "policy/rollout_train_logprobs_abs_diff_mean": masked_mean(abs_log_diff, mask),
+        "policy/rollout_train_logprobs_abs_diff_std": masked_std(abs_log_diff, mask),
+        "policy/rollout_train_logprobs_abs_diff_max": _masked_max(abs_log_diff, mask),
+        "mismatch/abs_diff_std": masked_std(abs_diff, mask),
+    }
+
+
+def masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of ``values`` where ``mask`` holds, with Bessel's correction (torch's ``std``, as SkyRL
+    takes it); 0 for fewer than two values."""
+    count = mask.sum()
+    centred = torch.where(mask, values - masked_mean(values, mask), 0.0)
+    variance = centred.square().sum() / (count - 1).clamp(min=1)
+    return torch.where(count > 1, variance.sqrt(), 0.0)
 
 
 def _shadow_stats(preset: str, blocked: torch.Tensor, active: torch.Tensor, mu_prob: torch.Tensor) -> dict:

@@ -80,6 +80,12 @@ def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(t
     assert "rollouts sample with model.generate" in " ".join(capsys.readouterr().out.split())
     row = read_jsonl(tmp_path / "generate" / "metrics.jsonl")[0]
     assert row["mismatch/first_abs_diff_mean"] < 1e-4 and row["tokens_per_s/rollout"] > 0  # before any update
+    for name in ("rollout_corr/k3_kl", "rollout_corr/k3_kl_seq", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
+                 "rollout_corr/ppl_ratio", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/first_k3_kl",
+                 "policy/rollout_train_logprobs_abs_diff_mean", "policy/rollout_train_logprobs_abs_diff_std",
+                 "policy/rollout_train_logprobs_abs_diff_max", "mismatch/abs_diff_std"):
+        assert math.isfinite(row[name]), name  # the mismatch diagnostics, under verl's and SkyRL's names
+    assert row["rollout_corr/first_k3_kl"] < 1e-6  # μ = π_θ' at rounding level before any update
 
 
 @pytest.mark.fault("a kill (`kill -9`)",
