@@ -67,6 +67,24 @@ def test_a_one_step_run_writes_token_samples(tmp_path):
     assert all(set(t) == fields for t in tokens)
     assert all(0 < t["mu"] <= 1 and 0 < t["pi"] <= 1 and t["entropy"] >= 0 and t["weight"] >= 1 for t in tokens)
     assert all(t["advantage"] != 0 and t["token"] and t["turn"] >= 0 for t in tokens)
+    assert not (tmp_path / "one" / "token_exports").exists()  # --token-export is off by default
+
+
+def test_token_export_all_writes_every_trained_token(tmp_path):
+    """``--token-export all``: one file for the step whose records hold every response token the update trained on
+    (the step's ``tokens``, one epoch), each with π, μ and the run's mask (the default writes no folder:
+    ``test_a_one_step_run_writes_token_samples``)."""
+    from dppo_oat.token_export import read_token_export
+
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "export", "--cache-dir", str(tmp_path / "cache"),
+          "--token-export", "all", *SHIPPED])
+    frame = read_token_export(tmp_path / "export")
+    row = read_jsonl(tmp_path / "export" / "metrics.jsonl")[0]
+    assert set(frame["step"]) == {1} and int(frame["loss_mask"].sum()) == row["tokens"]
+    trained = frame[frame["loss_mask"]]
+    assert (trained["importance_ratio"] > 0).all() and trained["entropy"].notna().all()
+    active = trained[trained["advantages"] != 0]  # mask/fraction: over A ≠ 0 tokens, averaged over minibatches
+    assert active["is_masked"].mean() == pytest.approx(row["mask/fraction"], abs=2e-3)
 
 
 def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(tmp_path, monkeypatch, capsys):
