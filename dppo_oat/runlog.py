@@ -5,6 +5,8 @@
     <run>/eval.jsonl      one JSON object per evaluation (``step``, ``eval/success``, ``eval/return``, ...)
     <run>/tokens.jsonl    a sample of each step's response tokens and what every rule did with them
                           (:mod:`dppo_oat.token_samples`; read by :mod:`dppo_oat.analysis.tokens`)
+    <run>/token_exports/  with ``--token-export all``: every trained token, ``step_<step>.jsonl`` per step
+                          (:mod:`dppo_oat.token_export`; read by its ``read_token_export``)
     <run>/checkpoint.pt   the local engine's model and optimizer (atomic)
 
 Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when written, and checkpoints are written to a
@@ -38,6 +40,8 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 TOKENS_FILE = "tokens.jsonl"
+TOKEN_EXPORT_DIR = "token_exports"
+"""``--token-export all``'s folder: every trained token, a file per step (:mod:`dppo_oat.token_export`)."""
 CHECKPOINT_FILE = "checkpoint.pt"
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE, CHECKPOINT_FILE)
 """The files that make a run: a new run never starts where one of them is (:func:`run_files`)."""
@@ -544,6 +548,10 @@ class RunLog:
         self.close()
         for name in (CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE):
             (self.directory / name).unlink(missing_ok=True)
+        for path in (self.directory / TOKEN_EXPORT_DIR).glob("step_*.jsonl*"):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.directory / TOKEN_EXPORT_DIR).rmdir()
 
     def close(self) -> None:
         """Finish the mirrors (idempotent)."""

@@ -23,6 +23,7 @@ import tyro
 from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.docstrings import field_docstrings
+from dppo_oat.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
@@ -263,6 +264,9 @@ class DPPOFlags(TrustRegionFlags):
     token_samples: int = DEFAULT_TOKEN_SAMPLES
     """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
     step; half of them tokens some rule blocked). 0: none."""
+    token_export: Literal[TOKEN_EXPORT_MODES] = "none"  # type: ignore[valid-type]
+    """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
+    in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""

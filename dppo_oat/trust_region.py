@@ -27,6 +27,12 @@ regularizer on the policy shift, |A_t|·μ·(r_t − 1)²/(2δ) = |A_t|·(π_θ 
 (CPPO) mask as DPPO does but against a position-weighted threshold and a cumulative budget over each response's
 prefix; ``m2po`` (M2PO) masks the tokens with the largest (log r_t)² until the batch's second moment is within τ_M2.
 The masks of CPPO and M2PO read more than their own token (:attr:`Rule.couples_tokens`).
+
+The field after DPPO is presets too: ``ipo`` (prime-rl's symmetric band |π − μ| ≤ δ, whatever A), ``trm_max`` and
+``trm_avg`` (Trust Region Masking: a whole response masked when its max k2 or mean k3 to μ exceeds δ), ``opsm``
+(DeepSeek-V3.2's off-policy sequence mask), ``vaco`` (a directional sequence-level binary TV of π_θ' to μ), and three
+that set w_t themselves (:attr:`Rule.weight`): ``gspo`` (the sequence ratio, clipped), ``sapo`` (a soft gate) and
+``minpro`` (the minimum token ratio over the prefix). A row of the loss is one turn, so their sequences are turns.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class Rule:
 
     divergence: str
     """A key of :data:`DIVERGENCES`: ``ratio`` (|r − 1|), ``binary_tv``, ``binary_kl``, ``topk_tv``, ``topk_kl``,
-    ``prob_drop`` (anchor − π) or ``log_ratio_sq`` ((log r)²)."""
+    ``prob_drop`` (anchor − π), ``log_ratio_sq`` ((log r)²), ``k2`` (½(log r)²) or ``k3`` (r − 1 − log r)."""
     keep: Callable[[MaskInputs, "TrustRegion"], torch.Tensor]
     """M_t: True where the token's update is kept."""
     threshold: str | None = None
@@ -94,6 +100,9 @@ class Rule:
     The loss is then no sum of per-token functions of log π_θ(a_t) alone, and the caller passes the response mask."""
     binary_twin: str | None = None
     """For a top-K rule: the same rule on binary TV, which an engine without μ's top-K set runs instead."""
+    weight: Callable[[MaskInputs, "TrustRegion"], torch.Tensor] | None = None
+    """w_t of the rule's own (detached ``[B, T]``), in place of the IS weight of :data:`IS_WEIGHTS` (which it then
+    ignores, C included): GSPO's sequence ratio, SAPO's gate slope, MinPRO's prefix minimum."""
 
     @property
     def uses_topk(self) -> bool:
@@ -129,7 +138,7 @@ IS_WEIGHTS = ("behavior", "decoupled_token", "decoupled_seq", "proximal")
 times the truncated IS weight of π_θ' against μ (decoupled PPO with token/sequence TIS). ``proximal``: π_θ/π_θ' (PPO
 on π_θ' with no correction toward μ; C unused)."""
 NUMBER_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau", "w_min",
-                 "delta_b", "tau_m2")
+                 "delta_b", "tau_m2", "tau_pos", "tau_neg")
 """The :class:`TrustRegion` fields that are real numbers (K, an integer, apart)."""
 CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask")
 """The :class:`TrustRegion` fields that name one of a few choices."""
@@ -152,8 +161,9 @@ PREFIX_BUDGET_CEILING = 2.0
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
                         mismatch_mask: str = "none") -> frozenset[str]:
     """The numeric :class:`TrustRegion` fields a rule's loss reads: its threshold (ε_low and ε_high for ``eps``, α
-    too when relaxed) and the :attr:`Rule.reads` fields, K by top-K rules, C unless w_t is ``proximal``, the band by
-    a mismatch mask, τ by every rule. A value of any other field changes nothing."""
+    too when relaxed) and the :attr:`Rule.reads` fields, K by top-K rules, C unless w_t is ``proximal`` or the rule's
+    own (:attr:`Rule.weight`), the band by a mismatch mask, τ by every rule. A value of any other field changes
+    nothing."""
     spec = RULE_TABLE[rule]
     read = {"kl_tau", *spec.reads}
     if spec.threshold == "eps":
@@ -162,7 +172,7 @@ def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavi
         read.add(spec.threshold)
     if spec.uses_topk:
         read.add("k")
-    if is_weight != "proximal":
+    if is_weight != "proximal" and spec.weight is None:
         read.add("is_cap")
     if mismatch_mask != "none":
         read.update(("mismatch_low", "mismatch_high"))
@@ -177,7 +187,8 @@ class TrustRegion:
     rule: str = "binary_tv"
     """Which mask M_t: a name of :data:`RULE_TABLE`."""
     delta: float = 0.15
-    """divergence threshold δ (DPPO's mask, eq:dppo_obj; mask_negative; CPPO; DRPO's regularization δ)."""
+    """divergence threshold δ (DPPO's mask, eq:dppo_obj; mask_negative; CPPO; DRPO's regularization δ; the IPO band;
+    the sequence masks of TRM, DeepSeek-V3.2 and VACO)."""
     eps_low: float = 0.2
     """lower clip range ε_low: PPO's clip range is [1 − ε_low, 1 + ε_high] (ratio rules)."""
     eps_high: float = 0.28
@@ -208,6 +219,10 @@ class TrustRegion:
     """floor δ_b of CPPO's per-response prefix budget (:func:`prefix_budget`)."""
     tau_m2: float = 0.04
     """bound τ_M2 of M2PO on the batch's mean (log r)² (inf: no mask; :func:`second_moment_keep`)."""
+    tau_pos: float = 1.0
+    """SAPO gate temperature τ for tokens with A > 0 (:func:`sapo_gate_slope`)."""
+    tau_neg: float = 1.05
+    """SAPO gate temperature τ for tokens with A ≤ 0."""
     name: str = field(default="custom", compare=False)
     """The preset this came from (for logs)."""
 
@@ -246,6 +261,8 @@ class TrustRegion:
             raise ValueError(f"delta_b (δ_b) must be a finite number >= 0, got {self.delta_b}")
         if not self.tau_m2 >= 0:
             raise ValueError(f"tau_m2 (τ_M2) must be >= 0 (math.inf: no mask), got {self.tau_m2}")
+        if not (0 < self.tau_pos < math.inf and 0 < self.tau_neg < math.inf):
+            raise ValueError(f"tau_pos and tau_neg (SAPO's τ) must be finite and > 0, got {self.tau_pos}, {self.tau_neg}")
 
     def _check_types(self) -> None:
         """Every field has its type (a ``ValueError`` naming it, as the command line's parser would): the numbers are
@@ -413,6 +430,69 @@ PRESETS: dict[str, Preset] = {
         "(A > 0 & r > 1 or A < 0 & r < 1) of largest (log r)² until their mean is ≤ τ_M2 = 0.04; objective eq. 5, "
         "M·r·A averaged over all tokens (footnote 2), no IS truncation. Batch = one loss call (a micro-batch), as "
         "Infini-AI-Lab/M2PO verl/workers/actor/dp_actor.py calls compute_m2po_policy_loss (M2_budget 0.04)",
+    ),
+    # --- the field after DPPO: sequence masks, the symmetric band, soft gates and sequence ratios (a row is one turn)
+    "ipo": Preset(
+        {"rule": "ipo", "delta": 0.1, "kl_tau": 1e-3},
+        "IPO, the symmetric DPPO band: prime-rl src/prime_rl/trainer/rl/loss.py ipo_loss_fn (IPOLossConfig "
+        "ipo_threshold 0.1, kl_tau 1e-3, packages/prime-rl-configs/src/prime_rl/configs/trainer.py; commit 559b447): "
+        "tokens with |π − μ| > δ masked whatever the sign of A, w = π/μ untruncated, + τ·log²(π/μ) on every loss "
+        "token (the PR threads #1930, #2434 were not read here)",
+    ),
+    "trm_max": Preset(
+        {"rule": "trm_max", "eps_low": 0.2, "eps_high": 0.2, "delta": 2.5},
+        "TRM-Max, Trust Region Masking (arXiv 2512.23075; only its abstract could be read here): PPO's clip (ε 0.2) "
+        "on π_θ/μ, and a whole response masked when max_t ½(log π_θ/μ)² > δ, as verl's bypass mode (loss_type "
+        "ppo_clip) with rollout_rs seq_max_k2 (verl/trainer/ppo/rollout_corr_helper.py "
+        "compute_rollout_rejection_mask, PR #4544); δ = 2.5 from verl's "
+        "examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh: verl has no TRM-Max preset and the paper's "
+        "bound was not read; slime PR #1568's code was not read",
+    ),
+    "trm_avg": Preset(
+        {"rule": "trm_avg", "eps_low": 0.2, "eps_high": 0.2, "delta": 0.01},
+        "TRM-Avg, Trust Region Masking (arXiv 2512.23075; abstract only): PPO's clip (ε 0.2) on π_θ/μ, and a whole "
+        "response masked when mean_t (r_t − 1 − log r_t) > δ (k3): verl/trainer/config/algorithm.py "
+        "RolloutCorrectionConfig.bypass_ppo_clip_k3_rs (rollout_rs seq_mean_k3, rs_threshold 0.01; PR #4544); slime "
+        "PR #1568's code was not read",
+    ),
+    "opsm": Preset(
+        {"rule": "opsm", "eps_low": 0.2, "eps_high": 0.2, "delta": 0.5},
+        "DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556 eq. 9, as TRL cites it; the paper was not read "
+        "here): TRL trl/trainer/grpo_trainer.py GRPOTrainer.get_off_policy_mask keeps t iff A_t ≥ 0 or the "
+        "response's mean log(μ/π_θ) ≤ δ, on GRPO's clip (epsilon 0.2), here anchored on μ; δ = 0.5, the starting "
+        "point of TRL docs/source/paper_index.md (the paper gives none; off_policy_mask_threshold defaults to None); "
+        "TRL's separate vLLM IS correction is not part of the preset; ms-swift was not read",
+    ),
+    "vaco": Preset(
+        {"rule": "vaco", "anchor": "recompute", "is_weight": "decoupled_token", "is_cap": 2.0, "eps_low": 0.2,
+         "eps_high": 0.272, "delta": 0.3},
+        "VACO (arXiv 2603.01365; the paper could not be read here) as open-instruct PR #1755 (head 5c2bf9a) "
+        "implements it, open_instruct/grpo_utils.py compute_rho_correction (rho_divergence_algo vaco, "
+        "rho_divergence_type tv): t dropped when the response's mean |π_θ' − μ| > δ and sign(log π_θ'/μ)·A_t > 0, on "
+        "DAPO's clip of π_θ/π_θ' (clip_lower 0.2, clip_higher 0.272) with w = (π_θ/π_θ')·min(π_θ'/μ, 2) "
+        "(rho_clamp_upper_bound 2.0); δ = 0.3 is the PR's own test value (test_vaco_tv_divergence): its default "
+        "rho_mask_upper_bound 0 disables the mask",
+    ),
+    "gspo": Preset(
+        {"rule": "gspo", "eps_low": 3e-4, "eps_high": 4e-4},
+        "GSPO (arXiv 2507.18071) as verl runs it: verl/trainer/ppo/core_algos.py compute_policy_loss_gspo (loss_mode "
+        "gspo): s_i = exp(mean_t log π_θ/μ) per response, PPO's clip on s_i, gradient s_i·A_t·∇log π_θ(a_t), log s_i "
+        "clamped at 10; ε_low 3e-4, ε_high 4e-4 (examples/gspo_trainer/README.md, which runs it seq-mean-token-mean)",
+    ),
+    "sapo": Preset(
+        {"rule": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
+        "SAPO (arXiv 2511.20347) as verl runs it: verl/trainer/ppo/core_algos.py compute_policy_loss_sapo (loss_mode "
+        "sapo): loss −f(r)·A with the gate f(r) = σ(τ(r − 1))·4/τ, r = π_θ/μ (log r clamped at ±20), τ = τ_pos where "
+        "A > 0 and τ_neg elsewhere; gradient r·4σ(1 − σ)·A·∇log π_θ, no mask; τ_pos 1.0, τ_neg 1.05 "
+        "(verl/workers/config/actor.py ActorConfig; TRL sapo_temperature_pos/neg the same); verl aggregates it "
+        "seq-mean-token-mean",
+    ),
+    "minpro": Preset(
+        {"rule": "minpro"},
+        "MinPRO (arXiv 2601.22718; only its abstract could be read here): w_t = min_{j ≤ t} π_θ(a_j)/μ(a_j) over the "
+        "response's tokens so far, the non-cumulative surrogate of the prefix ratio ∏_{j ≤ t} π_θ/μ that the "
+        "abstract names ('the minimum token-level ratio observed in the preceding prefix'), M = 1, no cap; whether "
+        "t itself belongs to the prefix and any clip of the paper's objective are not verified",
     ),
 }
 """The paper's methods with its stability-analysis defaults (sec:stability, app:sanity_test_details), then the
@@ -634,6 +714,96 @@ def drpo_weight(prob: torch.Tensor, anchor_prob: torch.Tensor, advantages: torch
     return 1 - torch.sign(advantages) * (prob - anchor_prob) / delta
 
 
+# --------------------------------------------------------------------------------------------- later fields (pure)
+
+
+ROLLOUT_CORR_LOG_BOUND = 20.0
+"""verl clamps log r to ``[−20, 20]`` before its k2/k3 statistics (``rollout_corr_helper.SAFETY_BOUND``) and SAPO's
+ratio (``core_algos.compute_policy_loss_sapo``); the rules that follow those sources do the same."""
+GSPO_LOG_RATIO_CAP = 10.0
+"""verl's ``compute_policy_loss_gspo`` clamps log s_i at 10 (``torch.clamp(..., max=10.0)``): above it no gradient
+passes."""
+
+
+def k2_divergence(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k2 per token, ``½ (log r)²`` (verl ``rollout_corr_helper.compute_rollout_rejection_mask``
+    ``token_k2``; log r clamped at :data:`ROLLOUT_CORR_LOG_BOUND`). Symmetric in the direction of the move."""
+    return 0.5 * log_ratio.clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND).square()
+
+
+def k3_divergence(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 per token, ``r − 1 − log r`` with r = π/μ: ≥ 0, an unbiased estimate of KL(μ ‖ π) under μ's
+    samples (verl ``token_k3``, ``compute_offpolicy_metrics`` ``k3_kl``; log r clamped at
+    :data:`ROLLOUT_CORR_LOG_BOUND`)."""
+    log_ratio = log_ratio.clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND)
+    return log_ratio.exp() - 1 - log_ratio
+
+
+def sequence_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, 1]``: the max of ``values`` over each row's response tokens ``mask`` (0 for a row without any), as verl's
+    ``_sequence_max``."""
+    largest = torch.where(mask, values, -math.inf).amax(-1, keepdim=True)
+    return torch.where(torch.isneginf(largest), 0.0, largest)
+
+
+def sequence_statistic_keep(divergence: torch.Tensor, mask: torch.Tensor, bound: float, reduce: str) -> torch.Tensor:
+    """TRM's sequence mask (arXiv 2512.23075; verl ``compute_rollout_rejection_mask`` ``seq_max_*``/``seq_mean_*``):
+    every token of a row is kept iff the ``max`` or ``mean`` of its response tokens' ``divergence`` is ≤ ``bound``
+    (a NaN statistic counts as outside). ``[B, T]``, the same for every token of a row."""
+    statistic = sequence_max(divergence, mask) if reduce == "max" else sequence_log_ratio(divergence, mask, mean=True)
+    return (statistic <= bound).expand_as(divergence)
+
+
+def off_policy_sequence_keep(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                             delta: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL ``GRPOTrainer.get_off_policy_mask``): keep t iff A_t ≥ 0 or the
+    row's mean of ``log μ − log π_θ`` over its response tokens is ≤ δ (``log_ratio`` = log π_θ − log μ)."""
+    mean_log_mu_over_pi = -sequence_log_ratio(log_ratio, mask, mean=True)
+    return (advantages >= 0) | (mean_log_mu_over_pi <= delta)
+
+
+def directional_sequence_keep(anchor_logp: torch.Tensor, behavior_logp: torch.Tensor, advantages: torch.Tensor,
+                              mask: torch.Tensor, delta: float) -> torch.Tensor:
+    """VACO's mask as open-instruct PR #1755 computes it (``grpo_utils.compute_rho_correction``, ``vaco`` with
+    ``tv``): block t iff the row's mean binary TV ``|π_θ' − μ|`` over its response tokens exceeds δ and the update of
+    t moves π_θ' further from μ, ``sign(log π_θ' − log μ)·A_t > 0``. ``anchor_logp`` is log π_θ'."""
+    tv = torch.where(mask, (anchor_logp.exp() - behavior_logp.exp()).abs(), 0.0)
+    outside = sequence_log_ratio(tv, mask, mean=True) > delta
+    moving_away = torch.sign(anchor_logp - behavior_logp) * advantages > 0
+    return ~(outside & moving_away)
+
+
+def symmetric_band_keep(divergence: torch.Tensor, delta: float) -> torch.Tensor:
+    """The IPO band (prime-rl ``loss.py`` ``ipo_loss_fn``): keep t iff D_t = |π − μ| ≤ δ, whatever the sign of A_t and
+    the direction of the move (a NaN D counts as outside)."""
+    return divergence <= delta
+
+
+def gspo_keep(sequence_log_ratio_: torch.Tensor, advantages: torch.Tensor, eps_low: float,
+              eps_high: float) -> torch.Tensor:
+    """GSPO's clip as a mask (arXiv 2507.18071; verl ``compute_policy_loss_gspo``): PPO's clip (:func:`ratio_keep`)
+    on the sequence ratio s_i = exp(mean_t log r_t), and no gradient where log s_i > :data:`GSPO_LOG_RATIO_CAP`."""
+    capped = sequence_log_ratio_ <= GSPO_LOG_RATIO_CAP
+    ratio = sequence_log_ratio_.clamp(max=GSPO_LOG_RATIO_CAP).exp()
+    return ratio_keep(ratio, advantages, eps_low, eps_high) & capped
+
+
+def sapo_gate_slope(ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
+    """f'(r) of SAPO's gate f(r) = σ(τ(r − 1))·4/τ (arXiv 2511.20347; verl ``compute_policy_loss_sapo``
+    ``gate_function``): ``4σ(τ(r − 1))(1 − σ(τ(r − 1)))``, τ = τ_pos where A > 0 and τ_neg elsewhere. 1 at r = 1,
+    falling smoothly on both sides: a soft trust region. The gradient of −f(r)·A is −r·f'(r)·A·∇log π_θ."""
+    tau = torch.where(advantages > 0, tau_pos, tau_neg)
+    gate = torch.sigmoid(tau * (ratio - 1))
+    return 4 * gate * (1 - gate)
+
+
+def prefix_min_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MinPRO's weight in log space (arXiv 2601.22718): ``min_{j ≤ t} log r_j`` over the row's response tokens up to
+    and including t (the prefix ratio ∏_{j ≤ t} r_j's non-cumulative surrogate); 0 off the response."""
+    running = torch.where(mask, log_ratio, math.inf).cummin(-1).values
+    return torch.where(mask, running, 0.0)
+
+
 DIVERGENCES = {
     "binary_tv": lambda logp, anchor_logp, topk: div.binary_tv(anchor_logp, logp),
     "binary_kl": lambda logp, anchor_logp, topk: div.binary_kl(anchor_logp, logp),
@@ -642,9 +812,11 @@ DIVERGENCES = {
     "prob_drop": lambda logp, anchor_logp, topk: anchor_logp.exp() - logp.exp(),
     "ratio": lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs(),
     "log_ratio_sq": lambda logp, anchor_logp, topk: (logp - anchor_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square(),
+    "k2": lambda logp, anchor_logp, topk: k2_divergence(logp - anchor_logp),
+    "k3": lambda logp, anchor_logp, topk: k3_divergence(logp - anchor_logp),
 }
-"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:binary_kl, eq:topk_tv, eq:topk_kl), ``anchor − π``, ``|r − 1|``, or
-M2PO's M̂2_t = (log r)²."""
+"""D_t by :attr:`Rule.divergence`: binary/top-K TV or KL (eq:binary_tv, eq:binary_kl, eq:topk_tv, eq:topk_kl), ``anchor − π``, ``|r − 1|``,
+M2PO's M̂2_t = (log r)², or Schulman's k2 and k3 (TRM)."""
 
 
 def rule_divergence(tr: TrustRegion, logp, anchor_logp, topk: TopK | None) -> torch.Tensor:
@@ -745,6 +917,109 @@ register_rule("m2po", Rule("log_ratio_sq", keep_in_second_moment, threshold="tau
                            couples_tokens=True))  # M2PO: (log r)² until the batch's mean ≤ τ_M2
 
 
+# --- later fields: sequence masks, the symmetric band, soft gates and sequence weights (a row is one turn)
+
+
+def keep_in_band(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """The IPO band (:func:`symmetric_band_keep`) at δ."""
+    return symmetric_band_keep(x.divergence, tr.delta)
+
+
+def keep_in_clip_and_sequence_max(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """TRM-Max: PPO's clip (:func:`keep_in_clip_range`) and the row's max k2 ≤ δ (:func:`sequence_statistic_keep`)."""
+    return keep_in_clip_range(x, tr) & sequence_statistic_keep(x.divergence, x.mask, tr.delta, "max")
+
+
+def keep_in_clip_and_sequence_mean(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """TRM-Avg: PPO's clip and the row's mean k3 ≤ δ (:func:`sequence_statistic_keep`)."""
+    return keep_in_clip_range(x, tr) & sequence_statistic_keep(x.divergence, x.mask, tr.delta, "mean")
+
+
+def keep_in_clip_unless_off_policy(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """DeepSeek-V3.2: PPO's clip and the off-policy sequence mask on μ (:func:`off_policy_sequence_keep`)."""
+    log_ratio = x.logp - x.behavior_logp
+    return keep_in_clip_range(x, tr) & off_policy_sequence_keep(log_ratio, x.advantages, x.mask, tr.delta)
+
+
+def keep_in_clip_and_directional_sequence(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """VACO: PPO's clip on π_θ/π_θ' and :func:`directional_sequence_keep` on π_θ' against μ."""
+    vaco = directional_sequence_keep(x.anchor_logp, x.behavior_logp, x.advantages, x.mask, tr.delta)
+    return keep_in_clip_range(x, tr) & vaco
+
+
+def gspo_log_ratio(x: MaskInputs) -> torch.Tensor:
+    """log s_i = mean_t log(π_θ/anchor) over the row's response tokens, ``[B, 1]`` (GSPO's sequence ratio)."""
+    return sequence_log_ratio(x.logp - x.anchor_logp, x.mask, mean=True)
+
+
+def keep_in_sequence_clip(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """GSPO's mask (:func:`gspo_keep`) on the row's s_i."""
+    return gspo_keep(gspo_log_ratio(x), x.advantages, tr.eps_low, tr.eps_high)
+
+
+def sequence_ratio_weight(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """GSPO's w_t = s_i (the gradient of s_{i,t} = sg[s_i]·π_θ/sg[π_θ] is s_i·∇log π_θ(a_t))."""
+    return gspo_log_ratio(x).clamp(max=GSPO_LOG_RATIO_CAP).exp().expand_as(x.logp)
+
+
+def keep_inside_log_bound(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """SAPO's M_t: 1 but where verl's clamp of log r at ±:data:`ROLLOUT_CORR_LOG_BOUND` passes no gradient."""
+    return (x.logp - x.anchor_logp).abs() <= ROLLOUT_CORR_LOG_BOUND
+
+
+def soft_gate_weight(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """SAPO's w_t = r_t·f'(r_t) (:func:`sapo_gate_slope`)."""
+    ratio = (x.logp - x.anchor_logp).clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND).exp()
+    return ratio * sapo_gate_slope(ratio, x.advantages, tr.tau_pos, tr.tau_neg)
+
+
+def prefix_min_weight(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """MinPRO's w_t = min_{j ≤ t} r_j (:func:`prefix_min_log_ratio`)."""
+    return prefix_min_log_ratio(x.logp - x.anchor_logp, x.mask).clamp(max=MAX_LOG_RATIO).exp()
+
+
+def sequence_masked_metrics(prefix: str):
+    """Metrics of a sequence-level mask: ``<prefix>/seq_masked_fraction``, the rows with a response token whose every
+    A ≠ 0 token the rule blocked, and ``<prefix>/masked_fraction`` over the A ≠ 0 tokens."""
+
+    def metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> dict[str, torch.Tensor]:
+        active = x.mask & (x.advantages != 0)
+        rows = active.any(-1)
+        whole = rows & ~(keep & active).any(-1)
+        return {f"{prefix}/seq_masked_fraction": _fraction(whole, rows),
+                f"{prefix}/masked_fraction": _fraction(~keep, active)}
+
+    return metrics
+
+
+def own_weight_metrics(prefix: str):
+    """``<prefix>/weight_mean`` and ``<prefix>/weight_min`` of the rule's own w_t over the A ≠ 0 tokens."""
+
+    def metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> dict[str, torch.Tensor]:
+        active = x.mask & (x.advantages != 0)
+        weight = RULE_TABLE[tr.rule].weight(x, tr)
+        return {f"{prefix}/weight_mean": masked_mean(weight, active), f"{prefix}/weight_min": -_masked_max(-weight, active)}
+
+    return metrics
+
+
+register_rule("ipo", Rule("binary_tv", keep_in_band, threshold="delta"))  # IPO: |π − μ| ≤ δ whatever A
+register_rule("trm_max", Rule("k2", keep_in_clip_and_sequence_max, threshold="eps", reads=("delta",),
+                              metrics=sequence_masked_metrics("trm"), couples_tokens=True))  # TRM-Max
+register_rule("trm_avg", Rule("k3", keep_in_clip_and_sequence_mean, threshold="eps", reads=("delta",),
+                              metrics=sequence_masked_metrics("trm"), couples_tokens=True))  # TRM-Avg
+register_rule("opsm", Rule("ratio", keep_in_clip_unless_off_policy, threshold="eps", reads=("delta",),
+                           metrics=sequence_masked_metrics("opsm"), couples_tokens=True))  # DeepSeek-V3.2's mask
+register_rule("vaco", Rule("ratio", keep_in_clip_and_directional_sequence, threshold="eps", reads=("delta",),
+                           metrics=sequence_masked_metrics("vaco"), couples_tokens=True))  # VACO
+register_rule("gspo", Rule("ratio", keep_in_sequence_clip, threshold="eps", weight=sequence_ratio_weight,
+                           metrics=own_weight_metrics("gspo"), couples_tokens=True))  # GSPO: s_i, clipped
+register_rule("sapo", Rule("ratio", keep_inside_log_bound, reads=("tau_pos", "tau_neg"), weight=soft_gate_weight,
+                           metrics=own_weight_metrics("sapo")))  # SAPO: the soft gate's slope
+register_rule("minpro", Rule("ratio", keep_all, weight=prefix_min_weight, metrics=own_weight_metrics("minpro"),
+                             couples_tokens=True))  # MinPRO: min_{j ≤ t} r_j
+
+
 def mask_inputs(tr: TrustRegion, logp, anchor_logp, behavior_logp, advantages, topk=None, mask=None) -> MaskInputs:
     """The :class:`MaskInputs` of a batch under ``tr``, its divergence D_t computed. All inputs detached fp32
     ``[B, T]``; ``mask`` (the response tokens) is required by the rules that couple tokens."""
@@ -797,7 +1072,10 @@ def policy_loss(
         anchor = mu if tr.anchor == "behavior" else recomputed
         inputs = mask_inputs(tr, lp, anchor, mu, adv, topk, mask)
         keep = rule.keep(inputs, tr) & mask & mismatch_keep(tr, recomputed, mu, mask)
-        is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
+        if rule.weight is None:
+            is_weight, truncated = importance_weight(tr, lp, mu, recomputed, mask)
+        else:
+            is_weight, truncated = rule.weight(inputs, tr), torch.zeros_like(mask)
         coefficient = torch.where(keep, adv * is_weight, 0.0)
     logp32 = torch.where(finite, logp.float(), 0.0)
     # value −M·w·A; gradient −M·w·A·∇log π (exp(x − sg(x)) is 1 with gradient ∇x)
@@ -807,8 +1085,9 @@ def policy_loss(
         loss = loss + rule.loss_term(logp32, inputs, tr)
     if tr.kl_tau > 0:
         loss = loss + kl_penalty(logp32, mu, mask, tr.kl_tau)
-    extra = {**(rule.metrics(inputs, keep, tr) if rule.metrics is not None else {}),
-             "nonfinite": (response & ~finite).sum()}
+    extra = mismatch_diagnostics(lp, mu, mask, is_weight)
+    extra.update(rule.metrics(inputs, keep, tr) if rule.metrics is not None else {})
+    extra["nonfinite"] = (response & ~finite).sum()
     metrics = trust_region_metrics(lp, mu, adv, mask, keep, inputs.divergence, mask & truncated, extra=extra)
     return PolicyLossOutput(loss=loss, keep=keep, divergence=inputs.divergence, metrics=metrics)
 
@@ -912,6 +1191,61 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
+
+
+def mismatch_diagnostics(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor,
+                         is_weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far π_θ is from μ on a batch, under the names other frameworks log, as 0-d tensors (inputs detached fp32
+    ``[B, T]``; ``is_weight`` the loss's w_t). A sequence is a row (one turn); the statistics over sequences take
+    the rows with a response token.
+
+    verl ``rollout_corr_helper.compute_offpolicy_metrics`` (under ``rollout_corr/``): ``kl`` (mean log μ − log π),
+    ``k3_kl`` (mean r − 1 − log r, r = π/μ), ``chi2_token`` (mean r² − 1) and ``chi2_seq`` (mean over sequences of
+    (∏ r)² − 1, log ∏ r clamped at ±20), ``training_ppl`` / ``rollout_ppl`` (mean over sequences of exp(−mean log π) /
+    of μ), ``log_ppl_diff`` and ``ppl_ratio`` (mean over sequences of mean log μ − mean log π, and of its exp);
+    ``compute_is_metrics``'s ``rollout_is_eff_sample_size``, 1/mean((w/mean w)²) over the response tokens, here of
+    the loss's own w_t. ``k3_kl_seq`` (this project's: verl logs no sequence k3) is the mean over sequences of
+    Σ_t k3, an estimate of the sequence-level KL(μ ‖ π). SkyRL ``trainer.py``:
+    ``policy/rollout_train_logprobs_abs_diff_{mean,std,max}`` of |log π − log μ| (std with Bessel's correction).
+    ``mismatch/abs_diff_std`` is the std of |π − μ| beside :func:`trust_region_metrics`'s mean and max."""
+    log_ratio = torch.where(mask, (logp - behavior_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+    rows = mask.any(-1)
+    sum_log_ratio = log_ratio.sum(-1)
+    bounded = log_ratio.clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND)
+    k3 = torch.where(mask, log_ratio.exp() - 1 - log_ratio, 0.0)
+    mean_logp = sequence_log_ratio(logp, mask, mean=True).squeeze(-1)
+    mean_mu = sequence_log_ratio(behavior_logp, mask, mean=True).squeeze(-1)
+    log_ppl_diff = mean_mu - mean_logp
+    weight = torch.where(mask, is_weight, 0.0)
+    weight = weight / weight.amax().clamp(min=torch.finfo(weight.dtype).tiny)  # ESS is scale-free; w² stays finite
+    ess = masked_mean(weight, mask).square() / masked_mean(weight.square(), mask).clamp(min=torch.finfo(weight.dtype).tiny)
+    abs_log_diff = log_ratio.abs()
+    abs_diff = (logp.exp() - behavior_logp.exp()).abs()
+    return {
+        "rollout_corr/kl": masked_mean(-log_ratio, mask),
+        "rollout_corr/k3_kl": masked_mean(k3, mask),
+        "rollout_corr/k3_kl_seq": masked_mean(k3.sum(-1), rows),
+        "rollout_corr/chi2_token": masked_mean((2 * bounded).exp(), mask) - 1,
+        "rollout_corr/chi2_seq": masked_mean((2 * sum_log_ratio.clamp(-20.0, 20.0)).exp(), rows) - 1,
+        "rollout_corr/training_ppl": masked_mean((-mean_logp).exp(), rows),
+        "rollout_corr/rollout_ppl": masked_mean((-mean_mu).exp(), rows),
+        "rollout_corr/log_ppl_diff": masked_mean(log_ppl_diff, rows),
+        "rollout_corr/ppl_ratio": masked_mean(log_ppl_diff.exp(), rows),
+        "rollout_corr/rollout_is_eff_sample_size": torch.where(mask.any(), ess, 1.0),
+        "policy/rollout_train_logprobs_abs_diff_mean": masked_mean(abs_log_diff, mask),
+        "policy/rollout_train_logprobs_abs_diff_std": masked_std(abs_log_diff, mask),
+        "policy/rollout_train_logprobs_abs_diff_max": _masked_max(abs_log_diff, mask),
+        "mismatch/abs_diff_std": masked_std(abs_diff, mask),
+    }
+
+
+def masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of ``values`` where ``mask`` holds, with Bessel's correction (torch's ``std``, as SkyRL
+    takes it); 0 for fewer than two values."""
+    count = mask.sum()
+    centred = torch.where(mask, values - masked_mean(values, mask), 0.0)
+    variance = centred.square().sum() / (count - 1).clamp(min=1)
+    return torch.where(count > 1, variance.sqrt(), 0.0)
 
 
 def _shadow_stats(preset: str, blocked: torch.Tensor, active: torch.Tensor, mu_prob: torch.Tensor) -> dict:

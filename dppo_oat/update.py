@@ -252,15 +252,17 @@ def combine_micro_metrics(collected: Sequence[tuple[dict[str, float], float]]) -
 
 SUMMED_STEP_METRICS = ("tokens", LOSS_SCALE_SKIPS)
 """Optimizer-step metrics that add up over a rollout batch (the rest are averaged or, for maxima, maxed)."""
-FIRST_STEP_PREFIX = "mismatch/"
-"""Metrics also reported for the first optimizer step alone (``mismatch/first_*``): before any update on the batch,
-|π − μ| there is the engine's mismatch with no staleness from earlier minibatches in it."""
+FIRST_STEP_PREFIXES = ("mismatch/", "rollout_corr/")
+"""Metrics also reported for the first optimizer step alone (``mismatch/first_*``, ``rollout_corr/first_*``): before
+any update on the batch, π_θ there is the rollout weights' π_θ', so |π − μ| and the k3/χ² diagnostics are the
+engine's mismatch with no staleness from earlier minibatches in it (what verl's trainer logs as ``rollout_corr/*``)."""
 
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
     :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has no
-    gradient norm); ``mismatch/*`` of the first step also as ``mismatch/first_*``."""
+    gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
+    ``rollout_corr/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}
     for key in keys:
@@ -272,6 +274,7 @@ def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str]
         else:
             summary[key] = float(values.mean())
     if history:
-        summary.update({FIRST_STEP_PREFIX + "first_" + key[len(FIRST_STEP_PREFIX):]: float(value)
-                        for key, value in history[0].items() if key.startswith(FIRST_STEP_PREFIX)})
+        summary.update({prefix + "first_" + key[len(prefix):]: float(value)
+                        for key, value in history[0].items() for prefix in FIRST_STEP_PREFIXES
+                        if key.startswith(prefix)})
     return summary

@@ -191,7 +191,8 @@ def verl_mapping():
 def verl_presets_table() -> str:
     """Every preset on the verl engine: its ``loss_mode``, the numbers verl's actor config sets (the rest are the
     preset's), and the mode that anchors it (bypass: μ only; decoupled: μ and π_θ'), or why verl cannot run it."""
-    mapping, names = verl_mapping(), {"eps_low": "ε_low", "eps_high": "ε_high", "delta": "δ", "is_cap": "C"}
+    mapping, names = verl_mapping(), {"eps_low": "ε_low", "eps_high": "ε_high", "delta": "δ", "is_cap": "C",
+                                "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
     rows = []
     for name, reason in mapping.supported_presets().items():
         if reason:

@@ -88,7 +88,7 @@ def test_clipped_tokens_notebook_from_shadow_metrics_alone(tmp_path, monkeypatch
     write_synthetic_runs(tmp_path / "runs", tokens=False, steps=20)
     notebook = execute("clipped_tokens.ipynb", tmp_path / "runs", monkeypatch, tmp_path)
     assert_clean(notebook)
-    assert "No run here has a tokens.jsonl" in printed(notebook)
+    assert "No run here has a tokens.jsonl" in printed(notebook) and "No run here has token exports" in printed(notebook)
     assert images(notebook) == 1
 
 
@@ -120,21 +120,24 @@ def real_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("real-runs")
     cache = tmp_path_factory.mktemp("real-runs-cache")
     for algo in ("dppo_binary_tv", "grpo_clip_higher", "cispo"):
+        export = ["--token-export", "all"] if algo == "dppo_binary_tv" else []
         main(["--trust-region", algo, "--steps", "3", "--run-dir", str(root / "runs"), "--cache-dir", str(cache),
-              *SHIPPED])
+              *export, *SHIPPED])
     return root / "runs"
 
 
 @pytest.mark.slow
 def test_notebooks_on_real_local_engine_runs(real_runs, monkeypatch, tmp_path):
-    """Both notebooks on runs the local engine just wrote, tokens.jsonl included: every token-level table."""
+    """Both notebooks on runs the local engine just wrote, tokens.jsonl included (and one run's token exports):
+    every token-level table."""
     curves = execute("learning_curves.ipynb", real_runs, monkeypatch, tmp_path)
     assert_clean(curves)
     assert "3 runs" in printed(curves) and images(curves) >= 3
     tokens = execute("clipped_tokens.ipynb", real_runs, monkeypatch, tmp_path)
     assert_clean(tokens)
     assert "token samples from 3 run(s)" in printed(tokens) and images(tokens) == 3
-    assert all(heading in html_tables(tokens) for heading in ("clip_only %", "positive samples"))
+    assert all(heading in html_tables(tokens) for heading in ("clip_only %", "positive samples", "blocked high %"))
+    assert "exported tokens from 1 run(s)" in printed(tokens)
 
 
 EXAMPLE_RUNS = NOTEBOOKS / "example_runs"

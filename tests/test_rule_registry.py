@@ -139,3 +139,19 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
         assert help_text.startswith("Override the preset's ") and "``" not in help_text and ":func:" not in help_text
         assert docs[name].split("(")[0].strip().replace("``", "") in help_text, name
     assert all(preset in preset_help() for preset in T.PRESETS)
+
+
+def test_a_rule_may_set_w_t_itself():
+    """``Rule.weight`` replaces the IS weight (and C with it): a rule whose w_t is 2 everywhere gives −M·2·A."""
+    T.register_rule("doubled", T.Rule("ratio", T.keep_all, weight=lambda x, tr: torch.full_like(x.logp, 2.0)))
+    T.PRESETS["doubled_preset"] = T.Preset({"rule": "doubled", "is_cap": 1.5}, "a test's rule with its own w_t")
+    try:
+        tr = T.TrustRegion.preset("doubled_preset")
+        logp = torch.tensor([[0.5, 0.2]], dtype=torch.float64).log().requires_grad_()
+        out = T.policy_loss(logp, torch.tensor([[0.1, 0.6]], dtype=torch.float64).log(),
+                            torch.tensor([[1.0, -1.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool), tr)
+        out.loss.sum().backward()
+        assert logp.grad.tolist() == [[-2.0, 2.0]]  # r = 5 and 1/3 play no part; C = 1.5 neither
+        assert tr.fields_read == {"kl_tau"} and out.metrics["is/truncated_fraction"] == 0.0
+    finally:
+        del T.RULE_TABLE["doubled"], T.PRESETS["doubled_preset"]

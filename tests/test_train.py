@@ -67,6 +67,24 @@ def test_a_one_step_run_writes_token_samples(tmp_path):
     assert all(set(t) == fields for t in tokens)
     assert all(0 < t["mu"] <= 1 and 0 < t["pi"] <= 1 and t["entropy"] >= 0 and t["weight"] >= 1 for t in tokens)
     assert all(t["advantage"] != 0 and t["token"] and t["turn"] >= 0 for t in tokens)
+    assert not (tmp_path / "one" / "token_exports").exists()  # --token-export is off by default
+
+
+def test_token_export_all_writes_every_trained_token(tmp_path):
+    """``--token-export all``: one file for the step whose records hold every response token the update trained on
+    (the step's ``tokens``, one epoch), each with π, μ and the run's mask (the default writes no folder:
+    ``test_a_one_step_run_writes_token_samples``)."""
+    from dppo_oat.token_export import read_token_export
+
+    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "export", "--cache-dir", str(tmp_path / "cache"),
+          "--token-export", "all", *SHIPPED])
+    frame = read_token_export(tmp_path / "export")
+    row = read_jsonl(tmp_path / "export" / "metrics.jsonl")[0]
+    assert set(frame["step"]) == {1} and int(frame["loss_mask"].sum()) == row["tokens"]
+    trained = frame[frame["loss_mask"]]
+    assert (trained["importance_ratio"] > 0).all() and trained["entropy"].notna().all()
+    active = trained[trained["advantages"] != 0]  # mask/fraction: over A ≠ 0 tokens, averaged over minibatches
+    assert active["is_masked"].mean() == pytest.approx(row["mask/fraction"], abs=2e-3)
 
 
 def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(tmp_path, monkeypatch, capsys):
@@ -80,6 +98,12 @@ def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(t
     assert "rollouts sample with model.generate" in " ".join(capsys.readouterr().out.split())
     row = read_jsonl(tmp_path / "generate" / "metrics.jsonl")[0]
     assert row["mismatch/first_abs_diff_mean"] < 1e-4 and row["tokens_per_s/rollout"] > 0  # before any update
+    for name in ("rollout_corr/k3_kl", "rollout_corr/k3_kl_seq", "rollout_corr/chi2_token", "rollout_corr/chi2_seq",
+                 "rollout_corr/ppl_ratio", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/first_k3_kl",
+                 "policy/rollout_train_logprobs_abs_diff_mean", "policy/rollout_train_logprobs_abs_diff_std",
+                 "policy/rollout_train_logprobs_abs_diff_max", "mismatch/abs_diff_std"):
+        assert math.isfinite(row[name]), name  # the mismatch diagnostics, under verl's and SkyRL's names
+    assert row["rollout_corr/first_k3_kl"] < 1e-6  # μ = π_θ' at rounding level before any update
 
 
 @pytest.mark.fault("a kill (`kill -9`)",

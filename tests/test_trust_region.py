@@ -15,8 +15,9 @@ PAPER_PRESETS = (
 MISMATCH_PRESETS = "tis seq_tis icepop seq_geo_mask decoupled_ppo dppo_binary_tv_kl".split()
 """Other frameworks' fixes for training–inference mismatch (tests/test_mismatch_presets.py checks each definition)."""
 ALL_PRESETS = PAPER_PRESETS + MISMATCH_PRESETS
-LATER_PRESETS = "drpo cppo cppo_binary_tv m2po".split()
-"""DRPO, CPPO and M2PO (tests/test_later_presets.py checks each against its source's equations)."""
+LATER_PRESETS = "drpo cppo cppo_binary_tv m2po ipo trm_max trm_avg opsm vaco gspo sapo minpro".split()
+"""DRPO, CPPO and M2PO (tests/test_later_presets.py checks each against its source's equations), and the field after
+DPPO (tests/test_field_presets.py)."""
 
 
 def expected_weight(tr, logp, mu, recomputed, mask):

@@ -32,6 +32,8 @@ from dppo_oat.analysis.stats import (decide, holm, margin_tests, paired_differen
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
     disagreements,
+    exported_masked_by_bucket,
+    load_token_exports,
     load_tokens,
     masked_by_bucket,
     shadow_notes,
@@ -46,7 +48,7 @@ __all__ = [
     "BANDS", "DEFAULT_PANELS", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "DamagedRun", "Panel", "Run",
     "Series",
     "aggregate_seeds", "available_panels", "compare_methods", "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
-    "load_tokens", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
+    "load_tokens", "load_token_exports", "exported_masked_by_bucket", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
     "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
     "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",
     "decide", "holm", "margin_tests",

@@ -216,3 +216,33 @@ def shadow_notes(summary: pd.DataFrame) -> list[str]:
             notes.append(f"{group}: {name}'s ratio clip would block most at {shares.idxmax()} ({shares.max():.2f} % "
                          f"of tokens; {shares.iloc[-1]:.2f} % at {shares.index[-1]})")
     return notes
+
+
+def load_token_exports(df: pd.DataFrame) -> pd.DataFrame:
+    """Every token of every step the runs of ``df`` exported (``--token-export all``,
+    :func:`dppo_oat.token_export.read_token_export`), trained tokens only, with the run columns, ``mu``/``pi``
+    (probabilities), ``mu_bucket`` and ``sample``; empty when no run exported any."""
+    from dppo_oat.token_export import read_token_export
+
+    tables = []
+    for run in df.drop_duplicates("run")[list(RUN_COLUMNS)].itertuples(index=False):
+        exported = read_token_export(run.path) if (Path(run.path) / "token_exports").is_dir() else pd.DataFrame()
+        if len(exported):
+            tables.append(exported.assign(**{column: getattr(run, column) for column in RUN_COLUMNS}))
+    if not tables:
+        return pd.DataFrame()
+    tokens = pd.concat(tables, ignore_index=True)
+    tokens = tokens[tokens["loss_mask"]].reset_index(drop=True)
+    tokens = tokens.assign(mu=np.exp(tokens["inference_logprobs"]), pi=np.exp(tokens["trainer_logprobs"]))
+    return tokens.assign(mu_bucket=mu_bucket(tokens["mu"]), sample=sample_sign(tokens["advantages"]))
+
+
+def exported_masked_by_bucket(tokens: pd.DataFrame, by: str = "method") -> pd.DataFrame:
+    """Per group and μ bucket, over every exported token with A ≠ 0 (exact, no sample): the tokens and the % the
+    run's own rule blocked, in all, with A > 0 (``high``) and with A < 0 (``low``)."""
+    active = tokens[tokens["sample"] != "zero"].assign(weight=1.0)
+    groups = pd.Categorical(active[by], categories=list(dict.fromkeys(active[by])))
+    columns = {"blocked %": active["is_masked"], "blocked high %": active["is_masked_high"],
+               "blocked low %": active["is_masked_low"]}
+    table = weighted_percent(active, [groups, active["mu_bucket"]], columns).reset_index()
+    return table.rename(columns={table.columns[0]: by}).astype({by: "object", "mu_bucket": "object"})

@@ -288,7 +288,9 @@ def test_rehearsal_writes_the_run_directory_the_notebooks_read(rehearsal):
     run = load_run(rehearsal.run_dir)
     assert run.algo == "dppo_binary_tv" and run.config["engine"] == "oat" and run.trust_region["delta"] == 0.2
     assert list(run.metrics["step"]) == [1, 2] and list(run.eval["step"]) == [0, 2]
-    for column in ("reward", "success", "mask/fraction", "mismatch/abs_diff_mean", "train/pg_loss"):
+    for column in ("reward", "success", "mask/fraction", "mismatch/abs_diff_mean", "train/pg_loss",
+                   "rollout_corr/k3_kl", "rollout_corr/chi2_seq", "rollout_corr/rollout_is_eff_sample_size",
+                   "policy/rollout_train_logprobs_abs_diff_std"):
         assert run.metrics[column].notna().all(), column
     assert run.eval["eval/success"].between(0, 1).all()
     tokens = read_tokens(rehearsal.run_dir)  # the clipped-token sample of each round, decoded by the learner

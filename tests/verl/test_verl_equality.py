@@ -76,7 +76,7 @@ def test_metrics_reach_verl_under_dppo(actor_config):
 
 
 @pytest.mark.parametrize("preset", ["minirl", "minirl_tis", "dppo_binary_tv_recompute", "tis", "seq_tis", "icepop",
-                                    "seq_geo_mask", "decoupled_ppo"])
+                                    "seq_geo_mask", "decoupled_ppo", "vaco"])
 def test_decoupled_mode_recovers_mu_from_verls_is_weights(actor_config, preset):
     """verl's decoupled mode hands π_θ' as old_log_prob and π_θ'/μ as untruncated token IS weights (computed here
     by verl's own rollout_corr_helper); the loss equals the core's called with μ and π_θ' directly."""

@@ -45,6 +45,7 @@ from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, 
                              missing_steps, move_run_aside, read_config, read_jsonl, settings_hash)
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.token_export import TokenExporter, TokenObservers
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
 
@@ -117,6 +118,7 @@ class LocalTrainer:
         self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = DivergenceGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
+        self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
         self._noted_small_batch = False
         self._check_prompts_fit()
         self._open_log()
@@ -256,9 +258,12 @@ class LocalTrainer:
         steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
         history = learn_from_rollout(self.model, batch, self.tr, settings, steps, guard=self.guard,
                                      shuffle=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
-                                     token_sampler=sampler,
+                                     token_sampler=sampler if self.exporter is None else
+                                     TokenObservers(sampler, self.exporter),
                                      precision=lambda forward: autocast_forward(forward, c.device, c.dtype))
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
+        if self.exporter is not None:
+            self.exporter.write(step, [sample.turn for sample in samples], [sample.env_id for sample in samples])
         self.model.eval()
         if self.generator.model is not self.model:
             self._sync_generator()
@@ -464,6 +469,8 @@ class LocalTrainer:
         unused = failed and self.checkpointed_step == 0 and self.resume_step is None
         try:
             self._cancel_pending_rollout()
+            if self.exporter is not None:
+                self.exporter.close()
             self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()

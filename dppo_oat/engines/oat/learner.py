@@ -38,6 +38,7 @@ from dppo_oat.errors import TrainingDiverged
 from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, DivergenceGuard, check_weights_finite,
                             one_learner)
 from dppo_oat.spec import UpdateSettings, split_ids
+from dppo_oat.token_export import TokenExporter, TokenObservers
 from dppo_oat.token_samples import TokenSampler, decode_each
 from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
 
@@ -196,6 +197,8 @@ class DPPOLearner(PPOLearner):
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
             self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n)
+        self.exporter = (TokenExporter(self.save_path) if args.token_export == "all" and self.strategy.is_rank_0()
+                         else None)  # rank 0's share of each learning round, as tokens.jsonl
 
     def run(self) -> None:
         """oat's run; a divergence (raised on every learner at once) ends the program with one line."""
@@ -237,12 +240,16 @@ class DPPOLearner(PPOLearner):
                                seed=self.args.seed + self.learning_rounds)
         steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
         history = learn_from_rollout(self.model, batch, tr, self.update_settings, steps, shuffle=self.shuffle_generator,
-                                     guard=self.guard, token_sampler=sampler, lm_head=self.args.lm_head,
+                                     guard=self.guard, lm_head=self.args.lm_head,
+                                     token_sampler=sampler if self.exporter is None else
+                                     TokenObservers(sampler, self.exporter),
                                      chunk_size=chunk_size, any_learner=self._any_learner)
         check_weights_finite(weight_shards(self.model.model.module), self._any_learner)
         if self.strategy.is_rank_0():
             rows = sampler.rows(self.learning_rounds, decode_each(self.tokenizer), trajectory["turn"])
             self._wandb.log_tokens(rows)
+        if self.exporter is not None:
+            self.exporter.write(self.learning_rounds, trajectory["turn"])
         return {**summarize_history(history, batch.advantages), **staleness}
 
     def _backward(self, loss: torch.Tensor) -> None:

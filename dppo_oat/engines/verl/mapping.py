@@ -8,8 +8,8 @@ through ``.get``/attributes, which verl's ``ActorConfig`` (a ``BaseConfig``), an
 verl 0.9.1 facts this module relies on (paths inside the ``verl`` package):
 
 - ``workers/config/actor.py``: ``ActorConfig.clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high`` (PPO's ε; verl's own
-  ``dppo_tv``/``dppo_kl`` read them as δ) and ``clip_ratio_c`` (dual-clip bound; the TIS cap C of verl's
-  ``dppo_tv``/``dppo_kl``). No field for α or K.
+  ``dppo_tv``/``dppo_kl`` read them as δ), ``clip_ratio_c`` (dual-clip bound; the TIS cap C of verl's
+  ``dppo_tv``/``dppo_kl``) and ``tau_pos``/``tau_neg`` (SAPO's temperatures). No field for α or K.
 - ``trainer/ppo/v1/trainer_base.py`` (``_compute_old_log_prob``): with ``algorithm.rollout_correction.bypass_mode``
   the actor's ``old_log_probs`` are the rollout engine's ``rollout_log_probs`` (μ); otherwise they are recomputed by
   the trainer (π_θ') and, with ``rollout_correction.rollout_is``, ``rollout_is_weights`` carry π_θ'/μ to the loss.
@@ -107,14 +107,19 @@ def clip_range(config: Any) -> tuple[float, float]:
     return float(ratio if low is None else low), float(ratio if high is None else high)
 
 
+VERL_FIELDS = {"tau_pos": "tau_pos", "tau_neg": "tau_neg"}
+"""TrustRegion fields verl's ``ActorConfig`` carries under their own name (SAPO's temperatures)."""
+
+
 def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
-    """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's)."""
+    """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's): its threshold
+    (ε_low/ε_high or δ from the clip fields), C from ``clip_ratio_c`` when the rule reads it, and the fields of
+    :data:`VERL_FIELDS` it reads."""
     threshold = RULE_TABLE[tr.rule].threshold  # read now: a rule registered after this module counts too
-    if threshold == "eps":
-        return ("eps_low", "eps_high", "is_cap")
-    if threshold == "delta":
-        return ("delta", "is_cap")
-    return ("is_cap",)
+    fields = {"eps": ("eps_low", "eps_high"), "delta": ("delta",)}.get(threshold, ())
+    read = tr.fields_read
+    fields += ("is_cap",) if "is_cap" in read else ()
+    return fields + tuple(name for name in VERL_FIELDS if name in read)
 
 
 def verl_overrides_of(tr: TrustRegion, config: Any) -> dict[str, float]:
@@ -124,7 +129,10 @@ def verl_overrides_of(tr: TrustRegion, config: Any) -> dict[str, float]:
     """
     low, high = clip_range(config)
     settable = verl_settable_fields(tr)
-    fields = {"is_cap": float(_field(config, "clip_ratio_c", tr.is_cap))}
+    fields = {name: float(_field(config, VERL_FIELDS[name], getattr(tr, name))) for name in settable
+              if name in VERL_FIELDS}
+    if "is_cap" in settable:
+        fields["is_cap"] = float(_field(config, "clip_ratio_c", tr.is_cap))
     if "eps_low" in settable:
         fields.update(eps_low=low, eps_high=high)
     if "delta" in settable:
@@ -223,7 +231,10 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
     for field, (low, high) in sides.items():
         if field in verl_settable_fields(tr):
             out += [f"{actor}clip_ratio_low={_number(low)}", f"{actor}clip_ratio_high={_number(high)}"]
-    out.append(f"{actor}clip_ratio_c={_number(tr.is_cap)}")
+    if "is_cap" in verl_settable_fields(tr):
+        out.append(f"{actor}clip_ratio_c={_number(tr.is_cap)}")
+    out += [f"{actor}{VERL_FIELDS[name]}={_number(getattr(tr, name))}" for name in verl_settable_fields(tr)
+            if name in VERL_FIELDS]
     out += _mode_overrides(tr)
     out.append(f"+{actor}policy_loss.rollout_correction=${{algorithm.rollout_correction}}")
     return out
