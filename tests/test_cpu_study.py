@@ -51,6 +51,7 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
         assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
         assert train_config.max_staleness == condition.max_staleness and train_config.dtype == condition.dtype
+        assert train_config.rollout_redraw == condition.redraw and train_config.num_epochs == condition.epochs
         assert train_config.probe_every == (0 if condition.max_staleness else config.probe_every)
         assert train_config.lr_schedule == "constant"  # as the committed runs: the default run's decay is its own
         assert train_config.warm_start.target_success == 0.25 and train_config.warm_start.check_every == 40
@@ -69,7 +70,8 @@ def test_every_preregistered_contrast_compares_arms_of_the_study():
     arms = study_arms()
     for contrast in CONTRASTS:
         left, right = (contrast.task, *contrast.left), (contrast.task, *contrast.right)
-        assert left in arms and right in arms and left != right, contrast.claim
+        assert left in arms and right in arms, contrast.claim
+        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim  # within one arm: two numbers
 
 
 def test_a_task_overrides_the_study_settings_it_needs(tmp_path):
@@ -105,6 +107,8 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert all(r["mismatch/first_abs_diff_mean"] > 1e-5 for r in rows)  # the int8 copy's mismatch is real
     config = json.loads((run / "config.json").read_text())
     assert config["rollout_dtype"] == "int8" and config["train_pool"] == 64
+    assert all(0 <= e["eval/learner_success"] <= 1 for e in read_jsonl(run / "eval.jsonl"))  # the fp32 learner too
+    assert all("over_delta/neg_adv_mu_above" in r and "mask_cell/pos_adv_mu_below_mu_ge_0.5" in r for r in rows)
 
     finished = (out / "sudoku" / "dppo_binary_tv-mb1-int8-s0" / "metrics.jsonl").stat().st_mtime_ns
     evals = (run / "eval.jsonl").read_text().splitlines()

@@ -108,10 +108,26 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
         runs[f"{name}_growth"] = runs[f"{name}_end"] / runs[f"{name}_start"].replace(0, np.nan)
     evals = df[df["metric"] == "eval/success"].sort_values("step").groupby("run")["value"]
     runs["eval_before"], runs["eval_after"] = evals.first(), evals.last()
+    learner = df[df["metric"] == "eval/learner_success"].sort_values("step").groupby("run")["value"]
+    runs["eval_learner_before"], runs["eval_learner_after"] = learner.first(), learner.last()
+    for direction in ("mu_above", "mu_below"):
+        runs[f"over_delta_neg_share_{direction}"] = negative_share(df, "over_delta", direction)
     for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
                          ("is_truncated", "is/truncated_fraction")):
         runs[name] = df[df["metric"] == column].groupby("run")["value"].mean()
     return runs.reset_index()
+
+
+def negative_share(df: pd.DataFrame, family: str, direction: str) -> pd.Series:
+    """Per run, the share of Â < 0 among the tokens of ``family`` (``over_delta``: binary KL to μ above δ;
+    ``mask_cell``: blocked) on side ``direction`` of μ − π (``mu_above``: μ > π), pooled over the run's steps (a
+    ratio of summed per-step shares of the A ≠ 0 tokens; NaN where a run logged none)."""
+    def summed(cell: str) -> pd.Series:
+        rows = df[df["metric"].str.startswith(f"{family}/{cell}_{direction}")]
+        return rows.groupby("run")["value"].sum()
+    negative, positive = summed("neg_adv"), summed("pos_adv")
+    total = negative.add(positive, fill_value=0)
+    return (negative.reindex(total.index, fill_value=0) / total.replace(0, np.nan)).astype(float)
 
 
 def _first_step_at(rows: pd.DataFrame, threshold: float) -> float:
@@ -217,7 +233,74 @@ class Contrast:
     experiment: str = ""
     """The experiment whose primary claims are Holm-corrected together (each experiment was designed, and its
     claims written, on its own)."""
+    right_metric: str = ""
+    """The right arm's number when it is not ``metric`` (a claim within one arm's runs compares two of their
+    numbers, e.g. held-out success at the start and at the end); empty: ``metric``."""
 
+
+HELD_OUT_MARGIN = 0.05
+"""Held-out success is measured on 100 episodes per run: claims on it need a difference above five of them."""
+SHARE_MARGIN = 0.05
+"""A claim on a share of tokens (of Â < 0 among the tokens over δ) needs a difference above five points."""
+REGIME = "Takeaway 2 in its regime (int4 copy, four quarter-batch steps per rollout)"
+REGIME_CONTRASTS = (
+    Contrast(f"{REGIME}: the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("dppo_binary_kl_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: the DPPO-TV mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-int4"), ("dppo_binary_tv_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip on π_θ')", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("minirl", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-KL beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_kl", "mb4-int4"), ("pg_is", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-int4"), ("pg_is", "mb4-int4")),
+)
+"""The ``regime`` experiment's claims (eight seeds): each μ-anchored DPPO mask against its recomputed-anchor twin
+(primary: the same rule, only the anchor differs), and against MiniRL and PG-IS (exploratory)."""
+MECHANISM = "why the μ-anchored mask cost learning under int4 (one step per rollout)"
+MECHANISM_CONTRASTS = (
+    Contrast(f"{MECHANISM}: in PG-IS runs (no mask acts), among tokens whose binary KL to μ exceeds δ 0.05, more "
+             "have Â < 0 where the int4 copy over-weights the token (μ > π) than where it under-weights it",
+             "mechanism: int4's extra mass goes to wrong moves", ("pg_is", "mech-int4"), ("pg_is", "mech-int4"),
+             "over_delta_neg_share_mu_above", SHARE_MARGIN, family="primary", experiment="mechanism",
+             right_metric="over_delta_neg_share_mu_below"),
+    Contrast(f"{MECHANISM}: PG-IS beats DPPO-Binary-KL (the takeaway2 result, on runs of its own)",
+             "mechanism: the mask costs learning", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A<0 half alone (blocks A<0 where μ > π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_neg", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A>0 half alone (blocks A>0 where μ < π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL under an int4 grid redrawn at every re-sync beats it under the fixed grid",
+             "mechanism: a persistent quantisation error", ("dppo_binary_kl", "mech-int4-redraw"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: under noise on log μ that makes the mask block about as many tokens (fp32 sampler), "
+             "PG-IS beats DPPO-Binary-KL (the mechanism predicts not: equivalent)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("dppo_binary_kl", "mech-noise"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner (not its int4 copy) loses held-out success over the run",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_before", HELD_OUT_MARGIN, family="primary", experiment="mechanism",
+             right_metric="eval_learner_after"),
+    Contrast(f"{MECHANISM}: PG-IS's fp32 learner ends above DPPO-Binary-KL's on held-out success",
+             "mechanism: the fp32 learner degrades", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner ends above its own int4 copy on held-out success",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN, right_metric="eval_after"),
+    Contrast(f"{MECHANISM}: the mask's A<0 half alone beats its A>0 half alone", "mechanism: the mask's halves",
+             ("dppo_binary_kl_neg", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4")),
+    Contrast(f"{MECHANISM}: PG-IS with the fp32 sampler and the matched noise beats PG-IS under the int4 copy (what "
+             "sampling from the int4 copy itself costs, with no mask)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("pg_is", "mech-int4")),
+)
+"""The mechanism experiments' claims (eight seeds), written before their runs. Primary (Holm-corrected together):
+the sign correlation among tokens over δ in PG-IS runs, the mask's cost replicated, each half's cost, the redrawn
+grid, the noise control, and the fp32 learner's own loss. Exploratory: where the learner ends against PG-IS's and
+against its own int4 copy, the halves against each other, and the noisy fp32 sampler against the int4 one."""
 
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
@@ -316,6 +399,12 @@ CONTRASTS = (
              ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb1")),
     Contrast("DPPO-Binary-TV: four minibatch steps per rollout beat one on-policy step (PG-IS, which DPPO equals "
              "there)", "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb1")),
+    # Added before the runs of the ``regime`` experiment (eight seeds; the two twin contrasts are primary, Holm-
+    # corrected together): Takeaway 2 where μ, π_θ' and π_θ all differ (int4 copy, four quarter-batch steps).
+    *REGIME_CONTRASTS,
+    # Added before the runs of the ``mechanism``, ``mechanism_noise`` and ``mechanism_grid`` experiments (eight
+    # seeds; the seven primary claims are Holm-corrected together as the experiment ``mechanism``).
+    *MECHANISM_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
@@ -339,10 +428,10 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     arms' equivalence within the margin (``p_equivalent``, TOST); ``identical``: every pair differs by exactly 0.
     Fewer than 2 pairs: NaN, ``not run``."""
     left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
-    right = arm_values(outcomes, contrast.task, contrast.right, contrast.metric)
+    right = arm_values(outcomes, contrast.task, contrast.right, contrast.right_metric or contrast.metric)
     pairs = left.index.intersection(right.index)
     row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family,
-           "experiment": contrast.experiment, "metric": contrast.metric,
+           "experiment": contrast.experiment, "metric": contrast.metric, "right_metric": contrast.right_metric,
            "margin": contrast.margin, "pairs": len(pairs), "seeds": tuple(sorted(pairs)),
            "left_values": tuple(left.loc[pairs]), "right_values": tuple(right.loc[pairs]),
            "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
@@ -431,7 +520,8 @@ def _summary_line(row, duplicates: list[str]) -> str:
         return (f"{head}: **identical runs** — both arms gave {row.metric} {row.left:.3g} on each of {row.pairs} "
                 f"seeds; no verdict")
     correction = f", Holm-adjusted over {row.holm_size} primary claims" if row.family == "primary" else ""
-    return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {row.right:.3g}, difference "
+    right = f"{row.right_metric} {row.right:.3g}" if row.right_metric else f"{row.right:.3g}"
+    return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {right}, difference "
             f"{row.difference:+.3g}, 95% t-interval [{row.ci_low:+.3g}, {row.ci_high:+.3g}], {row.pairs} paired "
             f"seeds, margin {row.margin:g}; one-sided p{correction}: claim {row.p_above_adjusted:.2g}, reverse "
             f"{row.p_below_adjusted:.2g}, equivalence {row.p_equivalent_adjusted:.2g}")
