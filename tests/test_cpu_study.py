@@ -3,7 +3,9 @@ accepts; a small real study plays, skips finished runs, completes an interrupted
 
 import ast
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ from dppo_oat.engines.local.validation import validate_config  # noqa: E402
 from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_summary,  # noqa: E402
                                      summary_block)
 from dppo_oat.runlog import read_jsonl  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
 
 TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -335,3 +337,30 @@ def test_every_claim_was_committed_before_the_runs_it_scores():
                                                      for task, name in runs):
                 late.append(f"{contrast.claim!r} is not in study.py at {commit[:7]}, whose runs it scores")
     assert not late, "\n".join(late)
+
+
+def test_the_gpu_node_experiment_of_takeaway2_runs_each_twin_on_every_seed():
+    """scripts/gpu/takeaway2.sh (read with PYTHON=echo): the sanity test's flags, each μ-anchored mask and its
+    recomputed twin, MiniRL and PG-IS on seeds 1-3 by default, 4 gradient steps per rollout, methods and seeds as
+    asked."""
+    def commands(*args, **env):
+        environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        out = subprocess.run(["bash", str(ROOT / "scripts/gpu/takeaway2.sh"), *args], check=True, text=True,
+                             capture_output=True, env={**environ, "PYTHON": "echo", "DPPO_MATH_DATA": "/data", **env})
+        return [shlex.split(line) for line in out.stdout.splitlines()]
+
+    def flag(argv, name):
+        return [argv[i + 1] for i, value in enumerate(argv) if value == name][-1]
+
+    runs = commands()
+    planned = {(flag(argv, "--trust_region"), flag(argv, "--seed")) for argv in runs}
+    methods = {"dppo_binary_kl", "dppo_binary_kl_recompute", "dppo_binary_tv", "dppo_binary_tv_recompute", "minirl",
+               "pg_is"}
+    assert len(runs) == 18 and planned == {(m, s) for m in methods for s in ("1", "2", "3")}
+    assert all(m in PRESETS for m in methods)
+    for argv in runs:  # 512 samples per rollout in minibatches of 128: four gradient steps per rollout
+        assert (flag(argv, "--rollout_batch_size"), flag(argv, "--train_batch_size")) == ("512", "128")
+        assert flag(argv, "--learning_rate") == "0.000001" and flag(argv, "--num_ppo_epochs") == "1"
+    halves = commands("dppo_binary_kl_neg", "dppo_binary_kl_pos", "--gpus", "4", SEEDS="7")
+    assert [(flag(a, "--trust_region"), flag(a, "--seed"), flag(a, "--gpus")) for a in halves] == [
+        ("dppo_binary_kl_neg", "7", "4"), ("dppo_binary_kl_pos", "7", "4")]
