@@ -20,8 +20,8 @@ import pack_study  # noqa: E402
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.engines.local.validation import validate_config  # noqa: E402
-from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_summary,  # noqa: E402
-                                     summary_block)
+from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_blocks,  # noqa: E402
+                                     scale_block, summary_block)
 from dppo_oat.runlog import read_jsonl  # noqa: E402
 from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
@@ -161,8 +161,12 @@ README = Path(__file__).resolve().parents[1] / "docs" / "cpu-study.md"  # the pa
 
 
 def test_the_readme_summary_is_written_from_the_committed_study():
-    """One reading: the claims, CIs and verdicts of docs/cpu-study.md are those the committed runs give."""
-    assert summary_block(README.read_text()) == readme_summary(COMMITTED)
+    """One reading: the claims, CIs and verdicts of docs/cpu-study.md, and its opening section on what this scale
+    can and cannot say, are those the committed runs give."""
+    summary, scale = readme_blocks(COMMITTED)
+    page = README.read_text()
+    assert summary_block(page) == summary
+    assert scale_block(page) == scale
 
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):
@@ -171,10 +175,11 @@ def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_su
     assert_clean(notebook)
     text = printed(notebook)
     assert "runs with data in data/cpu_study" in text
-    for line in summary_block(README.read_text()):
+    blocks = summary_block(README.read_text()) + scale_block(README.read_text())
+    for line in blocks:
         assert line in text
     committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
-    assert all(line in printed(committed) for line in summary_block(README.read_text()))  # the committed outputs too
+    assert all(line in printed(committed) for line in blocks)  # the committed outputs too
 
 
 NUMBER = re.compile(r"[−+-]?\d+\.\d+(?:e[−+-]?\d+)?")
