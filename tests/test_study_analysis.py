@@ -208,3 +208,13 @@ def test_runs_of_two_tasks_keep_their_own_names(study):
     assert outcomes.loc["guess/pg_is-mb1-bf16-s0", "task"] == "guess"
     assert outcomes.loc["sudoku/pg_is-mb1-bf16-s0", "collapsed"]
     assert not outcomes.loc["guess/pg_is-mb1-bf16-s0", "collapsed"]
+
+
+def test_a_claim_within_one_arm_compares_two_of_its_numbers_seed_by_seed(study):
+    """``right_metric``: held-out success at the start against the end of the same runs (PG-IS collapses: 0.3 → 0)."""
+    outcomes = run_outcomes(load_study(study), threshold=0.6)
+    falls = Contrast("PG-IS loses held-out success", "test", ("pg_is", "mb1-bf16"), ("pg_is", "mb1-bf16"),
+                     "eval_before", 0.05, right_metric="eval_after")
+    row = contrast_table(outcomes, (falls,)).iloc[0]
+    assert row["pairs"] == 5 and row["difference"] == pytest.approx(0.3 - (COLLAPSE[-1] - 0.02)) and row["verdict"] == "holds"
+    assert "eval_before 0.3 vs eval_after -0.02, difference" in summary_lines(contrast_table(outcomes, (falls,)))[0]
