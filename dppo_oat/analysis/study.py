@@ -614,9 +614,6 @@ def scale_lines(table: pd.DataFrame) -> list[str]:
         f"{claim_result(table, mechanism[2])}; against its A>0 half alone: {claim_result(table, mechanism[3])}. "
         f"The fp32 learner's own held-out loss under the mask: {claim_result(table, mechanism[6])}. A redrawn grid: "
         f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
-        "- **What would settle it.** `scripts/gpu/takeaway2.sh` on a GPU node: the paper's sanity-test setting "
-        "(1.5B model, vLLM rollouts, four steps per rollout, lr 1e-6) with each μ-anchored mask against its "
-        "recomputed twin, MiniRL and PG-IS on paired seeds, and the mask's halves as methods.",
     ]
 
 
