@@ -358,17 +358,19 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
 
 def write_manifest(config: StudyConfig, runs: list[StudyRun], results: dict) -> None:
     """``study.json``: the settings, and per run its state and how its last sitting went. Runs of earlier sittings
-    that this one does not plan (other experiments or seeds) keep their entries, so a study played in parts has
-    one manifest."""
+    that this one does not plan (other experiments or seeds) keep their entries, and the settings name the
+    experiments of every sitting, so a study played in parts has one manifest."""
     path = Path(config.out_dir) / "study.json"
-    earlier = json.loads(path.read_text())["runs"] if path.is_file() else []
-    entries = {f"{entry['task']}/{entry['name']}": entry for entry in earlier}
+    manifest = json.loads(path.read_text()) if path.is_file() else {"config": {}, "runs": []}
+    entries = {f"{entry['task']}/{entry['name']}": entry for entry in manifest["runs"]}
+    played = list(dict.fromkeys([*manifest["config"].get("experiments", []), *config.experiments]))
     for run in runs:
         key = f"{run.task}/{run.name}"
         entries[key] = {**entries.get(key, {}), **asdict(run), "name": run.name, "dir": str(run.run_dir(config)),
                         "state": run_state(run.run_dir(config), config.steps), **results.get(key, {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps({"config": asdict(config), "runs": list(entries.values())}, indent=1).encode())
+    settings = {**asdict(config), "experiments": played}
+    atomic_write_bytes(path, json.dumps({"config": settings, "runs": list(entries.values())}, indent=1).encode())
 
 
 def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], console: Console) -> dict:

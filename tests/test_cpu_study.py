@@ -145,6 +145,8 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     manifest = json.loads((out / "study.json").read_text())  # one manifest for a study played in parts
     assert sorted((r["seed"], r["state"]) for r in manifest["runs"]) == [(0, "done"), (0, "done"), (1, "done"),
                                                                          (1, "done")]
+    cpu_study.write_manifest(cpu_study.StudyConfig(out_dir=str(out), experiments=("steps",)), [], {})
+    assert json.loads((out / "study.json").read_text())["config"]["experiments"] == ["int8", "steps"]
     pack_study.main(["--study", str(out), "--out", str(packed)])
     assert len(list(packed.glob("sudoku/*/config.json"))) == 4
 
