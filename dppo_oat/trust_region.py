@@ -140,12 +140,15 @@ on π_θ' with no correction toward μ; C unused)."""
 NUMBER_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau", "w_min",
                  "delta_b", "tau_m2", "tau_pos", "tau_neg")
 """The :class:`TrustRegion` fields that are real numbers (K, an integer, apart)."""
-CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask")
+CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask", "mask_side")
 """The :class:`TrustRegion` fields that name one of a few choices."""
 MISMATCH_MASKS = ("none", "token", "seq_geo")
 """A mask on the training–inference ratio ρ_t = π_θ'/μ, kept inside ``[mismatch_low, mismatch_high]``: ``token``
 masks each token outside the band (IcePop, AReaL's rejection sampling); ``seq_geo`` masks every token of a response
 whose geometric mean exp(mean_t log ρ_t) leaves it (SkyRL's geometric sequence mask)."""
+MASK_SIDES = ("both", "negative", "positive")
+"""Which half of DPPO's mask (eq:dppo_obj) acts: ``both`` (the paper's), ``negative`` (only A<0 & r<1 & D>δ is
+blocked) or ``positive`` (only A>0 & r>1 & D>δ): the CPU study's ablation of the mask's two halves."""
 MAX_LOG_RATIO = 60.0
 """log r is clamped here before exp so that r stays finite in fp32 (log-probs down to −60 are exact)."""
 MU_BUCKETS = ((0.0, 0.1, "mu_lt_0.1"), (0.1, 0.5, "mu_0.1_0.5"), (0.5, math.inf, "mu_ge_0.5"))
@@ -223,6 +226,9 @@ class TrustRegion:
     """SAPO gate temperature τ for tokens with A > 0 (:func:`sapo_gate_slope`)."""
     tau_neg: float = 1.05
     """SAPO gate temperature τ for tokens with A ≤ 0."""
+    mask_side: str = "both"
+    """Which half of a divergence rule's mask acts: ``both``, ``negative`` or ``positive`` (:data:`MASK_SIDES`; the
+    CPU study's ablation)."""
     name: str = field(default="custom", compare=False)
     """The preset this came from (for logs)."""
 
@@ -233,6 +239,10 @@ class TrustRegion:
         _check_choice("relax", self.relax, RELAX_MODES)
         _check_choice("is_weight", self.is_weight, IS_WEIGHTS)
         _check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
+        _check_choice("mask_side", self.mask_side, MASK_SIDES)
+        if self.mask_side != "both" and RULE_TABLE[self.rule].keep is not keep_in_divergence:
+            raise ValueError(f"mask_side={self.mask_side!r} keeps one half of a divergence mask: it needs a "
+                             f"binary or top-K rule, not {self.rule!r}")
         for attr in NUMBER_FIELDS:
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
@@ -352,6 +362,14 @@ PRESETS: dict[str, Preset] = {
     ),
     "dppo_binary_tv": Preset({"rule": "binary_tv", "delta": 0.15}, "DPPO-Binary-TV, eq:binary_tv, δ = 0.15"),
     "dppo_binary_kl": Preset({"rule": "binary_kl", "delta": 0.05}, "DPPO-Binary-KL, eq:binary_kl, δ = 0.05"),
+    "dppo_binary_kl_neg": Preset(
+        {"rule": "binary_kl", "delta": 0.05, "mask_side": "negative"},
+        "DPPO-Binary-KL's A<0 half alone (the CPU study's ablation): block only A<0 & r<1 & D>δ",
+    ),
+    "dppo_binary_kl_pos": Preset(
+        {"rule": "binary_kl", "delta": 0.05, "mask_side": "positive"},
+        "DPPO-Binary-KL's A>0 half alone (the CPU study's ablation): block only A>0 & r>1 & D>δ",
+    ),
     "dppo_topk_tv": Preset({"rule": "topk_tv", "delta": 0.15, "k": 20}, "DPPO-TopK-TV, eq:topk_tv, K = 20"),
     "dppo_topk_kl": Preset({"rule": "topk_kl", "delta": 0.05, "k": 20}, "DPPO-TopK-KL, eq:topk_kl, K = 20"),
     "dppo_binary_tv_recompute": Preset(
@@ -545,15 +563,17 @@ def ratio_keep(ratio, advantages, eps_low, eps_high) -> torch.Tensor:
     return ~blocked
 
 
-def divergence_keep(ratio, advantages, divergence, delta) -> torch.Tensor:
-    """DPPO's mask (eq:dppo_obj): block A>0 & r>1 & D>δ and A<0 & r<1 & D>δ.
+def divergence_keep(ratio, advantages, divergence, delta, side: str = "both") -> torch.Tensor:
+    """DPPO's mask (eq:dppo_obj): block A>0 & r>1 & D>δ and A<0 & r<1 & D>δ (``side``: both halves, or only the
+    ``negative`` or the ``positive`` one, :data:`MASK_SIDES`).
 
     An update that moves r back toward 1 is never blocked. With ``D = |r − 1|`` this is PPO's mask. A NaN D counts
     as outside: an unknown divergence is no licence to move further.
     """
     outside = ~(divergence <= delta)
-    blocked = ((advantages > 0) & (ratio > 1) & outside) | ((advantages < 0) & (ratio < 1) & outside)
-    return ~blocked
+    positive = (advantages > 0) & (ratio > 1) & outside if side != "negative" else torch.zeros_like(outside)
+    negative = (advantages < 0) & (ratio < 1) & outside if side != "positive" else torch.zeros_like(outside)
+    return ~(positive | negative)
 
 
 def negative_keep(anchor_prob, prob, advantages, delta) -> torch.Tensor:
@@ -839,7 +859,7 @@ def keep_in_clip_range(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
 
 def keep_in_divergence(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     """DPPO's mask (:func:`divergence_keep`, eq:dppo_obj) at δ."""
-    return divergence_keep(x.ratio, x.advantages, x.divergence, tr.delta)
+    return divergence_keep(x.ratio, x.advantages, x.divergence, tr.delta, tr.mask_side)
 
 
 def keep_but_negative_drops(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
@@ -1188,9 +1208,33 @@ def trust_region_metrics(logp, behavior_logp, advantages, mask, keep, divergence
     for preset, shadow_blocked in mismatch_blocked.items():
         stats.update(_shadow_stats(preset, shadow_blocked, active, mu_prob))
     stats["shadow/seq_geo_mask/sequence_fraction"] = _fraction(mismatch_blocked["seq_geo_mask"].any(-1), mask.any(-1))
+    stats.update(sign_cell_stats(blocked, active, advantages, prob, mu_prob, behavior_logp, logp))
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
     return dict(zip(stats.keys(), values))
+
+
+OVER_DELTA_KL = 0.05
+"""The binary KL between μ and π_θ (anchored on μ) above which ``over_delta/*`` counts a token: DPPO-Binary-KL's δ."""
+SIGN_CELLS = (("pos_adv", "mu_above"), ("pos_adv", "mu_below"), ("neg_adv", "mu_above"), ("neg_adv", "mu_below"))
+"""Sign of Â × sign of μ − π: ``mu_above`` is μ(a_t) > π_θ(a_t) (the rollout engine over-weights the token)."""
+
+
+def sign_cell_stats(blocked, active, advantages, prob, mu_prob, behavior_logp, logp) -> dict[str, torch.Tensor]:
+    """Shares of the A ≠ 0 tokens by sign of Â and of μ − π (:data:`SIGN_CELLS`): ``over_delta/<cell>``, tokens
+    whose binary KL to μ exceeds :data:`OVER_DELTA_KL` whatever the rule did (so a run without a mask reports
+    where a μ-anchored mask would act), and ``mask_cell/<cell>_<μ bucket>``, the tokens the run's mask blocked."""
+    over = active & (div.binary_kl(behavior_logp, logp) > OVER_DELTA_KL)
+    signs = {"pos_adv": advantages > 0, "neg_adv": advantages < 0, "mu_above": mu_prob > prob,
+             "mu_below": mu_prob < prob}
+    stats = {}
+    for adv, direction in SIGN_CELLS:
+        cell = signs[adv] & signs[direction]
+        stats[f"over_delta/{adv}_{direction}"] = _fraction(over & cell, active)
+        for low, high, bucket in MU_BUCKETS:
+            in_bucket = cell & (mu_prob >= low) & (mu_prob < high)
+            stats[f"mask_cell/{adv}_{direction}_{bucket}"] = _fraction(blocked & in_bucket, active)
+    return stats
 
 
 def mismatch_diagnostics(logp: torch.Tensor, behavior_logp: torch.Tensor, mask: torch.Tensor,

@@ -64,15 +64,24 @@ class Condition:
     """The learner's and the sampler's compute dtype (``--dtype``; float16 scales the loss)."""
     epochs: int = 1
     """Passes over each rollout batch (``--num-epochs``): every pass after the first is off-policy."""
+    redraw: bool = False
+    """An int-quantised copy rounded on a grid redrawn at every re-sync (``--rollout-redraw``)."""
 
     def args(self) -> tuple[str, ...]:
         flags = ("--rollout-dtype", self.precision, "--minibatches-per-rollout", str(self.minibatches),
                  "--num-epochs", str(self.epochs), "--lr", str(self.lr), "--logprob-noise", str(self.logprob_noise),
                  "--dtype", self.dtype)
+        if self.redraw:
+            flags += ("--rollout-redraw",)
         if self.max_staleness:  # asynchronous rollouts run without the divergence probe (the engine refuses both)
             flags += ("--max-staleness", str(self.max_staleness), "--probe-every", "0")
         return flags
 
+
+MATCHED_NOISE = 0.013
+"""σ of the ``mech-noise`` condition's noise on log μ: on the study's Sudoku policy, DPPO-Binary-KL's mask then
+blocks about as large a share of the tokens as it does under the int4 copy (4-step calibration runs on pilot seeds
+100 and 101, before the runs; CHANGELOG.md)."""
 
 CONDITIONS: Dict[str, Condition] = {
     "mb1-fp32": Condition(),
@@ -91,6 +100,10 @@ CONDITIONS: Dict[str, Condition] = {
     "steps-mb4": Condition(minibatches=4),
     "steps-ep4": Condition(epochs=4),
     "steps-lr2e-3": Condition(lr=2e-3),
+    "mb4-int4": Condition(precision="int4", minibatches=4),
+    "mech-int4": Condition(precision="int4"),
+    "mech-int4-redraw": Condition(precision="int4", redraw=True),
+    "mech-noise": Condition(logprob_noise=MATCHED_NOISE),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -107,7 +120,13 @@ FP16 training does on a GPU: μ and π_θ stay one computation, so this arm asks
 ``steps-mb4`` repeat the flags of ``mb1-fp32`` and ``mb4-fp32`` under their own names, so that the experiment
 compares runs of one policy): four quarter-batch steps per rollout (``steps-mb4``), four full-batch passes
 (``steps-ep4``: as many steps, as stale, on the whole batch), one step (``steps-mb1``) and one step at four times the
-lr (``steps-lr2e-3``: about as far per rollout, never stale)."""
+lr (``steps-lr2e-3``: about as far per rollout, never stale).
+``mb4-int4``: the paper's regime, engine mismatch and staleness together: the int4 copy samples, and the learner
+takes four quarter-batch steps per rollout, so π_θ (after the first step), the recomputed π_θ' and μ all differ.
+``mech-*``: the ``takeaway2`` setting (one step per rollout) for the mechanism experiments, under names of their
+own so that their claims score only runs played after them: ``mech-int4`` repeats ``mb1-int4``'s flags,
+``mech-int4-redraw`` rounds the int4 copy on a grid redrawn at every re-sync (as large an error, not the same one
+twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,20 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "steps_size": Experiment(("pg_is",), ("steps-mb1", "steps-lr2e-3"),
                              "the steps experiment's on-policy references: one step per rollout at the lr and at four "
                              "times it (DPPO equals PG-IS there); eight seeds"),
+    "regime": Experiment(("dppo_binary_kl", "dppo_binary_kl_recompute", "dppo_binary_tv", "dppo_binary_tv_recompute",
+                          "minirl", "pg_is"), ("mb4-int4",),
+                         "Takeaway 2 in the paper's regime: an int4 rollout copy and four quarter-batch steps per "
+                         "rollout, where μ, π_θ' and π_θ differ; each DPPO mask anchored on μ against its "
+                         "recomputed-anchor twin, MiniRL and PG-IS; eight seeds"),
+    "mechanism": Experiment(("dppo_binary_kl", "pg_is", "dppo_binary_kl_neg", "dppo_binary_kl_pos"), ("mech-int4",),
+                            "why the μ-anchored mask cost learning under int4 (takeaway2): the mask's two halves "
+                            "apart, against the whole mask and no mask; eight seeds"),
+    "mechanism_noise": Experiment(("dppo_binary_kl", "pg_is"), ("mech-noise",),
+                                  "the mechanism's noise control: random noise on log μ that makes the mask block "
+                                  "about as many tokens as int4 does; eight seeds"),
+    "mechanism_grid": Experiment(("dppo_binary_kl",), ("mech-int4-redraw",),
+                                 "the mechanism's quantiser control: the int4 grid redrawn at every re-sync against "
+                                 "the fixed one; eight seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }
@@ -325,17 +358,19 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
 
 def write_manifest(config: StudyConfig, runs: list[StudyRun], results: dict) -> None:
     """``study.json``: the settings, and per run its state and how its last sitting went. Runs of earlier sittings
-    that this one does not plan (other experiments or seeds) keep their entries, so a study played in parts has
-    one manifest."""
+    that this one does not plan (other experiments or seeds) keep their entries, and the settings name the
+    experiments of every sitting, so a study played in parts has one manifest."""
     path = Path(config.out_dir) / "study.json"
-    earlier = json.loads(path.read_text())["runs"] if path.is_file() else []
-    entries = {f"{entry['task']}/{entry['name']}": entry for entry in earlier}
+    manifest = json.loads(path.read_text()) if path.is_file() else {"config": {}, "runs": []}
+    entries = {f"{entry['task']}/{entry['name']}": entry for entry in manifest["runs"]}
+    played = list(dict.fromkeys([*manifest["config"].get("experiments", []), *config.experiments]))
     for run in runs:
         key = f"{run.task}/{run.name}"
         entries[key] = {**entries.get(key, {}), **asdict(run), "name": run.name, "dir": str(run.run_dir(config)),
                         "state": run_state(run.run_dir(config), config.steps), **results.get(key, {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps({"config": asdict(config), "runs": list(entries.values())}, indent=1).encode())
+    settings = {**asdict(config), "experiments": played}
+    atomic_write_bytes(path, json.dumps({"config": settings, "runs": list(entries.values())}, indent=1).encode())
 
 
 def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], console: Console) -> dict:

@@ -8,7 +8,8 @@ plain file is absent, so every analysis function takes the packed folder as it t
 
 With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in that page (between the
 ``<!-- cpu-study:summary -->`` markers) from the packed runs: the pre-registered claims, each with its paired
-difference, 95% CI and verdict, as the report notebook prints them.
+difference, 95% CI and verdict, as the report notebook prints them; and, where the page has one, its opening
+section on what this scale can and cannot say (between ``<!-- cpu-study:scale -->`` markers).
 
     python scripts/pack_study.py                       # runs/cpu_study → notebooks/data/cpu_study
     python scripts/pack_study.py --merge               # add a sitting played elsewhere to the packed runs
@@ -26,7 +27,7 @@ from typing import Optional
 
 import tyro
 
-from dppo_oat.analysis.study import readme_summary, replace_summary
+from dppo_oat.analysis.study import rewrite_page
 from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 
 MAX_BYTES = 40 * 2**20
@@ -113,7 +114,7 @@ def main(argv=None) -> None:
     if config.readme:
         readme = Path(config.readme)
         try:
-            readme.write_text(replace_summary(readme.read_text(), readme_summary(out)))
+            readme.write_text(rewrite_page(readme.read_text(), out))
         except (OSError, ValueError) as error:
             raise SystemExit(f"error: --readme {readme}: {error} (the runs are packed in {out})") from None
         print(f"{readme}: the study's summary rewritten from {out}")

@@ -3,7 +3,9 @@ accepts; a small real study plays, skips finished runs, completes an interrupted
 
 import ast
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +20,10 @@ import pack_study  # noqa: E402
 
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.engines.local.validation import validate_config  # noqa: E402
-from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_summary,  # noqa: E402
-                                     summary_block)
+from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_blocks,  # noqa: E402
+                                     scale_block, summary_block)
 from dppo_oat.runlog import read_jsonl  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
 from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
 
 TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -51,6 +53,7 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         assert train_config.minibatches_per_rollout == condition.minibatches and train_config.lr == condition.lr
         assert train_config.rollout_dtype == condition.precision and train_config.warm_start.seed == 0
         assert train_config.max_staleness == condition.max_staleness and train_config.dtype == condition.dtype
+        assert train_config.rollout_redraw == condition.redraw and train_config.num_epochs == condition.epochs
         assert train_config.probe_every == (0 if condition.max_staleness else config.probe_every)
         assert train_config.lr_schedule == "constant"  # as the committed runs: the default run's decay is its own
         assert train_config.warm_start.target_success == 0.25 and train_config.warm_start.check_every == 40
@@ -69,7 +72,8 @@ def test_every_preregistered_contrast_compares_arms_of_the_study():
     arms = study_arms()
     for contrast in CONTRASTS:
         left, right = (contrast.task, *contrast.left), (contrast.task, *contrast.right)
-        assert left in arms and right in arms and left != right, contrast.claim
+        assert left in arms and right in arms, contrast.claim
+        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim  # within one arm: two numbers
 
 
 def test_a_task_overrides_the_study_settings_it_needs(tmp_path):
@@ -105,6 +109,8 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert all(r["mismatch/first_abs_diff_mean"] > 1e-5 for r in rows)  # the int8 copy's mismatch is real
     config = json.loads((run / "config.json").read_text())
     assert config["rollout_dtype"] == "int8" and config["train_pool"] == 64
+    assert all(0 <= e["eval/learner_success"] <= 1 for e in read_jsonl(run / "eval.jsonl"))  # the fp32 learner too
+    assert all("over_delta/neg_adv_mu_above" in r and "mask_cell/pos_adv_mu_below_mu_ge_0.5" in r for r in rows)
 
     finished = (out / "sudoku" / "dppo_binary_tv-mb1-int8-s0" / "metrics.jsonl").stat().st_mtime_ns
     evals = (run / "eval.jsonl").read_text().splitlines()
@@ -139,6 +145,8 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     manifest = json.loads((out / "study.json").read_text())  # one manifest for a study played in parts
     assert sorted((r["seed"], r["state"]) for r in manifest["runs"]) == [(0, "done"), (0, "done"), (1, "done"),
                                                                          (1, "done")]
+    cpu_study.write_manifest(cpu_study.StudyConfig(out_dir=str(out), experiments=("steps",)), [], {})
+    assert json.loads((out / "study.json").read_text())["config"]["experiments"] == ["int8", "steps"]
     pack_study.main(["--study", str(out), "--out", str(packed)])
     assert len(list(packed.glob("sudoku/*/config.json"))) == 4
 
@@ -155,8 +163,12 @@ README = Path(__file__).resolve().parents[1] / "docs" / "cpu-study.md"  # the pa
 
 
 def test_the_readme_summary_is_written_from_the_committed_study():
-    """One reading: the claims, CIs and verdicts of docs/cpu-study.md are those the committed runs give."""
-    assert summary_block(README.read_text()) == readme_summary(COMMITTED)
+    """One reading: the claims, CIs and verdicts of docs/cpu-study.md, and its opening section on what this scale
+    can and cannot say, are those the committed runs give."""
+    summary, scale = readme_blocks(COMMITTED)
+    page = README.read_text()
+    assert summary_block(page) == summary
+    assert scale_block(page) == scale
 
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):
@@ -165,10 +177,11 @@ def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_su
     assert_clean(notebook)
     text = printed(notebook)
     assert "runs with data in data/cpu_study" in text
-    for line in summary_block(README.read_text()):
+    blocks = summary_block(README.read_text()) + scale_block(README.read_text())
+    for line in blocks:
         assert line in text
     committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
-    assert all(line in printed(committed) for line in summary_block(README.read_text()))  # the committed outputs too
+    assert all(line in printed(committed) for line in blocks)  # the committed outputs too
 
 
 NUMBER = re.compile(r"[−+-]?\d+\.\d+(?:e[−+-]?\d+)?")
@@ -331,3 +344,30 @@ def test_every_claim_was_committed_before_the_runs_it_scores():
                                                      for task, name in runs):
                 late.append(f"{contrast.claim!r} is not in study.py at {commit[:7]}, whose runs it scores")
     assert not late, "\n".join(late)
+
+
+def test_the_gpu_node_experiment_of_takeaway2_runs_each_twin_on_every_seed():
+    """scripts/gpu/takeaway2.sh (read with PYTHON=echo): the sanity test's flags, each μ-anchored mask and its
+    recomputed twin, MiniRL and PG-IS on seeds 1-3 by default, 4 gradient steps per rollout, methods and seeds as
+    asked."""
+    def commands(*args, **env):
+        environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        out = subprocess.run(["bash", str(ROOT / "scripts/gpu/takeaway2.sh"), *args], check=True, text=True,
+                             capture_output=True, env={**environ, "PYTHON": "echo", "DPPO_MATH_DATA": "/data", **env})
+        return [shlex.split(line) for line in out.stdout.splitlines()]
+
+    def flag(argv, name):
+        return [argv[i + 1] for i, value in enumerate(argv) if value == name][-1]
+
+    runs = commands()
+    planned = {(flag(argv, "--trust_region"), flag(argv, "--seed")) for argv in runs}
+    methods = {"dppo_binary_kl", "dppo_binary_kl_recompute", "dppo_binary_tv", "dppo_binary_tv_recompute", "minirl",
+               "pg_is"}
+    assert len(runs) == 18 and planned == {(m, s) for m in methods for s in ("1", "2", "3")}
+    assert all(m in PRESETS for m in methods)
+    for argv in runs:  # 512 samples per rollout in minibatches of 128: four gradient steps per rollout
+        assert (flag(argv, "--rollout_batch_size"), flag(argv, "--train_batch_size")) == ("512", "128")
+        assert flag(argv, "--learning_rate") == "0.000001" and flag(argv, "--num_ppo_epochs") == "1"
+    halves = commands("dppo_binary_kl_neg", "dppo_binary_kl_pos", "--gpus", "4", SEEDS="7")
+    assert [(flag(a, "--trust_region"), flag(a, "--seed"), flag(a, "--gpus")) for a in halves] == [
+        ("dppo_binary_kl_neg", "7", "4"), ("dppo_binary_kl_pos", "7", "4")]

@@ -174,3 +174,16 @@ def test_the_rollout_model_holds_linear_weights_in_the_compute_dtype_only_for_th
     assert torch.equal(int8.lm_head.weight, quantize_int8(model.lm_head.weight).to(torch.bfloat16))
     half = rollout_model(model, "bfloat16", "float32", cuda_graphs=True)  # computes in bf16 already
     assert next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_a_redrawn_grid_rounds_within_half_a_step_and_differently_each_draw():
+    """--rollout-redraw: each weight on its grid shifted by its own offset; the error stays within ±s/2 as nearest
+    rounding's does, a new draw gives a new error and the same seed the same one (a resumed run redraws alike)."""
+    weight = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
+    scale = weight.abs().amax(dim=-1, keepdim=True) / 7
+    first, again = (quantize(weight, 4, torch.Generator().manual_seed(1)) for _ in range(2))
+    other = quantize(weight, 4, torch.Generator().manual_seed(2))
+    assert ((first - weight).abs() <= scale / 2 + 1e-6).all() and ((other - weight).abs() <= scale / 2 + 1e-6).all()
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert torch.equal(quantize(weight, 4), quantize(weight, 4))  # nearest rounding: the same error every re-sync
+    assert (first - weight).mean().abs() < scale.mean() / 10  # no bias of its own

@@ -111,12 +111,17 @@ def test_primary_claims_are_holm_adjusted_and_need_eight_seeds(tmp_path):
     assert alone["p_above_adjusted"] == alone["p_above"]
     smaller, larger = sorted(both["p_above"])
     assert sorted(both["p_above_adjusted"]) == pytest.approx([2 * smaller, max(2 * smaller, larger)])
-    assert "Holm-adjusted over 2 primary claims" in summary_lines(both.reset_index())[0]
+    assert "Holm-adjusted over 2 distinct primary comparisons" in summary_lines(both.reset_index())[0]
     few = outcomes[outcomes["seed"] < 5]
     assert contrast_table(few, (first,)).iloc[0]["family"] == "exploratory"
     apart = contrast_table(outcomes, (replace(first, experiment="a"), replace(second, experiment="b")))
     assert list(apart["p_above_adjusted"]) == list(apart["p_above"])  # each experiment is its own family
-    assert all("Holm-adjusted over 1 primary claims" in line for line in summary_lines(apart))
+    assert all("Holm-adjusted over 1 distinct primary comparison:" in line for line in summary_lines(apart))
+    copy = replace(first, claim="the same comparison under another name")  # one comparison counted once
+    twice = contrast_table(outcomes, (first, copy, second)).set_index("claim")
+    assert list(twice["holm_size"]) == [2, 2, 2] and twice["same_as"].iloc[1] == "DPPO beats PG-IS"
+    assert twice["p_above_adjusted"].iloc[0] == twice["p_above_adjusted"].iloc[1] == both.loc[
+        "DPPO beats PG-IS", "p_above_adjusted"]
 
 
 def test_claims_scored_on_the_same_runs_share_one_line(study):
@@ -203,3 +208,13 @@ def test_runs_of_two_tasks_keep_their_own_names(study):
     assert outcomes.loc["guess/pg_is-mb1-bf16-s0", "task"] == "guess"
     assert outcomes.loc["sudoku/pg_is-mb1-bf16-s0", "collapsed"]
     assert not outcomes.loc["guess/pg_is-mb1-bf16-s0", "collapsed"]
+
+
+def test_a_claim_within_one_arm_compares_two_of_its_numbers_seed_by_seed(study):
+    """``right_metric``: held-out success at the start against the end of the same runs (PG-IS collapses: 0.3 → 0)."""
+    outcomes = run_outcomes(load_study(study), threshold=0.6)
+    falls = Contrast("PG-IS loses held-out success", "test", ("pg_is", "mb1-bf16"), ("pg_is", "mb1-bf16"),
+                     "eval_before", 0.05, right_metric="eval_after")
+    row = contrast_table(outcomes, (falls,)).iloc[0]
+    assert row["pairs"] == 5 and row["difference"] == pytest.approx(0.3 - (COLLAPSE[-1] - 0.02)) and row["verdict"] == "holds"
+    assert "eval_before 0.3 vs eval_after -0.02, difference" in summary_lines(contrast_table(outcomes, (falls,)))[0]

@@ -18,6 +18,8 @@ ALL_PRESETS = PAPER_PRESETS + MISMATCH_PRESETS
 LATER_PRESETS = "drpo cppo cppo_binary_tv m2po ipo trm_max trm_avg opsm vaco gspo sapo minpro".split()
 """DRPO, CPPO and M2PO (tests/test_later_presets.py checks each against its source's equations), and the field after
 DPPO (tests/test_field_presets.py)."""
+ABLATION_PRESETS = "dppo_binary_kl_neg dppo_binary_kl_pos".split()
+"""The CPU study's ablation of DPPO-Binary-KL's mask: one half of it alone."""
 
 
 def expected_weight(tr, logp, mu, recomputed, mask):
@@ -58,7 +60,7 @@ def run_rule(preset, mu, pi, adv, recomputed=None, **overrides):
 
 
 def test_presets_are_exactly_the_papers_methods_and_the_mismatch_fixes():
-    assert sorted(PRESETS) == sorted(ALL_PRESETS + LATER_PRESETS)
+    assert sorted(PRESETS) == sorted(ALL_PRESETS + LATER_PRESETS + ABLATION_PRESETS)
     for name in ALL_PRESETS + LATER_PRESETS:
         assert PRESETS[name].source, name
         assert TrustRegion.preset(name).name == name
@@ -276,6 +278,12 @@ def test_metrics_split_by_sign_and_shadow_buckets():
     assert m["shadow/ppo/mask_fraction_mu_0.1_0.5"] == 0.0  # μ = 0.5 falls in the next bucket
     assert m["shadow/ppo/mask_fraction_mu_ge_0.5"] == pytest.approx(0.5)
     assert m["tokens"] == 4
+    # the blocked token's cell (A<0, μ = 0.9 > π = 0.3, μ ≥ 0.5) and the tokens whose binary KL to μ exceeds 0.05
+    assert m["mask_cell/neg_adv_mu_above_mu_ge_0.5"] == pytest.approx(1 / 3)
+    assert sum(v for k, v in m.items() if k.startswith("mask_cell/")) == pytest.approx(m["mask/fraction"])
+    assert m["over_delta/neg_adv_mu_above"] == pytest.approx(1 / 3)  # KL(0.9 ‖ 0.3) = 0.79
+    assert m["over_delta/pos_adv_mu_below"] == 0.0  # KL(1e-4 ‖ 1e-2) = 0.0095 and KL(0.5 ‖ 0.45) = 0.005: under δ
+    assert m["over_delta/neg_adv_mu_below"] == m["over_delta/pos_adv_mu_above"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -379,3 +387,20 @@ def test_the_paper_knobs_are_read_where_the_paper_uses_them():
     assert "delta" not in TrustRegion.preset("ppo").fields_read and "k" not in TrustRegion.preset("cispo").fields_read
     assert "alpha" in TrustRegion.preset("relax_both").fields_read
     assert {"mismatch_low", "mismatch_high"} <= TrustRegion.preset("icepop").fields_read
+
+
+@pytest.mark.parametrize("adv, pi, blocked_by", [(1.0, 0.9, "positive"), (-1.0, 0.1, "negative")])
+def test_each_half_of_the_mask_blocks_only_its_own_side(adv, pi, blocked_by):
+    """μ = 0.5: π = 0.9 with A > 0 (r > 1) is the positive half's token, π = 0.1 with A < 0 (r < 1) the negative's."""
+    for preset, side in (("dppo_binary_kl", "both"), ("dppo_binary_kl_neg", "negative"),
+                         ("dppo_binary_kl_pos", "positive")):
+        keep, _, grad = run_rule(preset, 0.5, pi, adv)
+        assert keep == (side not in ("both", blocked_by)), (preset, adv)
+        assert (grad == 0) == (not keep)
+
+
+def test_only_a_divergence_rule_has_halves():
+    with pytest.raises(ValueError, match="mask_side='negative' keeps one half of a divergence mask"):
+        TrustRegion.preset("pg_is", mask_side="negative")
+    with pytest.raises(ValueError, match="mask_side"):
+        TrustRegion.preset("dppo_binary_kl", mask_side="left")

@@ -57,6 +57,8 @@ PRESET_NAMES = {
     "dppo_topk_kl": "DPPO-TopK-KL",
     "dppo_binary_tv_recompute": "DPPO-TV (recompute)",
     "dppo_binary_kl_recompute": "DPPO-KL (recompute)",
+    "dppo_binary_kl_neg": "DPPO-KL (A<0 half)",
+    "dppo_binary_kl_pos": "DPPO-KL (A>0 half)",
     "mask_negative": "Mask-negative",
     "relax_low": "Relax-low",
     "relax_high": "Relax-high",

@@ -108,10 +108,26 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
         runs[f"{name}_growth"] = runs[f"{name}_end"] / runs[f"{name}_start"].replace(0, np.nan)
     evals = df[df["metric"] == "eval/success"].sort_values("step").groupby("run")["value"]
     runs["eval_before"], runs["eval_after"] = evals.first(), evals.last()
+    learner = df[df["metric"] == "eval/learner_success"].sort_values("step").groupby("run")["value"]
+    runs["eval_learner_before"], runs["eval_learner_after"] = learner.first(), learner.last()
+    for direction in ("mu_above", "mu_below"):
+        runs[f"over_delta_neg_share_{direction}"] = negative_share(df, "over_delta", direction)
     for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
                          ("is_truncated", "is/truncated_fraction")):
         runs[name] = df[df["metric"] == column].groupby("run")["value"].mean()
     return runs.reset_index()
+
+
+def negative_share(df: pd.DataFrame, family: str, direction: str) -> pd.Series:
+    """Per run, the share of Â < 0 among the tokens of ``family`` (``over_delta``: binary KL to μ above δ;
+    ``mask_cell``: blocked) on side ``direction`` of μ − π (``mu_above``: μ > π), pooled over the run's steps (a
+    ratio of summed per-step shares of the A ≠ 0 tokens; NaN where a run logged none)."""
+    def summed(cell: str) -> pd.Series:
+        rows = df[df["metric"].str.startswith(f"{family}/{cell}_{direction}")]
+        return rows.groupby("run")["value"].sum()
+    negative, positive = summed("neg_adv"), summed("pos_adv")
+    total = negative.add(positive, fill_value=0)
+    return (negative.reindex(total.index, fill_value=0) / total.replace(0, np.nan)).astype(float)
 
 
 def _first_step_at(rows: pd.DataFrame, threshold: float) -> float:
@@ -217,7 +233,74 @@ class Contrast:
     experiment: str = ""
     """The experiment whose primary claims are Holm-corrected together (each experiment was designed, and its
     claims written, on its own)."""
+    right_metric: str = ""
+    """The right arm's number when it is not ``metric`` (a claim within one arm's runs compares two of their
+    numbers, e.g. held-out success at the start and at the end); empty: ``metric``."""
 
+
+HELD_OUT_MARGIN = 0.05
+"""Held-out success is measured on 100 episodes per run: claims on it need a difference above five of them."""
+SHARE_MARGIN = 0.05
+"""A claim on a share of tokens (of Â < 0 among the tokens over δ) needs a difference above five points."""
+REGIME = "Takeaway 2 in its regime (int4 copy, four quarter-batch steps per rollout)"
+REGIME_CONTRASTS = (
+    Contrast(f"{REGIME}: the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("dppo_binary_kl_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: the DPPO-TV mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-int4"), ("dppo_binary_tv_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip on π_θ')", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("minirl", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-KL beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_kl", "mb4-int4"), ("pg_is", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-int4"), ("pg_is", "mb4-int4")),
+)
+"""The ``regime`` experiment's claims (eight seeds): each μ-anchored DPPO mask against its recomputed-anchor twin
+(primary: the same rule, only the anchor differs), and against MiniRL and PG-IS (exploratory)."""
+MECHANISM = "why the μ-anchored mask cost learning under int4 (one step per rollout)"
+MECHANISM_CONTRASTS = (
+    Contrast(f"{MECHANISM}: in PG-IS runs (no mask acts), among tokens whose binary KL to μ exceeds δ 0.05, more "
+             "have Â < 0 where the int4 copy over-weights the token (μ > π) than where it under-weights it",
+             "mechanism: int4's extra mass goes to wrong moves", ("pg_is", "mech-int4"), ("pg_is", "mech-int4"),
+             "over_delta_neg_share_mu_above", SHARE_MARGIN, family="primary", experiment="mechanism",
+             right_metric="over_delta_neg_share_mu_below"),
+    Contrast(f"{MECHANISM}: PG-IS beats DPPO-Binary-KL (the takeaway2 result, on runs of its own)",
+             "mechanism: the mask costs learning", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A<0 half alone (blocks A<0 where μ > π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_neg", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A>0 half alone (blocks A>0 where μ < π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL under an int4 grid redrawn at every re-sync beats it under the fixed grid",
+             "mechanism: a persistent quantisation error", ("dppo_binary_kl", "mech-int4-redraw"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: under noise on log μ that makes the mask block about as many tokens (fp32 sampler), "
+             "PG-IS beats DPPO-Binary-KL (the mechanism predicts not: equivalent)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("dppo_binary_kl", "mech-noise"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner (not its int4 copy) loses held-out success over the run",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_before", HELD_OUT_MARGIN, family="primary", experiment="mechanism",
+             right_metric="eval_learner_after"),
+    Contrast(f"{MECHANISM}: PG-IS's fp32 learner ends above DPPO-Binary-KL's on held-out success",
+             "mechanism: the fp32 learner degrades", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner ends above its own int4 copy on held-out success",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN, right_metric="eval_after"),
+    Contrast(f"{MECHANISM}: the mask's A<0 half alone beats its A>0 half alone", "mechanism: the mask's halves",
+             ("dppo_binary_kl_neg", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4")),
+    Contrast(f"{MECHANISM}: PG-IS with the fp32 sampler and the matched noise beats PG-IS under the int4 copy (what "
+             "sampling from the int4 copy itself costs, with no mask)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("pg_is", "mech-int4")),
+)
+"""The mechanism experiments' claims (eight seeds), written before their runs. Primary (Holm-corrected together):
+the sign correlation among tokens over δ in PG-IS runs, the mask's cost replicated, each half's cost, the redrawn
+grid, the noise control, and the fp32 learner's own loss. Exploratory: where the learner ends against PG-IS's and
+against its own int4 copy, the halves against each other, and the noisy fp32 sampler against the int4 one."""
 
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
@@ -316,6 +399,12 @@ CONTRASTS = (
              ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb1")),
     Contrast("DPPO-Binary-TV: four minibatch steps per rollout beat one on-policy step (PG-IS, which DPPO equals "
              "there)", "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb1")),
+    # Added before the runs of the ``regime`` experiment (eight seeds; the two twin contrasts are primary, Holm-
+    # corrected together): Takeaway 2 where μ, π_θ' and π_θ all differ (int4 copy, four quarter-batch steps).
+    *REGIME_CONTRASTS,
+    # Added before the runs of the ``mechanism``, ``mechanism_noise`` and ``mechanism_grid`` experiments (eight
+    # seeds; the seven primary claims are Holm-corrected together as the experiment ``mechanism``).
+    *MECHANISM_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
@@ -339,10 +428,10 @@ def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
     arms' equivalence within the margin (``p_equivalent``, TOST); ``identical``: every pair differs by exactly 0.
     Fewer than 2 pairs: NaN, ``not run``."""
     left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
-    right = arm_values(outcomes, contrast.task, contrast.right, contrast.metric)
+    right = arm_values(outcomes, contrast.task, contrast.right, contrast.right_metric or contrast.metric)
     pairs = left.index.intersection(right.index)
     row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family,
-           "experiment": contrast.experiment, "metric": contrast.metric,
+           "experiment": contrast.experiment, "metric": contrast.metric, "right_metric": contrast.right_metric,
            "margin": contrast.margin, "pairs": len(pairs), "seeds": tuple(sorted(pairs)),
            "left_values": tuple(left.loc[pairs]), "right_values": tuple(right.loc[pairs]),
            "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
@@ -362,18 +451,26 @@ P_COLUMNS = ("p_above", "p_below", "p_equivalent")
 
 def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
     """``*_adjusted`` p-values: Holm over the primary claims of one experiment that ran with at least
-    :data:`PRIMARY_MIN_PAIRS` pairs (each of the three tests its own family); every other claim keeps its own
-    p-values and counts as exploratory (``family`` rewritten so). ``holm_size``: the claims of its correction."""
+    :data:`PRIMARY_MIN_PAIRS` pairs (each of the three tests its own family), counting one comparison once: a claim
+    scored on the same paired numbers as an earlier one (``same_as``) is not a comparison of its own and takes that
+    one's adjusted p-values. Every other claim keeps its own p-values and counts as exploratory (``family`` rewritten
+    so). ``holm_size``: the distinct comparisons of its correction."""
     table = table.copy()
     primary = (table["family"] == "primary") & (table["pairs"] >= PRIMARY_MIN_PAIRS) & ~table["identical"]
     table.loc[(table["family"] == "primary") & ~primary, "family"] = "exploratory"
     table["holm_size"] = 0
     for column in P_COLUMNS:
         table[f"{column}_adjusted"] = table[column]
-    for _, rows in table[primary].groupby("experiment"):
+    distinct = primary & (table["same_as"] == "")
+    for _, rows in table[distinct].groupby("experiment"):
         table.loc[rows.index, "holm_size"] = len(rows)
         for column in P_COLUMNS:
             table.loc[rows.index, f"{column}_adjusted"] = holm(rows[column].to_numpy())
+    first = {claim: index for index, claim in table["claim"].items()}
+    for index in table.index[primary & (table["same_as"] != "")]:
+        origin = first[table.at[index, "same_as"]]
+        for column in ("holm_size", *(f"{c}_adjusted" for c in P_COLUMNS)):
+            table.at[index, column] = table.at[origin, column]
     return table
 
 
@@ -399,12 +496,13 @@ def same_runs_as(table: pd.DataFrame) -> list[str]:
 
 
 def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
-    """Every contrast scored (:func:`score_contrast`) in the order they were written down, Holm-adjusted over the
-    primary family, with its verdict and ``same_as`` (the earlier claim it duplicates, if any)."""
+    """Every contrast scored (:func:`score_contrast`) in the order they were written down, with ``same_as`` (the
+    earlier claim it duplicates, if any), Holm-adjusted over the distinct primary comparisons of each experiment,
+    and its verdict."""
     table = pd.DataFrame([{**score_contrast(outcomes, c), "task": c.task} for c in contrasts])
+    table["same_as"] = same_runs_as(table)
     table = adjusted_for_family(table)
     table["verdict"] = table.apply(contrast_verdict, axis=1)
-    table["same_as"] = same_runs_as(table)
     return table
 
 
@@ -430,11 +528,107 @@ def _summary_line(row, duplicates: list[str]) -> str:
     if row.verdict == "identical runs":
         return (f"{head}: **identical runs** — both arms gave {row.metric} {row.left:.3g} on each of {row.pairs} "
                 f"seeds; no verdict")
-    correction = f", Holm-adjusted over {row.holm_size} primary claims" if row.family == "primary" else ""
-    return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {row.right:.3g}, difference "
+    correction = (f", Holm-adjusted over {row.holm_size} distinct primary comparison{'s' * (row.holm_size != 1)}"
+                  if row.family == "primary" else "")
+    right = f"{row.right_metric} {row.right:.3g}" if row.right_metric else f"{row.right:.3g}"
+    return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {right}, difference "
             f"{row.difference:+.3g}, 95% t-interval [{row.ci_low:+.3g}, {row.ci_high:+.3g}], {row.pairs} paired "
             f"seeds, margin {row.margin:g}; one-sided p{correction}: claim {row.p_above_adjusted:.2g}, reverse "
             f"{row.p_below_adjusted:.2g}, equivalence {row.p_equivalent_adjusted:.2g}")
+
+
+STRETCHES = (0, 10, 25, 40, 50)
+"""Stretches of a 50-step run the per-token tables average over: steps 1–10, 11–25, 26–40, 41–50."""
+
+
+def cell_table(df: pd.DataFrame, family: str, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """The ``family`` shares (``mask_cell``: tokens the mask blocked; ``over_delta``: tokens whose binary KL to μ
+    exceeds δ) of the A ≠ 0 tokens, in %, per condition, arm and cell (sign of Â, side of μ − π, and for
+    ``mask_cell`` the μ bucket), by stretch of the run (:data:`STRETCHES`): means over steps and seeds. Cells that
+    are 0 in every column are left out."""
+    rows = df[df["condition"].isin(conditions) & df["metric"].str.startswith(f"{family}/")]
+    if rows.empty:
+        return pd.DataFrame()
+    labels = [f"{low + 1}-{high}" for low, high in zip(STRETCHES[:-1], STRETCHES[1:])]
+    rows = rows.assign(cell=rows["metric"].str.removeprefix(f"{family}/"),
+                       stretch=pd.cut(rows["step"], STRETCHES, labels=labels))
+    table = 100 * rows.pivot_table(index=["condition", "arm_method", "cell"], columns="stretch", values="value",
+                                   aggfunc="mean", observed=False)
+    return table[(table.fillna(0) != 0).any(axis=1)]
+
+
+def negative_shares(outcomes: pd.DataFrame, condition: str, method: str) -> pd.DataFrame:
+    """Per seed, the share of Â < 0 among the tokens over δ where μ > π and where μ < π (:func:`negative_share`)
+    in one arm's runs, and their difference."""
+    rows = outcomes[(outcomes["condition"] == condition) & (outcomes["arm_method"] == method)].set_index("seed")
+    table = rows[["over_delta_neg_share_mu_above", "over_delta_neg_share_mu_below"]].sort_index()
+    return table.assign(difference=table.iloc[:, 0] - table.iloc[:, 1])
+
+
+def held_out_table(outcomes: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """Per arm of ``conditions``: runs, AUC, held-out success of the rollout copy and of the fp32 learner at the
+    start and the end (means over seeds), the seeds whose copy ended below its start, and collapses."""
+    rows = outcomes[outcomes["condition"].isin(conditions)]
+    return rows.assign(fell=rows["eval_after"] < rows["eval_before"]).groupby(["condition", "arm_method"]).agg(
+        runs=("seed", "count"), auc=("auc", "mean"), copy_start=("eval_before", "mean"),
+        copy_end=("eval_after", "mean"), learner_start=("eval_learner_before", "mean"),
+        learner_end=("eval_learner_after", "mean"), ended_lower=("fell", "sum"), collapsed=("collapsed", "sum"))
+
+
+def claim_result(table: pd.DataFrame, contrast: Contrast) -> str:
+    """One claim's verdict as the scale section prints it: ``**verdict**`` with its paired difference, 95%
+    t-interval and pairs, or ``not run``."""
+    row = table.set_index("claim").loc[contrast.claim]
+    if row["verdict"] in ("not run", "identical runs"):
+        return f"**{row['verdict']}**"
+    return (f"**{row['verdict']}** ({row['difference']:+.3f}, [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], "
+            f"{row['pairs']} pairs)")
+
+
+SCALE_MARKER = "<!-- cpu-study:scale -->"
+"""The page's opening section, what this scale can and cannot say, sits between two of these lines."""
+SCALE_CANNOT = (
+    "- **What it cannot say.** Whether the paper's regime holds at scale: a mismatch that accumulates over long "
+    "training at a small learning rate (no precision mismatch grew here in 50 steps), a real inference engine's "
+    "kernels (the int4 copy is simulated quantisation of the learner), top-K at a real vocabulary, or "
+    "generalisation beyond one task's held-out puzzles. Each claim below is about this policy, this task and these "
+    "settings."
+)
+
+
+def scale_lines(table: pd.DataFrame) -> list[str]:
+    """The page's opening section (between :data:`SCALE_MARKER` lines), from the scored claims: what a tiny policy
+    on two cores can and cannot say, the result of Takeaway 2 in its regime and the mechanism's claims."""
+    regime, mechanism = REGIME_CONTRASTS, MECHANISM_CONTRASTS
+    return [
+        "- **What it can say.** How each rule acts when μ and π_θ differ by a known, injected amount, on a tiny "
+        "Sudoku policy, paired by seed (eight seeds for every primary claim), with every claim written before its "
+        "runs.",
+        SCALE_CANNOT,
+        f"- **Takeaway 2 in its regime** (int4 copy, four quarter-batch steps per rollout: μ, π_θ' and π_θ all "
+        f"differ). DPPO-Binary-KL anchored on μ against the same mask on the recomputed π_θ': "
+        f"{claim_result(table, regime[0])}; DPPO-Binary-TV likewise: {claim_result(table, regime[1])}.",
+        f"- **The int4 result's mechanism** (one step per rollout). In PG-IS runs, Â < 0 is more common among the "
+        f"tokens over δ where μ > π than where μ < π: {claim_result(table, mechanism[0])}. PG-IS against the whole "
+        f"μ-anchored mask: {claim_result(table, mechanism[1])}; against its A<0 half alone: "
+        f"{claim_result(table, mechanism[2])}; against its A>0 half alone: {claim_result(table, mechanism[3])}. "
+        f"The fp32 learner's own held-out loss under the mask: {claim_result(table, mechanism[6])}. A redrawn grid: "
+        f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
+    ]
+
+
+def scale_block(text: str) -> list[str]:
+    """The lines between the two :data:`SCALE_MARKER` lines of ``text``."""
+    parts = text.split(SCALE_MARKER + "\n")
+    if len(parts) != 3:
+        raise ValueError(f"expected exactly two {SCALE_MARKER!r} lines, found {len(parts) - 1}")
+    return parts[1].splitlines()
+
+
+def replace_scale(text: str, lines: list[str]) -> str:
+    """``text`` with its scale section replaced by ``lines``."""
+    before, _, after = text.split(SCALE_MARKER + "\n")
+    return before + SCALE_MARKER + "\n" + "".join(line + "\n" for line in lines) + SCALE_MARKER + "\n" + after
 
 
 SUMMARY_MARKER = "<!-- cpu-study:summary -->"
@@ -443,7 +637,22 @@ SUMMARY_MARKER = "<!-- cpu-study:summary -->"
 
 def readme_summary(study_dir: PathLike) -> list[str]:
     """The summary lines of the study in ``study_dir``, scored as the report notebook scores them."""
-    return summary_lines(contrast_table(run_outcomes(load_study(study_dir), THRESHOLD)))
+    return readme_blocks(study_dir)[0]
+
+
+def readme_blocks(study_dir: PathLike) -> tuple[list[str], list[str]]:
+    """The page's two generated blocks for the study in ``study_dir``, scored once: the summary lines and the
+    scale section's lines."""
+    table = contrast_table(run_outcomes(load_study(study_dir), THRESHOLD))
+    return summary_lines(table), scale_lines(table)
+
+
+def rewrite_page(text: str, study_dir: PathLike) -> str:
+    """``text`` (docs/cpu-study.md) with its summary and, where it has one, its scale section written from the
+    study in ``study_dir``."""
+    summary, scale = readme_blocks(study_dir)
+    text = replace_summary(text, summary)
+    return replace_scale(text, scale) if SCALE_MARKER in text else text
 
 
 def _summary_parts(text: str) -> list[str]:

@@ -34,11 +34,19 @@ INT8_LEVELS = 127
 """Symmetric int8: integers in [−127, 127], one scale per output row."""
 
 
-def quantize(weight: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize(weight: torch.Tensor, bits: int, redraw: torch.Generator | None = None) -> torch.Tensor:
     """``weight`` rounded to symmetric per-row ``bits``-bit integers and scaled back (``round(w / s) · s``,
-    ``s = max|w_row| / (2^(bits−1) − 1)``): what a W``bits`` engine computes with, in the weight's dtype."""
+    ``s = max|w_row| / (2^(bits−1) − 1)``): what a W``bits`` engine computes with, in the weight's dtype.
+
+    With ``redraw`` (a seeded generator), each weight is rounded on its own grid shifted by an offset u ~ U(−½, ½)
+    drawn from it (subtractive dither: ``(round(w / s + u) − u) · s``): the rounding error stays within ±s/2, as
+    nearest rounding's does, but a new draw gives a new error, where nearest rounding gives the same error for the
+    same weights at every re-sync."""
     top = 2 ** (bits - 1) - 1
     scale = weight.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(weight.dtype).tiny) / top
+    if redraw is not None:
+        offset = torch.rand(weight.shape, generator=redraw, dtype=weight.dtype).to(weight.device) - 0.5
+        return (torch.round(weight / scale + offset) - offset) * scale
     return torch.round(weight / scale).clamp(-top, top) * scale
 
 
@@ -47,13 +55,15 @@ def quantize_int8(weight: torch.Tensor) -> torch.Tensor:
     return quantize(weight, 8)
 
 
-def rollout_state_dict(state_dict: Mapping[str, torch.Tensor], precision: RolloutPrecision) -> dict:
+def rollout_state_dict(state_dict: Mapping[str, torch.Tensor], precision: RolloutPrecision,
+                       redraw: torch.Generator | None = None) -> dict:
     """The learner's weights as the rollout copy holds them: a quantised precision rounds every floating matrix
-    (embeddings, linear layers, the LM head); the half dtypes are cast when loaded; fp32 is unchanged."""
+    (embeddings, linear layers, the LM head; on grids redrawn from ``redraw`` when given, :func:`quantize`); the
+    half dtypes are cast when loaded; fp32 is unchanged."""
     bits = QUANTIZED_BITS.get(precision)
     if bits is None:
         return dict(state_dict)
-    return {name: quantize(tensor, bits) if tensor.is_floating_point() and tensor.dim() >= 2 else tensor
+    return {name: quantize(tensor, bits, redraw) if tensor.is_floating_point() and tensor.dim() >= 2 else tensor
             for name, tensor in state_dict.items()}
 
 

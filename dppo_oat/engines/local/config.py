@@ -173,6 +173,10 @@ class TrainConfig(spec.DPPOFlags):
     weights and arithmetic throughout, whatever --dtype; or int8-, int6- or int4-quantised weights computing at
     --dtype), while the learner computes at --dtype. float32: no injected mismatch (the sampler computes as the
     learner does)."""
+    rollout_redraw: bool = False
+    """With an int-quantised --rollout-dtype: round each weight on a grid shifted by a random offset redrawn at
+    every re-sync (seeded by the run's seed and step), so the copy's rounding error is as large as nearest rounding's
+    but not the same from one rollout to the next."""
     logprob_noise: float = 0.0
     """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"

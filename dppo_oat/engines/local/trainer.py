@@ -123,6 +123,8 @@ class LocalTrainer:
         self._check_prompts_fit()
         self._open_log()
         self.weight_versions = {0: self._weights_snapshot()} if self.max_staleness else {}
+        if config.rollout_redraw:  # the first rollout's copy on a grid of its own too
+            self._sync_generator()
         if self.resume_step is not None:
             self._load_checkpoint()
 
@@ -194,7 +196,9 @@ class LocalTrainer:
     def _sync_generator(self) -> None:
         """The rollout copy takes the learner's new weights, at its own precision, in place (the decode graphs of
         ``--cuda-graphs`` read them where they are)."""
-        self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype))
+        redraw = torch.Generator().manual_seed(step_seed(self.config.seed, self.step, 5)) \
+            if self.config.rollout_redraw else None
+        self.generator.update_weights(rollout_state_dict(self.model.state_dict(), self.config.rollout_dtype, redraw))
 
     def _check_topk_fits(self) -> None:
         """A top-K rule's K is at most the policy's vocabulary (validation knew only an upper bound of the tiny one)."""
@@ -219,8 +223,21 @@ class LocalTrainer:
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
         rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
         stats = rollout.stats()
-        return {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
-                "eval/episodes": stats["episodes"]}
+        row = {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
+               "eval/episodes": stats["episodes"]}
+        if self.generator.model is not self.model and self.config.generator == "hf":
+            row["eval/learner_success"] = self._learner_success(seeds)
+        return row
+
+    def _learner_success(self, seeds: list[int]) -> float:
+        """Held-out success of the learner's own weights (not its rollout copy), on the same seeds and sampling
+        streams as ``eval/success``: whether the learner itself or only the rollout copy of a lower precision
+        learned or lost the task."""
+        c = self.config
+        learner = HFGenerator(self.model, self.tokenizer, batch_size=max(64, c.episodes_per_step),
+                              compute_dtype=c.dtype, cuda_graphs=False)
+        rollout = self.eval_collector.collect(learner, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
+        return rollout.stats()["success"]
 
     # ------------------------------------------------------------------ one RL step
     def rl_step(self) -> dict[str, float]:

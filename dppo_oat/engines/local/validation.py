@@ -251,6 +251,9 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
         raise ValueError("--probe-every needs the rollout model's full logits: use --generator hf")
     if c.rollout_dtype != "float32" and c.generator != "hf":
         raise ValueError("--rollout-dtype applies to the HF generator (vLLM samples in the model's dtype)")
+    if c.rollout_redraw and not c.rollout_dtype.startswith("int"):
+        raise ValueError(f"--rollout-redraw redraws an int-quantised copy's rounding grid: --rollout-dtype "
+                         f"{c.rollout_dtype} has none (use int8, int6, int5, int4 or int3)")
     if c.cuda_graphs and (c.generator != "hf" or not c.device.startswith("cuda")):
         raise ValueError("--cuda-graphs captures the HF generator's decode on a CUDA device: use it with --device "
                          "cuda and --generator hf (vLLM captures its own)")
