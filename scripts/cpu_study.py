@@ -194,6 +194,10 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "mechanism_grid": Experiment(("dppo_binary_kl",), ("mech-int4-redraw",),
                                  "the mechanism's quantiser control: the int4 grid redrawn at every re-sync against "
                                  "the fixed one; eight seeds"),
+    "frontier": Experiment(("ipo", "trm_max", "gspo", "sapo", "dppo_binary_kl", "pg_is"), ("mech-int4",),
+                           "the field after DPPO (the symmetric band, a sequence mask, a sequence ratio, a soft gate) "
+                           "under the mechanism's int4 condition, against its DPPO-Binary-KL and PG-IS runs; eight "
+                           "seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

@@ -302,6 +302,24 @@ the sign correlation among tokens over δ in PG-IS runs, the mask's cost replica
 grid, the noise control, and the fp32 learner's own loss. Exploratory: where the learner ends against PG-IS's and
 against its own int4 copy, the halves against each other, and the noisy fp32 sampler against the int4 one."""
 
+FRONTIER = "the field after DPPO under an int4 copy (one step per rollout)"
+FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TRM-Max"), ("gspo", "GSPO"),
+                 ("sapo", "SAPO"))
+"""The ``frontier`` experiment's new arms, each with its name in a claim."""
+FRONTIER_CONTRASTS = tuple(
+    Contrast(f"{FRONTIER}: {label} beats DPPO-Binary-KL", "the field after DPPO", (method, "mech-int4"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier")
+    for method, label in FRONTIER_ARMS
+) + tuple(
+    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"))
+    for method, label in FRONTIER_ARMS
+)
+"""The ``frontier`` experiment's claims (eight seeds), written before its new arms' runs: each later rule against
+DPPO-Binary-KL (primary, Holm-corrected together: each source presents its rule as an improvement on token-level
+clipping or masking) and against PG-IS (exploratory: no trust region, the best arm of the ``mechanism`` runs). The
+two reference arms are the ``mechanism`` experiment's runs of the same condition, policy and seeds, played before
+these claims were written."""
+
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
              ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16")),
@@ -405,6 +423,9 @@ CONTRASTS = (
     # Added before the runs of the ``mechanism``, ``mechanism_noise`` and ``mechanism_grid`` experiments (eight
     # seeds; the seven primary claims are Holm-corrected together as the experiment ``mechanism``).
     *MECHANISM_CONTRASTS,
+    # Added before the runs of the ``frontier`` experiment's new arms (eight seeds; the four claims against
+    # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier``).
+    *FRONTIER_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
