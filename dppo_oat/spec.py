@@ -20,7 +20,7 @@ from typing import Annotated, Iterable, Literal, Optional, Tuple
 
 import tyro
 
-from dppo_oat.advantages import ADVANTAGE_MODES, ESTIMATORS, AdvantageSettings
+from dppo_oat.advantages import ADVANTAGE_MODES, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.docstrings import field_docstrings
 from dppo_oat.token_export import TOKEN_EXPORT_MODES

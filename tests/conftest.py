@@ -3,11 +3,24 @@
 import os
 import sys
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if a model is built: the error must come before."""
+    import dppo_oat.engines.local.trainer as trainer_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_pretrained", refuse)
 
 
 CONTRACT_TEST = "test_env_contract.py::test_has_an_oracle["

@@ -14,7 +14,7 @@ from dppo_oat.analysis import load_run, load_runs
 from dppo_oat.analysis.run_checks import DamagedRun
 from dppo_oat.analysis.study import load_study
 from dppo_oat.plot import main
-from test_analysis import hand_metrics, write_jsonl, write_run
+from test_analysis import hand_metrics, write_run
 
 
 @pytest.fixture

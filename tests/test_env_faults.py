@@ -25,7 +25,7 @@ from dppo_oat.rollout.episodes import EpisodeCollector
 from envs.contract import BrokenEnvError
 from dppo_oat.spec import RolloutSettings, SamplingSettings
 from envs.math_local import load_math_dataset, math_oracle_action
-from test_faults import TINY, no_model, one_error, write_math  # noqa: F401  (no_model is a fixture)
+from test_faults import TINY, one_error, write_math
 
 GOOD = '{"problem": "1+1?", "answer": "2"}'
 

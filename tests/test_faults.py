@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import warnings
 
@@ -20,7 +19,7 @@ import tyro
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.runlog import RunLock, nonfinite_tensors, read_jsonl
+from dppo_oat.runlog import RunLock, read_jsonl
 from dppo_oat.train import main
 
 TINY = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -53,16 +52,6 @@ def one_error(capsys, argv, code, *fragments):
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
     return errors[0]
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail the test if a model is built: the error must come before."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was built before the input was validated")
-
-    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", refuse)
-    monkeypatch.setattr(trainer_module, "load_pretrained", refuse)
 
 
 @pytest.fixture

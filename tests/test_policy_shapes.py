@@ -14,7 +14,7 @@ from dppo_oat.models.shapes import FIXED_SHAPES, PADDED_VOCAB_SIZE
 from dppo_oat.models.tiny import (RESERVED_TOKEN, build_shaped_policy, count_parameters, pad_vocabulary,
                                   tiny_qwen3_config, toy_corpus, train_bpe_tokenizer)
 
-from test_faults import no_model, one_error  # noqa: F401 - fixtures
+from test_faults import one_error
 
 
 def test_qwen3_100m_has_about_100m_parameters_and_a_32k_vocabulary():

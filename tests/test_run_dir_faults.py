@@ -66,17 +66,6 @@ def files_of(directory):
     return {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file() and path.name != ".lock"}
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    import dppo_oat.engines.local.trainer as trainer_module
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was built before the input was validated")
-
-    monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", refuse)
-    monkeypatch.setattr(trainer_module, "load_pretrained", refuse)
-
-
 # ---------------------------------------------------------------- a new run never overwrites one
 
 

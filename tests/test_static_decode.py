@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, GraphCache, decode_step
-from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, left_padded_positions, prefill
+from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, prefill
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 
-from test_faults import no_model, one_error  # noqa: F401 - fixtures
+from test_faults import one_error
 from test_generators import small_model
 
 

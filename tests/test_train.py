@@ -4,10 +4,9 @@ import json
 import math
 
 import pytest
-import tyro
 
 import dppo_oat.engines.local.trainer as trainer_module
-from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
+from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer, scheduled_lr
 from dppo_oat.train import main
 

@@ -91,7 +91,7 @@ def test_no_gradient_flows_through_masked_tokens(policy):
     batch.behavior_logp = mu
     settings = UpdateSettings(minibatch_size=6, aggregation="seq-mean-token-sum-norm", norm_constant=6)
     tr = TrustRegion.preset("dppo_binary_tv")
-    out = minibatch_step(batch, torch.arange(len(batch)), tr, causal_lm_forward(model), lambda l: None, settings)
+    out = minibatch_step(batch, torch.arange(len(batch)), tr, causal_lm_forward(model), lambda loss: None, settings)
     assert out["mask/fraction_neg_adv"] > 0
     # the same gradient comes from PG-IS on the kept tokens only
     logp = response_logp(model, batch)

@@ -35,7 +35,7 @@ from dppo_oat.analysis.run_checks import (
     skipped_message,
     step_numbers,
 )
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKENS_FILE
+from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 from dppo_oat.trust_region import PRESETS, TrustRegion, numeric_fields_read
 
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")

@@ -66,7 +66,7 @@ def one_step(model, batch: UpdateBatch, chunk: int, device: str) -> tuple[float,
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
     start = time.perf_counter()
-    minibatch_step(batch, torch.arange(1), TrustRegion.preset("dppo_binary_tv"), forward, lambda l: l.backward(),
+    minibatch_step(batch, torch.arange(1), TrustRegion.preset("dppo_binary_tv"), forward, lambda loss: loss.backward(),
                    settings)
     if cuda:
         torch.cuda.synchronize()
