@@ -6,7 +6,9 @@ Copy this file to add your own environment (see ``envs/README.md``). It holds th
    ``step(action) -> (obs, reward, terminated, truncated, info)``;
 2. its registration under an id (``example:Countdown-v0``), so ``gem.make`` / ``gem.make_vec`` and the trainer's
    ``--env-ids`` find it;
-3. its oracle policy, which plays perfectly and supplies demonstrations for a supervised warm start.
+3. its oracle policy, which plays perfectly and supplies demonstrations for a supervised warm start: a
+   deterministic function of what the observation shows, registered at the bottom of the file with the env
+   (``register_oracle``).
 
 The game: the player holds a few numbers and must produce a target. Each turn it combines two of its numbers with
 ``+ - * /`` (exact division only, results must stay positive), written as ``\\boxed{a op b}``; the two numbers are
@@ -25,6 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from gem.core import Env
 from gem.envs.registration import ENV_REGISTRY, register
 from gem.utils.constants import LanguageGameReward
+
+from envs.oracles import register_oracle
 
 ENV_ID = "example:Countdown-v0"
 OPERATORS = ("+", "-", "*", "/")
@@ -191,9 +195,11 @@ class CountdownEnv(Env):
 
 
 def countdown_oracle_action(env: Env, rng: random.Random) -> str:
-    """The first move of a solution from the current numbers (random among solutions, via ``rng``)."""
+    """The first move of the first solution a depth-first search finds from the numbers and target the observation
+    shows, trying moves in a fixed order: a deterministic function of the observation, so the tiny policy can learn
+    it (``rng`` is unused; an oracle takes one for the choices it may make)."""
     game = env.unwrapped
-    plan = solve(game.numbers, game.target, rng)
+    plan = solve(game.numbers, game.target)
     if not plan:
         raise ValueError(f"no solution from numbers {game.numbers} to target {game.target}")
     return format_move(plan[0])
@@ -201,3 +207,4 @@ def countdown_oracle_action(env: Env, rng: random.Random) -> str:
 
 if ENV_ID not in ENV_REGISTRY:
     register(ENV_ID, CountdownEnv, num_numbers=4, max_number=9, max_target=100, max_turns=6)
+register_oracle(ENV_ID, countdown_oracle_action, env_class=CountdownEnv)

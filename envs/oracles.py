@@ -37,8 +37,6 @@ from gem.envs.math_env import MathEnv
 
 from envs.contract import (INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step, returned)
 from envs.contract import observation_text as observation_with_suffix
-from envs.example_countdown import ENV_ID as COUNTDOWN_ENV_ID
-from envs.example_countdown import CountdownEnv, countdown_oracle_action
 from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
 from envs.guess_compact import EASY_COMPACT_ENV_ID as GUESS_EASY_ENV_ID
 from envs.guess_compact import guess_mistake_action, guess_oracle_action
@@ -111,7 +109,6 @@ ORACLES: Dict[str, Oracle] = {
     COMPACT_WRONG_ENV_ID: sudoku_oracle_action,
     "rg:arc_1d": reasoning_gym_oracle_action,
     "rg:acre": reasoning_gym_oracle_action,
-    COUNTDOWN_ENV_ID: countdown_oracle_action,
     GUESS_ENV_ID: guess_oracle_action,
     GUESS_EASY_ENV_ID: guess_oracle_action,
     f"{LOCAL_MATH_PREFIX}:*": math_oracle_action,
@@ -123,18 +120,21 @@ MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUES
 """Mistake makers, for envs whose observation shows a failed move: demonstrations with ``mistake_rate > 0`` then
 also show the oracle recovering from one (the mistake itself is played, never recorded as a turn)."""
 
-ORACLES_BY_ENV_CLASS: Tuple[Tuple[type, Oracle], ...] = (
+ORACLES_BY_ENV_CLASS: List[Tuple[type, Oracle]] = [
     (SudokuEnv, sudoku_oracle_action),
     (MathEnv, math_oracle_action),
-    (CountdownEnv, countdown_oracle_action),
     (GuessTheNumberEnv, guess_oracle_action),
-)
-"""Fallback for envs whose id has no oracle (or that were built without ``gem.make``)."""
+]
+"""Fallback for envs whose id has no oracle (or that were built without ``gem.make``); a plugin adds its class with
+:func:`register_oracle`'s ``env_class``."""
 
 
-def register_oracle(env_id: str, oracle: Oracle) -> None:
-    """Make ``oracle`` the oracle of ``env_id`` (or of every ``<prefix>:...`` id when given ``<prefix>:*``)."""
+def register_oracle(env_id: str, oracle: Oracle, env_class: Optional[type] = None) -> None:
+    """Make ``oracle`` the oracle of ``env_id`` (or of every ``<prefix>:...`` id when given ``<prefix>:*``), and with
+    ``env_class``, of every env of that class (or a subclass) whose id has none."""
     ORACLES[env_id] = oracle
+    if env_class is not None and (env_class, oracle) not in ORACLES_BY_ENV_CLASS:
+        ORACLES_BY_ENV_CLASS.append((env_class, oracle))
 
 
 def oracle_for_id(env_id: Optional[str]) -> Optional[Oracle]:

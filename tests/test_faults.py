@@ -330,7 +330,7 @@ def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, caps
 def test_a_config_without_the_lr_schedule_resumes_only_at_a_constant_rate(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     config = json.loads((runs / "one" / "config.json").read_text())
-    del config["lr_schedule"]  # a config.json without the field: a constant rate
+    del config["lr_schedule"], config["schema"]  # a config.json from before schemas and the flag: a constant rate
     (runs / "one" / "config.json").write_text(json.dumps(config))
     one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                        "--steps", "2", *TINY], 2, "other settings", "lr_schedule: 'constant' → 'linear'")

@@ -259,12 +259,11 @@ def run_spec(config: TrainConfig) -> spec.RunSpec:
 
 
 def logged_config(config: TrainConfig, run: spec.RunSpec) -> dict:
-    """What ``config.json`` records: every flag (``max_staleness`` only when > 0), the resolved run name, trust region
-    and template."""
+    """What ``config.json`` records: its schema (:mod:`~dppo_oat.engines.local.config_schema`), every flag, the
+    resolved run name, trust region and template."""
     from dataclasses import asdict
 
-    logged = {**asdict(config), "run_name": config.resolved_run_name(), "trust_region": asdict(run.trust_region),
-              "prompt_template": run.rollout.template, "engine": "local"}
-    if not config.max_staleness:  # a synchronous run records what it always did (and its settings hash with it)
-        del logged["max_staleness"]
-    return logged
+    from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA
+
+    return {"schema": CONFIG_SCHEMA, **asdict(config), "run_name": config.resolved_run_name(),
+            "trust_region": asdict(run.trust_region), "prompt_template": run.rollout.template, "engine": "local"}

@@ -28,6 +28,7 @@ from envs import ensure_registered
 from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
+from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
@@ -135,6 +136,8 @@ class LocalTrainer:
         stored = read_config(c.run_path()) if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
+        if resuming:  # what the reader filled in an older config.json stays on record (validation migrated it)
+            written.update(schema_migrations_of(stored, written))
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
         if resuming:
             self._warn_of_metrics_gap()
@@ -401,7 +404,7 @@ class LocalTrainer:
     def save_checkpoint(self) -> None:
         weights = self.model.state_dict()
         state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
-                 "run_id": self.run_id, "settings_hash": self.settings_hash}
+                 "run_id": self.run_id, "settings_hash": self.settings_hash, "config_schema": CONFIG_SCHEMA}
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
         if self.max_staleness:  # the older weights the next rollouts sample with (the current ones are "model")

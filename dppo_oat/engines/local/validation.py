@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
+from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.mixed_precision import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.rollout.generation import check_logprob_semantics
@@ -308,20 +309,23 @@ def settings_free_on_resume(spec: RunSpec) -> list[str]:
     run's provenance (written by the run log, not by the command line)."""
     overrides = [f"tr_{name}" for name in TRUST_REGION_OVERRIDES]
     unread = [f"trust_region.{name}" for name in TRUST_REGION_OVERRIDES if name not in spec.trust_region.fields_read]
-    return [*RESUMABLE, *overrides, *unread, "resumes", *PROVENANCE]
+    return [*RESUMABLE, *overrides, *unread, "resumes", *PROVENANCE, *SCHEMA_KEYS]
 
 
 def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
-    """``--resume`` continues the same experiment: config.json exists and every setting but
-    :func:`settings_free_on_resume` matches it. Returns the stored config."""
+    """``--resume`` continues the same experiment: config.json exists and, brought up to the current schema
+    (:func:`~dppo_oat.engines.local.config_schema.migrate_config`), every setting but
+    :func:`settings_free_on_resume` matches it. Returns the stored config, migrated."""
+    current = logged_config(c, spec)
     stored = read_config(path)
     if not stored:
         raise ValueError(f"--resume: {path / CONFIG_FILE} is missing, so nothing says which settings this run was "
                          "trained with: restore it, or start a new run with another --run-name")
-    stored.setdefault("lr_schedule", "constant")  # a config.json without the field: a constant rate
-    synchronous = {"max_staleness": 0}  # recorded only when > 0
-    differences = config_differences({**synchronous, **stored}, {**synchronous, **logged_config(c, spec)},
-                                     settings_free_on_resume(spec))
+    try:
+        stored = migrate_config(stored, current)
+    except ValueError as error:
+        raise ValueError(f"--resume: {path / CONFIG_FILE}: {error}") from None
+    differences = config_differences(stored, current, settings_free_on_resume(spec))
     if differences:
         raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
                          "with its settings (see its config.json), or start a new run with another --run-name")
@@ -337,7 +341,8 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
         raise ValueError(f"--resume: {checkpoint} is not this run's checkpoint (its run id {run_id}, config.json's "
                          f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
                          "another --run-name")
-    if state.get("settings_hash") != settings_hash(stored, settings_free_on_resume(spec)):
+    trained_under = stored if state.get("config_schema") else as_written(stored)  # a checkpoint of before schema 2
+    if state.get("settings_hash") != settings_hash(trained_under, settings_free_on_resume(spec)):
         raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
                          "checkpointed: restore it, or start a new run with another --run-name")
     if steps < step:
@@ -360,7 +365,8 @@ def _checkpoint_record(checkpoint: Path) -> dict:
 
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        return {"step": int(state["step"]), "run_id": state.get("run_id"), "settings_hash": state.get("settings_hash")}
+        return {"step": int(state["step"]), "run_id": state.get("run_id"), "settings_hash": state.get("settings_hash"),
+                "config_schema": state.get("config_schema")}
     except Exception as error:  # noqa: BLE001 - torch raises many kinds for a truncated or foreign file
         raise ValueError(f"--resume: {checkpoint} is damaged ({type(error).__name__}): restore it, or start a new "
                          "run with another --run-name") from None

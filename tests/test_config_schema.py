@@ -1,0 +1,130 @@
+"""config.json's schema: an older config is brought up to the current one by version, and an old run still resumes.
+
+``tests/data/config_schema1.json`` is the config.json a 1-step run with ``test_faults.TINY``'s flags wrote before
+configs carried a schema (code at 6c80ebf; its run and cache folders renamed): no ``schema``, no ``max_staleness``,
+none of the settings added since.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
+from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, as_written, migrate_config
+from dppo_oat.engines.local.validation import settings_free_on_resume
+from dppo_oat.runlog import settings_hash
+from dppo_oat.train import main
+from test_faults import TINY, one_error, run
+
+OLD_CONFIG = Path(__file__).parent / "data" / "config_schema1.json"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("policy-cache"))
+
+
+def current_defaults() -> dict:
+    config = TrainConfig()
+    return logged_config(config, run_spec(config))
+
+
+def test_a_schema_1_config_is_filled_by_what_its_absences_meant_and_says_so():
+    old = json.loads(OLD_CONFIG.read_text())
+    assert "schema" not in old and "max_staleness" not in old
+    migrated = migrate_config(old, current_defaults())
+    assert migrated["schema"] == CONFIG_SCHEMA and migrated["max_staleness"] == 0
+    assert migrated["lr_schedule"] == old["lr_schedule"]  # present: kept, not reset to the default
+    [step] = migrated["schema_migrations"]
+    assert (step["from"], step["to"]) == (1, 2)
+    assert set(step["filled"]) == set(current_defaults()) - set(old) - {"schema"} | {
+        f"trust_region.{name}" for name in set(current_defaults()["trust_region"]) - set(old["trust_region"])}
+    assert "trust_region.tau_pos" in step["filled"] and "max_staleness" in step["filled"]
+    assert as_written(migrated) == old  # the settings the old checkpoint was hashed with, recovered
+
+
+def test_a_schema_1_config_without_the_lr_schedule_meant_a_constant_rate():
+    old = {key: value for key, value in json.loads(OLD_CONFIG.read_text()).items() if key != "lr_schedule"}
+    assert migrate_config(old, current_defaults())["lr_schedule"] == "constant"  # today's default is linear
+
+
+def test_a_current_config_needs_no_migration():
+    current = current_defaults()
+    assert migrate_config(current, current) == current
+
+
+@pytest.mark.parametrize("schema, fragment", [(CONFIG_SCHEMA + 1, "newer dppo_oat"), ("2", "not a version number"),
+                                              (0, "not a version number"), (True, "not a version number")])
+def test_a_schema_this_version_cannot_read_is_one_line(schema, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        migrate_config({**current_defaults(), "schema": schema}, current_defaults())
+
+
+@pytest.fixture(scope="module")
+def old_run(tmp_path_factory, cache_dir):
+    """A 1-step run as the code before schemas left it: the committed schema-1 config.json (with this run's id) and a
+    checkpoint whose identity is that config's settings hash, with no ``config_schema``."""
+    runs = tmp_path_factory.mktemp("runs")
+    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    directory = runs / "one"
+    written = json.loads((directory / "config.json").read_text())
+    old = {**json.loads(OLD_CONFIG.read_text()), "run_id": written["run_id"], "run_dir": str(runs),
+           "cache_dir": cache_dir}
+    (directory / "config.json").write_text(json.dumps(old, indent=2))
+    state = torch.load(directory / "checkpoint.pt", weights_only=False)
+    del state["config_schema"]
+    config = TrainConfig()
+    state["settings_hash"] = settings_hash(old, settings_free_on_resume(run_spec(config)))
+    torch.save(state, directory / "checkpoint.pt")
+    return runs
+
+
+def resume(runs, cache_dir, capsys, steps):
+    return run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                str(steps), *TINY], capsys)
+
+
+@pytest.mark.fault("`--resume` of a run whose `config.json` predates schemas (no `schema`, settings added since absent)",
+                   "it resumes: each absent setting is read as what its absence meant, the filled keys are recorded "
+                   "under `schema_migrations`, and a kill before the next checkpoint still resumes")
+def test_an_old_run_resumes_and_its_config_records_the_migration(old_run, tmp_path, capsys, cache_dir):
+    runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
+    legacy_checkpoint = (runs / "one" / "checkpoint.pt").read_bytes()
+    code, errors, text = resume(runs, cache_dir, capsys, 2)
+    assert code == 0 and not errors, text
+    config = json.loads((runs / "one" / "config.json").read_text())
+    assert config["schema"] == CONFIG_SCHEMA and config["max_staleness"] == 0
+    assert "max_staleness" in config["schema_migrations"][0]["filled"]
+    # killed after the config was rewritten and before a new checkpoint: the old checkpoint still resumes
+    (runs / "one" / "checkpoint.pt").write_bytes(legacy_checkpoint)
+    code, errors, text = resume(runs, cache_dir, capsys, 2)
+    assert code == 0 and not errors, text
+
+
+def test_an_old_run_refuses_a_setting_its_absence_excluded(old_run, tmp_path, capsys, cache_dir):
+    runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", *TINY, "--max-staleness", "1"], 2, "other settings", "max_staleness: 0 → 1")
+
+
+def test_an_edited_old_config_is_still_told_from_the_one_its_checkpoint_was_trained_under(old_run, tmp_path, capsys,
+                                                                                         cache_dir):
+    runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
+    config = json.loads((runs / "one" / "config.json").read_text())
+    config["seed"] = config["seed"] + 1
+    (runs / "one" / "config.json").write_text(json.dumps(config))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", *TINY, "--seed", str(config["seed"])], 2, "was changed after step 1")
+
+
+@pytest.mark.fault("`--resume` of a run whose `config.json` has a newer schema than this dppo_oat reads",
+                   "one line naming the file: upgrade dppo_oat to resume it")
+def test_a_newer_schema_is_one_line_before_any_model(old_run, tmp_path, capsys, cache_dir, no_model):
+    runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
+    config = json.loads((runs / "one" / "config.json").read_text())
+    (runs / "one" / "config.json").write_text(json.dumps({**config, "schema": CONFIG_SCHEMA + 1}))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", *TINY], 2, "config.json", f"schema {CONFIG_SCHEMA + 1}", "upgrade dppo_oat")
