@@ -8,5 +8,9 @@ class RunError(RuntimeError):
     """A run cannot go on for a reason the user can fix (data, settings, a damaged file)."""
 
 
-class TrainingDiverged(RunError):
+class TrainingBlewUp(RunError):
     """Values went non-finite and did not recover: the policy's log-probs, the loss, or the gradients."""
+
+
+TrainingDiverged = TrainingBlewUp
+"""Deprecated name of :class:`TrainingBlewUp` (until 0.3)."""

@@ -1,10 +1,11 @@
-"""The divergence guard: no non-finite value reaches the weights, and a run that diverged stops.
+"""The blow-up guard: no non-finite value reaches the weights, and a run whose values blew up stops (not the
+trust region's divergence, :mod:`dppo_oat.divergence`).
 
 A minibatch whose loss or μ log-probs are non-finite is never applied (its backward is a zero-gradient surrogate,
 :func:`zero_surrogate`, so engines that count micro-batches stay aligned, and the engine discards the step); an
 engine whose gradient norm is non-finite skips its step and says so (:data:`SKIPPED`). A run that skips ``patience``
-optimizer steps in a row (:class:`DivergenceGuard`), or whose own log-probs turn non-finite (:data:`NONFINITE_PI`,
-:func:`check_policy_finite`), stops with :class:`~dppo_oat.errors.TrainingDiverged`; :func:`check_weights_finite`
+optimizer steps in a row (:class:`BlowUpGuard`), or whose own log-probs turn non-finite (:data:`NONFINITE_PI`,
+:func:`check_policy_finite`), stops with :class:`~dppo_oat.errors.TrainingBlewUp`; :func:`check_weights_finite`
 scans the weights before they are saved or sent to the rollout engine. With several learners every decision is
 taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.update`) applies the guard to
 every minibatch.
@@ -17,7 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from dppo_oat.errors import TrainingDiverged
+from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.learner_forward import ForwardFn
 from dppo_oat.runlog import nonfinite_tensors
 from dppo_oat.samples import UpdateBatch
@@ -59,18 +60,18 @@ def where(here: bool) -> str:
     return "" if here else " on another learner"
 
 
-def diverged_error(here: bool, cause: str = NONFINITE_PI) -> TrainingDiverged:
+def diverged_error(here: bool, cause: str = NONFINITE_PI) -> TrainingBlewUp:
     """The stop of a run whose weights (or, ``cause`` :data:`NONFINITE_ADVANTAGES`, advantages) diverged, on this
     learner or on another one."""
     if cause == NONFINITE_ADVANTAGES:
-        return TrainingDiverged(f"the advantages are non-finite{where(here)}: the rewards or the advantage estimator "
+        return TrainingBlewUp(f"the advantages are non-finite{where(here)}: the rewards or the advantage estimator "
                                 "broke (check the env's rewards and --advantage-mode), nothing was applied")
-    return TrainingDiverged(f"π_θ's log-probs are non-finite{where(here)}: the policy's weights diverged (lower --lr "
+    return TrainingBlewUp(f"π_θ's log-probs are non-finite{where(here)}: the policy's weights diverged (lower --lr "
                             "and start a new run from the last checkpoint's settings)")
 
 
 @dataclass
-class DivergenceGuard:
+class BlowUpGuard:
     """Counts optimizer steps skipped in a row; ``patience`` of them stop the run (it will not recover). The loss
     scaler's skips (:data:`LOSS_SCALE_SKIPS`) are counted apart and leave the run of skips as it was."""
 
@@ -80,7 +81,7 @@ class DivergenceGuard:
     loss_scale_skips: int = 0
 
     def observe(self, metrics: dict[str, float]) -> None:
-        """Record one optimizer step's metrics; raise :class:`TrainingDiverged` after ``patience`` skips in a row."""
+        """Record one optimizer step's metrics; raise :class:`TrainingBlewUp` after ``patience`` skips in a row."""
         if metrics.get(LOSS_SCALE_SKIPS) and not metrics.get(SKIPPED):
             self.loss_scale_skips += 1
             return
@@ -91,7 +92,7 @@ class DivergenceGuard:
         self.skipped_total += 1
         if self.skipped_in_a_row >= self.patience:
             causes = [name for key, name in NONFINITE_CAUSES.items() if metrics.get(key)] or ["a value"]
-            raise TrainingDiverged(
+            raise TrainingBlewUp(
                 f"{' and '.join(causes)} non-finite in {self.skipped_in_a_row} optimizer steps in a row (none was "
                 "applied): lower --lr, check the rollout's log-probs (--logprob-noise?) and start a new run")
 
@@ -145,7 +146,7 @@ def check_policy_finite(batch: UpdateBatch, forward: ForwardFn, rows: int = 4,
     logp = forward(first, False).logp
     here = not torch.isfinite(logp[first.response_mask.bool()]).all()
     if any_learner(DIVERGED if here else HEALTHY) == DIVERGED:
-        raise TrainingDiverged(f"the update left π_θ's log-probs non-finite{where(here)}: the weights diverged (lower "
+        raise TrainingBlewUp(f"the update left π_θ's log-probs non-finite{where(here)}: the weights diverged (lower "
                                "--lr and start a new run)")
 
 
@@ -156,4 +157,8 @@ def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
     broken = nonfinite_tensors(dict(named_weights))
     if any_learner(DIVERGED if broken else HEALTHY) == DIVERGED:
         named = f" (e.g. {broken[0]})" if broken else where(False)
-        raise TrainingDiverged(f"weights are non-finite{named}: the update diverged (lower --lr and start a new run)")
+        raise TrainingBlewUp(f"weights are non-finite{named}: the update diverged (lower --lr and start a new run)")
+
+
+DivergenceGuard = BlowUpGuard
+"""Deprecated name of :class:`BlowUpGuard` (until 0.3)."""

@@ -15,7 +15,7 @@ attends over a new length. Flash and memory-efficient attention have no such per
 float16 also scales the loss (``torch.amp.GradScaler``): its gradients would otherwise underflow. The scaler skips
 the steps whose scaled gradients overflowed and lowers the scale; :func:`~dppo_oat.update.scaled_clip_and_step`
 tells those skips (:data:`~dppo_oat.guard.LOSS_SCALE_SKIPS`, the scaler's own search for a scale) apart from a
-gradient that is non-finite at a scale of 1 or below (the divergence guard's skip, :data:`~dppo_oat.guard.SKIPPED`).
+gradient that is non-finite at a scale of 1 or below (the blow-up guard's skip, :data:`~dppo_oat.guard.SKIPPED`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from dppo_oat.errors import TrainingDiverged
+from dppo_oat.errors import TrainingBlewUp
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -195,11 +195,11 @@ def nonfinite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def atomic_torch_save(obj: Any, path: Path, *, weights: Mapping[str, Any] | None = None) -> None:
     """``torch.save`` through a temporary file and a rename (a failed write raises its ``OSError``). ``weights``
-    (e.g. the model's state dict) must be finite, or nothing is written and :class:`TrainingDiverged` names them: a
+    (e.g. the model's state dict) must be finite, or nothing is written and :class:`TrainingBlewUp` names them: a
     checkpoint never holds NaN weights."""
     broken = nonfinite_tensors(weights or {})
     if broken:
-        raise TrainingDiverged(f"{len(broken)} weight tensor(s) are non-finite (e.g. {broken[0]}); {path} keeps the "
+        raise TrainingBlewUp(f"{len(broken)} weight tensor(s) are non-finite (e.g. {broken[0]}); {path} keeps the "
                                "last finite checkpoint: lower --lr and start a new run")
     with _replacing(path) as handle:
         recorder = _WriteErrors(handle)

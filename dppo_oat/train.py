@@ -65,7 +65,7 @@ def run_local(config: TrainConfig) -> dict:
     from rich.console import Console
 
     from dppo_oat.engines.local.trainer import LocalTrainer
-    from dppo_oat.errors import RunError, TrainingDiverged
+    from dppo_oat.errors import RunError, TrainingBlewUp
     from envs.contract import BrokenEnvError
 
     console, trainer, failed = Console(), None, True
@@ -78,7 +78,7 @@ def run_local(config: TrainConfig) -> dict:
             summary = trainer.run()
             failed = False
             return summary
-        except TrainingDiverged as error:
+        except TrainingBlewUp as error:
             where = "" if trainer is None else f" at step {trainer.step_in_progress}"
             _fail(f"training diverged{where}: {error}", 1)
         except (RunError, BrokenEnvError) as error:

@@ -12,9 +12,9 @@ Per rollout batch (as in PPO with several updates per rollout):
    aggregation → backward; then the optimizer step (with gradient clipping inside ``optimizer_step``).
 
 The forward pass is a :data:`~dppo_oat.learner_forward.ForwardFn` (π_θ at the sampling temperature, e.g.
-:func:`~dppo_oat.learner_forward.causal_lm_forward`). Every minibatch goes through the divergence guard
+:func:`~dppo_oat.learner_forward.causal_lm_forward`). Every minibatch goes through the blow-up guard
 (:mod:`dppo_oat.guard`): one with a non-finite loss or μ is discarded, not applied, and a run that diverged stops
-with :class:`~dppo_oat.errors.TrainingDiverged`.
+with :class:`~dppo_oat.errors.TrainingBlewUp`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from dppo_oat.aggregation import aggregate_loss
-from dppo_oat.errors import TrainingDiverged
+from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED,
-                            STOPPING_CAUSES, AnyLearner, DivergenceGuard, check_policy_finite, diverged_error,
+                            STOPPING_CAUSES, AnyLearner, BlowUpGuard, check_policy_finite, diverged_error,
                             minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
 from dppo_oat.learner_forward import ForwardFn, causal_lm_forward
 from dppo_oat.samples import UpdateBatch
@@ -63,7 +63,7 @@ def scaled_clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: to
     clip the norm, step, and let the scaler adapt its scale. A non-finite gradient at a scale above 1 is an overflow
     of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.guard.LOSS_SCALE_SKIPS` (never a
     reason to stop), and the scale halves; it reports no gradient norm. At a scale of 1 or below the gradient itself
-    is non-finite: the divergence guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop
+    is non-finite: the blow-up guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop
     the run, and the scale stays."""
     scale = float(scaler.get_scale())
     scaler.unscale_(optimizer)
@@ -113,7 +113,7 @@ def update_policy(
     generator: torch.Generator | None = None,
     on_step: Callable[[], None] | None = None,
     discard_step: DiscardStepFn | None = None,
-    guard: DivergenceGuard | None = None,
+    guard: BlowUpGuard | None = None,
     token_sampler: TokenSampler | None = None,
     any_learner: AnyLearner = one_learner,
 ) -> list[dict[str, float]]:
@@ -124,7 +124,7 @@ def update_policy(
     every token of the first epoch with π_θ of its forward pass (the ``tokens.jsonl`` sample); ``any_learner``
     agrees every step, skip and stop with the other learners (:data:`AnyLearner`).
     """
-    guard = guard or DivergenceGuard()
+    guard = guard or BlowUpGuard()
     micro = settings.micro_batch_size or settings.minibatch_size
     if tr.needs_recompute and batch.recomputed_logp is None:
         batch = replace(batch, recomputed_logp=recompute_logprobs(batch, forward, micro))
@@ -156,7 +156,7 @@ class EngineSteps:
 
 
 def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: UpdateSettings, steps: EngineSteps, *,
-                       shuffle: torch.Generator | None, guard: DivergenceGuard, token_sampler: TokenSampler | None,
+                       shuffle: torch.Generator | None, guard: BlowUpGuard, token_sampler: TokenSampler | None,
                        precision: Callable[[ForwardFn], ForwardFn] | None = None, lm_head: str = "fused",
                        chunk_size: int | None = None, any_learner: AnyLearner = one_learner) -> list[dict[str, float]]:
     """Every optimizer step of one rollout batch on a causal LM, as the local and oat engines take them: π_θ from
@@ -188,7 +188,7 @@ def finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn,
         raise diverged_error(here=bool(stops), cause=stops[0] if stops else NONFINITE_PI)
     if discard_step is None:
         cause = NONFINITE_CAUSES[poisoned[0]] if poisoned else "a value on another learner"
-        raise TrainingDiverged(f"{cause} non-finite, and this engine cannot skip a step")
+        raise TrainingBlewUp(f"{cause} non-finite, and this engine cannot skip a step")
     out.update({SKIPPED: 1.0, **{key: 1.0 for key in poisoned}})
     return out
 

@@ -1,5 +1,5 @@
 """The trust region compares the right distributions under any sampling setting, and non-finite values never reach
-the weights: the core's temperature-aware forward, the divergence guard and the checkpoint guard."""
+the weights: the core's temperature-aware forward, the blow-up guard and the checkpoint guard."""
 
 import copy
 import math
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import SKIPPED, DivergenceGuard, nonfinite_cause
+from dppo_oat.errors import TrainingBlewUp
+from dppo_oat.guard import SKIPPED, BlowUpGuard, nonfinite_cause
 from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
@@ -118,7 +118,7 @@ def test_non_finite_advantages_stop_the_run_before_any_step(policy, value):
     model = copy.deepcopy(policy[0])
     batch = copy.deepcopy(on_policy_batch(policy, 1.0))
     batch.advantages[1] = value
-    with pytest.raises(TrainingDiverged, match="advantages are non-finite"):
+    with pytest.raises(TrainingBlewUp, match="advantages are non-finite"):
         plain_update(model, batch, minibatch_size=len(batch))
     for name, tensor in model.state_dict().items():  # nothing was applied
         torch.testing.assert_close(tensor, policy[0].state_dict()[name], atol=0, rtol=0)
@@ -135,11 +135,11 @@ def test_healthy_minibatches_still_train_beside_a_skipped_one(policy):
 
 
 def test_the_guard_stops_a_run_that_keeps_skipping(policy):
-    guard = DivergenceGuard(patience=3)
+    guard = BlowUpGuard(patience=3)
     batch = poisoned(on_policy_batch(policy, 1.0))
     plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
     plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
-    with pytest.raises(TrainingDiverged, match="μ's log-probs .* non-finite in 3 optimizer steps in a row"):
+    with pytest.raises(TrainingBlewUp, match="μ's log-probs .* non-finite in 3 optimizer steps in a row"):
         plain_update(copy.deepcopy(policy[0]), batch, guard=guard, minibatch_size=len(batch))
 
 
@@ -147,7 +147,7 @@ def test_an_engine_that_cannot_skip_stops_at_once(policy):
     model = copy.deepcopy(policy[0])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = UpdateSettings(minibatch_size=6, aggregation="token-mean")
-    with pytest.raises(TrainingDiverged, match="cannot skip"):
+    with pytest.raises(TrainingBlewUp, match="cannot skip"):
         update_policy(poisoned(on_policy_batch(policy, 1.0)), TrustRegion.preset("pg_is"), causal_lm_forward(model),
                       lambda loss: loss.backward(), lambda: clip_and_step(list(model.parameters()), optimizer, 1.0),
                       settings)
@@ -173,7 +173,7 @@ def test_an_update_that_breaks_the_weights_stops_before_any_checkpoint(policy):
     """A step that leaves non-finite weights (an infinite learning rate; the CLI refuses one): the update itself
     says so, before the engine could checkpoint them."""
     model = copy.deepcopy(policy[0])
-    with pytest.raises(TrainingDiverged, match="the weights diverged"):
+    with pytest.raises(TrainingBlewUp, match="the weights diverged"):
         plain_update(model, on_policy_batch(policy, 1.0), lr=float("inf"), minibatch_size=6)
 
 
@@ -184,7 +184,7 @@ def test_a_checkpoint_never_holds_non_finite_weights(policy, tmp_path):
     name = next(iter(state))
     state[name][0] = float("nan")
     assert f"model.{name}" in nonfinite_tensors({"model": state})  # (and any tied alias of it)
-    with pytest.raises(TrainingDiverged, match="non-finite"):
+    with pytest.raises(TrainingBlewUp, match="non-finite"):
         atomic_torch_save({"model": state}, tmp_path / "checkpoint.pt", weights=state)
     assert not (tmp_path / "checkpoint.pt").exists()
 

@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from dppo_oat.errors import TrainingDiverged
+from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.guard import DIVERGED, HEALTHY, SKIP, SKIPPED, check_weights_finite
 from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
@@ -140,8 +140,8 @@ def test_weights_diverged_on_one_learner_stop_every_learner_together(policy):
     broken, healthy = with_nan_weight(reference), copy.deepcopy(reference)
     outcomes, calls = run_learners(update_job(broken, learner_batch(policy, 1)),
                                    update_job(healthy, learner_batch(policy, 2)))
-    assert isinstance(outcomes[0], TrainingDiverged) and "on another learner" not in str(outcomes[0])
-    assert isinstance(outcomes[1], TrainingDiverged) and "on another learner" in str(outcomes[1])
+    assert isinstance(outcomes[0], TrainingBlewUp) and "on another learner" not in str(outcomes[0])
+    assert isinstance(outcomes[1], TrainingBlewUp) and "on another learner" in str(outcomes[1])
     assert calls == [1, 1]  # the first minibatch's agreement ended both
     assert unchanged(healthy, reference)
 
@@ -154,8 +154,8 @@ def test_a_weight_shard_broken_on_one_learner_stops_every_learner(policy):
     shards[1][name].view(-1)[0] = float("inf")
     outcomes, _ = run_learners(lambda any_learner: check_weights_finite(shards[0].items(), any_learner),
                                lambda any_learner: check_weights_finite(shards[1].items(), any_learner))
-    assert isinstance(outcomes[0], TrainingDiverged) and "on another learner" in str(outcomes[0])
-    assert isinstance(outcomes[1], TrainingDiverged) and name in str(outcomes[1])
+    assert isinstance(outcomes[0], TrainingBlewUp) and "on another learner" in str(outcomes[0])
+    assert isinstance(outcomes[1], TrainingBlewUp) and name in str(outcomes[1])
     outcomes, _ = run_learners(lambda any_learner: check_weights_finite(shards[0].items(), any_learner),
                                lambda any_learner: check_weights_finite(shards[0].items(), any_learner))
     assert outcomes == [None, None]
@@ -175,7 +175,7 @@ def test_finish_minibatch_acts_on_the_worst_state_of_all_learners(mine, theirs, 
     step = lambda: actions.append("step") or {}  # noqa: E731
     discard = lambda: actions.append("discard") or {}  # noqa: E731
     if raises:
-        with pytest.raises(TrainingDiverged, match="diverged"):
+        with pytest.raises(TrainingBlewUp, match="diverged"):
             finish_minibatch(dict(poisoned), step, discard, any_learner)
         assert actions == ["discard"]
         return

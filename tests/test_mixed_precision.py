@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import dppo_oat.mixed_precision as mixed_precision
-from dppo_oat.errors import TrainingDiverged
+from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.fused_head import fused_head_logprobs
-from dppo_oat.guard import LOSS_SCALE_SKIPS, SKIPPED, DivergenceGuard
+from dppo_oat.guard import LOSS_SCALE_SKIPS, SKIPPED, BlowUpGuard
 from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.mixed_precision import (autocast, autocast_forward, check_compute_dtype, loss_scaler,
                                       rollout_compute_dtype)
@@ -190,7 +190,7 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
     parameters = parameters_with_grads(0.0)
     before = [p.detach().clone() for p in parameters]
     optimizer = torch.optim.SGD(parameters, lr=0.1)
-    scaler, guard, history = started_scaler(), DivergenceGuard(patience=3), []
+    scaler, guard, history = started_scaler(), BlowUpGuard(patience=3), []
     while scaler.get_scale() > 1.0:
         for parameter in parameters:
             parameter.grad = torch.full_like(parameter, float("inf"))
@@ -201,7 +201,7 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
     assert len(history) == 16 and guard.loss_scale_skips == 16 and guard.skipped_in_a_row == 0
     assert summarize_steps(history)[LOSS_SCALE_SKIPS] == 16.0 and "grad_norm" not in summarize_steps(history)
     assert all(torch.equal(p.data, b) for p, b in zip(parameters, before))
-    with pytest.raises(TrainingDiverged, match="the gradient norm non-finite in 3 optimizer steps in a row"):
+    with pytest.raises(TrainingBlewUp, match="the gradient norm non-finite in 3 optimizer steps in a row"):
         for _ in range(3):
             for parameter in parameters:
                 parameter.grad = torch.full_like(parameter, float("nan"))

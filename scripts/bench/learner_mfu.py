@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from machine import matmul_flops, synchronize  # noqa: E402
 from qwen3_shapes import SHAPES, random_qwen3  # noqa: E402
 
-from dppo_oat.guard import DivergenceGuard  # noqa: E402
+from dppo_oat.guard import BlowUpGuard  # noqa: E402
 from dppo_oat.mixed_precision import autocast_forward  # noqa: E402
 from dppo_oat.samples import UpdateBatch  # noqa: E402
 from dppo_oat.spec import UpdateSettings  # noqa: E402
@@ -81,7 +81,7 @@ def time_updates(model, batch: UpdateBatch, args) -> list[float]:
 
     def update() -> None:
         learn_from_rollout(model, batch, tr, settings, steps, shuffle=torch.Generator().manual_seed(0),
-                           guard=DivergenceGuard(), token_sampler=None,
+                           guard=BlowUpGuard(), token_sampler=None,
                            precision=lambda forward: autocast_forward(forward, args.device, args.dtype))
 
     seconds = []

@@ -229,7 +229,7 @@ def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, 
                                                                    gpu_node, monkeypatch):
     """π_θ non-finite (a NaN weight): the minibatch is discarded through DeepSpeed's skip and the learning step
     raises, through the core's agreement (one learner here: its own state)."""
-    from dppo_oat.errors import TrainingDiverged
+    from dppo_oat.errors import TrainingBlewUp
 
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 1, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
@@ -238,7 +238,7 @@ def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, 
     with torch.no_grad():
         learner.model.model.module.model.norm.weight[0] = float("nan")
     learner.model.train()
-    with pytest.raises(TrainingDiverged, match="weights diverged"):
+    with pytest.raises(TrainingBlewUp, match="weights diverged"):
         learner.learning_step(oat_trajectory(learner, transitions))
     assert learner.model.model.skipped_steps == 1
 
@@ -252,7 +252,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
     it is switched off, and the last optimizer step breaks a weight) is found by the scan of every learner's weight
     shards at the end of the learning step, before oat's save or its weight sync to vLLM."""
     import dppo_oat.update
-    from dppo_oat.errors import TrainingDiverged
+    from dppo_oat.errors import TrainingBlewUp
 
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 2, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
@@ -274,7 +274,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
     monkeypatch.setattr(dppo_oat.update, "check_policy_finite", lambda *args, **kwargs: None)
     monkeypatch.setattr(learner, "_optimizer_step", step_then_break_a_weight)
     learner.model.train()
-    with pytest.raises(TrainingDiverged, match="weights are non-finite .*down_proj"):
+    with pytest.raises(TrainingBlewUp, match="weights are non-finite .*down_proj"):
         learner.learning_step(oat_trajectory(learner, transitions))
 
 
@@ -282,7 +282,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
                    "every learner stops together, launchpad stops the program, and the launcher prints `error: "
                    "training diverged: …` (exit 1)")
 def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkeypatch, tmp_path):
-    """DPPOLearner.run: a TrainingDiverged (raised on every learner together) makes rank 0 close its logs and hand
+    """DPPOLearner.run: a TrainingBlewUp (raised on every learner together) makes rank 0 close its logs and hand
     the reason to the launcher, and asks launchpad to stop the program (the test stand-in for launchpad records
     it); the launcher then prints one line and exits 1."""
     import launchpad as lp
@@ -290,13 +290,13 @@ def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkey
 
     from dppo_oat.engines.oat import launch
     from dppo_oat.engines.oat.status import STATUS_FILE_ENV
-    from dppo_oat.errors import TrainingDiverged
+    from dppo_oat.errors import TrainingBlewUp
 
     stops, finished = [], []
     monkeypatch.setattr(lp, "stop", lambda: stops.append(True))
 
     def diverge(self):
-        raise TrainingDiverged("weights are non-finite: lower --lr")
+        raise TrainingBlewUp("weights are non-finite: lower --lr")
 
     def learner_process(*args, **kwargs):  # what the learner's process does inside the launched program
         monkeypatch.setattr(PPOLearner, "run", diverge)
@@ -397,7 +397,7 @@ def test_fp16_overflow_at_the_minimum_scale_is_the_guards_skip(tiny_policy, tiny
     """An overflow at DeepSpeed's minimum scale (here raised to the starting 2^32) cannot be cured by a lower scale:
     DeepSpeed still skips the step (it would raise a bare exception at the minimum), the guard counts it as a
     non-finite gradient, and ``patience`` of them in a row stop the run."""
-    from dppo_oat.errors import TrainingDiverged
+    from dppo_oat.errors import TrainingBlewUp
 
     learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch)
     learner.model.model.optimizer.loss_scaler.min_scale = 2.0**32
@@ -410,7 +410,7 @@ def test_fp16_overflow_at_the_minimum_scale_is_the_guards_skip(tiny_policy, tiny
     assert infos["dppo/guard/skipped"].item() == 1.0 and infos["dppo/guard/nonfinite_grad"].item() == 1.0
     assert infos["dppo/guard/loss_scale_skips"].item() == 0.0 and learner.guard.skipped_in_a_row == 4
     assert learner.model.model.optimizer.loss_scale == 2.0**32
-    with pytest.raises(TrainingDiverged, match="the gradient norm non-finite in 6 optimizer steps in a row"):
+    with pytest.raises(TrainingBlewUp, match="the gradient norm non-finite in 6 optimizer steps in a row"):
         learner.learning_step(oat_trajectory(learner, transitions))
 
 

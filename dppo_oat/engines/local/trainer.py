@@ -34,7 +34,7 @@ from dppo_oat.engines.local.progress import StepProgress
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import DivergenceGuard
+from dppo_oat.guard import BlowUpGuard
 from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
                                       use_shape_agnostic_attention)
 from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, behavior_version,
@@ -117,7 +117,7 @@ class LocalTrainer:
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
                                                self.spec.eval_rollout)
         self.step = self.step_in_progress = self.checkpointed_step = 0
-        self.guard = DivergenceGuard()
+        self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
         self._noted_small_batch = False

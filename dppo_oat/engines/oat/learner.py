@@ -34,8 +34,8 @@ from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_divergence
-from dppo_oat.errors import TrainingDiverged
-from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, DivergenceGuard, check_weights_finite,
+from dppo_oat.errors import TrainingBlewUp
+from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
                             one_learner)
 from dppo_oat.spec import UpdateSettings, split_ids
 from dppo_oat.token_export import TokenExporter, TokenObservers
@@ -140,7 +140,7 @@ def weight_shards(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, local_shard(parameter)
 
 
-def stop_program(error: TrainingDiverged, rank_0: bool, finish_logs) -> None:
+def stop_program(error: TrainingBlewUp, rank_0: bool, finish_logs) -> None:
     """End the whole launchpad program after a divergence every learner agreed on: rank 0 closes its logs and hands
     the reason to the launcher (which prints it as one line and exits 1); the last checkpoint oat saved stays (it
     was checked finite when it was written)."""
@@ -190,7 +190,7 @@ class DPPOLearner(PPOLearner):
         self.spec = run_spec(args, self.strategy.grad_acc_step)
         self.trust_region, self.update_settings = self.spec.trust_region, self.spec.update
         self.shuffle_generator = torch.Generator().manual_seed(args.seed + self.strategy.get_rank())
-        self.guard = DivergenceGuard()
+        self.guard = BlowUpGuard()
         self.learning_rounds = 0
         self.broadcast_rounds: list[int] = []  # learning rounds in the weights of each broadcast, in order
         if self.strategy.is_rank_0():
@@ -204,7 +204,7 @@ class DPPOLearner(PPOLearner):
         """oat's run; a divergence (raised on every learner at once) ends the program with one line."""
         try:
             super().run()
-        except TrainingDiverged as error:
+        except TrainingBlewUp as error:
             stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
 
     def sync_params_to_actors(self) -> None:
@@ -296,7 +296,7 @@ def loss_scaled_step(engine, any_learner: AnyLearner = one_learner) -> dict[str,
 
     An overflow at a scale above the scaler's minimum is its search for a scale (:data:`LOSS_SCALE_SKIPS`, never a
     reason to stop). At the minimum (DeepSpeed's ``min_loss_scale``, 1 by default; a static scale is its own
-    minimum) the gradient is non-finite however small the scale: the divergence guard's skip (:data:`SKIPPED`),
+    minimum) the gradient is non-finite however small the scale: the blow-up guard's skip (:data:`SKIPPED`),
     ``patience`` of which in a row stop the run with one line, where DeepSpeed itself would raise a bare exception
     ("Current loss scale already at minimum") halfway through its step."""
     optimizer = engine.optimizer
@@ -331,7 +331,7 @@ def skip_deepspeed_step(engine) -> None:
 def check_can_skip(optimizer, needs: Sequence[str] = ()) -> None:
     """DeepSpeed's ZeRO optimizers (stage 1, 2 or 3) have the overflow path a skipped step takes; the others not."""
     if not all(hasattr(optimizer, name) for name in ("overflow", *needs)):
-        raise TrainingDiverged(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
+        raise TrainingBlewUp(f"non-finite values in a minibatch, and DeepSpeed's {type(optimizer).__name__} cannot "
                                "skip a step (ZeRO stage 1, 2 or 3 can, in bf16 without fp32 gradient accumulation, "
                                "or in fp16)")
 
