@@ -12,29 +12,27 @@
 Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when written, and checkpoints are written to a
 temporary file and renamed, so a crash or a kill loses at most the step in progress. Resuming drops log lines past
 the checkpoint's step (they are recomputed identically). wandb and TensorBoard mirror the same numbers when asked.
+The writes and reads themselves are :mod:`dppo_oat.safe_io`'s (re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
-import gzip
 import hashlib
 import json
-import math
 import netrc
 import os
-import tempfile
 import urllib.parse
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import torch
-
-from dppo_oat.errors import TrainingBlewUp
+from dppo_oat.safe_io import (  # noqa: F401  (re-exported: the run directory's IO helpers live in safe_io)
+    to_jsonable, check_can_write, make_writable_dir, current_umask, honour_umask, temporary_prefix,
+    atomic_write_bytes, append_text, nonfinite_tensors, atomic_torch_save, read_jsonl,
+)
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -47,200 +45,6 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, EVAL_FILE, TOKENS_FILE, CHECKPOINT_FILE)
 """The files that make a run: a new run never starts where one of them is (:func:`run_files`)."""
 OVERWRITTEN_PREFIX = "overwritten-"
 """``<run>/overwritten-<UTC time>/``: where ``--overwrite`` moves an earlier run's files (:func:`move_run_aside`)."""
-
-
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, paths, tuples and non-finite floats in a form JSON (and pandas) reads back."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def check_can_write(directory: Path) -> None:
-    """Fail now, with the path in the message, if ``directory`` could not be created or written. Leaves nothing
-    behind: it writes (and removes) one temporary file in the nearest folder that exists."""
-    directory = Path(directory).absolute()
-    existing = next(p for p in (directory, *directory.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"run directory {str(directory)!r} is not writable: {existing} is not a directory")
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
-            pass
-    except OSError as error:
-        raise ValueError(f"run directory {str(directory)!r} is not writable: {error}") from error
-
-
-def make_writable_dir(directory: Path) -> None:
-    """Create ``directory`` and check that a file can be written in it (one clear error naming it otherwise)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
-            pass
-    except OSError as error:
-        raise ValueError(f"run directory {str(directory)!r} is not writable: {error}") from error
-
-
-def current_umask() -> int:
-    """The process's file-creation mask: Linux reports it in ``/proc/self/status``; elsewhere it is read by setting it
-    and putting it back (for that instant another thread's new file would get the stand-in mask)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def honour_umask(path: str | Path, *, directory: bool = False) -> None:
-    """Give ``path`` the mode a plain ``open``/``mkdir`` would have (``0o666``/``0o777`` less the umask):
-    ``mkstemp`` and ``mkdtemp`` create private ones, which would hide a shared run or cache from colleagues."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
-
-
-def temporary_prefix(name: str) -> str:
-    """The prefix of the temporary files an atomic write of ``name`` goes through (``.checkpoint.pt.`` + 8 random
-    characters): a kill mid-write leaves one, which the next start of the run removes (:func:`remove_temporaries`)."""
-    return f".{name}."
-
-
-def _temporary_sibling(path: Path) -> tuple[int, str]:
-    """An open temporary file beside ``path`` (same file system: the rename is atomic), with the umask's mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name))
-    os.fchmod(fd, 0o666 & ~current_umask())
-    return fd, tmp
-
-
-@contextlib.contextmanager
-def _replacing(path: Path):
-    """A binary handle whose content replaces ``path`` at once when the block ends (readers see the old file or the
-    new one, never a partial one); nothing is left behind when it fails. An ``OSError`` (a full disk) names
-    ``path``."""
-    fd, tmp = _temporary_sibling(path)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as error:
-        if error.filename is None:
-            error.filename = str(path)
-        raise
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (:func:`_replacing`)."""
-    with _replacing(path) as handle:
-        handle.write(data)
-
-
-class _WriteErrors:
-    """A file handle for ``torch.save`` that remembers the ``OSError`` of a failed write: torch reports a full disk
-    as an opaque ``RuntimeError`` ("unexpected pos ..."), which :func:`atomic_torch_save` replaces by it."""
-
-    def __init__(self, handle):
-        self.handle, self.error = handle, None
-
-    def write(self, data) -> int:
-        try:
-            return self.handle.write(data)
-        except OSError as error:
-            self.error = error
-            raise
-
-    def flush(self) -> None:
-        try:
-            self.handle.flush()
-        except OSError as error:
-            self.error = error
-            raise
-
-
-def append_text(path: Path, text: str) -> None:
-    """Append ``text`` to ``path`` and flush it; an ``OSError`` (a full disk) names ``path``."""
-    try:
-        with open(path, "a") as handle:
-            handle.write(text)
-            handle.flush()
-    except OSError as error:
-        if error.filename is None:
-            error.filename = str(path)
-        raise
-
-
-def nonfinite_tensors(state: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Names of the floating-point tensors of a (nested) state dict that hold a NaN or an infinity."""
-    names = []
-    for key, value in state.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            names += nonfinite_tensors(value, prefix=f"{name}.")
-        elif torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
-            names.append(name)
-    return names
-
-
-def atomic_torch_save(obj: Any, path: Path, *, weights: Mapping[str, Any] | None = None) -> None:
-    """``torch.save`` through a temporary file and a rename (a failed write raises its ``OSError``). ``weights``
-    (e.g. the model's state dict) must be finite, or nothing is written and :class:`TrainingBlewUp` names them: a
-    checkpoint never holds NaN weights."""
-    broken = nonfinite_tensors(weights or {})
-    if broken:
-        raise TrainingBlewUp(f"{len(broken)} weight tensor(s) are non-finite (e.g. {broken[0]}); {path} keeps the "
-                               "last finite checkpoint: lower --lr and start a new run")
-    with _replacing(path) as handle:
-        recorder = _WriteErrors(handle)
-        try:
-            torch.save(obj, recorder)
-            recorder.flush()
-        except RuntimeError:
-            if recorder.error is None:
-                raise
-            raise recorder.error from None  # e.g. [Errno 28] No space left on device
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """All JSON objects of ``path`` (or, when only it exists, of its gzip copy ``<path>.gz``, as packed runs keep
-    them), one per line; ``[]`` when neither exists. Blank lines and a torn last line (no newline: a kill mid-write)
-    are skipped silently; any other unreadable line is skipped with a warning that names the file and the line."""
-    path = Path(path)
-    packed = path.with_name(path.name + ".gz")
-    if path.is_file():
-        text = path.read_text(encoding="utf-8", errors="replace")
-    elif packed.is_file():
-        path, text = packed, gzip.decompress(packed.read_bytes()).decode("utf-8", errors="replace")
-    else:
-        return []
-    lines = text.splitlines()
-    rows, unreadable = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
-        elif not (number == len(lines) and not text.endswith("\n")):
-            unreadable.append(number)
-    if unreadable:
-        warnings.warn(f"{path}: skipped {len(unreadable)} unreadable line(s) (line {unreadable[0]} first)",
-                      stacklevel=2)
-    return rows
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``python tests/kill_points.py OUT POINTS ARGS...``: kill a run at write points, then go on as its user would.
 
-Used by ``tests/test_kill_points.py``. Every write of a run file goes through :mod:`dppo_oat.runlog`, and each
+Used by ``tests/test_kill_points.py``. Every write of a run file goes through :mod:`dppo_oat.safe_io`, and each
 gives two *write points*: an atomic write after its content is written to its temporary file but before the
 rename, and after the rename; an append after half its text (a torn line), and after all of it. This process imports the package once and
 forks a child per run (it runs no torch operation itself, so the children fork safely):
@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 import dppo_oat.engines.local.trainer  # noqa: F401 - imported once here, not again in every child
-from dppo_oat import runlog
+from dppo_oat import runlog, safe_io
 from dppo_oat.train import main
 
 
@@ -44,8 +44,9 @@ class WritePoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def install(self) -> None:
-        """Wrap runlog's atomic writes and appends (module globals: every run file is written through them)."""
-        points, real_replacing, real_append = self, runlog._replacing, runlog.append_text
+        """Wrap the atomic writes (:mod:`dppo_oat.safe_io`'s) and the run log's appends (module globals: every run
+        file is written through them)."""
+        points, real_replacing, real_append = self, safe_io._replacing, safe_io.append_text
 
         @contextlib.contextmanager
         def replacing(path):
@@ -61,8 +62,8 @@ class WritePoints:
             real_append(path, text[half:])
             points.point(path)
 
-        runlog._replacing = replacing
-        runlog.append_text = append_text
+        safe_io._replacing = replacing
+        runlog.append_text = safe_io.append_text = append_text
 
 
 def in_child(argv: list[str], runs: Path, log: Path, kill_at: int = 0, count_to: Path | None = None) -> int:
