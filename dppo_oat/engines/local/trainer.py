@@ -7,7 +7,8 @@ log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and mi
 
 With ``--max-staleness k > 0`` the rollout of step ``t + 1`` is sampled in a background thread while step ``t``
 updates, by a copy of the weights after step ``max(0, t − k)`` (:mod:`dppo_oat.rollout.background`); the last
-``k + 1`` weights versions are kept (and checkpointed) so that the schedule never depends on timing.
+``k + 1`` weights versions are kept (and checkpointed) so that the schedule never depends on timing. Both are one
+object, :class:`~dppo_oat.engines.local.rollout_schedule.RolloutSchedule` (the synchronous loop is its k = 0).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
+from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
@@ -37,8 +39,6 @@ from dppo_oat.errors import RunError
 from dppo_oat.guard import BlowUpGuard
 from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
                                       use_shape_agnostic_attention)
-from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, behavior_version,
-                                         staleness_metrics, versions_to_keep)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
@@ -110,8 +110,6 @@ class LocalTrainer:
         # the background rollout tokenizes with a tokenizer of its own: a fast tokenizer is not safe to share
         rollout_tokenizer = copy.deepcopy(self.tokenizer) if self.max_staleness else self.tokenizer
         self.stale_generator = self._make_stale_generator(rollout_tokenizer) if self.max_staleness else None
-        self.pending: BackgroundRollout | None = None
-        self.pending_step = 0
         self.collector = EpisodeCollector(config.env_ids, config.groups_per_step, config.group_size,
                                           rollout_tokenizer, self.spec.rollout)
         self.eval_collector = EpisodeCollector(config.env_ids[:1], config.eval_episodes, 1, self.tokenizer,
@@ -123,7 +121,9 @@ class LocalTrainer:
         self._noted_small_batch = False
         self._check_prompts_fit()
         self._open_log()
-        self.weight_versions = {0: self._weights_snapshot()} if self.max_staleness else {}
+        self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
+                                        stale_generator=self.stale_generator, rollout_dtype=config.rollout_dtype,
+                                        initial_weights=self._weights_snapshot() if self.max_staleness else None)
         if config.rollout_redraw:  # the first rollout's copy on a grid of its own too
             self._sync_generator()
         if self.resume_step is not None:
@@ -221,8 +221,7 @@ class LocalTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """Success and return on the held-out seeds, sampling at the training temperature."""
-        if self.pending is not None:  # never beside a background rollout: both may seed torch's global RNG
-            self.pending.wait()
+        self.rollouts.wait()  # never beside a background rollout: both may seed torch's global RNG
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
         rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
         stats = rollout.stats()
@@ -246,13 +245,7 @@ class LocalTrainer:
     def rl_step(self) -> dict[str, float]:
         """Rollout → advantages → update → generator sync, for step ``self.step + 1``."""
         c, step = self.config, self.step + 1
-        if self.max_staleness:
-            rollout, rollout_seconds, waited_seconds = self._stale_rollout(step)
-        else:
-            started = time.perf_counter()
-            seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
-            rollout = self.collector.collect(self.generator, self._sampling(step_seed(c.seed, step, 1)), seeds)
-            rollout_seconds = time.perf_counter() - started
+        rollout, rollout_seconds, waited_seconds = self.rollouts.rollout(step, c.steps)
         if c.logprob_noise > 0:
             perturb_logprobs(rollout, c.logprob_noise, step_seed(c.seed, step, 2))
         stats = rollout.stats()
@@ -287,63 +280,22 @@ class LocalTrainer:
         self.model.eval()
         if self.generator.model is not self.model:
             self._sync_generator()
-        if self.max_staleness:
-            self._keep_weights_version(step)
+        self.rollouts.after_update(step, self._weights_snapshot)
         update_seconds = time.perf_counter() - update_started
         self.step = step
         metrics = self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
-        if self.max_staleness:
-            metrics.update(staleness_metrics([sample.weights_version for sample in samples], step))
-            metrics["time/rollout_wait"] = waited_seconds
+        metrics.update(self.rollouts.metrics(rollout, step, waited_seconds))
         if probing:
             metrics.update(self._probe(batch, behavior_logits))
         return metrics
 
-    # ------------------------------------------------------------------ rollouts with bounded staleness
-    def _stale_rollout(self, step: int) -> tuple[Rollout, float, float]:
-        """The rollout of ``step`` (its background one, else sampled now), then the next step's launched in the
-        background: ``(rollout, seconds it sampled, seconds the update waited for it)``."""
-        waiting = time.perf_counter()
-        if self.pending is None or self.pending_step != step:  # the first step, or the first after a resume
-            self._launch_rollout(step)
-        rollout, rollout_seconds = self.pending.result()
-        waited_seconds = time.perf_counter() - waiting
-        self.pending = None
-        if step < self.config.steps:
-            self._launch_rollout(step + 1)
-        return rollout, rollout_seconds, waited_seconds
-
-    def _launch_rollout(self, step: int) -> None:
-        """Sample the rollout of ``step`` in the background with the weights version :func:`behavior_version` gives
-        (loaded now, so that the update may change the learner's weights meanwhile); every sample records it."""
+    # ------------------------------------------------------------------ the rollouts (RolloutSchedule)
+    def _train_rollout_plan(self, step: int):
+        """Step ``step``'s training rollout, its env seeds and sampling stream fixed now: ``collect(generator)``."""
         c = self.config
-        version = behavior_version(step, self.max_staleness)
-        self.stale_generator.update_weights(rollout_state_dict(self.weight_versions[version], c.rollout_dtype))
         seeds = train_group_seeds(c.seed, step, c.groups_per_step, c.train_pool)
-        sampling, threads = self._sampling(step_seed(c.seed, step, 1)), torch.get_num_threads()
-
-        def sample(cancelled) -> tuple[Rollout, float]:
-            torch.set_num_threads(threads)  # a new thread's own thread count would otherwise be the default
-            started = time.perf_counter()
-            rollout = self.collector.collect(CancellableGenerator(self.stale_generator, cancelled), sampling, seeds)
-            for turn_sample in rollout.samples:
-                turn_sample.weights_version = version
-            return rollout, time.perf_counter() - started
-
-        self.pending, self.pending_step = BackgroundRollout(sample), step
-        self.pending.start()
-
-    def _keep_weights_version(self, step: int) -> None:
-        """Keep the weights after ``step``, and only the versions later rollouts will sample with."""
-        self.weight_versions[step] = self._weights_snapshot()
-        needed = versions_to_keep(step, self.max_staleness)
-        self.weight_versions = {v: w for v, w in self.weight_versions.items() if v in needed}
-
-    def _cancel_pending_rollout(self) -> None:
-        """Stop a background rollout at its next generator call (Ctrl-C, a failure, the end of the run)."""
-        if self.pending is not None:
-            self.pending.cancel()
-            self.pending = None
+        sampling = self._sampling(step_seed(c.seed, step, 1))
+        return lambda generator: self.collector.collect(generator, sampling, seeds)
 
     def _update_settings_for(self, rows: int) -> UpdateSettings:
         """The update settings of a rollout batch of ``rows`` turn samples (--minibatches-per-rollout)."""
@@ -407,8 +359,7 @@ class LocalTrainer:
                  "run_id": self.run_id, "settings_hash": self.settings_hash, "config_schema": CONFIG_SCHEMA}
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
-        if self.max_staleness:  # the older weights the next rollouts sample with (the current ones are "model")
-            state["weight_versions"] = {v: w for v, w in self.weight_versions.items() if v != self.step}
+        state.update(self.rollouts.checkpoint_state(self.step))  # stale rollouts: the older weights they sample with
         atomic_torch_save(state, self._checkpoint_path(), weights=weights)
         self.checkpointed_step = self.step
 
@@ -420,8 +371,7 @@ class LocalTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["loss_scaler"])
-            if self.max_staleness:
-                self.weight_versions = self._checkpointed_versions(state)
+            self.rollouts.restore(state, self._weights_snapshot())
         except (RuntimeError, KeyError, ValueError, EOFError, OSError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "
@@ -430,17 +380,6 @@ class LocalTrainer:
         if self.generator.model is not self.model:
             self._sync_generator()
         self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
-
-    def _checkpointed_versions(self, state: dict) -> dict[int, dict]:
-        """The weights versions a checkpoint of ``--max-staleness k`` holds, the current weights included; a
-        KeyError when one that the next rollouts sample with is missing."""
-        step = int(state["step"])
-        versions = {int(v): weights for v, weights in state.get("weight_versions", {}).items()}
-        versions[step] = self._weights_snapshot()
-        missing = [v for v in versions_to_keep(step, self.max_staleness) if v not in versions]
-        if missing:
-            raise KeyError(f"no weights of version(s) {missing} for the next rollouts")
-        return versions
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, float]:
@@ -488,7 +427,7 @@ class LocalTrainer:
             return
         unused = failed and self.checkpointed_step == 0 and self.resume_step is None
         try:
-            self._cancel_pending_rollout()
+            self.rollouts.cancel()
             if self.exporter is not None:
                 self.exporter.close()
             self.log.discard() if unused else self.log.close()
