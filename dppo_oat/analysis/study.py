@@ -619,7 +619,8 @@ SCALE_CANNOT = (
 
 def scale_lines(table: pd.DataFrame) -> list[str]:
     """The page's opening section (between :data:`SCALE_MARKER` lines), from the scored claims: what a tiny policy
-    on two cores can and cannot say, the result of Takeaway 2 in its regime and the mechanism's claims."""
+    on two cores can and cannot say, the result of Takeaway 2 in its regime, the mechanism's claims and the later
+    rules' (:func:`frontier_line`)."""
     regime, mechanism = REGIME_CONTRASTS, MECHANISM_CONTRASTS
     return [
         "- **What it can say.** How each rule acts when μ and π_θ differ by a known, injected amount, on a tiny "
@@ -635,7 +636,22 @@ def scale_lines(table: pd.DataFrame) -> list[str]:
         f"{claim_result(table, mechanism[2])}; against its A>0 half alone: {claim_result(table, mechanism[3])}. "
         f"The fp32 learner's own held-out loss under the mask: {claim_result(table, mechanism[6])}. A redrawn grid: "
         f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
+        frontier_line(table),
     ]
+
+
+def frontier_line(table: pd.DataFrame) -> str:
+    """The scale section's line on the ``frontier`` experiment: each later rule against DPPO-Binary-KL (primary)
+    and against PG-IS (exploratory), as scored."""
+    arms = len(FRONTIER_ARMS)
+    against_dppo, against_pg_is = FRONTIER_CONTRASTS[:arms], FRONTIER_CONTRASTS[arms:]
+    return ("- **The field after DPPO under the int4 copy** (one step per rollout; the `mechanism` experiment's "
+            "DPPO-Binary-KL and PG-IS runs as references). Against DPPO-Binary-KL: "
+            + "; ".join(f"{label} {claim_result(table, contrast)}"
+                        for (_, label), contrast in zip(FRONTIER_ARMS, against_dppo))
+            + ". Against PG-IS: "
+            + "; ".join(f"{label} {claim_result(table, contrast)}"
+                        for (_, label), contrast in zip(FRONTIER_ARMS, against_pg_is)) + ".")
 
 
 def scale_block(text: str) -> list[str]:
