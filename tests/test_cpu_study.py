@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import nbformat
@@ -309,12 +310,22 @@ def test_merging_into_a_damaged_manifest_is_one_line_and_leaves_it(tmp_path):
 
 
 def claims_at(commit: str) -> set[str]:
-    """The claims of ``CONTRASTS`` as ``dppo_oat/analysis/study.py`` held them at ``commit`` (each claim's text is
-    the first argument of a ``Contrast(...)``; Python's parser joins its string pieces)."""
+    """The claims of ``CONTRASTS`` as ``dppo_oat/analysis/study.py`` held them at ``commit``: the module of that
+    commit executed beside today's package (claims built from f-strings or loops included); where it no longer
+    runs, the literal first arguments of its ``Contrast(...)`` calls (Python's parser joins their string pieces)."""
     source = subprocess.run(["git", "show", f"{commit}:dppo_oat/analysis/study.py"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
-    return {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-            and getattr(node.func, "id", None) == "Contrast" and node.args and isinstance(node.args[0], ast.Constant)}
+    module = types.ModuleType(f"study_at_{commit[:7]}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    try:
+        exec(compile(source, f"study.py at {commit[:7]}", "exec"), module.__dict__)
+        return {contrast.claim for contrast in module.CONTRASTS}
+    except Exception:  # an old module whose imports are gone: its literal claims
+        return {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "Contrast" and node.args
+                and isinstance(node.args[0], ast.Constant)}
+    finally:
+        sys.modules.pop(module.__name__, None)
 
 
 def full_history() -> bool:
@@ -326,8 +337,9 @@ def full_history() -> bool:
 @pytest.mark.skipif(not full_history(), reason="needs the repository's whole git history")
 def test_every_claim_was_committed_before_the_runs_it_scores():
     """Provenance: a committed run that records its code commit ran code whose study already held every claim
-    scored on its arm (for a run of an uncommitted tree, ``<commit>-dirty``, the commit it started from). Runs packed
-    before runs recorded their commit are not checked; the test fails if none is left to check."""
+    scored on its arm (for a run of an uncommitted tree, ``<commit>-dirty``, the commit it started from), but for
+    the reference arms a claim declares as played before it (``Contrast.played_before``). Runs packed before runs
+    recorded their commit are not checked; the test fails if none is left to check."""
     runs_by_commit: dict[str, set[tuple[str, str]]] = {}
     for config_path in sorted(COMMITTED.glob("*/*/config.json")):
         commit = json.loads(config_path.read_text()).get("code_commit")
@@ -339,7 +351,8 @@ def test_every_claim_was_committed_before_the_runs_it_scores():
     for commit, runs in runs_by_commit.items():
         written = claims_at(commit)
         for contrast in CONTRASTS:
-            arms = {f"{method}-{condition}" for method, condition in (contrast.left, contrast.right)}
+            arms = {f"{method}-{condition}" for method, condition in (contrast.left, contrast.right)
+                    if (method, condition) not in contrast.played_before}  # declared with the claim
             if contrast.claim not in written and any(task == contrast.task and name.rsplit("-s", 1)[0] in arms
                                                      for task, name in runs):
                 late.append(f"{contrast.claim!r} is not in study.py at {commit[:7]}, whose runs it scores")

@@ -236,6 +236,9 @@ class Contrast:
     right_metric: str = ""
     """The right arm's number when it is not ``metric`` (a claim within one arm's runs compares two of their
     numbers, e.g. held-out success at the start and at the end); empty: ``metric``."""
+    played_before: tuple[tuple[str, str], ...] = ()
+    """Arms whose runs were played before this claim was written, declared with it (a reference reused from an
+    earlier experiment): the provenance test checks that the claim was committed before every other arm's runs."""
 
 
 HELD_OUT_MARGIN = 0.05
@@ -308,10 +311,12 @@ FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TR
 """The ``frontier`` experiment's new arms, each with its name in a claim."""
 FRONTIER_CONTRASTS = tuple(
     Contrast(f"{FRONTIER}: {label} beats DPPO-Binary-KL", "the field after DPPO", (method, "mech-int4"),
-             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier")
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier",
+             played_before=(("dppo_binary_kl", "mech-int4"),))
     for method, label in FRONTIER_ARMS
 ) + tuple(
-    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"))
+    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"),
+             played_before=(("pg_is", "mech-int4"),))
     for method, label in FRONTIER_ARMS
 )
 """The ``frontier`` experiment's claims (eight seeds), written before its new arms' runs: each later rule against
