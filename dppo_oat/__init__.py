@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["PRESETS", "PolicyLossOutput", "TopK", "TrustRegion", "policy_loss"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):
