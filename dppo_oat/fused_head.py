@@ -191,7 +191,7 @@ def head_grads(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, ls
 def active_rows(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor,
                 grad_logp: torch.Tensor, rows: torch.Tensor | None) -> ActiveRows:
     """:class:`ActiveRows` of ``rows`` (None: every row, with no copy)."""
-    pick = (lambda tensor: tensor) if rows is None else (lambda tensor: tensor[rows])  # noqa: E731
+    pick = (lambda tensor: tensor) if rows is None else (lambda tensor: tensor[rows])
     active = pick(hidden).to(weight.dtype)
     kind = active.device.type
     cast = torch.is_autocast_enabled(kind) and active.dtype == torch.float32

@@ -23,11 +23,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import tyro  # noqa: E402
-from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
+import tyro
+from matplotlib.backend_bases import FigureCanvasBase
 
-from dppo_oat.analysis import DEFAULT_PANELS, PANELS, load_runs, plot_runs, resolve_run_dirs  # noqa: E402
-from dppo_oat.analysis.panels import available_panels  # noqa: E402
+from dppo_oat.analysis import DEFAULT_PANELS, PANELS, load_runs, plot_runs, resolve_run_dirs
+from dppo_oat.analysis.panels import available_panels
 
 
 @dataclass

@@ -27,7 +27,7 @@ import gem
 from gem.core import Env
 from gem.envs.registration import ENV_REGISTRY
 
-from envs import example_countdown, guess_compact, sudoku_compact  # noqa: F401  (importing registers their ids)
+from envs import example_countdown, guess_compact, sudoku_compact
 from envs.example_countdown import CountdownEnv
 from envs.math_local import (
     LOCAL_MATH_PREFIX,

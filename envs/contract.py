@@ -101,7 +101,7 @@ def checked_reset(env, seed: int | None, label: str) -> tuple:
     naming ``label`` (no episode can start from either)."""
     try:
         result = env.reset(seed=seed)
-    except Exception as error:  # noqa: BLE001 - an env's own error, in one line
+    except Exception as error:
         raise BrokenEnvError(f"{label}: reset(seed={seed}) raised {type(error).__name__}: {error}: fix its "
                              "reset()") from error
     problem = reset_problem(result)

@@ -247,7 +247,7 @@ def oracle_move(oracle: Oracle, env: Env, rng: Any, label: str) -> str:
     :class:`BrokenEnvError` naming it and the env (``label``): the warm start has no demonstration to learn from."""
     try:
         action = oracle(env, rng)
-    except Exception as error:  # noqa: BLE001 - the user's oracle failed: one line, with its file and line
+    except Exception as error:
         raise BrokenEnvError(f"the oracle {oracle_name(oracle)} of {label} raised {raised(error, oracle)}: fix the "
                              "oracle, or train a model of your own with --pretrain (no warm start)") from error
     if not isinstance(action, str):
@@ -263,7 +263,7 @@ def oracle_step(env: Env, action: str, label: str, seed: Optional[int]) -> tuple
         return checked_step(env, action, label)
     except BrokenEnvError:
         raise
-    except Exception as error:  # noqa: BLE001 - the env's own error, in one line
+    except Exception as error:
         raise BrokenEnvError(f"{label}: step() raised {raised(error, type(env.unwrapped).step)} in the oracle's "
                              f"episode from reset(seed={seed}): fix the env") from error
 
@@ -280,7 +280,7 @@ def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
     label = env_label(env_id)
     try:
         env = gem.make(env_id, seed=env_seed)
-    except Exception as error:  # noqa: BLE001 - the env's constructor failed: one line
+    except Exception as error:
         entry = ENV_REGISTRY[env_id].entry_point
         raise BrokenEnvError(f"{label} could not be made: {raised(error, getattr(entry, '__init__', entry))}: fix "
                              "its constructor") from error
@@ -291,7 +291,7 @@ def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
             return
         try:
             result = env.step(INVALID_ACTION)
-        except Exception:  # noqa: BLE001 - an env error ends an episode, counted by the trainer
+        except Exception:
             return
         check_step_result(result, label)
     finally:

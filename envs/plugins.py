@@ -127,7 +127,7 @@ def import_env_module(name: str) -> ModuleType:
         raise ValueError(import_failure(name, error)) from error
     except KeyboardInterrupt:
         raise
-    except BaseException as error:  # noqa: BLE001 - any error of the user's module, sys.exit too, in one line
+    except BaseException as error:
         raise ValueError(import_failure(name, error)) from error
     for env_id in ENV_REGISTRY:
         if env_id not in before:

@@ -85,7 +85,7 @@ def in_child(argv: list[str], runs: Path, log: Path, kill_at: int = 0, count_to:
                 code = exit_.code if isinstance(exit_.code, int) else 1
             if count_to is not None:
                 count_to.write_text(str(points.count))
-        except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
+        except BaseException:
             traceback.print_exc()
         finally:
             sys.stdout.flush()

@@ -87,7 +87,8 @@ def resume(runs, cache_dir, capsys, steps):
                 str(steps), *TINY], capsys)
 
 
-@pytest.mark.fault("`--resume` of a run whose `config.json` predates schemas (no `schema`, settings added since absent)",
+@pytest.mark.fault("`--resume` of a run whose `config.json` has no schema (written by dppo_oat 0.1, settings added "
+                   "since absent)",
                    "it resumes: each absent setting is read as what its absence meant, the filled keys are recorded "
                    "under `schema_migrations`, and a kill before the next checkpoint still resumes")
 def test_an_old_run_resumes_and_its_config_records_the_migration(old_run, tmp_path, capsys, cache_dir):

@@ -16,16 +16,16 @@ import pytest
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import cpu_study  # noqa: E402
-import pack_study  # noqa: E402
+import cpu_study
+import pack_study
 
-from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
-from dppo_oat.engines.local.validation import validate_config  # noqa: E402
-from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_blocks,  # noqa: E402
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.validation import validate_config
+from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_blocks,
                                      scale_block, summary_block)
-from dppo_oat.runlog import read_jsonl  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
-from test_notebooks import assert_clean, execute, images, outputs, printed  # noqa: E402
+from dppo_oat.runlog import read_jsonl
+from dppo_oat.trust_region import PRESETS, TrustRegion
+from test_notebooks import assert_clean, execute, images, outputs, printed
 
 TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
         "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300")

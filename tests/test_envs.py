@@ -34,7 +34,7 @@ from envs.sudoku_compact import (
     parse_compact_sudoku,
 )
 
-from shared_data import MATH_DATA, needs_math_data  # noqa: E402
+from shared_data import MATH_DATA, needs_math_data
 SHARED_SUITE_SPLITS = ("aime", "amc", "math", "minerva", "olympiad_bench")
 """The splits of the shared ``evaluation_suite`` DatasetDict: ``local-math:evaluation_suite:<split>``."""
 SHARED_TRAIN_SETS = ("gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k")

@@ -35,15 +35,22 @@ def quickstart_commands(readme: str) -> list[str]:
 
 
 def copy_of_the_tree(destination: Path) -> Path:
-    """The files git tracks or would (a fresh clone of the working tree, uncommitted files included), and ``.venv`` linked to this suite's environment
-    (which ``make test`` set up, so ``make notebooks`` installs nothing)."""
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout
+    """The files git tracks or would (a fresh clone of the working tree, uncommitted files included), and a ``.venv``
+    that is this suite's environment (so ``make notebooks`` installs nothing)."""
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
         source = ROOT / name
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
-    (destination / ".venv").symlink_to(Path(sys.prefix))
+    venv = destination / ".venv"  # this suite's environment, seen through links; its own marks of a set-up .venv
+    venv.mkdir()
+    for name in ("bin", "lib", "include", "pyvenv.cfg"):
+        if (Path(sys.prefix) / name).exists():
+            (venv / name).symlink_to(Path(sys.prefix) / name)
+    for marker in (".runtime", ".installed"):  # newer than the copied pyproject.toml: make installs nothing
+        (venv / marker).touch()
     return destination
 
 

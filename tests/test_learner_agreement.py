@@ -53,7 +53,7 @@ def run_learners(*jobs):
     def play(rank, job):
         try:
             outcomes[rank] = job(reduce.for_learner(rank))
-        except Exception as error:  # noqa: BLE001 - the outcome under test
+        except Exception as error:
             outcomes[rank] = error
 
     threads = [threading.Thread(target=play, args=(rank, job)) for rank, job in enumerate(jobs)]

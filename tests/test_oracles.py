@@ -24,7 +24,7 @@ from envs.oracles import (
     sudoku_oracle_action,
 )
 
-from shared_data import MATH_DATA, needs_math_data  # noqa: E402
+from shared_data import MATH_DATA, needs_math_data
 SEEDS = range(40)
 
 

@@ -39,7 +39,7 @@ T.PRESETS["throwaway_preset"] = T.Preset({"rule": "throwaway", "delta": 0.3}, "a
 @pytest.fixture
 def throwaway():
     """The throwaway rule and preset registered for one test (in the tables every module reads), removed after it."""
-    exec(THROWAWAY, {})  # noqa: S102 -- the registration a user would write, run as written
+    exec(THROWAWAY, {})
     try:
         yield T.TrustRegion.preset("throwaway_preset")
     finally:

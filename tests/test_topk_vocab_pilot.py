@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-import topk_vocab_pilot  # noqa: E402
+import topk_vocab_pilot
 
 
 def probe(step, **values):

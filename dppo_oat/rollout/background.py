@@ -82,7 +82,7 @@ class BackgroundRollout:
     def _run(self, work: Callable[[threading.Event], Any]) -> None:
         try:
             self._value = work(self.cancelled)
-        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread, never printed here
+        except BaseException as error:
             self._error = error
 
     def wait(self) -> None:

@@ -181,7 +181,7 @@ class GuardedEnv(EnvWrapper):
             return self.env.step(action)
         except BrokenEnvError:
             raise
-        except Exception as error:  # noqa: BLE001 - any env failure ends only this episode
+        except Exception as error:
             return "", self.penalty, True, False, {"env_error": f"{type(error).__name__}: {error}"}
 
     def reset(self, seed=None):
@@ -398,5 +398,5 @@ class EpisodeCollector:
         for env in getattr(self.vec_env, "envs", []):
             try:
                 env.close()
-            except Exception:  # noqa: BLE001 - Gem's MathEnv.close can raise; closing is best effort
+            except Exception:
                 pass

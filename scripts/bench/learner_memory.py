@@ -38,13 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dppo_oat.fused_head import fused_head_logprobs  # noqa: E402
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
-from dppo_oat.logprobs import topk_of_logprobs  # noqa: E402
-from dppo_oat.samples import UpdateBatch  # noqa: E402
-from dppo_oat.spec import UpdateSettings  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
-from dppo_oat.update import minibatch_step  # noqa: E402
+from dppo_oat.fused_head import fused_head_logprobs
+from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.logprobs import topk_of_logprobs
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.spec import UpdateSettings
+from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update import minibatch_step
 
 TARGETS = {"peak_mem_ratio": (">=", 5.0), "time_ratio": ("<=", 1.1), "max_grad_abs_diff": ("<=", 1e-3)}
 """What the fused head should reach against the logits path."""

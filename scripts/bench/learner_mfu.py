@@ -32,15 +32,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from machine import matmul_flops, synchronize  # noqa: E402
-from qwen3_shapes import SHAPES, random_qwen3  # noqa: E402
+from machine import matmul_flops, synchronize
+from qwen3_shapes import SHAPES, random_qwen3
 
-from dppo_oat.guard import BlowUpGuard  # noqa: E402
-from dppo_oat.mixed_precision import autocast_forward  # noqa: E402
-from dppo_oat.samples import UpdateBatch  # noqa: E402
-from dppo_oat.spec import UpdateSettings  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
-from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout  # noqa: E402
+from dppo_oat.guard import BlowUpGuard
+from dppo_oat.mixed_precision import autocast_forward
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.spec import UpdateSettings
+from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout
 
 
 def rollout_batch(sequences: int, prompt: int, response: int, vocab: int, device: str) -> UpdateBatch:

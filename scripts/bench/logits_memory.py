@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
-from dppo_oat.samples import UpdateBatch  # noqa: E402
-from dppo_oat.spec import UpdateSettings  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
-from dppo_oat.update import minibatch_step  # noqa: E402
+from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.samples import UpdateBatch
+from dppo_oat.spec import UpdateSettings
+from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update import minibatch_step
 
 SMALL_VOCAB = 1024
 

@@ -457,7 +457,7 @@ def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn)
                     conn.send(("step", timed_step(learner, trajectory, args.device, counters)))
                 else:
                     conn.send(("profile", profiled_step(learner, trajectory, args.device, counters)))
-    except BaseException:  # noqa: BLE001 -- the parent re-raises it with the worker's traceback
+    except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()

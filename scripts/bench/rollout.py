@@ -44,13 +44,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from machine import copy_bandwidth  # noqa: E402
-from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model  # noqa: E402
+from machine import copy_bandwidth
+from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model
 
-from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus  # noqa: E402
-from dppo_oat.spec import SamplingSettings  # noqa: E402
-from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS  # noqa: E402
-from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad  # noqa: E402
+from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
+from dppo_oat.spec import SamplingSettings
+from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS
+from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad
 
 TARGET_RATIO = 0.9
 """The single-turn target of the tiny policy (``hf.meets_target``)."""
@@ -131,7 +131,7 @@ def bench_vllm(model, tokenizer, prompts, new_tokens: int, repeats: int) -> dict
     """VLLMGenerator tokens/s (with and without the top-20 set), or None without vllm. Run it last: a CPU engine
     lowers torch's thread count for the whole process."""
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         return None
     from dppo_oat.rollout.vllm_generator import VLLMGenerator

@@ -42,11 +42,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import tyro  # noqa: E402
+import tyro
 
-from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
-from dppo_oat.engines.local.seeds import step_seed, train_group_seeds  # noqa: E402
-from dppo_oat.engines.local.trainer import LocalTrainer  # noqa: E402
+from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.seeds import step_seed, train_group_seeds
+from dppo_oat.engines.local.trainer import LocalTrainer
 
 NO_KERNEL = frozenset({
     "aten::view", "aten::as_strided", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view", "aten::t",

@@ -44,7 +44,7 @@ def formulas_to_mathml(content: str, source: str) -> str:
     def replace(match: re.Match) -> str:
         try:
             return to_mathml(match.group("tex"), display=match.group(2) == "[")
-        except Exception as error:  # noqa: BLE001 -- any converter failure is this page's broken formula
+        except Exception as error:
             raise ValueError(f"{source}: cannot convert the formula {match.group('tex')!r}: {error}")
 
     return FORMULA.sub(replace, content)

@@ -16,7 +16,7 @@ if importlib.util.find_spec("launchpad") is None:
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 A local run's ``config.json`` carries ``schema`` (:data:`CONFIG_SCHEMA`). A config written before versioning is
 schema 1: it may lack any setting added since (``max_staleness`` was left out of synchronous runs' configs, and
-``lr_schedule`` predates its flag). :func:`migrate_config` fills what an older schema lacks with the value that
+no ``lr_schedule`` meant a constant rate). :func:`migrate_config` fills what an older schema lacks with the value that
 schema meant, one version step at a time (:data:`MIGRATIONS`), and records each filled key under
 ``schema_migrations``, so the settings the checkpoint was trained under can still be told from the file
 (:func:`as_written`). A new setting that changes nothing for earlier runs at its default needs no new version; one

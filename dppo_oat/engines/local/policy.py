@@ -209,7 +209,7 @@ def load_pretrained(name_or_path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
-    except Exception as error:  # noqa: BLE001 - transformers, tokenizers and safetensors each raise their own kinds
+    except Exception as error:
         if directory:  # a damaged or partial model directory: nothing the hub could fix
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise ValueError(f"--pretrain {name_or_path!r} does not load ({first_line})") from None

@@ -367,6 +367,6 @@ def _checkpoint_record(checkpoint: Path) -> dict:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
         return {"step": int(state["step"]), "run_id": state.get("run_id"), "settings_hash": state.get("settings_hash"),
                 "config_schema": state.get("config_schema")}
-    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a truncated or foreign file
+    except Exception as error:
         raise ValueError(f"--resume: {checkpoint} is damaged ({type(error).__name__}): restore it, or start a new "
                          "run with another --run-name") from None

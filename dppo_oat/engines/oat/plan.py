@@ -221,7 +221,7 @@ def vocab_size(model: str) -> Optional[int]:
         from transformers import AutoConfig
 
         return int(AutoConfig.from_pretrained(model, local_files_only=True).vocab_size)
-    except Exception:  # noqa: BLE001 - any unreadable config: the plan says so instead
+    except Exception:
         return None
 
 

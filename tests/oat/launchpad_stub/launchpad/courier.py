@@ -55,7 +55,7 @@ class Server:
                     request = connection.recv()
                 except (EOFError, OSError):
                     return
-                except Exception:  # noqa: BLE001  (arguments this process cannot unpickle)
+                except Exception:
                     request = None
                     reply = "error", f"{self._label}: cannot read the call:\n{traceback.format_exc()}"
                 if request is not None:
@@ -68,7 +68,7 @@ class Server:
             connection.send(reply)
         except (EOFError, OSError):
             return False
-        except Exception:  # noqa: BLE001  (a result that cannot be pickled)
+        except Exception:
             connection.send(("error", f"{self._label}: cannot send the result:\n{traceback.format_exc()}"))
         return True
 
@@ -77,7 +77,7 @@ class Server:
             return "error", f"{self._label}: {name!r} is private (courier exposes public methods only)"
         try:
             return "ok", getattr(self._instance, name)(*args, **kwargs)
-        except Exception:  # noqa: BLE001  (sent to the caller, raised there)
+        except Exception:
             return "error", f"{self._label}.{name} raised:\n{traceback.format_exc()}"
 
 

@@ -221,7 +221,7 @@ def node_main(spec_bytes: bytes, env: dict, log_path: str, events) -> None:
         run_node(spec)
     except SystemExit:
         raise
-    except BaseException:  # noqa: BLE001  (reported to the launcher, which fails the launch)
+    except BaseException:
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)
         events.put(("error", label, text))
