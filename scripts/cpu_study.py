@@ -198,6 +198,9 @@ EXPERIMENTS: Dict[str, Experiment] = {
                            "the field after DPPO (the symmetric band, a sequence mask, a sequence ratio, a soft gate) "
                            "under the mechanism's int4 condition, against its DPPO-Binary-KL and PG-IS runs; eight "
                            "seeds"),
+    "frontier_more": Experiment(("trm_avg", "opsm", "vaco", "minpro", "dppo_binary_kl", "pg_is"), ("mech-int4",),
+                                "the field's other four presets (TRM-Avg, DeepSeek-V3.2's sequence mask, VACO, "
+                                "MinPRO) under the frontier experiment's condition and references; eight seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

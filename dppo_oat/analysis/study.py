@@ -325,6 +325,24 @@ clipping or masking) and against PG-IS (exploratory: no trust region, the best a
 two reference arms are the ``mechanism`` experiment's runs of the same condition, policy and seeds, played before
 these claims were written."""
 
+FRONTIER_MORE_ARMS = (("trm_avg", "TRM-Avg"), ("opsm", "DeepSeek-V3.2's off-policy sequence mask"), ("vaco", "VACO"),
+                      ("minpro", "MinPRO"))
+"""The ``frontier_more`` experiment's new arms: the field's other four presets, under the same condition."""
+FRONTIER_MORE_CONTRASTS = tuple(
+    Contrast(f"{FRONTIER}: {label} beats DPPO-Binary-KL", "the field after DPPO", (method, "mech-int4"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier_more",
+             played_before=(("dppo_binary_kl", "mech-int4"),))
+    for method, label in FRONTIER_MORE_ARMS
+) + tuple(
+    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"),
+             played_before=(("pg_is", "mech-int4"),))
+    for method, label in FRONTIER_MORE_ARMS
+)
+"""The ``frontier_more`` experiment's claims (eight seeds), written after the ``frontier`` experiment's results and
+before its own runs, as those were: each rule against DPPO-Binary-KL (primary, Holm-corrected over these four, a
+family of their own) and against PG-IS (exploratory), on the same reference runs."""
+
+
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
              ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16")),
@@ -431,6 +449,9 @@ CONTRASTS = (
     # Added before the runs of the ``frontier`` experiment's new arms (eight seeds; the four claims against
     # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier``).
     *FRONTIER_CONTRASTS,
+    # Added before the runs of the ``frontier_more`` experiment (eight seeds; its four claims against DPPO-Binary-KL
+    # are primary, Holm-corrected together as the experiment ``frontier_more``).
+    *FRONTIER_MORE_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
@@ -641,22 +662,22 @@ def scale_lines(table: pd.DataFrame) -> list[str]:
         f"{claim_result(table, mechanism[2])}; against its A>0 half alone: {claim_result(table, mechanism[3])}. "
         f"The fp32 learner's own held-out loss under the mask: {claim_result(table, mechanism[6])}. A redrawn grid: "
         f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
-        frontier_line(table),
+        frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
+        frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
     ]
 
 
-def frontier_line(table: pd.DataFrame) -> str:
-    """The scale section's line on the ``frontier`` experiment: each later rule against DPPO-Binary-KL (primary)
-    and against PG-IS (exploratory), as scored."""
-    arms = len(FRONTIER_ARMS)
-    against_dppo, against_pg_is = FRONTIER_CONTRASTS[:arms], FRONTIER_CONTRASTS[arms:]
-    return ("- **The field after DPPO under the int4 copy** (one step per rollout; the `mechanism` experiment's "
-            "DPPO-Binary-KL and PG-IS runs as references). Against DPPO-Binary-KL: "
+def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...]) -> str:
+    """The scale section's line on a ``frontier`` experiment: each of its later rules (``arms``) against
+    DPPO-Binary-KL (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order)."""
+    against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
+    return (f"- **The field after DPPO under the int4 copy** (`{contrasts[0].experiment}`, one step per rollout; the "
+            "`mechanism` experiment's DPPO-Binary-KL and PG-IS runs as references). Against DPPO-Binary-KL: "
             + "; ".join(f"{label} {claim_result(table, contrast)}"
-                        for (_, label), contrast in zip(FRONTIER_ARMS, against_dppo))
+                        for (_, label), contrast in zip(arms, against_dppo))
             + ". Against PG-IS: "
             + "; ".join(f"{label} {claim_result(table, contrast)}"
-                        for (_, label), contrast in zip(FRONTIER_ARMS, against_pg_is)) + ".")
+                        for (_, label), contrast in zip(arms, against_pg_is)) + ".")
 
 
 def scale_block(text: str) -> list[str]:
