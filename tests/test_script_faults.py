@@ -21,11 +21,12 @@ def script(path, *args, tmp_path, **env):
     return done, (tmp_path / "launched").exists()
 
 
-@pytest.mark.fault("`scripts/gpu/gem.sh sudoku --gpus 3 --dry-run` (also `math.sh`, `sanity_test.sh`): a batch that "
-                   "does not split over the GPUs",
+@pytest.mark.fault("`scripts/gpu/gem.sh sudoku --gpus 3 --dry-run` (also `math.sh`, `sanity_test.sh`, `takeaway2.sh`): a "
+                   "batch that does not split over the GPUs",
                    "one line on stderr (`128 does not split evenly over --gpus 3 (use 1, 2, 4 or 8)`), exit 2; "
                    "nothing launches")
-@pytest.mark.parametrize("path", ["scripts/gpu/gem.sh sudoku", "scripts/gpu/math.sh", "scripts/gpu/sanity_test.sh"])
+@pytest.mark.parametrize("path", ["scripts/gpu/gem.sh sudoku", "scripts/gpu/math.sh", "scripts/gpu/sanity_test.sh",
+                                  "scripts/gpu/takeaway2.sh"])
 def test_a_batch_that_does_not_split_stops_the_script_in_one_line(path, tmp_path):
     name, *task = path.split()
     done, launched = script(name, *task, "--gpus", "3", "--dry-run", tmp_path=tmp_path, DPPO_MATH_DATA=str(tmp_path))

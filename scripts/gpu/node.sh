@@ -46,6 +46,28 @@ per_device() {
     echo $(( $1 / $2 ))
 }
 
+# sanity_test_flags GPUS: the paper's sanity-test setting (app:sanity_test: DeepSeek-R1-Distill-Qwen-1.5B on MATH,
+# 64 prompts × 8 samples per rollout in minibatches of 128, so 4 gradient steps per rollout; 8k context; AIME
+# evaluation) as oat flags in the array SANITY_FLAGS, sized for GPUS devices; a rollout that does not split over
+# them stops the script in one line (the assignment, not an argument, runs per_device, so set -e sees it fail)
+sanity_test_flags() {
+    local samples=512 per_gpu
+    per_gpu=$(per_device $samples "$1")
+    SANITY_FLAGS=(
+        --pretrain "${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}" --gpus "$1"
+        --env_ids "local-math:${SANITY_SET:-math_lvl3to5_8k:train}" --prompt_template chat --num_samples 8
+        --advantage_mode drgrpo
+        --rollout_batch_size $samples --rollout_batch_size_per_device "$per_gpu"
+        --pi_buffer_maxlen_per_device "$per_gpu"
+        --train_batch_size 128 --train_batch_size_per_device 1 --num_ppo_epochs 1
+        --prompt_max_length 1024 --generate_max_length 8000 --max_model_len 9024
+        --eval_env_ids local-math:evaluation_suite:aime --num_eval_seeds 0 --eval_n 32
+        --eval_temperature 0.6 --eval_top_p 0.95
+        --eval_steps 10 --eval_generate_max_length 8000
+        --max_train 200000
+    )
+}
+
 # trust_region_flags NAME: the paper's Gem/math comparison runs DPPO-Binary-TV with δ = 0.2 (other presets: defaults)
 trust_region_flags() {
     if [[ $1 == dppo_binary_tv ]]; then

@@ -19,20 +19,9 @@ if [[ ${#methods[@]} -eq 0 ]]; then
     methods=(pg_is cispo grpo_clip_higher minirl minirl_tis dppo_binary_tv dppo_binary_kl)
 fi
 gpus=$(gpus_of "$@")
-samples=512  # 64 prompts × 8 samples per rollout; minibatches of 128 samples: 4 gradient steps
-per_gpu=$(per_device $samples "$gpus")  # an assignment: a refusal stops the script (set -e)
+sanity_test_flags "$gpus"  # SANITY_FLAGS; refuses a rollout that does not split over the GPUs
 
 for method in "${methods[@]}"; do
-    "${TRAIN[@]}" "${NODE_FLAGS[@]}" --trust_region "$method" \
-        --pretrain "${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}" --gpus "$gpus" \
-        --env_ids "local-math:${SANITY_SET:-math_lvl3to5_8k:train}" --prompt_template chat --num_samples 8 \
-        --advantage_mode drgrpo \
-        --rollout_batch_size $samples --rollout_batch_size_per_device "$per_gpu" \
-        --pi_buffer_maxlen_per_device "$per_gpu" \
-        --train_batch_size 128 --train_batch_size_per_device 1 --num_ppo_epochs 1 \
-        --prompt_max_length 1024 --generate_max_length 8000 --max_model_len 9024 \
-        --eval_env_ids local-math:evaluation_suite:aime --num_eval_seeds 0 --eval_n 32 \
-        --eval_temperature 0.6 --eval_top_p 0.95 \
-        --eval_steps 10 --eval_generate_max_length 8000 \
-        --max_train 200000 --wb_run_name "sanity-${method//_/-}" "$@"
+    "${TRAIN[@]}" "${NODE_FLAGS[@]}" "${SANITY_FLAGS[@]}" --trust_region "$method" \
+        --wb_run_name "sanity-${method//_/-}" "$@"
 done
