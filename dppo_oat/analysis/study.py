@@ -309,16 +309,20 @@ FRONTIER = "the field after DPPO under an int4 copy (one step per rollout)"
 FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TRM-Max"), ("gspo", "GSPO"),
                  ("sapo", "SAPO"))
 """The ``frontier`` experiment's new arms, each with its name in a claim."""
-FRONTIER_CONTRASTS = tuple(
-    Contrast(f"{FRONTIER}: {label} beats DPPO-Binary-KL", "the field after DPPO", (method, "mech-int4"),
-             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier",
-             played_before=(("dppo_binary_kl", "mech-int4"),))
-    for method, label in FRONTIER_ARMS
-) + tuple(
-    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"),
-             played_before=(("pg_is", "mech-int4"),))
-    for method, label in FRONTIER_ARMS
-)
+
+
+def frontier_contrasts(arms: tuple[tuple[str, str], ...], experiment: str) -> tuple[Contrast, ...]:
+    """A ``frontier`` experiment's claims under ``mech-int4``: each arm against DPPO-Binary-KL (primary, Holm over
+    ``experiment``), then against PG-IS (exploratory); both references are the ``mechanism`` experiment's runs,
+    declared as played before the claims."""
+    against = (("dppo_binary_kl", "DPPO-Binary-KL", "primary"), ("pg_is", "PG-IS", "exploratory"))
+    return tuple(Contrast(f"{FRONTIER}: {label} beats {name}", "the field after DPPO", (method, "mech-int4"),
+                          (reference, "mech-int4"), family=family, experiment=experiment if family == "primary" else "",
+                          played_before=((reference, "mech-int4"),))
+                 for reference, name, family in against for method, label in arms)
+
+
+FRONTIER_CONTRASTS = frontier_contrasts(FRONTIER_ARMS, "frontier")
 """The ``frontier`` experiment's claims (eight seeds), written before its new arms' runs: each later rule against
 DPPO-Binary-KL (primary, Holm-corrected together: each source presents its rule as an improvement on token-level
 clipping or masking) and against PG-IS (exploratory: no trust region, the best arm of the ``mechanism`` runs). The
@@ -328,16 +332,7 @@ these claims were written."""
 FRONTIER_MORE_ARMS = (("trm_avg", "TRM-Avg"), ("opsm", "DeepSeek-V3.2's off-policy sequence mask"), ("vaco", "VACO"),
                       ("minpro", "MinPRO"))
 """The ``frontier_more`` experiment's new arms: the field's other four presets, under the same condition."""
-FRONTIER_MORE_CONTRASTS = tuple(
-    Contrast(f"{FRONTIER}: {label} beats DPPO-Binary-KL", "the field after DPPO", (method, "mech-int4"),
-             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="frontier_more",
-             played_before=(("dppo_binary_kl", "mech-int4"),))
-    for method, label in FRONTIER_MORE_ARMS
-) + tuple(
-    Contrast(f"{FRONTIER}: {label} beats PG-IS", "the field after DPPO", (method, "mech-int4"), ("pg_is", "mech-int4"),
-             played_before=(("pg_is", "mech-int4"),))
-    for method, label in FRONTIER_MORE_ARMS
-)
+FRONTIER_MORE_CONTRASTS = frontier_contrasts(FRONTIER_MORE_ARMS, "frontier_more")
 """The ``frontier_more`` experiment's claims (eight seeds), written after the ``frontier`` experiment's results and
 before its own runs, as those were: each rule against DPPO-Binary-KL (primary, Holm-corrected over these four, a
 family of their own) and against PG-IS (exploratory), on the same reference runs."""
