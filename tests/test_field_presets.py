@@ -20,6 +20,7 @@ import math
 import pytest
 import torch
 
+import test_later_presets as later_presets
 from dppo_oat.trust_region import PRESETS, TrustRegion, policy_loss, sapo_gate_slope
 
 FIELD = ("ipo", "trm_max", "trm_avg", "opsm", "vaco", "gspo", "sapo", "minpro")
@@ -39,19 +40,19 @@ def run(preset, mu, pi, adv, mask=None, recomputed=None, **overrides):
 
 
 def assert_rows(actual, expected, rtol=1e-5):
-    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64), rtol=rtol, atol=1e-7)
+    later_presets.assert_rows(actual, expected, rtol=rtol, atol=1e-7)
 
 
 def random_batch(seed, b=8, t=10, spread=0.6):
-    """μ over a range of probabilities, π_θ near it, mixed-sign A (one row 0), a prompt token and padding."""
-    gen = torch.Generator().manual_seed(seed)
-    mu = torch.log_softmax(2 * torch.randn(b, t, 6, generator=gen, dtype=torch.float64), -1)[..., 0]
-    logp = (mu + spread * torch.randn(b, t, generator=gen, dtype=torch.float64)).clamp(max=-1e-4)
-    adv = torch.randn(b, 1, generator=gen, dtype=torch.float64).expand(b, t).clone()
-    adv[0] = 0.0
-    mask = torch.rand(b, t, generator=gen) > 0.2
-    mask[:, 0] = False
-    return mu, logp, adv, mask
+    """test_later_presets' batch, at this file's size."""
+    return later_presets.random_batch(seed, b, t, spread)
+
+
+def our_gradient(tr, mu, logp, adv, mask):
+    """∂(Σ policy loss)/∂ log π_θ under ``tr``."""
+    ours = logp.clone().requires_grad_()
+    policy_loss(ours, mu, adv, mask, tr).loss.sum().backward()
+    return ours.grad
 
 
 def test_sources_and_defaults():
@@ -100,13 +101,12 @@ def test_ipo_by_hand():
 @pytest.mark.parametrize("seed", range(3))
 def test_ipo_gradient_is_prime_rls(seed):
     mu, logp, adv, mask = random_batch(seed)
-    ours = logp.clone().requires_grad_()
-    policy_loss(ours, mu, adv, mask, TrustRegion.preset("ipo")).loss.sum().backward()
+    ours = our_gradient(TrustRegion.preset("ipo"), mu, logp, adv, mask)
     theirs = logp.clone().requires_grad_()
     log_ratio = theirs - mu
     keep = mask & ~((theirs.detach().exp() - mu.exp()).abs() > 0.1)
     (-(keep * adv * log_ratio.exp()) + 1e-3 * (mask * log_ratio ** 2)).sum().backward()  # ipo_loss_fn, adv_tau 1
-    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(ours, theirs.grad, rtol=1e-6, atol=1e-9)
 
 
 # --------------------------------------------------------------------------------------------- TRM
@@ -213,11 +213,10 @@ def gspo_as_verl_writes_it(logp, mu, adv, mask, eps_low, eps_high):
 @pytest.mark.parametrize("seed", range(3))
 def test_gspo_gradient_is_verls(seed, eps):
     mu, logp, adv, mask = random_batch(seed, spread=0.05)
-    ours = logp.clone().requires_grad_()
-    policy_loss(ours, mu, adv, mask, TrustRegion.preset("gspo", eps_low=eps[0], eps_high=eps[1])).loss.sum().backward()
+    ours = our_gradient(TrustRegion.preset("gspo", eps_low=eps[0], eps_high=eps[1]), mu, logp, adv, mask)
     theirs = logp.clone().requires_grad_()
     gspo_as_verl_writes_it(theirs, mu, adv, mask, *eps).sum().backward()
-    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(ours, theirs.grad, rtol=1e-6, atol=1e-9)
 
 
 # --------------------------------------------------------------------------------------------- SAPO
@@ -236,13 +235,12 @@ def test_sapo_by_hand():
 def test_sapo_gradient_is_verls(seed):
     """The gradient of verl's −σ(τ(r − 1))·4/τ·A (``compute_policy_loss_sapo``) on every response token."""
     mu, logp, adv, mask = random_batch(seed)
-    ours = logp.clone().requires_grad_()
-    policy_loss(ours, mu, adv, mask, TrustRegion.preset("sapo")).loss.sum().backward()
+    ours = our_gradient(TrustRegion.preset("sapo"), mu, logp, adv, mask)
     theirs = logp.clone().requires_grad_()
     ratio = (theirs - mu).clamp(-20, 20).exp()
     tau = torch.where(adv > 0, 1.0, 1.05)
     torch.where(mask, -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv, 0.0).sum().backward()
-    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(ours, theirs.grad, rtol=1e-6, atol=1e-9)
 
 
 # --------------------------------------------------------------------------------------------- MinPRO

@@ -42,8 +42,8 @@ def run(preset, mu, pi, adv, mask=None, **overrides):
     return out, logp.grad
 
 
-def assert_rows(actual, expected, rtol=1e-5):
-    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64), rtol=rtol, atol=1e-6)
+def assert_rows(actual, expected, rtol=1e-5, atol=1e-6):
+    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64), rtol=rtol, atol=atol)
 
 
 def random_batch(seed, b=6, t=12, spread=0.5):

@@ -11,20 +11,15 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
+import test_verl_equality as verl_equality  # noqa: E402
 from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402
 
-AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = verl_equality.AGGREGATIONS
 
 
 def random_batch(seed, batch=16, length=24, spread=0.3):
-    """μ over a range of probabilities, π_θ near it, mixed-sign A (row 0 zero), padding."""
-    g = torch.Generator().manual_seed(seed)
-    mu = torch.log_softmax(2 * torch.randn(batch, length, 8, generator=g), -1)[..., 0]
-    logp = (mu + spread * torch.randn(batch, length, generator=g)).clamp(max=-1e-4)
-    advantages = torch.randn(batch, 1, generator=g).expand(batch, length).contiguous()
-    advantages[0] = 0.0
-    mask = torch.rand(batch, length, generator=g) > 0.2
-    return mu, logp, advantages, mask
+    """test_verl_equality's batch, shorter and nearer μ."""
+    return verl_equality.random_batch(seed, batch, length, spread)
 
 
 def gradient(name, mu, logp, advantages, mask, aggregation, config):
