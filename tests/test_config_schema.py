@@ -63,6 +63,12 @@ def test_a_schema_this_version_cannot_read_is_one_line(schema, fragment):
         migrate_config({**current_defaults(), "schema": schema}, current_defaults())
 
 
+@pytest.mark.parametrize("migrations", [3, [1], [{"from": 1, "filled": "lr_schedule"}]])
+def test_a_damaged_record_of_migrations_is_one_line(migrations):
+    with pytest.raises(ValueError, match="schema_migrations is .* not a list of the migrations"):
+        migrate_config({**current_defaults(), "schema_migrations": migrations}, current_defaults())
+
+
 @pytest.fixture(scope="module")
 def old_run(tmp_path_factory, cache_dir):
     """A 1-step run as the code before schemas left it: the committed schema-1 config.json (with this run's id) and a

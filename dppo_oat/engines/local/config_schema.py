@@ -52,11 +52,17 @@ MIGRATIONS: dict[int, Callable[[dict, Mapping[str, Any]], tuple[dict, list[str]]
 
 
 def config_schema(stored: Mapping[str, Any]) -> int:
-    """The schema of a stored config (1: written before versioning); a newer or malformed one is one line."""
+    """The schema of a stored config (1: written before versioning); a newer or malformed one, or a malformed record
+    of its migrations, is one line."""
     schema = stored.get("schema", 1)
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
         raise ValueError(f"config.json's schema is {schema!r}, not a version number: restore the file, or start a new "
                          "run with another --run-name")
+    migrations = stored.get("schema_migrations", [])
+    if not (isinstance(migrations, list) and all(isinstance(m, dict) and isinstance(m.get("filled", []), list)
+                                                 for m in migrations)):
+        raise ValueError(f"config.json's schema_migrations is {migrations!r}, not a list of the migrations it went "
+                         "through: restore the file, or start a new run with another --run-name")
     if schema > CONFIG_SCHEMA:
         raise ValueError(f"config.json has schema {schema}, written by a newer dppo_oat (this one reads up to "
                          f"{CONFIG_SCHEMA}): upgrade dppo_oat to resume it")
