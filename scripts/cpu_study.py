@@ -104,6 +104,7 @@ CONDITIONS: Dict[str, Condition] = {
     "mech-int4": Condition(precision="int4"),
     "mech-int4-redraw": Condition(precision="int4", redraw=True),
     "mech-noise": Condition(logprob_noise=MATCHED_NOISE),
+    "field-mb4": Condition(minibatches=4),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -126,7 +127,9 @@ takes four quarter-batch steps per rollout, so π_θ (after the first step), the
 ``mech-*``: the ``takeaway2`` setting (one step per rollout) for the mechanism experiments, under names of their
 own so that their claims score only runs played after them: ``mech-int4`` repeats ``mb1-int4``'s flags,
 ``mech-int4-redraw`` rounds the int4 copy on a grid redrawn at every re-sync (as large an error, not the same one
-twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`."""
+twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`.
+``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the policy of
+the later sittings, under a name of its own so that its claims score only runs played after them."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,10 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "frontier_more": Experiment(("trm_avg", "opsm", "vaco", "minpro", "dppo_binary_kl", "pg_is"), ("mech-int4",),
                                 "the field's other four presets (TRM-Avg, DeepSeek-V3.2's sequence mask, VACO, "
                                 "MinPRO) under the frontier experiment's condition and references; eight seeds"),
+    "frontier_stale": Experiment(("ipo", "trm_max", "gspo", "sapo", "trm_avg", "opsm", "vaco", "minpro",
+                                  "dppo_binary_kl", "pg_is"), ("field-mb4",),
+                                 "the eight field presets under staleness alone (an fp32 copy, four quarter-batch "
+                                 "steps per rollout), against DPPO-Binary-KL and PG-IS played beside them; eight seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

@@ -311,14 +311,16 @@ FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TR
 """The ``frontier`` experiment's new arms, each with its name in a claim."""
 
 
-def frontier_contrasts(arms: tuple[tuple[str, str], ...], experiment: str) -> tuple[Contrast, ...]:
-    """A ``frontier`` experiment's claims under ``mech-int4``: each arm against DPPO-Binary-KL (primary, Holm over
-    ``experiment``), then against PG-IS (exploratory); both references are the ``mechanism`` experiment's runs,
-    declared as played before the claims."""
+def frontier_contrasts(arms: tuple[tuple[str, str], ...], experiment: str, condition: str = "mech-int4",
+                       setting: str = FRONTIER, references_played_before: bool = True) -> tuple[Contrast, ...]:
+    """A field experiment's claims under ``condition``: each arm against DPPO-Binary-KL (primary, Holm over
+    ``experiment``), then against PG-IS (exploratory). With ``references_played_before``, both references are an
+    earlier experiment's runs of the condition, declared as played before the claims; else the experiment plays them
+    in its own sitting."""
     against = (("dppo_binary_kl", "DPPO-Binary-KL", "primary"), ("pg_is", "PG-IS", "exploratory"))
-    return tuple(Contrast(f"{FRONTIER}: {label} beats {name}", "the field after DPPO", (method, "mech-int4"),
-                          (reference, "mech-int4"), family=family, experiment=experiment if family == "primary" else "",
-                          played_before=((reference, "mech-int4"),))
+    return tuple(Contrast(f"{setting}: {label} beats {name}", "the field after DPPO", (method, condition),
+                          (reference, condition), family=family, experiment=experiment if family == "primary" else "",
+                          played_before=((reference, condition),) if references_played_before else ())
                  for reference, name, family in against for method, label in arms)
 
 
@@ -336,6 +338,17 @@ FRONTIER_MORE_CONTRASTS = frontier_contrasts(FRONTIER_MORE_ARMS, "frontier_more"
 """The ``frontier_more`` experiment's claims (eight seeds), written after the ``frontier`` experiment's results and
 before its own runs, as those were: each rule against DPPO-Binary-KL (primary, Holm-corrected over these four, a
 family of their own) and against PG-IS (exploratory), on the same reference runs."""
+
+FRONTIER_STALE = "the field after DPPO under staleness (four quarter-batch steps per rollout, fp32 copy)"
+FRONTIER_STALE_ARMS = FRONTIER_ARMS + FRONTIER_MORE_ARMS
+"""The ``frontier_stale`` experiment's arms: the eight field presets of the two int4 experiments."""
+FRONTIER_STALE_CONTRASTS = frontier_contrasts(FRONTIER_STALE_ARMS, "frontier_stale", "field-mb4", FRONTIER_STALE,
+                                              references_played_before=False)
+"""The ``frontier_stale`` experiment's claims (eight seeds), written after the two int4 experiments' results and
+before any of its runs: under staleness alone (an fp32 copy, four quarter-batch steps per rollout, the condition of
+fig:sanity_test), each field preset against DPPO-Binary-KL (primary, Holm-corrected over the eight as a family of
+their own: each source presents its rule as a better trust region than token-level clipping or masking) and against
+PG-IS (exploratory). Both references are played in the experiment's own sitting."""
 
 
 CONTRASTS = (
@@ -447,6 +460,9 @@ CONTRASTS = (
     # Added before the runs of the ``frontier_more`` experiment (eight seeds; its four claims against DPPO-Binary-KL
     # are primary, Holm-corrected together as the experiment ``frontier_more``).
     *FRONTIER_MORE_CONTRASTS,
+    # Added before the runs of the ``frontier_stale`` experiment (eight seeds; its eight claims against
+    # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier_stale``).
+    *FRONTIER_STALE_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
