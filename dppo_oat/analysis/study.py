@@ -675,15 +675,24 @@ def scale_lines(table: pd.DataFrame) -> list[str]:
         f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
         frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
         frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
+        frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING),
     ]
 
 
-def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...]) -> str:
-    """The scale section's line on a ``frontier`` experiment: each of its later rules (``arms``) against
-    DPPO-Binary-KL (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order)."""
+FRONTIER_INT4_HEADING = ("The field after DPPO under the int4 copy", "one step per rollout; the `mechanism` "
+                         "experiment's DPPO-Binary-KL and PG-IS runs as references")
+FRONTIER_STALE_HEADING = ("The field after DPPO under staleness", "an fp32 copy, four quarter-batch steps per "
+                          "rollout; DPPO-Binary-KL and PG-IS played beside them")
+"""A field experiment's line opens with its setting in bold and, after the experiment's name, how it was played."""
+
+
+def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
+                  heading: tuple[str, str] = FRONTIER_INT4_HEADING) -> str:
+    """The scale section's line on a field experiment: each of its later rules (``arms``) against DPPO-Binary-KL
+    (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order)."""
     against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
-    return (f"- **The field after DPPO under the int4 copy** (`{contrasts[0].experiment}`, one step per rollout; the "
-            "`mechanism` experiment's DPPO-Binary-KL and PG-IS runs as references). Against DPPO-Binary-KL: "
+    setting, played = heading
+    return (f"- **{setting}** (`{contrasts[0].experiment}`, {played}). Against DPPO-Binary-KL: "
             + "; ".join(f"{label} {claim_result(table, contrast)}"
                         for (_, label), contrast in zip(arms, against_dppo))
             + ". Against PG-IS: "
