@@ -128,8 +128,8 @@ takes four quarter-batch steps per rollout, so π_θ (after the first step), the
 own so that their claims score only runs played after them: ``mech-int4`` repeats ``mb1-int4``'s flags,
 ``mech-int4-redraw`` rounds the int4 copy on a grid redrawn at every re-sync (as large an error, not the same one
 twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`.
-``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the policy of
-the later sittings, under a name of its own so that its claims score only runs played after them."""
+``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the v4
+policy, under a name of its own so that its claims score only runs played after them."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,8 @@ EXPERIMENTS: Dict[str, Experiment] = {
     "frontier_stale": Experiment(("ipo", "trm_max", "gspo", "sapo", "trm_avg", "opsm", "vaco", "minpro",
                                   "dppo_binary_kl", "pg_is"), ("field-mb4",),
                                  "the eight field presets under staleness alone (an fp32 copy, four quarter-batch "
-                                 "steps per rollout), against DPPO-Binary-KL and PG-IS played beside them; eight seeds"),
+                                 "steps per rollout), against DPPO-Binary-KL and PG-IS played beside them; eight "
+                                 "seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
 }

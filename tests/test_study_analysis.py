@@ -95,7 +95,8 @@ def test_contrasts_are_paired_by_seed_and_scored_against_their_margin(study):
 def test_primary_claims_are_holm_adjusted_and_need_eight_seeds(tmp_path):
     """Eight seeds each of two arms a fixed gap apart (plus seed noise): as the only primary claim Holm changes
     nothing; beside a second primary claim its p doubles (the larger of two: ×1 after the smaller's ×2 is
-    compared); with five seeds the same claim is scored as exploratory."""
+    compared); with five seeds the same claim is scored as exploratory, and a primary claim not run yet still
+    prints as primary (as written down)."""
     rng = np.random.default_rng(0)
     for seed in range(8):
         base = rng.uniform(0.2, 0.3)
@@ -114,6 +115,9 @@ def test_primary_claims_are_holm_adjusted_and_need_eight_seeds(tmp_path):
     assert "Holm-adjusted over 2 distinct primary comparisons" in summary_lines(both.reset_index())[0]
     few = outcomes[outcomes["seed"] < 5]
     assert contrast_table(few, (first,)).iloc[0]["family"] == "exploratory"
+    unplayed = contrast_table(outcomes[outcomes["arm_method"] != "cispo"], (second,))  # written down, not run yet
+    assert unplayed.iloc[0]["family"] == "primary"
+    assert summary_lines(unplayed) == ["- CISPO beats PG-IS (test; primary): not run yet"]
     apart = contrast_table(outcomes, (replace(first, experiment="a"), replace(second, experiment="b")))
     assert list(apart["p_above_adjusted"]) == list(apart["p_above"])  # each experiment is its own family
     assert all("Holm-adjusted over 1 distinct primary comparison:" in line for line in summary_lines(apart))

@@ -511,11 +511,12 @@ def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
     """``*_adjusted`` p-values: Holm over the primary claims of one experiment that ran with at least
     :data:`PRIMARY_MIN_PAIRS` pairs (each of the three tests its own family), counting one comparison once: a claim
     scored on the same paired numbers as an earlier one (``same_as``) is not a comparison of its own and takes that
-    one's adjusted p-values. Every other claim keeps its own p-values and counts as exploratory (``family`` rewritten
-    so). ``holm_size``: the distinct comparisons of its correction."""
+    one's adjusted p-values. Every other claim keeps its own p-values and, once it has run, counts as exploratory
+    (``family`` rewritten so; a primary claim not run yet keeps its family, as it was written down).
+    ``holm_size``: the distinct comparisons of its correction."""
     table = table.copy()
     primary = (table["family"] == "primary") & (table["pairs"] >= PRIMARY_MIN_PAIRS) & ~table["identical"]
-    table.loc[(table["family"] == "primary") & ~primary, "family"] = "exploratory"
+    table.loc[(table["family"] == "primary") & ~primary & (table["pairs"] > 0), "family"] = "exploratory"
     table["holm_size"] = 0
     for column in P_COLUMNS:
         table[f"{column}_adjusted"] = table[column]
@@ -681,9 +682,11 @@ def scale_lines(table: pd.DataFrame) -> list[str]:
 
 FRONTIER_INT4_HEADING = ("The field after DPPO under the int4 copy", "one step per rollout; the `mechanism` "
                          "experiment's DPPO-Binary-KL and PG-IS runs as references")
-FRONTIER_STALE_HEADING = ("The field after DPPO under staleness", "an fp32 copy, four quarter-batch steps per "
-                          "rollout; DPPO-Binary-KL and PG-IS played beside them")
-"""A field experiment's line opens with its setting in bold and, after the experiment's name, how it was played."""
+"""The ``frontier`` and ``frontier_more`` lines' heading: the setting, in bold, and after the experiment's name how
+it was played."""
+FRONTIER_STALE_HEADING = ("The field after DPPO under staleness", "four quarter-batch steps per rollout, an fp32 "
+                          "copy; DPPO-Binary-KL and PG-IS played beside them")
+"""The ``frontier_stale`` line's heading."""
 
 
 def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
