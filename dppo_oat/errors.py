@@ -12,5 +12,10 @@ class TrainingBlewUp(RunError):
     """Values went non-finite and did not recover: the policy's log-probs, the loss, or the gradients."""
 
 
+class CheckpointFailed(RunError):
+    """A resumable checkpoint could not be written (a full disk, a folder that cannot be written): the run stops,
+    and the newest whole checkpoint stays."""
+
+
 TrainingDiverged = TrainingBlewUp
 """Deprecated name of :class:`TrainingBlewUp` (until 0.3)."""

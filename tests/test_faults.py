@@ -6,6 +6,7 @@ The runs here use the tiny policy with a minimal warm start (seconds), on real S
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -763,14 +764,13 @@ def test_the_policy_cache_key_follows_a_plugins_code(tmp_path):
 
 
 @pytest.mark.fault("oat engine: Ctrl-C or SIGTERM",
-                   "launchpad stops every worker, then `error: terminated (SIGTERM): … the models oat saved are in "
-                   "oat-output/<run>_<start time>/saved_models: go on with a new run from the last one (--pretrain "
-                   "…)` (exit 143; Ctrl-C: 130), not an exit 0 that looks finished")
-def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one():
+                   "launchpad stops every worker, then `error: terminated (SIGTERM): … <run> resumes from "
+                   "round_NNNNNN: python -m dppo_oat.train --engine oat … --resume_dir <run>` (exit 143; Ctrl-C: "
+                   "130), not an exit 0 that looks finished")
+def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one(tmp_path):
     """launchpad handles Ctrl-C and SIGTERM itself (its worker manager stops every worker, then ``wait()`` returns as
     at the end of a run); the launcher records the signal in front of launchpad's handler, which still runs, and
     ends in one line with where oat's models are. The handler here stands in for launchpad's."""
-    from types import SimpleNamespace
 
     from dppo_oat.engines.oat import launch
 
@@ -784,10 +784,13 @@ def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    args = SimpleNamespace(save_path="oat-output", wb_run_name="sudoku")
-    message = launch.stopped_message(args, signal.SIGTERM)
+    checkpoint = tmp_path / "sudoku_1128T09:00:00" / "checkpoints" / "round_000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "resume.json").write_text('{"learning_round": 4}')
+    message = launch.stopped_message(["--seed", "3"], str(checkpoint.parents[1]), signal.SIGTERM)
     assert message.startswith("terminated (SIGTERM): launchpad stopped every worker")
-    assert "oat-output/sudoku_<start time>/saved_models" in message and "--pretrain" in message
+    assert message.endswith("resumes from round_000004: python -m dppo_oat.train --engine oat --seed 3 --resume_dir "
+                            + shlex.quote(str(checkpoint.parents[1])))
 
 
 REPOSITORY = __import__("pathlib").Path(__file__).resolve().parents[1]

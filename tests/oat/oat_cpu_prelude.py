@@ -37,6 +37,9 @@ compares versions as strings (``"2.13.0" >= "2.6"`` is False); torch 2.13 calls 
 torch 2.6 takes oat's branch as intended. Actors and learners that are not collocated (``--asynchronous``) make
 oat ask for an NCCL weight-sync group, which a CPU torch lacks: gloo instead, as collocated ones use.
 
+Test-only kill (``kill_in_checkpoint``): the learner's process kills itself with SIGKILL halfway through writing a
+given round's checkpoint, for the resume test.
+
 Test-only probes (observability, no behaviour change), as JSON lines under ``probe_dir``:
 
 - ``learner.jsonl``: every learning round (``learn``'s train info and the actor step's statistics), weight sync and
@@ -56,12 +59,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
-def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int], fp16_on_cpu: bool = False) -> None:
-    """Patch this node's process for the CPU according to its role (learner, actor or other), and add the probes."""
+def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int], fp16_on_cpu: bool = False,
+            kill_in_checkpoint: int | None = None) -> None:
+    """Patch this node's process for the CPU according to its role (learner, actor or other), and add the probes;
+    ``kill_in_checkpoint`` r: the learner is killed (SIGKILL) halfway through writing round r's checkpoint."""
     if is_subclass_of(constructor, "oat.learners.base", "LearnerBase"):
         patch_process_group_helper()
         patch_learner_for_cpu(fp16_on_cpu)
         probe_learner(constructor, Path(probe_dir) / "learner.jsonl")
+        if kill_in_checkpoint is not None:
+            kill_halfway_through_checkpoint(kill_in_checkpoint)
     elif is_subclass_of(constructor, "oat.actors.base", "ActorBase"):
         patch_process_group_helper()
         patch_weight_sync_transport()
@@ -148,6 +155,23 @@ def probe_learner(learner_cls: type, path: Path) -> None:
     wrap_method(learner_cls, "learn", after_learn)
     wrap_method(learner_cls, "sync_params_to_actors", after_sync)
     wrap_method(learner_cls, "evaluate", after_evaluate)
+
+
+def kill_halfway_through_checkpoint(learning_round: int) -> None:
+    """SIGKILL this learner once DeepSpeed has written round ``learning_round``'s checkpoint files and before the
+    learner's own state is (a kill mid-save: the run must resume from the previous checkpoint)."""
+    import signal
+
+    import dppo_oat.engines.oat.learner as learner_module
+
+    write = learner_module.write_learner_state
+
+    def write_then_die(folder, rank, state):
+        if state.learning_rounds == learning_round:
+            os.kill(os.getpid(), signal.SIGKILL)
+        write(folder, rank, state)
+
+    learner_module.write_learner_state = write_then_die
 
 
 def finite_floats(info: dict) -> dict:

@@ -205,9 +205,9 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
 
 @pytest.mark.fault("oat engine: `--wb_run_name ../x` or `a/b`",
                    "one line: a run name is one folder inside `--save_path`")
-@pytest.mark.fault("oat engine: `--resume_dir`",
-                   "refused in one line: an oat run cannot be resumed; go on with a new run from a saved model "
-                   "(`--pretrain <run>/saved_models/step_NNNNN`)")
+@pytest.mark.fault("oat engine: `--checkpoint_every` not a multiple of `--sync_params_every`, LoRA under ZeRO-3, "
+                   "`--load_in_4bit`, `--save_ckpt`",
+                   "one line each, before any model loads: why it cannot work and what to use")
 @pytest.mark.fault("oat engine: `--asynchronous`",
                    "refused in one line: oat 0.2.4's asynchronous collector fails at its first actor step (its "
                    "prefill scatters no samples); train synchronously")
@@ -231,7 +231,14 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--num_gpus_per_actor", "3"], "1, 2, 4 or 8"),
         (["--env_ids", "game:Sudoku-v9"], "unknown env id"),
         (["--pi_buffer_maxlen_per_device", "8"], "keeps only the last"),
-        (["--resume_dir", "oat-output/run/checkpoints"], r"cannot resume a run .* --pretrain <run>/saved_models/"),
+        (["--resume_dir", "oat-output/missing-run"], "--resume_dir oat-output/missing-run: no such run directory"),
+        (["--checkpoint_every", "3", "--sync_params_every", "2"], "must be a multiple of --sync_params_every 2"),
+        (["--keep_checkpoints", "0"], "--keep_checkpoints >= 1"),
+        (["--lora_rank", "8", "--zero_stage", "3"], "--lora_rank with --zero_stage 3"),
+        (["--lora_rank", "-1"], "--lora_rank must be >= 0"),
+        (["--load_in_4bit"], "re-quantizes them"),
+        (["--save_ckpt"], "use --checkpoint_every"),
+        (["--dump_replay_every", "5"], "does not dump oat's replay buffer"),
         (["--trust_region", "ppo", "--tr_delta", "0.2"], "not read by the trust region ppo"),
         (["--wb_run_name", "../elsewhere"], "--wb_run_name '../elsewhere' must be one folder name inside --save_path"),
         (["--wb_run_name", "sweep/arm"], "must be one folder name"),

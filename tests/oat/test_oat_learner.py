@@ -485,3 +485,21 @@ def test_the_actor_counts_the_broadcasts_it_loads_but_not_an_evaluations():
     actor.eval_mode = True
     actor.update_weight("w", "float32", (1,), empty_cache=True)
     assert actor.weight_version == 1
+
+
+OAT_RUN_LOOP_SHA256 = "287b4b97cc958ccf"
+"""The first 16 hex digits of the SHA-256 of oat 0.2.4's ``LearnerBase.run`` source, which ``DPPOLearner.train``
+mirrors (with resume added)."""
+
+
+def test_the_learners_loop_mirrors_oats_own():
+    """``DPPOLearner.run`` replaces oat's ``LearnerBase.run`` to resume mid-run; when oat's loop changes (another oat
+    version), this fails: read oat's new loop and bring ``DPPOLearner.train`` in line before updating the hash."""
+    import hashlib
+    import inspect
+
+    from oat.learners.base import LearnerBase
+
+    source = inspect.getsource(LearnerBase.run)
+    assert hashlib.sha256(source.encode()).hexdigest()[:16] == OAT_RUN_LOOP_SHA256
+    assert DPPOLearner.run is not LearnerBase.run

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,23 +87,25 @@ def rehearsal_argv(policy_dir: str, save_path: Path, batches: dict, *extra: str,
         "--prompt_max_length": "1600", "--generate_max_length": "12", "--max_model_len": "2048",
         "--eval_steps": "1000", "--num_eval_seeds": "2", "--eval_n": "2", "--eval_generate_max_length": "12",
         "--save_steps": "1", "--save_path": str(save_path), "--wb_run_name": "rehearsal", "--seed": "3",
-        "--shm_size_mb": "256", **batches,
+        "--shm_size_mb": "256", "--checkpoint_every": "1", **batches,
     }
-    switches = ["--collocate"] * collocate + ["--enable_prefix_caching", "--no-bf16", "--no-flash_attn"]
+    switches = ["--collocate"] * collocate + ["--enable_prefix_caching", "--no-bf16", "--no-flash_attn",
+                                              "--seeded_sampling"]
     return ["--engine", "oat", *[part for item in flags.items() for part in item], *switches, *extra]
 
 
-def local_runner(workdir: Path, probe_ids: list[int], fp16_on_cpu: bool = False) -> LocalRunner:
+def local_runner(workdir: Path, probe_ids: list[int], fp16_on_cpu: bool = False,
+                 kill_in_checkpoint: int | None = None) -> LocalRunner:
     """The stand-in launcher, with the CPU prelude; node logs and probes go under ``workdir``."""
     prelude = functools.partial(oat_cpu_prelude.prelude, probe_dir=str(workdir / "probes"), probe_ids=probe_ids,
-                                fp16_on_cpu=fp16_on_cpu)
+                                fp16_on_cpu=fp16_on_cpu, kill_in_checkpoint=kill_in_checkpoint)
     return LocalRunner(prelude=prelude, timeout_s=TIMEOUT_S, log_dir=workdir / "logs")
 
 
 def launch_rehearsal(argv: list[str], gpu_node, workdir: Path, probe_ids: list[int],
-                     fp16_on_cpu: bool = False) -> ProgramResult:
+                     fp16_on_cpu: bool = False, kill_in_checkpoint: int | None = None) -> ProgramResult:
     """Run ``python -m dppo_oat.train`` ``argv`` on the local launcher."""
-    runner = local_runner(workdir, probe_ids, fp16_on_cpu)
+    runner = local_runner(workdir, probe_ids, fp16_on_cpu, kill_in_checkpoint)
     with gpu_node(1), launchpad.running(runner):
         train.main(argv)
     return runner.result
@@ -342,3 +345,145 @@ def test_rehearsal_trains_in_fp16_through_deepspeeds_loss_scaler(sudoku_policy, 
     assert [s["pi_beta_version"] for s in run.learner("sync")] == [1, 2]
     loads = run.actor("loaded")
     assert len(loads) == 2 and all(load["dtype"] == "f16" for load in loads), "fp16 weights reach vLLM"
+
+
+# ------------------------------------------------------------------------------------------------ kill and resume
+
+TIME_KEYS = ("elapse", "_time", "time/", "/time", "vram")
+"""Metrics that measure wall time or memory, not training (they differ between any two runs)."""
+
+
+@dataclasses.dataclass
+class Resumed:
+    """The rehearsal's run killed (SIGKILL) halfway through writing its round-2 checkpoint, then resumed."""
+
+    killed: Rehearsal
+    resumed: Rehearsal
+    run_dir: Path
+    left_by_kill: list
+
+
+@pytest.fixture(scope="module")
+def resumed(rehearsal, sudoku_policy, gpu_node, tmp_path_factory) -> Resumed:
+    workdir = tmp_path_factory.mktemp("resume")
+    argv = rehearsal_argv(sudoku_policy[2], workdir / "out", CONSISTENT)
+    with pytest.raises(NodeFailed, match="learner_0_0 died with exit code -9"):
+        launch_rehearsal(argv, gpu_node, workdir / "killed", rehearsal.probe_ids, kill_in_checkpoint=2)
+    (run_dir,) = (workdir / "out").iterdir()
+    left = sorted(path.name for path in (run_dir / "checkpoints").glob("round_*"))
+    result = launch_rehearsal([*argv, "--resume_dir", str(run_dir)], gpu_node, workdir / "resumed",
+                              rehearsal.probe_ids)
+    return Resumed(Rehearsal(None, workdir / "killed" / "probes", rehearsal.probe_ids),
+                   Rehearsal(result, workdir / "resumed" / "probes", rehearsal.probe_ids), run_dir, left)
+
+
+def checkpoint_tensors(folder: Path) -> dict:
+    """Every tensor DeepSpeed and the learner wrote into one checkpoint folder, by file and key path."""
+    flat = {}
+
+    def visit(prefix: str, value) -> None:
+        if isinstance(value, torch.Tensor):
+            flat[prefix] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(f"{prefix}/{key}", item)
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                visit(f"{prefix}/{index}", item)
+
+    for path in sorted(folder.glob("*.pt")):
+        visit(path.name, torch.load(path, map_location="cpu", weights_only=False))
+    return flat
+
+
+def training_metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not any(part in k for part in TIME_KEYS)} for row in rows]
+
+
+def test_a_kill_mid_checkpoint_leaves_the_previous_one_whole(resumed):
+    assert resumed.left_by_kill == ["round_000001", "round_000002.partial"]
+    assert [r["round"] for r in resumed.killed.learner("learn")] == [1, 2]
+    assert sorted(p.name for p in (resumed.run_dir / "checkpoints").glob("round_*")) == ["round_000001",
+                                                                                       "round_000002"]
+
+
+def test_the_resumed_run_goes_on_at_the_next_round(resumed):
+    result = resumed.resumed.result
+    assert result.stopped_by == "learner_0_0" and set(result.exit_codes.values()) == {0}
+    assert [r["round"] for r in resumed.resumed.learner("learn")] == [2], "round 1 came from the checkpoint"
+    assert [e["steps"] for e in resumed.resumed.learner("evaluate")] == [3], "no second evaluation before training"
+    assert list((resumed.run_dir.parent).iterdir()) == [resumed.run_dir], "it writes on in the run's directory"
+
+
+def test_the_resumed_learner_state_equals_an_uninterrupted_runs(resumed, rehearsal):
+    """Weights, Adam's state, the LR schedule, the loop's counters and every random state after round 2, bit for bit
+    (the CPU computes deterministically, vLLM samples with per-request seeds: --seeded_sampling)."""
+    reference = checkpoint_tensors(rehearsal.run_dir / "checkpoints" / "round_000002")
+    after_resume = checkpoint_tensors(resumed.run_dir / "checkpoints" / "round_000002")
+    assert reference.keys() == after_resume.keys() and len(reference) > 10
+    for key, tensor in reference.items():
+        assert torch.equal(tensor, after_resume[key]), key
+    assert training_metrics(resumed.run_dir) == training_metrics(rehearsal.run_dir)
+
+
+def test_the_actors_receive_the_checkpoints_weights_before_they_play(resumed, rehearsal):
+    """The resume broadcasts round 1's weights before the first actor step; after round 2 the actor holds what an
+    uninterrupted run's holds (vLLM's log-probs of a fixed sequence, equal to 1e-6)."""
+    loads = resumed.resumed.actor("loaded")
+    reference = rehearsal.actor("loaded")
+    assert len(loads) == 2
+    for load, expected in zip(loads, reference):
+        np.testing.assert_allclose(load["logprobs"], expected["logprobs"], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ LoRA
+
+LORA = ("--lora_rank", "4", "--lora_alpha", "16")
+
+
+@pytest.fixture(scope="module")
+def lora_resumed(sudoku_policy, gpu_node, tmp_path_factory) -> Resumed:
+    """The rehearsal under LoRA (oat's default target modules), killed halfway through its round-2 checkpoint and
+    resumed."""
+    workdir = tmp_path_factory.mktemp("lora")
+    probe_ids = sudoku_policy[1](toy_corpus(1, seed=11)[0], add_special_tokens=False)["input_ids"]
+    argv = rehearsal_argv(sudoku_policy[2], workdir / "out", CONSISTENT, *LORA)
+    with pytest.raises(NodeFailed, match="learner_0_0 died with exit code -9"):
+        launch_rehearsal(argv, gpu_node, workdir / "killed", probe_ids, kill_in_checkpoint=2)
+    (run_dir,) = (workdir / "out").iterdir()
+    left = sorted(path.name for path in (run_dir / "checkpoints").glob("round_*"))
+    result = launch_rehearsal([*argv, "--resume_dir", str(run_dir)], gpu_node, workdir / "resumed", probe_ids)
+    return Resumed(Rehearsal(None, workdir / "killed" / "probes", probe_ids),
+                   Rehearsal(result, workdir / "resumed" / "probes", probe_ids), run_dir, left)
+
+
+def merged_lora_logprobs(base_dir: str, adapter_dir: Path, token_ids: list[int]) -> np.ndarray:
+    """Teacher forcing of the base policy with a saved LoRA adapter merged in (what vLLM must hold)."""
+    import peft
+
+    model = peft.PeftModel.from_pretrained(load_policy(base_dir)[0], str(adapter_dir)).merge_and_unload()
+    return hf_logprobs(model, token_ids)
+
+
+def test_lora_trains_and_resumes_through_the_whole_program(lora_resumed):
+    killed, resumed = lora_resumed.killed, lora_resumed.resumed
+    assert set(resumed.result.exit_codes.values()) == {0}
+    assert [r["round"] for r in killed.learner("learn")] == [1, 2]
+    assert [r["round"] for r in resumed.learner("learn")] == [2]
+    for record in killed.learner("learn") + resumed.learner("learn"):
+        info = record["info"]
+        assert np.isfinite(info["train/pg_loss"]) and info["train/policy_grad_norm"] > 0
+        # a synchronous round: vLLM's μ (merged weights) and the learner's π (base + adapters, fused head) agree
+        assert info["train/dppo/mismatch/abs_diff_max"] < 1e-4
+
+
+def test_lora_actors_sample_from_the_merged_weights(lora_resumed, sudoku_policy):
+    """After every broadcast, and after the resume's, vLLM holds base + the adapters the learner saved then."""
+    saved = lora_resumed.run_dir / "saved_models"
+    loads = lora_resumed.killed.actor("loaded")[:1] + lora_resumed.resumed.actor("loaded")
+    expected_steps = ["step_00001", "step_00001", "step_00002"]  # round 1; the resume (round 1's); round 2
+    assert len(loads) == 3
+    for load, step in zip(loads, expected_steps):
+        want = merged_lora_logprobs(sudoku_policy[2], saved / step, lora_resumed.killed.probe_ids)
+        np.testing.assert_allclose(load["logprobs"], want, atol=TOLERANCE, err_msg=step)

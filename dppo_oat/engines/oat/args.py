@@ -60,6 +60,14 @@ REPLACED_OAT_FLAGS = {
     "lora_sync_only": (False, "the actor's generator does not apply LoRA adapters: without it oat merges the "
                               "adapters and sends whole weights"),
     "apply_chat_template": (False, "prompts come from --prompt_template (chat: the tokenizer's chat template)"),
+    "save_ckpt": (False, "DPPO's checkpoints resume exactly and are written atomically: use --checkpoint_every "
+                         "(oat's own restart its loop and evaluation schedule)"),
+    "load_in_4bit": (False, "oat merges LoRA adapters into the weights it sends to vLLM, and a merge into 4-bit "
+                            "weights re-quantizes them: vLLM's μ would not be the learner's π"),
+    "dump_replay_every": (-1, "DPPO's run loop does not dump oat's replay buffer (--token_export all writes every "
+                              "trained token)"),
+    "dump_all_buffer": (False, "DPPO's run loop does not dump oat's replay buffer (--token_export all writes every "
+                               "trained token)"),
 }
 """oat flags whose job DPPO's loss does differently: ``name -> (the only accepted value, what to use instead)``."""
 
@@ -96,6 +104,17 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     dry_run: bool = False
     """Parse, run every check that needs no GPU, print the resolved plan, and launch nothing (oat's own dry run, a
     fixed-length memory test, is not available here)."""
+    checkpoint_every: int = 10
+    """Learning rounds between resumable checkpoints (<run>/checkpoints/round_<r>: every learner's weights, optimizer
+    state, schedule, loop position and random states, written atomically); a multiple of --sync_params_every. 0: none.
+    Go on after a kill with the same command plus --resume_dir <run>."""
+    keep_checkpoints: int = 2
+    """How many of the newest resumable checkpoints to keep (each holds the optimizer state: about 14 bytes per
+    parameter in bf16 with Adam)."""
+    seeded_sampling: bool = False
+    """Give every vLLM request a seed drawn from the run's seed and actor step, so that two runs with the same --seed
+    (and a run and its resume) draw the same samples; vLLM then draws each request's noise from its own generator
+    (one small kernel per request and decode step). Off: vLLM's noise is seeded by oat with the time."""
 
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
@@ -176,10 +195,10 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     if args.use_wb:
         check_wandb("--use_wb")
     _check_precision(args)
+    _check_checkpoints(args)
+    _check_lora(args)
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
-    if args.resume_dir:
-        raise ValueError(RESUME_REFUSED)
     if args.asynchronous:
         raise ValueError(ASYNCHRONOUS_REFUSED)
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -199,13 +218,6 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     _check_tasks(args, spec.rollout.env_seed)
     return spec
 
-
-RESUME_REFUSED = (
-    "--resume_dir: the oat engine cannot resume a run (oat 0.2.4 reloads DeepSpeed's state but restarts its prompt "
-    "loop, step count and schedule of evaluations, and vLLM would play the first round with --pretrain's weights); "
-    "continue in a new run from a saved model: --pretrain <run>/saved_models/step_NNNNN (fresh optimizer state)"
-)
-"""Why ``--resume_dir`` is refused, and what to do instead (the local engine's ``--resume`` is exact)."""
 
 ASYNCHRONOUS_REFUSED = (
     "--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step (the prefill has no samples "
@@ -240,6 +252,44 @@ def _check_precision(args: DPPOOatArgs) -> None:
                          "overflow path of DeepSpeed's ZeRO optimizers")
 
 
+def _check_checkpoints(args: DPPOOatArgs) -> None:
+    """A checkpoint is taken where the actors hold the learner's weights (after a broadcast), so that a resume
+    that sends them the checkpoint's weights puts them where an uninterrupted run's actors are."""
+    if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
+        raise ValueError(f"--checkpoint_every must be >= 0 (0: none) and --keep_checkpoints >= 1, got "
+                         f"{args.checkpoint_every} and {args.keep_checkpoints}")
+    if args.checkpoint_every and args.checkpoint_every % args.sync_params_every:
+        raise ValueError(f"--checkpoint_every {args.checkpoint_every} must be a multiple of --sync_params_every "
+                         f"{args.sync_params_every}: a checkpoint is taken right after a weight broadcast")
+    if args.resume_dir and not args.checkpoint_every:
+        raise ValueError("--resume_dir with --checkpoint_every 0: the resumed run would write no checkpoint to go on "
+                         "from; give --checkpoint_every")
+
+
+def _check_lora(args: DPPOOatArgs) -> None:
+    """LoRA (``--lora_rank`` > 0): oat merges the adapters into whole weights for every broadcast; under ZeRO-3 the
+    weights it merges into are partitioned away from the process that merges."""
+    if args.lora_rank < 0 or (args.lora_rank > 0 and args.lora_alpha <= 0):
+        raise ValueError(f"--lora_rank must be >= 0 (0: full fine-tuning) and --lora_alpha > 0, got "
+                         f"{args.lora_rank} and {args.lora_alpha}")
+    if args.lora_rank > 0 and args.zero_stage == 3:
+        raise ValueError("--lora_rank with --zero_stage 3: oat merges the adapters into weights ZeRO-3 has "
+                         "partitioned across the learners; use --zero_stage 2")
+
+
+def check_resume(args: DPPOOatArgs, learners: int) -> None:
+    """``--resume_dir``: a whole checkpoint is there, of as many learners, and the run's settings are these (but
+    :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`). Raises ValueError with one line."""
+    from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point
+    from dppo_oat.runlog import read_config
+
+    point = find_resume_point(args.resume_dir, args.resume_tag)
+    if int(point.record.get("learners", -1)) != learners:
+        raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record.get('learners')} "
+                         f"learner(s) and this plan has {learners}: resume on the node layout the run started on")
+    check_resume_settings(read_config(point.run_dir), vars(args))
+
+
 def _check_replaced_flags(args: DPPOOatArgs) -> None:
     for name, (accepted, hint) in REPLACED_OAT_FLAGS.items():
         if getattr(args, name) != accepted:
@@ -271,9 +321,13 @@ def validate_args(args: DPPOOatArgs, *, check_gpus: bool = True) -> DPPOOatArgs:
     ``check_gpus`` is False (a dry run plans a node it does not run on)."""
     check_dppo_args(args)
     if check_gpus:
-        return default_args_validation(args)
-    gpus, args.gpus = args.gpus, 0  # oat's only use of args.gpus there is the count of visible GPUs
-    try:
-        return default_args_validation(args)
-    finally:
-        args.gpus = gpus
+        args = default_args_validation(args)
+    else:
+        gpus, args.gpus = args.gpus, 0  # oat's only use of args.gpus there is the count of visible GPUs
+        try:
+            args = default_args_validation(args)
+        finally:
+            args.gpus = gpus
+    if args.resume_dir:
+        check_resume(args, plan_of(args).learners)  # after oat's validation: config.json records validated args
+    return args

@@ -8,19 +8,25 @@ checked on any machine with the ``oat`` extra installed, even without GPUs, mode
 
 A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
 (:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
-training diverged (every learner stops together, :mod:`~dppo_oat.engines.oat.status`), with one line and exit
-status 1; Ctrl-C or SIGTERM (launchpad stops every worker), with one line saying where oat's saved models are and
-exit status 130 or 143.
+training diverged or whose checkpoint could not be written (every learner stops together,
+:mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1; Ctrl-C or SIGTERM (launchpad stops every
+worker), with one line giving the command that resumes the run from its newest checkpoint
+(:mod:`~dppo_oat.engines.oat.resume`) and exit status 130 or 143. A resumed run (``--resume_dir``) holds its run
+directory's lock while it runs: a second resume of the same run is refused in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import os
+import shlex
 import signal
 import sys
 import types
 import warnings
+from pathlib import Path
 from typing import Optional, Sequence
 
 PROG = "python -m dppo_oat.train --engine oat"
@@ -96,28 +102,72 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         _fail("interrupted before anything was launched", status=130)
     toolkit = optimizer_toolkit(args.adam_offload)
-    print(render_plan(plan), toolkit_line(toolkit), sep="\n", flush=True)
+    print(render_plan(plan), checkpoint_line(args), toolkit_line(toolkit), sep="\n", flush=True)
     if args.dry_run:
         return
     problem = toolkit_problem(toolkit)
     if problem:
         _fail(problem)
-    reason, stopped_by = launch_and_wait(args)
-    if reason:
-        _fail(f"training diverged: {reason}", status=1)
-    if stopped_by is not None:
-        _fail(stopped_message(args, stopped_by), status=128 + stopped_by)
+    with run_lock(args):
+        outcome = launch_and_wait(args)
+    if outcome.failure:
+        _fail(outcome.failure, status=1)
+    if outcome.stopped_by is not None:
+        _fail(stopped_message(argv, outcome.run_dir, outcome.stopped_by), status=128 + outcome.stopped_by)
 
 
-def launch_and_wait(args) -> tuple[Optional[str], Optional[int]]:
-    """Launch the program on this node and wait until its workers are gone (``lp.stop``: the end of the run, or a
-    divergence; or Ctrl-C / SIGTERM, on which launchpad stops the workers itself). Returns the reason a learner
-    reported for a divergence, and the signal that stopped the run (None for each when neither happened)."""
+def checkpoint_line(args) -> str:
+    """The plan's line on resumable checkpoints, and where a resume starts."""
+    from dppo_oat.engines.oat.resume import find_resume_point
+
+    every = (f"every {args.checkpoint_every} learning round(s), the newest {args.keep_checkpoints} kept"
+             if args.checkpoint_every else "none (--checkpoint_every 0): a stopped run cannot be resumed")
+    if not args.resume_dir:
+        return f"resumable checkpoints: {every}"
+    point = find_resume_point(args.resume_dir, args.resume_tag)
+    return (f"resumable checkpoints: {every}; resuming {point.run_dir} from {point.folder.name} (actor step "
+            f"{point.record.get('actor_steps')})")
+
+
+@contextlib.contextmanager
+def run_lock(args):
+    """A resumed run's directory is locked for as long as the program runs (a new run's is new: oat names it by
+    the start time); a second writer is refused in one line."""
+    if not args.resume_dir:
+        yield
+        return
+    from dppo_oat.engines.oat.resume import run_directory_of
+    from dppo_oat.runlog import RunLock
+
+    try:
+        lock = RunLock(run_directory_of(args.resume_dir))
+    except ValueError as error:
+        _fail(str(error).replace("give this run another --run-name (or wait for that run to end)",
+                                 "wait for that run to end"))
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a launched program ended: the one line a learner reported (a divergence, a failed checkpoint), the
+    run directory it wrote, and the signal that stopped it (None for each when there was none)."""
+
+    failure: Optional[str]
+    run_dir: Optional[str]
+    stopped_by: Optional[int]
+
+
+def launch_and_wait(args) -> Outcome:
+    """Launch the program on this node and wait until its workers are gone (``lp.stop``: the end of the run, a
+    divergence or a failed checkpoint; or Ctrl-C / SIGTERM, on which launchpad stops the workers itself)."""
     import launchpad as lp
 
-    from dppo_oat.engines.oat.status import divergence_reporting, read_divergence
+    from dppo_oat.engines.oat.status import FAILURE_FILE, RUN_DIR_FILE, program_status, read_status
 
-    with divergence_reporting() as status:
+    with program_status() as status:
         program, local_resources = build_program(args)
         manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources,
                             terminal="current_terminal")
@@ -125,7 +175,8 @@ def launch_and_wait(args) -> tuple[Optional[str], Optional[int]]:
         record_stop_signals(stops)  # launchpad's handlers are in place now
         if callable(getattr(manager, "wait", None)):
             manager.wait()  # launchpad's worker manager
-        return read_divergence(status), (stops[0] if stops else None)
+        return Outcome(read_status(status, FAILURE_FILE), read_status(status, RUN_DIR_FILE),
+                       stops[0] if stops else None)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -150,12 +201,35 @@ def record_stop_signals(received: list) -> None:
         signal.signal(sig, record)
 
 
-def stopped_message(args, signum: int) -> str:
-    """What a stopped oat run left behind and how to go on (oat runs cannot be resumed)."""
+def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) -> str:
+    """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
+    naming the run, whose newest whole checkpoint it resumes from)."""
+    from dppo_oat.engines.oat.resume import CHECKPOINTS_DIR, complete_checkpoints
+
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
-    return (f"{what}: launchpad stopped every worker; the models oat saved are in {args.save_path}/"
-            f"{args.wb_run_name}_<start time>/saved_models: go on with a new run from the last one (--pretrain "
-            "<that folder>/step_NNNNN), as an oat run cannot be resumed")
+    if run_dir is None:
+        return f"{what} before the learner made its run directory: nothing to resume; start the run again"
+    newest = complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR)
+    if not newest:
+        return (f"{what}: launchpad stopped every worker before the first checkpoint (every --checkpoint_every "
+                f"learning rounds) of {run_dir}: start the run again")
+    return (f"{what}: launchpad stopped every worker; {run_dir} resumes from {newest[-1].name}: "
+            f"{resume_command(argv, run_dir)}")
+
+
+def resume_command(argv: Sequence[str], run_dir: str) -> str:
+    """``argv`` as a command line that resumes ``run_dir``: any ``--resume_dir`` / ``--resume_tag`` it had replaced."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("-", "_")
+        if name in ("__resume_dir", "__resume_tag"):
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return shlex.join(["python", "-m", "dppo_oat.train", "--engine", "oat", *kept, "--resume_dir", str(run_dir)])
 
 
 def _fail(message: str, status: int = 2) -> None:

@@ -23,18 +23,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
-from typing import Iterator, Sequence
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
 
 import torch
 from oat.algorithms.ppo import PPOLearner
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from tqdm import tqdm
 
 from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
+from dppo_oat.engines.oat.lora import base_weights_restored
+from dppo_oat.engines.oat.resume import (
+    CHECKPOINTS_DIR, ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
+    learner_state, partial_path, prune_checkpoints, read_learner_state, remove_unfinished, restore_learner_state,
+    set_random_states, write_learner_state, write_resume_record,
+)
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
-from dppo_oat.engines.oat.status import report_divergence
-from dppo_oat.errors import TrainingBlewUp
+from dppo_oat.engines.oat.status import report_failure, report_run_dir
+from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
+from dppo_oat.runlog import code_commit
 from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
                             one_learner)
 from dppo_oat.spec import UpdateSettings, split_ids
@@ -140,15 +152,15 @@ def weight_shards(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, local_shard(parameter)
 
 
-def stop_program(error: TrainingBlewUp, rank_0: bool, finish_logs) -> None:
-    """End the whole launchpad program after a divergence every learner agreed on: rank 0 closes its logs and hands
-    the reason to the launcher (which prints it as one line and exits 1); the last checkpoint oat saved stays (it
-    was checked finite when it was written)."""
+def stop_program(error: TrainingBlewUp | CheckpointFailed, rank_0: bool, finish_logs) -> None:
+    """End the whole launchpad program after a divergence or a failed checkpoint every learner agreed on: rank 0
+    closes its logs and hands the reason to the launcher (which prints it as one line and exits 1); the checkpoints
+    already written stay (each was checked finite before it was written)."""
     import launchpad as lp
 
     if rank_0:
         finish_logs()
-        report_divergence(str(error))
+        report_failure(f"training diverged: {error}" if isinstance(error, TrainingBlewUp) else str(error))
     lp.stop()
 
 
@@ -193,19 +205,164 @@ class DPPOLearner(PPOLearner):
         self.guard = BlowUpGuard()
         self.learning_rounds = 0
         self.broadcast_rounds: list[int] = []  # learning rounds in the weights of each broadcast, in order
+        self.resume_point = find_resume_point(args.resume_dir, args.resume_tag) if args.resume_dir else None
+        if self.resume_point is not None:
+            self.save_path = self._continue_in(self.resume_point.run_dir)
         if self.strategy.is_rank_0():
+            report_run_dir(self.save_path)
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
-            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n)
+            resumed_round = None if self.resume_point is None else self.resume_point.learning_round
+            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n,
+                                             resume_round=resumed_round)
         self.exporter = (TokenExporter(self.save_path) if args.token_export == "all" and self.strategy.is_rank_0()
                          else None)  # rank 0's share of each learning round, as tokens.jsonl
 
+    def _continue_in(self, run_dir: Path) -> str:
+        """A resumed run writes on in its own run directory: the one oat's ``_init`` just made for this start is
+        removed (nothing was written to it yet), and so are the saves a kill cut short."""
+        fresh = Path(self.save_path)
+        if self.strategy.is_rank_0() and fresh.resolve() != run_dir.resolve():
+            for folder in (fresh / "lora", fresh):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        if self.strategy.is_rank_0():
+            remove_unfinished(run_dir / CHECKPOINTS_DIR)
+        return str(run_dir)
+
     def run(self) -> None:
-        """oat's run; a divergence (raised on every learner at once) ends the program with one line."""
+        """oat's ``LearnerBase.run`` (0.2.4), resumable (:meth:`train`); a divergence or a failed checkpoint (raised
+        on every learner at once) ends the program with one line."""
         try:
-            super().run()
-        except TrainingBlewUp as error:
+            self._init(self.args, self.actors)
+            self.train()
+        except (TrainingBlewUp, CheckpointFailed) as error:
             stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
+
+    def train(self) -> None:
+        """oat's loop over actor steps (``LearnerBase.run`` after ``_init``; tests/oat holds its source to oat 0.2.4's),
+        started afresh or where a checkpoint left off (:meth:`resume`): collect a step's samples, learn every
+        ``update_interval`` steps, broadcast, evaluate and log, then checkpoint every ``--checkpoint_every`` rounds."""
+        self.start_time, self.actor_info, train_info = time.time(), {}, {}
+        random_states, early_stop = None, False
+        if self.resume_point is None:
+            self.steps = 0
+            if not self.args.debug:
+                self.eval_and_log({}, eval=True, save=False)
+        else:
+            random_states = self.resume(self.resume_point)
+        steps_done = self.steps
+        self.steps = steps_done + 1
+        self.gradient_update_st = time.time()
+        for epoch, skip in self.remaining_epochs(steps_done):
+            if random_states is not None and skip == 0:  # resumed at an epoch's start
+                set_random_states(random_states, self.shuffle_generator)
+                random_states = None
+            batches = itertools.islice(iter(self.prompts_dataloader), skip, None)  # the iterator draws a seed
+            if random_states is not None:  # resumed mid-epoch: the run being resumed drew it before its checkpoint
+                set_random_states(random_states, self.shuffle_generator)
+                random_states = None
+            progress = tqdm(range(len(self.prompts_dataloader)), desc=f"Prompt epoch [{epoch + 1}/"
+                            f"{self.args.num_prompt_epoch}]", disable=not self.strategy.is_rank_0())
+            progress.update(skip)
+            for processed_prompts, raw_prompts, refs in batches:
+                if early_stop:
+                    break
+                train_info = self.actor_step(processed_prompts, raw_prompts, refs) or train_info
+                progress.update()
+                self.steps += 1
+                early_stop = self.get_current_query() > self.args.max_queries
+            self.prompt_epoch = epoch * getattr(self, "_prompt_n_repeat", 1) + 1
+        self.eval_and_log(train_info, eval=True, save=True)
+        if self.strategy.is_rank_0():
+            self._wandb.finish() if self._wandb else None
+            import launchpad as lp
+
+            lp.stop()
+
+    def remaining_epochs(self, steps_done: int) -> Iterator[tuple[int, int]]:
+        """``(epoch, batches to skip)`` of oat's prompt loader from actor step ``steps_done + 1`` on (the prompts are
+        placeholders: a skipped batch costs nothing)."""
+        per_epoch = len(self.prompts_dataloader)
+        for epoch in range(steps_done // per_epoch, self.args.num_prompt_epoch):
+            if isinstance(self.prompts_dataloader.sampler, DistributedSampler):
+                self.prompts_dataloader.sampler.set_epoch(epoch)
+            yield epoch, (steps_done - epoch * per_epoch if epoch == steps_done // per_epoch else 0)
+
+    def actor_step(self, processed_prompts, raw_prompts, refs) -> Optional[dict]:
+        """One actor step of oat's loop; its learning round's train info when the step ends one, else None."""
+        feedback_data, self.actor_info = self.collector.collect_feedback(
+            raw_prompts, processed_prompts, refs, self._same_actor_group)
+        torch.distributed.barrier()
+        self.prompt_consumed += len(feedback_data)
+        self.process_feedback_data(feedback_data)
+        if self.steps % self.update_interval:
+            return None
+        learning_round = self.steps // self.update_interval
+        self._pre_learning()
+        train_info = self.learn(learning_round)
+        self._post_learning()
+        if learning_round % self.args.sync_params_every == 0:
+            self.sync_params_to_actors()
+        if learning_round % self.args.buffer_clear_every == 0:
+            self.pi_buffer.clear()
+        self.eval_and_log(train_info)
+        if self.args.checkpoint_every and learning_round % self.args.checkpoint_every == 0:
+            self.save_checkpoint(learning_round)
+        return train_info
+
+    def save_checkpoint(self, learning_round: int) -> None:
+        """Round ``learning_round``'s resumable checkpoint (:mod:`~dppo_oat.engines.oat.resume`), by every learner:
+        DeepSpeed's files and each learner's state into ``<tag>.partial``, renamed by rank 0 once every learner
+        wrote its part; then only the newest ``--keep_checkpoints`` stay."""
+        root, tag = Path(self.save_path) / CHECKPOINTS_DIR, checkpoint_tag(learning_round)
+        partial, rank_0 = partial_path(root, tag), self.strategy.is_rank_0()
+        failure = None
+        try:
+            if rank_0:
+                root.mkdir(exist_ok=True)
+                shutil.rmtree(partial, ignore_errors=True)
+            torch.distributed.barrier()
+            self.model.model.save_checkpoint(str(root), tag=partial.name, save_latest=False)
+            write_learner_state(partial, self.strategy.get_rank(), learner_state(self))
+            if rank_0:
+                write_resume_record(partial, self.resume_record(learning_round))
+        except OSError as error:
+            failure = error
+        if self._any_learner(int(failure is not None)):
+            raise CheckpointFailed(checkpoint_failure(root, tag, failure))
+        if rank_0:
+            commit_checkpoint(root, tag)
+            prune_checkpoints(root, self.args.keep_checkpoints)
+        torch.distributed.barrier()
+
+    def resume_record(self, learning_round: int) -> dict:
+        """``resume.json``: what the launcher checks before any model loads."""
+        return {"learning_round": learning_round, "actor_steps": self.steps, "learners": self.strategy.world_size,
+                "pi_beta_version": self.pi_beta_version, "code_commit": code_commit()}
+
+    def resume(self, point: ResumePoint) -> dict:
+        """Load ``point``'s checkpoint on every learner (DeepSpeed's weights, optimizer and schedule, then each
+        learner's state), send the weights to the actors and tell them where the run stopped. Returns the random
+        states, for :meth:`train` to set once it has made the prompt loader's iterator (which draws from torch's
+        random state, as it did at the start of the epoch in the run being resumed)."""
+        self.strategy.load_ckpt(self.model.model, str(point.folder.parent), tag=point.folder.name)
+        state = read_learner_state(point.folder, self.strategy.get_rank())
+        restore_learner_state(self, state)
+        self._broadcast_to_vllm()
+        if self.strategy.is_group_rank_0():
+            done = [actor.futures.resume_at(self.steps, self.pi_beta_version) for actor in self.actors]
+            _ = [future.result() for future in done]
+        torch.distributed.barrier()
+        self.strategy.print(f"resumed {point.run_dir} at learning round {point.learning_round} "
+                            f"(actor step {self.steps})")
+        return state.random_states
+
+    def _broadcast_to_vllm(self) -> None:
+        """oat's broadcast; with LoRA, oat merges the adapters into the base weights, sends them and subtracts them
+        again, which in bf16 does not give the base weights back: they are restored exactly afterwards."""
+        with base_weights_restored(self.strategy._unwrap_model(self.model) if self.args.lora_rank > 0 else None):
+            super()._broadcast_to_vllm()
 
     def sync_params_to_actors(self) -> None:
         """oat's weight broadcast; remembers how many learning rounds the broadcast weights hold (the actors count

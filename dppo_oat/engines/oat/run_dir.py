@@ -7,7 +7,8 @@ and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that 
 lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
 update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
 written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's token sample
-(:meth:`RunDirectoryLogger.log_tokens`). Rows keep every oat key and add the names the local engine uses:
+(:meth:`RunDirectoryLogger.log_tokens`). A resumed run (``resume_round``) cuts the logs back to the
+checkpoint's round and writes on from the next one. Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
 ``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``, ``eval/eval_count`` →
 ``eval/seeds`` (× ``eval_n``: ``eval/episodes``).
@@ -55,9 +56,10 @@ def eval_row(logs: dict[str, Any], step: int, eval_n: int = 1) -> Optional[dict[
 class RunDirectoryLogger:
     """Writes oat's logs into a run directory; ``mirror`` (the wandb module, or None) gets every call too."""
 
-    def __init__(self, directory: Path, config: dict, mirror: Any = None, eval_n: int = 1):
-        self.run_log = RunLog(Path(directory), config)
-        self.mirror, self.rounds, self.eval_n = mirror, 0, eval_n
+    def __init__(self, directory: Path, config: dict, mirror: Any = None, eval_n: int = 1,
+                 resume_round: Optional[int] = None):
+        self.run_log = RunLog(Path(directory), config, resume_step=resume_round)
+        self.mirror, self.rounds, self.eval_n = mirror, resume_round or 0, eval_n
 
     def log(self, logs: dict[str, Any], *args, **kwargs) -> None:
         learning_round = int(logs.get(ROUND_KEY, 0))

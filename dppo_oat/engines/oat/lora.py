@@ -1,0 +1,45 @@
+"""LoRA on the oat engine (``--lora_rank`` > 0): the learner trains PEFT adapters, the actors sample from whole weights.
+
+oat wraps the policy in PEFT's LoRA (``oat.model.LLM``) and, for every weight broadcast, merges the adapters into the
+base weights (W + s·BA), sends the merged state dict to vLLM and subtracts the adapters again. In bf16 or fp16,
+``(W + s·BA) − s·BA`` is rounded twice and is not W: each broadcast would move the frozen base weights by a rounding
+error, round after round, so the learner's π_θ would drift from the policy being trained (and from what vLLM's μ was
+sampled with two broadcasts later). :func:`base_weights_restored` keeps a copy of every adapted base weight for the
+duration of the broadcast and writes it back afterwards, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+
+
+def adapted_base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base weights (and biases) of every LoRA-adapted layer of ``model``: the tensors a merge writes into."""
+    weights = {}
+    for name, module in model.named_modules():
+        base = getattr(module, "base_layer", None)
+        if base is None or not hasattr(module, "lora_A"):
+            continue
+        for tensor_name, tensor in base.named_parameters(recurse=False):
+            weights[f"{name}.base_layer.{tensor_name}"] = tensor
+    return weights
+
+
+@contextlib.contextmanager
+def base_weights_restored(model: Optional[torch.nn.Module]) -> Iterator[None]:
+    """Within the block the adapters may be merged and unmerged; afterwards every adapted base weight holds exactly
+    what it held before (a copy in host memory, written back). ``model`` None: nothing to keep."""
+    if model is None:
+        yield
+        return
+    weights = adapted_base_weights(model)
+    saved = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                tensor.copy_(saved[name])

@@ -1,0 +1,276 @@
+"""Resumable checkpoints of the oat engine: what oat 0.2.4's ``--resume_dir`` leaves out, saved atomically.
+
+oat reloads DeepSpeed's state on ``--resume_dir`` and nothing else: its loop restarts at actor step 0, its
+evaluation schedule and random states start afresh, and its actors play the first round with ``--pretrain``'s
+weights. A DPPO checkpoint of learning round r is one folder, ``<run>/checkpoints/round_<r>/``:
+
+- DeepSpeed's own files: every learner's shard of the weights, the optimizer state and the learning-rate schedule;
+- ``learner_<rank>.pt`` for each learner: :class:`LearnerState`, the loop's position (actor steps, learning rounds,
+  oat's counters and evaluation schedule, the weight versions broadcast) and every random state it draws from;
+- ``resume.json`` (rank 0): the round, the actor steps and the number of learners, read by the launcher before any
+  model loads (:func:`read_resume_record`).
+
+It is written as ``round_<r>.partial/`` and renamed once every learner has finished writing, so a kill at any moment
+leaves the previous checkpoint whole; the next resume removes a ``.partial`` folder. The newest
+``--keep_checkpoints`` are kept. A checkpoint is taken only after the round's metrics and evaluation were logged
+and its weights broadcast, so on resume the logs are cut back to the round (:class:`~dppo_oat.runlog.RunLog`), the
+actors receive the checkpoint's weights and continue at the next actor step (their seeds derive from it), and the
+run goes on as an uninterrupted one would. Imports nothing of oat or launchpad.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from dppo_oat.safe_io import atomic_torch_save, atomic_write_bytes
+
+CHECKPOINTS_DIR = "checkpoints"
+PARTIAL_SUFFIX = ".partial"
+OLD_SUFFIX = ".old"
+RESUME_RECORD = "resume.json"
+TAG_PREFIX = "round_"
+
+
+def checkpoint_tag(learning_round: int) -> str:
+    """The folder name of round ``learning_round``'s checkpoint (sorts by round)."""
+    return f"{TAG_PREFIX}{learning_round:06d}"
+
+
+def learner_file(rank: int) -> str:
+    return f"learner_{rank}.pt"
+
+
+@dataclasses.dataclass
+class LearnerState:
+    """What one learner needs beyond DeepSpeed's checkpoint to continue its loop where it was: oat's counters and
+    evaluation schedule (``LearnerBase``), DPPO's rounds and broadcasts, the blow-up guard and every random state."""
+
+    steps: int
+    learning_rounds: int
+    global_step: int
+    policy_sgd_step: float
+    pi_beta_version: int
+    query_step: int
+    prompt_consumed: int
+    prompt_epoch: int
+    broadcast_rounds: list
+    last_eval_query_step: Optional[int]
+    pending_eval: bool
+    guard: dict
+    random_states: dict
+
+
+def random_states(shuffle: torch.Generator) -> dict[str, Any]:
+    """The random states a learner draws from: torch's (CPU and every CUDA device), NumPy's and Python's global
+    ones, and the update loop's shuffle generator."""
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+              "shuffle": shuffle.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_random_states(states: dict[str, Any], shuffle: torch.Generator) -> None:
+    """Undo :func:`random_states`."""
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    shuffle.set_state(states["shuffle"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def learner_state(learner) -> LearnerState:
+    """A :class:`~dppo_oat.engines.oat.learner.DPPOLearner`'s state at the end of a learning round."""
+    return LearnerState(
+        steps=learner.steps, learning_rounds=learner.learning_rounds, global_step=learner.global_step,
+        policy_sgd_step=learner.policy_sgd_step, pi_beta_version=learner.pi_beta_version,
+        query_step=learner.query_step, prompt_consumed=learner.prompt_consumed, prompt_epoch=learner.prompt_epoch,
+        broadcast_rounds=list(learner.broadcast_rounds),
+        last_eval_query_step=getattr(learner, "last_eval_query_step", None),
+        pending_eval=getattr(learner, "_pending_eval", False),
+        guard=dataclasses.asdict(learner.guard), random_states=random_states(learner.shuffle_generator),
+    )
+
+
+def restore_learner_state(learner, state: LearnerState) -> None:
+    """Undo :func:`learner_state` but for the random states (:func:`set_random_states`; oat's ``_should_do`` keeps
+    its schedule in attributes it creates on first use)."""
+    for name in ("steps", "learning_rounds", "global_step", "policy_sgd_step", "pi_beta_version", "query_step",
+                 "prompt_consumed", "prompt_epoch"):
+        setattr(learner, name, getattr(state, name))
+    learner.broadcast_rounds = list(state.broadcast_rounds)
+    if state.last_eval_query_step is not None:
+        learner.last_eval_query_step = state.last_eval_query_step
+    learner._pending_eval = state.pending_eval
+    learner.guard = type(learner.guard)(**state.guard)
+
+
+# ------------------------------------------------------------------------------------------------------ the folders
+
+
+def partial_path(root: Path, tag: str) -> Path:
+    return root / f"{tag}{PARTIAL_SUFFIX}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The whole checkpoints under ``root``, oldest round first (``.partial`` and ``.old`` folders are not)."""
+    if not root.is_dir():
+        return []
+    return sorted(path for path in root.iterdir() if path.is_dir() and path.name.startswith(TAG_PREFIX)
+                  and not path.name.endswith((PARTIAL_SUFFIX, OLD_SUFFIX)) and (path / RESUME_RECORD).is_file())
+
+
+def commit_checkpoint(root: Path, tag: str) -> Path:
+    """Rename ``<tag>.partial`` to ``<tag>`` (the one step that makes a checkpoint exist). A checkpoint of the same
+    round from before a resume is moved aside first and removed after, so no moment is without a whole one."""
+    final, old = root / tag, root / f"{tag}{OLD_SUFFIX}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(partial_path(root, tag), final)
+    _fsync_directory(root)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` whole checkpoints; return the removed ones."""
+    removed = complete_checkpoints(root)[:-keep] if keep > 0 else []
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def remove_unfinished(root: Path) -> list[Path]:
+    """Remove the ``.partial`` folders of saves a kill cut short, and restore a checkpoint a kill left moved aside
+    (``.old`` without its replacement); return what was removed. Only the run's one writer may call it."""
+    removed = []
+    if not root.is_dir():
+        return removed
+    for path in sorted(root.iterdir()):
+        if path.name.endswith(OLD_SUFFIX):
+            final = root / path.name[: -len(OLD_SUFFIX)]
+            if final.exists():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.replace(path, final)
+        elif path.name.endswith(PARTIAL_SUFFIX):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_learner_state(folder: Path, rank: int, state: LearnerState) -> None:
+    atomic_torch_save(dataclasses.asdict(state), folder / learner_file(rank))
+
+
+def read_learner_state(folder: Path, rank: int) -> LearnerState:
+    data = torch.load(folder / learner_file(rank), map_location="cpu", weights_only=False)
+    return LearnerState(**data)
+
+
+def write_resume_record(folder: Path, record: dict) -> None:
+    atomic_write_bytes(folder / RESUME_RECORD, json.dumps(record, indent=2).encode())
+
+
+# ------------------------------------------------------------------------------------------------------ resuming
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run resumes from: its run directory, its folder and ``resume.json``."""
+
+    run_dir: Path
+    folder: Path
+    record: dict
+
+    @property
+    def learning_round(self) -> int:
+        return int(self.record["learning_round"])
+
+
+def run_directory_of(resume_dir: str | Path) -> Path:
+    """The run directory ``--resume_dir`` names: the run's own folder (oat's ``<save_path>/<run>_<time>``), its
+    ``checkpoints`` folder, or one checkpoint folder in it."""
+    path = Path(resume_dir).expanduser()
+    if path.name == CHECKPOINTS_DIR:
+        return path.parent
+    if path.parent.name == CHECKPOINTS_DIR and path.name.startswith(TAG_PREFIX):
+        return path.parent.parent
+    return path
+
+
+def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> ResumePoint:
+    """The checkpoint to resume from: ``tag`` (``round_NNNNNN``, or the folder ``--resume_dir`` names), else the
+    newest whole one. Raises ValueError with one line that says what to do."""
+    path = Path(resume_dir).expanduser()
+    run_dir = run_directory_of(path)
+    if not run_dir.is_dir():
+        raise ValueError(f"--resume_dir {resume_dir}: no such run directory (oat's <save_path>/<run>_<start time>)")
+    if tag is None and path.parent.name == CHECKPOINTS_DIR:
+        tag = path.name
+    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS_DIR)
+    if tag is not None:
+        checkpoints = [c for c in checkpoints if c.name == tag]
+        if not checkpoints:
+            raise ValueError(f"--resume_tag {tag}: {run_dir / CHECKPOINTS_DIR} holds no whole checkpoint of that "
+                             "name: leave --resume_tag out to take the newest")
+    if not checkpoints:
+        raise ValueError(f"--resume_dir {resume_dir}: the run has no whole checkpoint (one is written every "
+                         "--checkpoint_every learning rounds under <run>/checkpoints): start a new run")
+    folder = checkpoints[-1]
+    try:
+        record = json.loads((folder / RESUME_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{folder / RESUME_RECORD} is damaged ({error}): resume from an older checkpoint with "
+                         "--resume_tag, or start a new run") from None
+    return ResumePoint(run_dir=run_dir, folder=folder, record=record)
+
+
+MAY_CHANGE_ON_RESUME = (
+    "resume_dir", "resume_tag", "dry_run", "debug", "use_wb", "wb_org", "wb_group", "wb_project", "wb_run_name",
+    "save_path", "checkpoint_every", "keep_checkpoints", "max_save_num", "max_save_mem", "launch_type",
+    "learner_gpus_per_group", "local_rank", "algo",
+)
+"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo`` is
+checked to be PPO; ``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
+
+
+def check_resume_settings(stored: dict, current: dict) -> None:
+    """Refuse, in one line naming them, the settings that differ from the run's ``config.json`` (a resume continues
+    the run it names, with its own settings) beyond :data:`MAY_CHANGE_ON_RESUME`."""
+    from dppo_oat.runlog import config_differences
+
+    if not stored:
+        raise ValueError("--resume_dir: the run has no config.json: it cannot be told what it trained with")
+    differences = config_differences(stored, current, MAY_CHANGE_ON_RESUME)
+    if differences:
+        shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
+        raise ValueError(f"--resume_dir: {len(differences)} setting(s) differ from the run's config.json ({shown}): "
+                         "resume with the command that started the run, plus --resume_dir")
+
+
+def checkpoint_failure(root: Path, tag: str, error: Optional[BaseException]) -> str:
+    """The one line a run ends on when its checkpoint ``tag`` could not be written."""
+    newest = complete_checkpoints(root)
+    kept = f"the newest whole checkpoint is {newest[-1].name}" if newest else "no whole checkpoint was written yet"
+    cause = f"{type(error).__name__}: {error}" if error is not None else "another learner failed to write its part"
+    return (f"writing the checkpoint {root / tag} failed ({cause}); {kept}: make room or fix the folder, then go on "
+            f"with the same command plus --resume_dir {root.parent}")
