@@ -53,6 +53,10 @@ overheads; with a real model's decoder the extra pass and the head are a smaller
     python scripts/bench/oat_learner_step.py --device cuda --hidden 2048 --layers 28 --gradient-checkpointing \\
         --prompt-tokens 512 --response-tokens 1536 --micro-batch 1             # Qwen3-1.7B's shape, a GPU node
     python scripts/bench/oat_learner_step.py --out docs/bench/oat_learner_step_cpu.jsonl
+    python scripts/bench/oat_learner_step.py --lora-rank 16 ...                # the same under LoRA (peak memory)
+
+With ``--lora-rank`` r both learners train LoRA adapters (oat's ``--lora_rank``); the row's ``config`` records the
+rank and the trainable parameters, so the learner's memory with and without LoRA is two rows of the same shape.
 """
 
 from __future__ import annotations
@@ -176,8 +180,13 @@ def learner_argv(args, model_dir: str, save_path: str) -> list[str]:
         "--rollout_batch_size", str(args.sequences), "--rollout_batch_size_per_device", str(args.sequences),
         "--pi_buffer_maxlen_per_device", str(args.sequences), "--num_samples", str(args.group_size),
         "--generate_max_length", str(args.response_tokens), "--max_train", "100000", "--token_samples", "0",
-        "--save_path", save_path, "--seed", "42",
+        "--save_path", save_path, "--seed", "42", *lora_flags(args),
     ]
+
+
+def lora_flags(args) -> list[str]:
+    """``--lora-rank`` r > 0: both learners train LoRA adapters of rank r (alpha 2r) on oat's default modules."""
+    return [] if not args.lora_rank else ["--lora_rank", str(args.lora_rank), "--lora_alpha", str(2 * args.lora_rank)]
 
 
 def tr_delta_flags(args) -> list[str]:
@@ -449,7 +458,8 @@ def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn)
                 trajectory = collate(learner, pickle.load(handle))
             start, counters = initial_state(learner), Counters(learner)
             ready = {"advantages": oat_advantages(learner, trajectory) if variant == "ppo" else None,
-                     "trust_region": getattr(learner, "trust_region", None)}
+                     "trust_region": getattr(learner, "trust_region", None),
+                     "trainable": sum(p.numel() for p in learner.model.model.module.parameters() if p.requires_grad)}
             conn.send(("ready", ready))
             while (message := conn.recv()) in ("step", "profile"):
                 reset(learner, start, seed=42)
@@ -571,6 +581,7 @@ def measure(args) -> tuple[list[dict], dict]:
             if not np.allclose(ready["ppo"]["advantages"], wanted, atol=1e-6):
                 raise AssertionError(f"oat's advantages {ready['ppo']['advantages']} are not DPPO's {wanted}")
             facts["trust_region"] = ready["dppo"]["trust_region"]
+            facts["trainable_parameters"] = ready["dppo"]["trainable"]
             facts["warmup"] = {v: w.step() for v, w in workers.items()}
             progress("warm-up: " + ", ".join(f"{v} {out['seconds']:.2f} s" for v, out in facts["warmup"].items()))
             pairs = []
@@ -668,6 +679,7 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "weights_after_step_spread": {v: spread(v) for v in VARIANTS},
         "config": {
             "vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "parameters": facts["parameters"],
+            "lora_rank": args.lora_rank, "trainable_parameters": facts["trainable_parameters"],
             "sequences": args.sequences, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
             "tokens": args.sequences * (args.prompt_tokens + args.response_tokens), "group_size": args.group_size,
             "micro_batch": args.micro_batch, "minibatch": args.minibatch,
@@ -720,6 +732,8 @@ def main() -> None:
                         help="δ (default: 0.2 for dppo_binary_tv, as the GPU scripts run it; else the preset's)")
     parser.add_argument("--lm-head", default="fused", choices=["fused", "logits"], help="DPPO's π_θ path")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="as the GPU scripts run")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="LoRA adapters of this rank (alpha 2r, oat's default modules) on both learners; 0: none")
     parser.add_argument("--reps", type=int, default=5, help="timed pairs, after one warm-up step of each")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per learner")
     parser.add_argument("--profile", action="store_true",

@@ -6,12 +6,14 @@
 # the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
 #
 #   bash scripts/gpu/device_check.sh                      # every step, on the GPU
-#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: oat-learner tests rollout-ops rollout learner
-#                                                         #   fused-head default-run shaped-run
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: oat-lora oat-learner tests rollout-ops rollout
+#                                                         #   learner fused-head default-run shaped-run
 #   BUDGET=540 bash scripts/gpu/device_check.sh           # stop after 540 s: what is done keeps its rows
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
-# Steps, the newest first: oat-learner (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under
+# Steps, the newest first: oat-lora (the oat-learner step's bench with LoRA adapters of rank 16 on both learners,
+# one timed pair: the learner's memory under LoRA beside oat-learner's without: oat_learner_step; on the CPU only
+# when named), oat-learner (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under
 # DeepSpeed ZeRO-2 in bf16 at Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins
 # are in tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed: make
 # test-oat's environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the
@@ -73,8 +75,9 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
-STEPS=(oat-learner tests rollout-ops rollout learner fused-head default-run shaped-run)
-SMOKE_SKIPS=(oat-learner shaped-run)  # steps --smoke runs only when named
+OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile
+STEPS=(oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run shaped-run)
+SMOKE_SKIPS=(oat-lora oat-learner shaped-run)  # steps --smoke runs only when named
 IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
 SMOKE=${SMOKE:-0}
@@ -242,6 +245,14 @@ oat_learner() {
         && stamp oat_learner_step "$LOG_DIR/oat-learner.json"
 }
 
+oat_lora() {
+    local flag flags=()
+    for flag in "${OAT_LEARNER_FLAGS[@]}"; do [[ $flag == --profile ]] || flags+=("$flag"); done
+    TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$LOG_DIR/torch_extensions} \
+        "$PY" scripts/bench/oat_learner_step.py "${flags[@]}" "${OAT_LORA_FLAGS[@]}" >"$LOG_DIR/oat-lora.json" \
+        && stamp oat_learner_step "$LOG_DIR/oat-lora.json"
+}
+
 learner() {
     "$PY" scripts/bench/learner_mfu.py "${LEARNER_FLAGS[@]}" >"$LOG_DIR/learner.json" \
         && stamp learner_mfu "$LOG_DIR/learner.json"
@@ -263,6 +274,7 @@ fused_head() {
 # step_function STEP: the function that runs STEP
 step_function() {
     case $1 in
+        oat-lora) echo oat_lora ;;
         oat-learner) echo oat_learner ;;
         tests) echo gpu_tests ;;
         default-run) echo default_run ;;

@@ -43,3 +43,14 @@ def test_benchmark_prints_one_json_line_and_appends_it(tmp_path):
     assert ppo["lm_head_rows"] == (4 + 8) * 12  # every position of every forward
     assert dppo["lm_head_rows"] == (8 + 4) * 8  # the response tokens only
     assert row["weights_after_step_spread"] == {"ppo": 0.0, "dppo": 0.0}  # every repetition starts from one state
+
+
+def test_benchmark_under_lora_records_the_rank_and_trainable_parameters(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--device", "cpu", "--lora-rank", "4"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(done.stdout.splitlines()[-1])
+    config = row["config"]
+    assert config["lora_rank"] == 4 and 0 < config["trainable_parameters"] < config["parameters"] / 10
+    assert row["ppo_peak_mem_gib"] > 0 and row["dppo_peak_mem_gib"] > 0
+    assert row["per_step"]["dppo"]["optimizer_steps"] == 4
