@@ -15,7 +15,7 @@ OAT_DEFAULTS = dict(
     rollout_batch_size_per_device=16, pi_buffer_maxlen_per_device=16, buffer_clear_every=math.inf,
     train_batch_size=128, train_batch_size_per_device=1, num_ppo_epochs=2, max_train=65000, eval_steps=20,
     save_steps=100, pretrain="no/such-model", bf16=True, fp16=False, prompt_max_length=8704,
-    generate_max_length=4096,
+    generate_max_length=4096, num_samples=1,
 )
 
 
@@ -84,20 +84,34 @@ def test_evaluation_and_saving_follow_oat_actor_step_counters():
     assert "every 5 learning round(s)" in text and "never (--save_steps <= 0)" in text
 
 
+QWEN3_CONFIG = {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
+                "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144, "tie_word_embeddings": True}
+"""Qwen3-1.7B's config.json, as far as the plan reads it."""
+
+
 def test_logits_memory_is_read_from_the_model_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_CONFIG))
     plan = plan_of(args(pretrain=str(tmp_path)))
     assert plan.logits_gib == pytest.approx((12800 * 151936 * 6 + 3 * 1024 * 151936 * 4) / 2**30)
     assert "12800 tokens × V=151936" in render_plan(plan)
     measured_on_h100 = 11.78  # GiB: docs/bench/logits_memory_h100.jsonl, bf16, 12,800 tokens, chunks of 1,024
     assert 0.85 < measured_on_h100 / plan.logits_gib < 1.15
-    assert plan_of(args()).logits_gib is None and "not readable here" in render_plan(plan_of(args()))
+
+
+def test_logits_memory_of_a_model_known_by_name_or_by_flag():
+    """A hub id whose config.json is not readable offline is priced from the shape table; any other model needs
+    --price_model, and the plan says so instead of printing a size."""
+    for named in (args(pretrain="Qwen/Qwen3-1.7B-Base"), args(price_model="Qwen3-1.7B")):
+        assert plan_of(named).logits_gib == pytest.approx((12800 * 151936 * 6 + 3 * 1024 * 151936 * 4) / 2**30)
+    text = render_plan(plan_of(args()))
+    assert plan_of(args()).logits_gib is None and "unknown" not in text
+    assert "not priced without the model's shape" in text and "give --price_model" in text
 
 
 def test_the_dry_run_says_which_head_holds_what(tmp_path):
     """The fused head (the default) never holds [N, V]: the dry run says so and gives the logits path's bound;
     ZeRO-3, where the learner falls back to the logits path, and --lm_head logits print that path's estimate."""
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_CONFIG))
     fused = render_plan(plan_of(args(pretrain=str(tmp_path), lm_head="fused", zero_stage=2)))
     assert "LM head: fused" in fused and "never [N, V]" in fused and "at most" in fused
     for changes in (dict(lm_head="fused", zero_stage=3), dict(lm_head="logits", zero_stage=2)):

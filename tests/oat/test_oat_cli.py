@@ -7,6 +7,7 @@ and validated as written, so the paper's settings cannot drift from the code; th
 launchpad is the recorder in ``launchpad_stub`` (see conftest).
 """
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -290,6 +291,14 @@ def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
         assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
 
 
+def test_the_price_flags_default_to_the_prices_own():
+    from dppo_oat.engines.oat.price import ASSUMED_DECODE_EFFICIENCY
+
+    defaults = {field.name: field.default for field in dataclasses.fields(DPPOOatArgs)}
+    assert defaults["price_decode_efficiency"] == ASSUMED_DECODE_EFFICIENCY
+    assert defaults["price_gpu"] is None and defaults["price_model"] is None
+
+
 @pytest.mark.fault("oat engine: `--use_wb` (`WANDB=1`) without a wandb login",
                    "one line before anything launches (oat would otherwise ask for a key inside a learner, after the "
                    "models loaded)")
@@ -328,6 +337,10 @@ def test_dry_run_prints_the_plan_without_gpus_or_launchpad(gpus, per_learner):
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"node: {gpus} GPU(s)" in done.stdout and f"{per_learner} samples per learner" in done.stdout
     assert "2 optimizer step(s) per round" in done.stdout and "LM head: fused" in done.stdout
+    for priced in ("  actors per round: at most", "  learner per round: at most", "  run: at most",
+                   "  learner memory per GPU: about"):
+        assert priced in done.stdout
+    assert "commit 318a79e" in done.stdout and "unknown" not in done.stdout
 
 
 def test_an_inconsistent_plan_fails_in_one_line_with_status_2():

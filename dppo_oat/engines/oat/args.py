@@ -26,7 +26,14 @@ from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.engines.oat.plan import check_group_size, check_plan, check_visible_gpus, plan_of
+from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the actor reads it here)
+    check_group_size,
+    check_plan,
+    check_visible_gpus,
+    groups_per_step,
+    plan_of,
+)
+from dppo_oat.engines.oat.price import check_price_flags
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
@@ -115,6 +122,15 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Give every vLLM request a seed drawn from the run's seed and actor step, so that two runs with the same --seed
     (and a run and its resume) draw the same samples; vLLM then draws each request's noise from its own generator
     (one small kernel per request and decode step). Off: vLLM's noise is seeded by oat with the time."""
+    price_gpu: Optional[str] = None
+    """The GPU the plan's price is worked out for: h100, h200 or a100 (default: the one nvidia-smi names, else h200,
+    where the learner was measured)."""
+    price_model: Optional[str] = None
+    """The model shape the price and the logits memory are worked out for: Qwen3-1.7B, Qwen3-1.7B-Base,
+    OctoThinker-3B-Hybrid-Base, DeepSeek-R1-Distill-Qwen-1.5B or a config.json (default: --pretrain's config.json
+    where readable here, else its name)."""
+    price_decode_efficiency: float = 0.5
+    """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
 
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
@@ -181,11 +197,6 @@ def learners_normalise(advantage_mode: str) -> bool:
     return advantage_mode == "rebn"
 
 
-def groups_per_step(args: DPPOOatArgs) -> int:
-    """``groups_per_step``, else enough groups for one single-turn batch of ``rollout_batch_size_per_device``."""
-    return args.groups_per_step or -(-args.rollout_batch_size_per_device // args.num_samples)
-
-
 def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     """Everything DPPO needs of the arguments, without a GPU, a model or launchpad; the run's spec. Raises
     ValueError with one line that says what to change."""
@@ -204,6 +215,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     check_group_size(args.num_samples)
+    check_price_flags(args)
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)

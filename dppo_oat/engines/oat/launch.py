@@ -76,13 +76,14 @@ def stand_in_for_missing_launchpad() -> None:
 
 
 def checked_plan(argv: Sequence[str]):
-    """Parse and check the command line; ``(args, plan)``. Raises ValueError / AssertionError (oat's checks)."""
+    """Parse and check the command line; ``(args, plan)``, the plan with its price. Raises ValueError /
+    AssertionError (oat's checks)."""
     from dppo_oat.engines.oat.args import validate_args
-    from dppo_oat.engines.oat.plan import plan_of
+    from dppo_oat.engines.oat.plan import priced_plan
 
     args = parse_args(argv)
     args = validate_args(args, check_gpus=not args.dry_run)
-    return args, plan_of(args)
+    return args, priced_plan(args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -6,16 +6,17 @@ of them, and learns every ``rollout_batch_size / (learners × rollout_batch_size
 ``update_interval``: one *learning round*) on its whole buffer, in micro-batches of ``train_batch_size_per_device``,
 with DeepSpeed stepping the optimizer every ``train_batch_size / (train_batch_size_per_device × learners)``
 micro-batches. :func:`plan_of` works all of that out, :func:`check_plan` refuses plans that would crash or train on
-the wrong samples, and :func:`render_plan` prints it (``--dry_run``).
+the wrong samples, :func:`priced_plan` adds the run's price (:mod:`~dppo_oat.engines.oat.price`: time and memory)
+and :func:`render_plan` prints it (``--dry_run``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Optional
+
+from dppo_oat.engines.oat.price import ModelShape, Price, nvidia_smi_gpu, price_of, render_price, resolve_shape
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class Plan:
     learners: int
     rollout_batch_size: int
     rollout_per_device: int
+    decode_batch: int
+    """Episodes an actor plays at once (``groups_per_step × num_samples``): the sequences of each generate call."""
     actor_steps_per_round: int
     samples_per_round: int
     buffer: int
@@ -49,6 +52,12 @@ class Plan:
     logits_note: str
     lm_head: str = "logits"
     """The head the learner will use: ``fused`` (--lm_head fused, not under ZeRO-3) or ``logits``."""
+    shape: Optional[ModelShape] = None
+    """The model's shape (:func:`~dppo_oat.engines.oat.price.resolve_shape`), None when it is not known here."""
+    shape_note: str = ""
+    """Where the shape comes from, or which flag gives it."""
+    price: Optional[Price] = None
+    """The run's price (:func:`priced_plan`)."""
 
 
 def topology(args) -> tuple[int, int, int]:
@@ -91,12 +100,13 @@ def plan_of(args) -> Plan:
     interval = max(args.rollout_batch_size // (learners * args.rollout_batch_size_per_device), 1)
     grad_acc = args.train_batch_size // args.train_batch_size_per_device // learners
     actor_steps = args.max_train // learners // args.rollout_batch_size_per_device
-    gib, note = logits_memory(args)
+    shape, shape_note = resolve_shape(args.pretrain, getattr(args, "price_model", None))
+    gib, note = logits_memory(args, shape)
     return Plan(
         gpus=args.gpus, collocate=args.collocate, actors=actor_gpus // args.num_gpus_per_actor,
         gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
         rollout_batch_size=args.rollout_batch_size, rollout_per_device=args.rollout_batch_size_per_device,
-        actor_steps_per_round=interval,
+        decode_batch=groups_per_step(args) * args.num_samples, actor_steps_per_round=interval,
         samples_per_round=args.rollout_batch_size // learners, buffer=args.pi_buffer_maxlen_per_device,
         buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
         train_batch_size=args.train_batch_size,
@@ -106,8 +116,23 @@ def plan_of(args) -> Plan:
         actor_steps=actor_steps, rounds=actor_steps // interval,
         eval_every_rounds=_every_rounds(args.eval_steps, interval),
         save_every_rounds=_every_rounds(args.save_steps, interval), logits_gib=gib, logits_note=note,
-        lm_head=learner_head(args),
+        lm_head=learner_head(args), shape=shape, shape_note=shape_note,
     )
+
+
+def priced_plan(args) -> Plan:
+    """:func:`plan_of` with the run's price, for arguments whose plan :func:`check_plan` passed (no price without
+    the model's shape: the plan's ``shape_note`` then says which flag gives it)."""
+    plan = plan_of(args)
+    if plan.shape is None:
+        return plan
+    smi_name = None if getattr(args, "price_gpu", None) else nvidia_smi_gpu()
+    return replace(plan, price=price_of(plan, args, plan.shape, plan.shape_note, smi_name))
+
+
+def groups_per_step(args) -> int:
+    """``groups_per_step``, else enough groups for one single-turn batch of ``rollout_batch_size_per_device``."""
+    return getattr(args, "groups_per_step", None) or -(-args.rollout_batch_size_per_device // args.num_samples)
 
 
 def learner_head(args) -> str:
@@ -192,8 +217,8 @@ def _check_minibatches(plan: Plan) -> None:
         )
 
 
-def logits_memory(args) -> tuple[Optional[float], str]:
-    """GiB of one micro-batch's logits path, and how it was worked out; None when the model's config cannot be read.
+def logits_memory(args, shape: Optional[ModelShape]) -> tuple[Optional[float], str]:
+    """GiB of one micro-batch's logits path, and how it was worked out; None without the model's ``shape``.
 
     N = ``train_batch_size_per_device × (prompt_max_length + generate_max_length)`` tokens. With bf16/fp16 weights:
     the ``[N, V]`` logits, the fp32 copies the chunked log-softmax keeps for backward (N × V × (2 + 4) bytes), and
@@ -201,28 +226,15 @@ def logits_memory(args) -> tuple[Optional[float], str]:
     Measured on an H100 (``scripts/bench/logits_memory.py``, docs/bench): 0.89–1.02 × this in bf16 (six sizes),
     0.81 × in fp32.
     """
-    vocab = vocab_size(args.pretrain)
-    if vocab is None:
-        return None, f"the config of {args.pretrain!r} is not readable here (no vocabulary size)"
+    if shape is None:
+        return None, "no model shape"
+    vocab = shape.vocab
     tokens = args.train_batch_size_per_device * (args.prompt_max_length + args.generate_max_length)
     if args.bf16 or args.fp16:
         chunk = getattr(args, "logprob_chunk_size", 1024)
         gib = (tokens * vocab * (2 + 4) + 3 * chunk * vocab * 4) / 2**30
         return gib, f"{tokens} tokens × V={vocab} × (2 B logits + 4 B fp32 copies) + 3 fp32 chunks of {chunk} rows"
     return tokens * vocab * 4 / 2**30, f"{tokens} tokens × V={vocab} × 4 B fp32 logits"
-
-
-def vocab_size(model: str) -> Optional[int]:
-    """The vocabulary size from a model directory's ``config.json`` or the local Hugging Face cache, else None."""
-    path = Path(model).expanduser() / "config.json"
-    try:
-        if path.is_file():
-            return int(json.loads(path.read_text())["vocab_size"])
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(model, local_files_only=True).vocab_size)
-    except Exception:
-        return None
 
 
 def render_plan(plan: Plan) -> str:
@@ -243,18 +255,29 @@ def render_plan(plan: Plan) -> str:
         f"evaluation: {_schedule(plan.eval_every_rounds, 'before training, ')}",
         f"model saved: {_schedule(plan.save_every_rounds, '')}",
         head_line(plan),
+        *price_lines(plan),
     ]
     return "\n".join(lines)
+
+
+def price_lines(plan: Plan) -> list[str]:
+    """The price's lines, or the one line that says which flag gives the model's shape."""
+    if plan.price is not None:
+        return render_price(plan.price)
+    return [f"price: {plan.shape_note}"] if plan.shape is None else []
 
 
 def head_line(plan: Plan) -> str:
     """What one micro-batch's LM head holds: the fused head's 128 MiB chunks of fp32 logits, or the logits path's
     estimate (an upper bound since the log-softmax runs on the response tokens only)."""
-    size = f"at most {plan.logits_gib:.1f} GiB" if plan.logits_gib is not None else "unknown"
+    if plan.logits_gib is None:
+        size = "not priced without the model's shape (the price line says which flag gives it)"
+    else:
+        size = f"at most {plan.logits_gib:.1f} GiB ({plan.logits_note})"
     if plan.lm_head == "fused":
         return ("LM head: fused, chunks of 128 MiB of fp32 logits on the response tokens, never [N, V]; the logits "
-                f"path (--lm_head logits) per micro-batch: {size} ({plan.logits_note})")
-    return f"logits per micro-batch: {size} ({plan.logits_note})"
+                f"path (--lm_head logits) per micro-batch: {size}")
+    return f"logits per micro-batch: {size}"
 
 
 def _schedule(every_rounds: Optional[int], before: str) -> str:
