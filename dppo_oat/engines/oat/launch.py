@@ -103,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         _fail("interrupted before anything was launched", status=130)
     toolkit = optimizer_toolkit(args.adam_offload)
-    print(render_plan(plan), checkpoint_line(args), toolkit_line(toolkit), sep="\n", flush=True)
+    print(render_plan(plan), checkpoint_line(args, plan), toolkit_line(toolkit), sep="\n", flush=True)
     if args.dry_run:
         return
     problem = toolkit_problem(toolkit)
@@ -117,17 +117,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _fail(stopped_message(argv, outcome.run_dir, outcome.stopped_by), status=128 + outcome.stopped_by)
 
 
-def checkpoint_line(args) -> str:
-    """The plan's line on resumable checkpoints, and where a resume starts."""
+CHECKPOINT_BYTES_PER_PARAMETER = {True: 14, False: 16}
+"""A resumable checkpoint's bytes per parameter under ZeRO with Adam: the weights (2 in bf16 or fp16, 4 in fp32),
+the fp32 master copy where the weights are not fp32 (4) and Adam's two moments (8); LoRA's adapters aside."""
+
+
+def checkpoint_line(args, plan) -> str:
+    """The plan's line on resumable checkpoints (their size where the model's shape is known), and where a resume
+    starts."""
     from dppo_oat.engines.oat.resume import find_resume_point
 
-    every = (f"every {args.checkpoint_every} learning round(s), the newest {args.keep_checkpoints} kept"
-             if args.checkpoint_every else "none (--checkpoint_every 0): a stopped run cannot be resumed")
+    if not args.checkpoint_every:
+        return "resumable checkpoints: none (--checkpoint_every 0): a stopped run cannot be resumed"
+    size = ""
+    if getattr(plan, "shape", None) is not None:
+        half = bool(args.bf16 or args.fp16)
+        gigabytes = plan.shape.parameters * CHECKPOINT_BYTES_PER_PARAMETER[half] / 1e9
+        size = f", about {gigabytes:.1f} GB each ({plan.shape.parameters / 1e9:.2f}B parameters)"
+    line = f"resumable checkpoints: every {args.checkpoint_every} learning round(s), the newest " \
+           f"{args.keep_checkpoints} kept{size}"
     if not args.resume_dir:
-        return f"resumable checkpoints: {every}"
+        return line
     point = find_resume_point(args.resume_dir, args.resume_tag)
-    return (f"resumable checkpoints: {every}; resuming {point.run_dir} from {point.folder.name} (actor step "
-            f"{point.record.get('actor_steps')})")
+    return f"{line}; resuming {point.run_dir} from {point.folder.name} (actor step {point.record.get('actor_steps')})"
 
 
 @contextlib.contextmanager
