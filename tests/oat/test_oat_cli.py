@@ -258,7 +258,7 @@ def test_invalid_arguments_are_refused(flags, message, gpu_node):
 
 
 OTHER_VALUES = {"cliprange": "0.3", "tis_c": "2.0", "beta": "0.1", "kl_penalty_coef": "0.1", "reward_scale": "2",
-                "non_stop_penalty": "-1", "non_stop_fixed_reward": "0"}
+                "non_stop_penalty": "-1", "non_stop_fixed_reward": "0", "dump_replay_every": "5"}
 
 
 @pytest.mark.fault("oat engine: an oat flag whose job DPPO does differently (`--cliprange 0.3`, `--beta 0.1`, …)",
