@@ -1,0 +1,67 @@
+"""``python -m dppo_oat.check_env``: the env contract as a command of the package alone (no test tools), on a
+plugin that meets it, one that breaks it, and bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dppo_oat.check_env import main
+from test_env_plugins import write_guess_plugin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def without_test_tools(folder: Path) -> Path:
+    """A folder whose ``pytest`` and ``hypothesis`` fail to import, as in an environment of the runtime alone (what
+    ``make train`` installs); put it first on PYTHONPATH."""
+    for name in ("pytest", "hypothesis"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", "
+                                                   f"name={name!r})\n")
+    return folder
+
+
+def check_env(*args: str, cwd: Path, blocked: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{ROOT}"}
+    return subprocess.run([sys.executable, "-m", "dppo_oat.check_env", *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_plugin_that_meets_the_contract_passes_without_the_test_tools(tmp_path):
+    plugin = write_guess_plugin(tmp_path, "mine:GuessCommand-v0")
+    done = check_env("--env-module", plugin.name, cwd=tmp_path, blocked=without_test_tools(tmp_path / "blocked"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-2:] == [
+        "env contract checked 1 env id: mine:GuessCommand-v0; 1 passed, 0 failed",
+        "env contract: of them from --env-module / --env-ids: mine:GuessCommand-v0"]
+
+
+def test_a_flawed_plugin_fails_with_one_line_per_broken_check(tmp_path, capsys):
+    plugin = write_guess_plugin(tmp_path, "mine:GuessCommandFlawed-v0", flaw="reset ignores its seed")
+    assert main(["--env-module", str(plugin)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    broken = [line for line in out if line.startswith("env mine:GuessCommandFlawed-v0: ")]
+    assert broken and all(": reset(seed) fixes the episode: " in line or ": group slots play" in line
+                          for line in broken), out
+    assert out[-2].endswith("0 passed, 1 failed")
+
+
+@pytest.mark.fault("`python -m dppo_oat.check_env --env-module my_envs.py` on a file that is not there, an id Gem "
+                   "does not know, or a plugin that registers no env",
+                   "one `error:` line naming it (exit 2), before any env is played")
+@pytest.mark.parametrize("args, message", [
+    (["--env-module", "missing.py"], "error: env module 'missing.py': no such file"),
+    (["--env-ids", "mine:Nowhere-v0"], "error: unknown env id 'mine:Nowhere-v0'"),
+    (["--env-module", "empty.py"], "error: --env-module empty.py registered no env id"),
+])
+def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys, args, message):
+    (tmp_path / "empty.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message) and len(captured.err.splitlines()) == 1 and captured.out == ""
