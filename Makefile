@@ -63,20 +63,25 @@ bench: setup
 	$(PY) scripts/bench/trust_region.py
 
 ## the documentation site (docs/ and mkdocs.yml → site/), in its own environment; warnings (broken links) fail it.
-## `make docs` also opens every page in a headless Chromium (Debian: apt-get install chromium chromium-driver): the
-## formulas must render as formulas and every link lead to a page, from disk; `make docs-build` only builds;
-## `make docs-serve` serves the built site (its search needs a server) on http://localhost:8000
+## `make docs` builds it, then opens every page in a headless Chromium where chromium and chromedriver are on the
+## PATH (Debian: apt-get install chromium chromium-driver), else says in one line that it skipped that check: the
+## formulas must render as formulas and every link lead to a page, from disk. `make docs-check` (CI) is the same
+## with the browser required; `make docs-build` only builds; `make docs-serve` serves the built site (its search
+## needs a server) on http://localhost:8000
 DOCS_VENV ?= .venv-docs
 $(DOCS_VENV)/.installed: requirements/docs.txt
 	$(PYTHON) -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet -r requirements/docs.txt
 	touch $@
 
-.PHONY: docs-build docs-serve
+.PHONY: docs-build docs-serve docs-check
 docs-build: $(DOCS_VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict -d site
 
 docs: docs-build
+	$(DOCS_VENV)/bin/python scripts/docs/check_site.py --site site --skip-without-browser
+
+docs-check: docs-build
 	$(DOCS_VENV)/bin/python scripts/docs/check_site.py --site site
 
 docs-serve: docs-build
