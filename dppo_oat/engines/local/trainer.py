@@ -93,8 +93,7 @@ class LocalTrainer:
     def _build(self, config: TrainConfig) -> None:
         """The policy, optimizer, generators, env collectors and run log, then the checkpoint when resuming."""
         self.tr = self.spec.trust_region
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        torch.set_num_threads(config.torch_threads())
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
