@@ -48,11 +48,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
 
-## the notebooks, executed on DPPO_RUNS (relative to where make was called), else runs/, else the example runs;
-## the executed copies go to OUT (notebooks/out by default, ignored by git; OUT=notebooks rewrites the committed ones)
+## the three notebooks: learning_curves and clipped_tokens on DPPO_RUNS (relative to where make was called), else
+## runs/, else the example runs; cpu_study on the CPU study's committed runs (or DPPO_STUDY). NOTEBOOKS="a.ipynb ..."
+## executes only those; the executed copies go to OUT (notebooks/out by default, ignored by git; OUT=notebooks
+## rewrites the committed ones)
 OUT ?= notebooks/out
+NOTEBOOKS ?=
 notebooks: setup
-	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)"
+	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)" $(NOTEBOOKS)
 
 ## the example runs the notebooks fall back to (notebooks/example_runs; about 4 minutes on 2 cores)
 example-runs: setup
