@@ -273,3 +273,15 @@ def test_make_docs_needs_no_browser_and_ci_still_checks_with_one(tmp_path):
                            text=True)
     assert check.returncode == 2 and "no Chromium and chromedriver" in check.stderr
     assert "make docs-check" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_performance_page_shows_every_gpu_row_of_the_oat_learner(tmp_path):
+    """docs/performance.md's learner-step section lists each GPU row of ``docs/bench/oat_learner_step_*.jsonl`` (a
+    generated block), and says so when there is none."""
+    tables = load_docs_tables()
+    rows = tables.gpu_rows("oat_learner_step", REPO / "docs" / "bench")
+    page = (REPO / "docs" / "performance.md").read_text()
+    section = page.split("## DPPO's learner step against oat's PPO step", 1)[1].split("\n## ", 1)[0]
+    assert rows and all(f"- {tables.gpu_result(row)}" in section.splitlines() for row in rows)
+    assert "no GPU row" not in section
+    assert tables.oat_learner_gpu_rows(tmp_path) == "- none recorded yet"
