@@ -120,6 +120,10 @@ $(OAT_VENV)/.installed: pyproject.toml $(OAT_CONSTRAINTS) $(OAT_FORCE)
 	$(OAT_PIP) install --quiet --no-deps -r $(OAT_FORCE)
 	touch $@
 
+## the oat engine's CPU environment alone (e.g. for a GPU-node script's --dry-run on a laptop, docs/engines/oat.md)
+.PHONY: setup-oat
+setup-oat: $(OAT_VENV)/.installed
+
 ## DeepSpeed's JIT-compiled extensions (if any op needs one) are cached inside the environment, so later runs reuse them
 .PHONY: test-oat
 test-oat: $(OAT_VENV)/.installed
