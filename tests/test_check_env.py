@@ -1,42 +1,18 @@
-"""``python -m dppo_oat.check_env``: the env contract as a command of the package alone (no test tools), on a
-plugin that meets it, one that breaks it, and bad input."""
+"""``python -m dppo_oat.check_env``: the env contract as a command of the package, on a plugin that meets it, one
+that breaks it, and bad input (tests/test_envs_quickstart.py runs it as envs/README.md gives it, without pytest)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from dppo_oat.check_env import main
 from test_env_plugins import write_guess_plugin
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def without_test_tools(folder: Path) -> Path:
-    """A folder whose ``pytest`` and ``hypothesis`` fail to import, as in an environment of the runtime alone (what
-    ``make train`` installs); put it first on PYTHONPATH."""
-    for name in ("pytest", "hypothesis"):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", "
-                                                   f"name={name!r})\n")
-    return folder
-
-
-def check_env(*args: str, cwd: Path, blocked: Path) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{ROOT}"}
-    return subprocess.run([sys.executable, "-m", "dppo_oat.check_env", *args], cwd=cwd, env=environment,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_a_plugin_that_meets_the_contract_passes_without_the_test_tools(tmp_path):
+def test_a_plugin_that_meets_the_contract_passes(tmp_path, capsys):
     plugin = write_guess_plugin(tmp_path, "mine:GuessCommand-v0")
-    done = check_env("--env-module", plugin.name, cwd=tmp_path, blocked=without_test_tools(tmp_path / "blocked"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-2:] == [
+    assert main(["--env-module", str(plugin)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
         "env contract checked 1 env id: mine:GuessCommand-v0; 1 passed, 0 failed",
         "env contract: of them from --env-module / --env-ids: mine:GuessCommand-v0"]
 

@@ -94,11 +94,19 @@ def test_the_envs_quickstart_runs_as_written(tmp_path):
     assert executed, "make notebooks wrote no executed notebook"
 
 
+def without_test_tools(folder: Path) -> Path:
+    """A folder whose ``pytest`` and ``hypothesis`` fail to import, as in an environment of the runtime alone (what
+    ``make train`` installs); put it first on PYTHONPATH."""
+    for name in ("pytest", "hypothesis"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", "
+                                                   f"name={name!r})\n")
+    return folder
+
+
 def test_the_contract_step_needs_only_what_make_train_installs(tmp_path):
     """Step 2 runs in the environment ``make train`` sets up, which has the package and not its ``dev`` extra:
     played here with pytest and hypothesis unimportable."""
-    from test_check_env import without_test_tools
-
     my_game_plugin(tmp_path)
     link_this_environment(tmp_path / ".venv")
     command = quickstart_commands((ROOT / "envs" / "README.md").read_text())[0]
