@@ -199,6 +199,8 @@ class CheckEnvArgs:
 def ids_to_check(args: CheckEnvArgs) -> Tuple[List[str], List[str]]:
     """``(every id to check, the ids the flags named)``, after importing ``--env-module``; a plugin that fails to
     import or an unknown id raises one ``ValueError`` line."""
+    if not 0 <= args.min_win_rate <= 1:
+        raise ValueError(f"--min-win-rate must be in [0, 1], got {args.min_win_rate}")
     before = set(ENV_REGISTRY)
     envs.import_env_modules(args.env_module)
     named = [env_id for env_id in ENV_REGISTRY if env_id not in before] + list(args.env_ids)
@@ -207,8 +209,6 @@ def ids_to_check(args: CheckEnvArgs) -> Tuple[List[str], List[str]]:
     if args.env_module and not named:
         raise ValueError(f"--env-module {' '.join(args.env_module)} registered no env id: register one with "
                          "gem.envs.registration.register (envs/README.md)")
-    if not 0 <= args.min_win_rate <= 1:
-        raise ValueError(f"--min-win-rate must be in [0, 1], got {args.min_win_rate}")
     every = named or [*envs.PROJECT_ENV_IDS, *envs.PAPER_TASKS]
     return list(dict.fromkeys(every)), list(dict.fromkeys(named))
 

@@ -28,12 +28,13 @@ def test_a_flawed_plugin_fails_with_one_line_per_broken_check(tmp_path, capsys):
 
 
 @pytest.mark.fault("`python -m dppo_oat.check_env --env-module my_envs.py` on a file that is not there, an id Gem "
-                   "does not know, or a plugin that registers no env",
+                   "does not know, a plugin that registers no env, or a `--min-win-rate` outside [0, 1]",
                    "one `error:` line naming it (exit 2), before any env is played")
 @pytest.mark.parametrize("args, message", [
     (["--env-module", "missing.py"], "error: env module 'missing.py': no such file"),
     (["--env-ids", "mine:Nowhere-v0"], "error: unknown env id 'mine:Nowhere-v0'"),
     (["--env-module", "empty.py"], "error: --env-module empty.py registered no env id"),
+    (["--min-win-rate", "2"], "error: --min-win-rate must be in [0, 1], got 2.0"),
 ])
 def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys, args, message):
     (tmp_path / "empty.py").write_text("X = 1\n")
