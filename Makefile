@@ -48,11 +48,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
 
-## the notebooks, executed on DPPO_RUNS (relative to where make was called), else runs/, else the example runs;
-## the executed copies go to OUT (notebooks/out by default, ignored by git; OUT=notebooks rewrites the committed ones)
+## the three notebooks: learning_curves and clipped_tokens on DPPO_RUNS (relative to where make was called), else
+## runs/, else the example runs; cpu_study on the CPU study's committed runs (or DPPO_STUDY). NOTEBOOKS="a.ipynb ..."
+## executes only those; the executed copies go to OUT (notebooks/out by default, ignored by git; OUT=notebooks
+## rewrites the committed ones)
 OUT ?= notebooks/out
+NOTEBOOKS ?=
 notebooks: setup
-	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)"
+	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)" $(NOTEBOOKS)
 
 ## the example runs the notebooks fall back to (notebooks/example_runs; about 4 minutes on 2 cores)
 example-runs: setup
@@ -63,20 +66,25 @@ bench: setup
 	$(PY) scripts/bench/trust_region.py
 
 ## the documentation site (docs/ and mkdocs.yml → site/), in its own environment; warnings (broken links) fail it.
-## `make docs` also opens every page in a headless Chromium (Debian: apt-get install chromium chromium-driver): the
-## formulas must render as formulas and every link lead to a page, from disk; `make docs-build` only builds;
-## `make docs-serve` serves the built site (its search needs a server) on http://localhost:8000
+## `make docs` builds it, then opens every page in a headless Chromium where chromium and chromedriver are on the
+## PATH (Debian: apt-get install chromium chromium-driver), else says in one line that it skipped that check: the
+## formulas must render as formulas and every link lead to a page, from disk. `make docs-check` (CI) is the same
+## with the browser required; `make docs-build` only builds; `make docs-serve` serves the built site (its search
+## needs a server) on http://localhost:8000
 DOCS_VENV ?= .venv-docs
 $(DOCS_VENV)/.installed: requirements/docs.txt
 	$(PYTHON) -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet -r requirements/docs.txt
 	touch $@
 
-.PHONY: docs-build docs-serve
+.PHONY: docs-build docs-serve docs-check
 docs-build: $(DOCS_VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict -d site
 
 docs: docs-build
+	$(DOCS_VENV)/bin/python scripts/docs/check_site.py --site site --skip-without-browser
+
+docs-check: docs-build
 	$(DOCS_VENV)/bin/python scripts/docs/check_site.py --site site
 
 docs-serve: docs-build
@@ -111,6 +119,10 @@ $(OAT_VENV)/.installed: pyproject.toml $(OAT_CONSTRAINTS) $(OAT_FORCE)
 	$(OAT_PIP_C) -e '.[dev]' $(OAT_IMPORT_DEPS)
 	$(OAT_PIP) install --quiet --no-deps -r $(OAT_FORCE)
 	touch $@
+
+## the oat engine's CPU environment alone (e.g. for a GPU-node script's --dry-run on a laptop, docs/engines/oat.md)
+.PHONY: setup-oat
+setup-oat: $(OAT_VENV)/.installed
 
 ## DeepSpeed's JIT-compiled extensions (if any op needs one) are cached inside the environment, so later runs reuse them
 .PHONY: test-oat

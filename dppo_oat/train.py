@@ -62,13 +62,12 @@ def run_local(config: TrainConfig) -> dict:
     traceback: bad input (exit 2), a run that cannot go on or a file that cannot be written (exit 1), Ctrl-C (exit
     130) or SIGTERM (exit 143), each with how to continue. A new run that fails before its first checkpoint leaves
     no run directory."""
-    from rich.console import Console
-
+    from dppo_oat.engines.local.progress import line_console
     from dppo_oat.engines.local.trainer import LocalTrainer
     from dppo_oat.errors import RunError, TrainingBlewUp
     from envs.contract import BrokenEnvError
 
-    console, trainer, failed = Console(), None, True
+    console, trainer, failed = line_console(), None, True
     with signals_as_interrupts():
         try:
             try:
@@ -139,10 +138,11 @@ def _signal_name(interrupt: KeyboardInterrupt) -> str:
 
 def _fail(message: str, code: int) -> None:
     """End the command with one ``error:`` line on stderr and exit status ``code``."""
-    from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    from dppo_oat.engines.local.progress import line_console
+
+    line_console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
     raise SystemExit(code) from None
 
 

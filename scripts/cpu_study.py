@@ -47,6 +47,7 @@ import tyro
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from dppo_oat.engines.local.progress import line_console
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
 
 @dataclass(frozen=True)
@@ -408,7 +409,7 @@ def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], co
 
 def main(argv=None) -> None:
     config = tyro.cli(StudyConfig, args=argv, description=__doc__)  # bad settings: one message, exit code 2
-    console = Console()
+    console = line_console()
     runs = plan(config)
     states = {run: run_state(run.run_dir(config), config.steps) for run in runs}
     todo = [run for run in runs if states[run] != "done"]

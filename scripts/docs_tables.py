@@ -392,6 +392,12 @@ def gpu_rows_table(folder: Path = ROOT / "docs" / "bench") -> str:
     return "\n".join(lines)
 
 
+def oat_learner_gpu_rows(folder: Path = ROOT / "docs" / "bench") -> str:
+    """The GPU rows of ``oat_learner_step``, one bullet each (docs/performance.md), or a bullet saying there is none."""
+    rows = gpu_rows("oat_learner_step", folder)
+    return "\n".join(f"- {gpu_result(row)}" for row in rows) or "- none recorded yet"
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "presets": ("docs/trust-region.md", presets_table),
     "local-flags": ("docs/engines/local.md", local_flags_table),
@@ -401,6 +407,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "verl-presets": ("docs/engines/verl.md", verl_presets_table),
     "faults": ("docs/faults.md", faults_table),
     "gpu-rows": ("docs/gpu.md", gpu_rows_table),
+    "oat-learner-gpu-rows": ("docs/performance.md", oat_learner_gpu_rows),
 }
 """Each generated table: the page it is in and the function that makes it."""
 

@@ -4,7 +4,12 @@
 second, so the suite catches a moved page or a grown README on its own.
 """
 
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +248,40 @@ def test_every_cited_paper_label_is_on_the_labels_page():
     assert not missing, f"labels cited but not on docs/paper.md (is each the paper's own?): {missing}"
     anchors = re.findall(r'<a id="([^"]+)"></a>`([a-z]+:[^`]+)`', (REPO / "docs/paper.md").read_text())
     assert all(anchor == label.replace(":", "-") for anchor, label in anchors)
+
+
+def site_check_command(target: str) -> list[str]:
+    """The browser check's command line in ``make <target>`` (as ``make -n`` prints it), run by this interpreter."""
+    recipe = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    [line] = [line for line in recipe.splitlines() if "scripts/docs/check_site.py" in line]
+    program, script, *args = shlex.split(line)
+    assert program.endswith("/bin/python"), line
+    return [sys.executable, str(REPO / script), *args]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_docs_needs_no_browser_and_ci_still_checks_with_one(tmp_path):
+    """Without Chromium and chromedriver, ``make docs`` (the build, then the browser check) says in one line that
+    the browser check was skipped and succeeds; ``make docs-check``, which CI runs, refuses (exit 2)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<html><body></body></html>")
+    no_browser = {**os.environ, "PATH": str(tmp_path / "bin")}  # neither chromium nor chromedriver found
+    docs = subprocess.run(site_check_command("docs"), cwd=tmp_path, env=no_browser, capture_output=True, text=True)
+    assert docs.returncode == 0, docs.stderr
+    assert len(docs.stdout.splitlines()) == 1 and "browser check (formulas, links) was skipped" in docs.stdout
+    check = subprocess.run(site_check_command("docs-check"), cwd=tmp_path, env=no_browser, capture_output=True,
+                           text=True)
+    assert check.returncode == 2 and "no Chromium and chromedriver" in check.stderr
+    assert "make docs-check" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_performance_page_shows_every_gpu_row_of_the_oat_learner(tmp_path):
+    """docs/performance.md's learner-step section lists each GPU row of ``docs/bench/oat_learner_step_*.jsonl`` (a
+    generated block), and says so when there is none."""
+    tables = load_docs_tables()
+    rows = tables.gpu_rows("oat_learner_step", REPO / "docs" / "bench")
+    page = (REPO / "docs" / "performance.md").read_text()
+    section = page.split("## DPPO's learner step against oat's PPO step", 1)[1].split("\n## ", 1)[0]
+    assert rows and all(f"- {tables.gpu_result(row)}" in section.splitlines() for row in rows)
+    assert "no GPU row" not in section
+    assert tables.oat_learner_gpu_rows(tmp_path) == "- none recorded yet"

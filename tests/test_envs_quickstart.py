@@ -44,30 +44,40 @@ def copy_of_the_tree(destination: Path) -> Path:
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
-    venv = destination / ".venv"  # this suite's environment, seen through links; its own marks of a set-up .venv
+    link_this_environment(destination / ".venv")
+    return destination
+
+
+def link_this_environment(venv: Path) -> None:
+    """``venv`` as this suite's environment, seen through links, with its own marks of a set-up .venv."""
     venv.mkdir()
     for name in ("bin", "lib", "include", "pyvenv.cfg"):
         if (Path(sys.prefix) / name).exists():
             (venv / name).symlink_to(Path(sys.prefix) / name)
     for marker in (".runtime", ".installed"):  # newer than the copied pyproject.toml: make installs nothing
         (venv / marker).touch()
-    return destination
+
+
+def my_game_plugin(folder: Path) -> Path:
+    """Step 1, as the page says: the template copied to ``my_envs.py`` and given the id ``mine:MyGame-v0``."""
+    plugin = folder / "my_envs.py"
+    template = (ROOT / "envs" / "example_countdown.py").read_text()
+    plugin.write_text(template.replace('ENV_ID = "example:Countdown-v0"', 'ENV_ID = "mine:MyGame-v0"'))
+    return plugin
 
 
 def test_the_quickstart_lists_the_steps_it_promises():
     commands = quickstart_commands((ROOT / "envs" / "README.md").read_text())
     assert [c.split(" -m ")[1].split()[0] for c in commands if " -m " in c] == [
-        "pytest", "dppo_oat.train", "dppo_oat.train", "dppo_oat.plot"]
-    assert commands[-1].endswith("make notebooks")
+        "dppo_oat.check_env", "dppo_oat.train", "dppo_oat.train", "dppo_oat.plot"]
+    assert "make notebooks" in commands[-1]
     assert all(".venv/bin/python" in c for c in commands if " -m " in c)  # never a bare python
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
 def test_the_envs_quickstart_runs_as_written(tmp_path):
     tree = copy_of_the_tree(tmp_path / "clone")
-    shutil.copy(tree / "envs" / "example_countdown.py", tree / "my_envs.py")  # step 1, as the page says
-    plugin = tree / "my_envs.py"
-    plugin.write_text(plugin.read_text().replace('ENV_ID = "example:Countdown-v0"', 'ENV_ID = "mine:MyGame-v0"'))
+    my_game_plugin(tree)
     environment = {**os.environ, "DPPO_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(tree)}
     environment.pop("DPPO_ENV_MODULES", None)
     for command in quickstart_commands((tree / "envs" / "README.md").read_text()):
@@ -76,9 +86,34 @@ def test_the_envs_quickstart_runs_as_written(tmp_path):
         done = subprocess.run(command, shell=True, cwd=tree, env=environment, capture_output=True, text=True,
                               timeout=900)
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        if "test_env_contract" in command:
-            assert "from DPPO_ENV_MODULES / DPPO_CONTRACT_ENV_IDS: mine:MyGame-v0" in done.stdout, done.stdout
+        if "check_env" in command:
+            assert "from --env-module / --env-ids: mine:MyGame-v0" in done.stdout, done.stdout
     assert (tree / "mygame.png").stat().st_size > 0
     assert sorted(p.name for p in (tree / "runs").iterdir()) == ["mygame-dppo-s0", "mygame-grpo-s0"]
     executed = list((tree / "notebooks" / "out").glob("*.ipynb"))
     assert executed, "make notebooks wrote no executed notebook"
+
+
+def without_test_tools(folder: Path) -> Path:
+    """A folder whose ``pytest`` and ``hypothesis`` fail to import, as in an environment of the runtime alone (what
+    ``make train`` installs); put it first on PYTHONPATH."""
+    for name in ("pytest", "hypothesis"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", "
+                                                   f"name={name!r})\n")
+    return folder
+
+
+def test_the_contract_step_needs_only_what_make_train_installs(tmp_path):
+    """Step 2 runs in the environment ``make train`` sets up, which has the package and not its ``dev`` extra:
+    played here with pytest and hypothesis unimportable."""
+    my_game_plugin(tmp_path)
+    link_this_environment(tmp_path / ".venv")
+    command = quickstart_commands((ROOT / "envs" / "README.md").read_text())[0]
+    blocked = without_test_tools(tmp_path / "blocked")
+    environment = {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{ROOT}"}
+    environment.pop("DPPO_ENV_MODULES", None)
+    done = subprocess.run(command, shell=True, cwd=tmp_path, env=environment, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.stdout.splitlines()[-1] == "env contract: of them from --env-module / --env-ids: mine:MyGame-v0"

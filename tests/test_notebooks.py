@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -238,3 +239,38 @@ def test_run_notebooks_writes_copies_into_out_and_passes_the_callers_folder(tmp_
     assert (folder / "tiny.ipynb").read_text() == before
     executed = nbformat.read(caller / "out" / "tiny.ipynb", as_version=4)
     assert printed(executed).split() == [str(caller), str(folder)]
+
+
+def documented_notebooks() -> list[str]:
+    """The notebooks docs/notebooks.md lists (its section's bullets, ``notebooks/<name>.ipynb``)."""
+    page = (NOTEBOOKS.parent / "docs" / "notebooks.md").read_text()
+    section = page.split("## Notebooks", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^- `notebooks/([^`/]+\.ipynb)`", section, re.M)
+
+
+def test_make_notebooks_executes_the_notebooks_the_docs_list():
+    """docs/notebooks.md's list, the notebooks committed and what ``make notebooks`` executes are one list, and the
+    page's count of them agrees."""
+    listed = documented_notebooks()
+    assert listed == list(load_run_notebooks_script().DEFAULT)
+    assert sorted(listed) == sorted(path.name for path in NOTEBOOKS.glob("*.ipynb"))
+    counts = {1: "One", 2: "Two", 3: "Three", 4: "Four"}
+    assert f"{counts[len(listed)]} notebooks" in (NOTEBOOKS.parent / "docs" / "notebooks.md").read_text()
+
+
+def test_a_relative_study_folder_starts_from_the_callers_folder(tmp_path, monkeypatch):
+    """make notebooks runs the kernel in notebooks/: DPPO_STUDY=relative/folder is taken from where it was called."""
+    script = load_run_notebooks_script()
+    folder, caller = tmp_path / "notebooks", tmp_path / "caller"
+    folder.mkdir()
+    caller.mkdir()
+    cell = nbformat.v4.new_code_cell("import os; print(os.environ['DPPO_STUDY'])")
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / "study.ipynb")
+    monkeypatch.setattr(script, "NOTEBOOKS", folder)
+    monkeypatch.setenv("DPPO_RUNS_BASE", "")
+    monkeypatch.setenv("DPPO_STUDY", "runs/my_study")
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    monkeypatch.chdir(caller)
+    assert script.main(["study.ipynb", "--out", "out"]) == 0
+    assert printed(nbformat.read(caller / "out" / "study.ipynb", as_version=4)).split() == [
+        str(caller / "runs" / "my_study")]

@@ -253,3 +253,25 @@ def test_unknown_preset_is_rejected_by_the_cli(capsys):
     with pytest.raises(SystemExit):
         main(["--trust-region", "dpo"])
     assert "dpo" in capsys.readouterr().err
+
+
+def test_the_default_thread_count_is_half_the_usable_cpus(tmp_path, monkeypatch):
+    """--threads left out: half the CPUs the process may use, at least 1, and the trainer gives torch that many
+    (torch's own default takes every core, which beside other work stalls every small operation:
+    docs/engines/local.md#cpu-threads); --threads N is N."""
+    import torch
+    from rich.console import Console
+
+    import dppo_oat.engines.local.config as config_module
+
+    for cpus, threads in ((1, 1), (2, 1), (3, 1), (4, 2), (16, 8)):
+        monkeypatch.setattr(config_module, "usable_cpus", lambda cpus=cpus: cpus)
+        assert TrainConfig().torch_threads() == threads and TrainConfig(threads=3).torch_threads() == 3
+    before = torch.get_num_threads()
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: 6)
+    try:
+        trainer = LocalTrainer(TrainConfig(run_dir=str(tmp_path), run_name="threads", steps=1), Console(quiet=True))
+        trainer.close(failed=True)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

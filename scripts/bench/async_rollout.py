@@ -21,9 +21,9 @@ import tempfile
 import time
 
 import torch
-from rich.console import Console
 
 from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.trainer import LocalTrainer
 
 STALENESS = (0, 1, 2)
@@ -34,7 +34,7 @@ def step_seconds(max_staleness: int, steps: int, run_dir: str) -> list[float]:
     """Wall time of each RL step after the first, in a fresh run of the default configuration."""
     config = TrainConfig(max_staleness=max_staleness, steps=steps, eval_every=10 * steps, eval_episodes=1,
                          run_dir=run_dir, run_name=f"k{max_staleness}-{time.monotonic_ns()}")
-    trainer = LocalTrainer(config, Console(stderr=True))
+    trainer = LocalTrainer(config, line_console(stderr=True))
     try:
         times = []
         for _ in range(steps):

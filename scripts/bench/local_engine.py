@@ -29,9 +29,9 @@ import tempfile
 import time
 
 import torch
-from rich.console import Console
 
 from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.seeds import train_group_seeds
 from dppo_oat.engines.local.trainer import LocalTrainer
 from dppo_oat.rollout.decode import sample_with_cache
@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
         config = TrainConfig(run_dir=run_dir, cache_dir=args.cache_dir, steps=args.steps)
-        trainer = LocalTrainer(config, Console(stderr=True))
+        trainer = LocalTrainer(config, line_console(stderr=True))
         rows = measure_steps(trainer, args.steps)
 
         def median(key: str) -> float:

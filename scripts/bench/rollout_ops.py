@@ -37,7 +37,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tyro
 
 from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.seeds import step_seed, train_group_seeds
 from dppo_oat.engines.local.trainer import LocalTrainer
 
@@ -143,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
         config = tyro.cli(TrainConfig, args=["--run-dir", run_dir, *args.flags])
-        trainer = LocalTrainer(config, Console(stderr=True))
+        trainer = LocalTrainer(config, line_console(stderr=True))
         try:
             collect(trainer, 1)  # untimed: first-call costs stay out
             seconds = []

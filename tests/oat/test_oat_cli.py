@@ -343,6 +343,18 @@ def test_dry_run_prints_the_plan_without_gpus_or_launchpad(gpus, per_learner):
     assert "commit 318a79e" in done.stdout and "unknown" not in done.stdout
 
 
+def test_the_docs_laptop_dry_run_command_prints_the_plan():
+    """docs/engines/oat.md's dry run on a laptop, as written, with this environment (.venv-oat) as its PYTHON."""
+    page = (REPO / "docs" / "engines" / "oat.md").read_text()
+    [command] = [line.strip() for line in page.splitlines() if line.strip().startswith("PYTHON=.venv-oat/bin/python")]
+    words = shlex.split(command.split("#")[0])
+    assert words[:3] == ["PYTHON=.venv-oat/bin/python", "bash", "scripts/gpu/gem.sh"] and words[-1] == "--dry-run"
+    assert "make setup-oat" in page and (REPO / "Makefile").read_text().count("setup-oat: $(OAT_VENV)/.installed") == 1
+    done = run_dry(*[words[2].removeprefix("scripts/gpu/"), *words[3:-1]])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "node: 1 GPU(s)" in done.stdout and "2 optimizer step(s) per round" in done.stdout
+
+
 def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
     done = run_dry("gem.sh", "sudoku", "--gpus", "1", "--rollout_batch_size_per_device", "16",
                    "--pi_buffer_maxlen_per_device", "16")

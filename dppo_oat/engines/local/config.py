@@ -202,7 +202,9 @@ class TrainConfig(spec.DPPOFlags):
     refreshed in place after each update). Samples the same distribution as the eager decode, up to float
     rounding."""
     threads: Optional[int] = None
-    """CPU threads torch may use (torch.set_num_threads). None: torch's default."""
+    """CPU threads torch may use (torch.set_num_threads). None: half the CPUs this process may use, at least 1 (one
+    on 2 cores), so that other work beside the run does not stall it. The thread count changes the order in which
+    floats are summed, so runs at different counts draw different tokens."""
     wandb: bool = False
     """Also log metrics to Weights & Biases (needs wandb installed and logged in)."""
     tensorboard: bool = False
@@ -235,6 +237,25 @@ class TrainConfig(spec.DPPOFlags):
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or os.environ.get("DPPO_CACHE") or Path.home() / ".cache" / "dppo_oat")
+
+    def torch_threads(self) -> int:
+        """The CPU threads the run gives torch: ``--threads``, else :func:`default_threads`."""
+        return self.threads or default_threads()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one, else the CPU count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """``--threads``' default: half of :func:`usable_cpus`, at least 1. torch's own default takes every core, and
+    its OpenMP threads wait for each other at the end of every operation: when other work takes a core, each of the
+    tiny policy's many small operations waits for a descheduled thread. On 2 cores beside other work, the default
+    run's steps took 7 to 10 times as long with two threads as with one (docs/engines/local.md#cpu-threads)."""
+    return max(1, usable_cpus() // 2)
 
 
 PROBE_READS = ("delta", "k")

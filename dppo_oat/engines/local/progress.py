@@ -8,6 +8,13 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+def line_console(stderr: bool = False) -> Console:
+    """The command line's console (stdout, or stderr): it never breaks a line (``soft_wrap``), so a path or a command
+    it prints stays whole in a log, a pipe or a narrow terminal, where rich would otherwise wrap at the terminal's
+    width, or at 80 columns when the output is not a terminal."""
+    return Console(stderr=stderr, soft_wrap=True)
+
+
 PLAIN_LINES = 20
 """About how many plain lines a run prints over its steps (every ``steps // PLAIN_LINES`` steps, and the last)."""
 

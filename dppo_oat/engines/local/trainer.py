@@ -32,7 +32,7 @@ from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
 from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
-from dppo_oat.engines.local.progress import StepProgress
+from dppo_oat.engines.local.progress import StepProgress, line_console
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
@@ -78,7 +78,7 @@ class LocalTrainer:
     """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
 
     def __init__(self, config: TrainConfig, console: Console | None = None):
-        self.config, self.console = config, console or Console()
+        self.config, self.console = config, console or line_console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
         self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
         if self.lock.removed:
@@ -93,8 +93,7 @@ class LocalTrainer:
     def _build(self, config: TrainConfig) -> None:
         """The policy, optimizer, generators, env collectors and run log, then the checkpoint when resuming."""
         self.tr = self.spec.trust_region
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        torch.set_num_threads(config.torch_threads())
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
