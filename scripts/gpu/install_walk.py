@@ -224,14 +224,21 @@ def walk_script(steps: Sequence[Step]) -> str:
     return PROLOGUE + "\n".join(render_step(n, s) for n, s in enumerate(steps, 1))
 
 
+def python310(candidate: str) -> Optional[str]:
+    """The interpreter ``candidate`` runs, if it is a Python 3.10 (a pyenv shim without a 3.10 selected is not)."""
+    try:
+        done = subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 10); "
+                               "print(sys.executable)"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def find_python310() -> Optional[str]:
-    """``python3.10`` on PATH, else pyenv's newest 3.10."""
-    found = shutil.which("python3.10")
-    if found:
-        return found
+    """``python3.10`` on PATH, else pyenv's newest 3.10: the first that runs."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = sorted(pyenv.glob("3.10*/bin/python3.10"))
-    return str(candidates[-1]) if candidates else None
+    candidates = [shutil.which("python3.10"), *map(str, sorted(pyenv.glob("3.10*/bin/python3.10"), reverse=True))]
+    return next((found for c in candidates if c and (found := python310(c))), None)
 
 
 def du(path: Path) -> int:
@@ -347,9 +354,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print:
         print(walk_script(walk_steps((ROOT / DOCS).read_text())), end="")
         return 0
-    args.python = args.python or find_python310()
+    args.python = python310(args.python) if args.python else find_python310()
     if not args.python:
-        print("error: no Python 3.10 found: pass --python path/to/python3.10", file=sys.stderr)
+        print("error: no Python 3.10 found: pass --python path/to/python3.10 (make install-walk "
+              "PYTHON310=path/to/python3.10)", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="dppo-install-walk-", dir=args.workdir))
     try:
