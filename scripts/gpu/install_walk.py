@@ -6,8 +6,9 @@ root (a ``source`` or an ``export`` carries over to the next command, as in a us
 :data:`SKIPPED` names, which build CUDA code and need ``nvcc`` and a GPU (the walk prints a note for each). Then it
 checks that the environment holds the real packages of a launch (:data:`CHECKS`: dm-launchpad, oat, vLLM, and the
 engine's actor and learner modules), runs the dry runs of the section :data:`FIRST_RUN_HEADING` as written, and
-prints what each step took, the size of the environment and of pip's downloads (a fresh pip cache, unless
-``--pip-cache`` names one). The clone, the environment and the cache are removed at the end unless ``--keep``.
+prints what each step took, the size of the environment and of pip's downloads. Every cache the commands write
+(pip's, unless ``--pip-cache`` names one; uv's, vLLM's, ...) goes under the walk's folder: the clone, the
+environment and the caches are removed at the end unless ``--keep``.
 
     python3 scripts/gpu/install_walk.py [--python python3.10] [--repo .] [--rev HEAD]   # make install-walk
     python3 scripts/gpu/install_walk.py --print      # the walk's bash script, from this checkout's docs
@@ -315,10 +316,12 @@ def run_walk(args: argparse.Namespace, work: Path) -> int:
     shims = work / "bin"
     shims.mkdir()
     (shims / "python3.10").symlink_to(args.python)
-    cache = Path(args.pip_cache) if args.pip_cache else work / "pip-cache"
-    environment = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "PIP_CACHE_DIR": str(cache),
-                   "WALK_RESULTS": str(work / "results.tsv"), "WALK_DIR": str(work)}
-    environment.pop("VIRTUAL_ENV", None)
+    caches = work / "cache"  # uv's (make lock-gpu-node), vLLM's, torch's, ...: removed with the rest
+    pip_cache = Path(args.pip_cache) if args.pip_cache else caches / "pip"
+    environment = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(caches),
+                   "PIP_CACHE_DIR": str(pip_cache), "WALK_RESULTS": str(work / "results.tsv"), "WALK_DIR": str(work)}
+    for variable in ("UV_CACHE_DIR", "VIRTUAL_ENV"):
+        environment.pop(variable, None)
     print(f"== walk: git clone {args.repo} ({cloned:.1f} s), {len(steps)} steps, python3.10 = {args.python}",
           flush=True)
     status = subprocess.run(["bash", str(script)], cwd=source, env=environment).returncode
@@ -330,7 +333,7 @@ def run_walk(args: argparse.Namespace, work: Path) -> int:
     print(f"== environment: {environment_size(work, steps)}")
     print(f"== downloads as pip reported them: {gigabytes(fetched)}"
           + (f", and {gigabytes(cached)} from pip's cache" if cached else "")
-          + f"; pip cache afterwards: {gigabytes(du(cache))}")
+          + f"; caches afterwards: {gigabytes(du(caches) + (du(pip_cache) if args.pip_cache else 0))}")
     print(f"== clone with its environment: {gigabytes(du(source))}; total {total / 60:.1f} min; "
           f"{'passed' if status == 0 else 'FAILED'}", flush=True)
     return status
