@@ -369,6 +369,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.keep:
             print(f"== kept {work}")
         else:
+            print(f"== removing {work}", flush=True)
             shutil.rmtree(work, ignore_errors=True)
 
 
