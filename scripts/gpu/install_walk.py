@@ -3,9 +3,11 @@
 The commands come from the docs themselves (the ``bash`` block of the section :data:`INSTALL_HEADING`), so the walk
 and the docs cannot drift: every command of that block runs verbatim, in order, in one bash shell at the clone's
 root (a ``source`` or an ``export`` carries over to the next command, as in a user's terminal), except those that
-:data:`SKIPPED` names, which build CUDA code and need ``nvcc`` and a GPU (the walk prints a note for each). Then it
-checks that the environment holds the real packages of a launch (:data:`CHECKS`: dm-launchpad, oat, vLLM, and the
-engine's actor and learner modules), runs the dry runs of the section :data:`FIRST_RUN_HEADING` as written, and
+:data:`SKIPPED` names, which build CUDA code and need ``nvcc`` and a GPU (the walk prints a note for each; flash-attn's
+wheel is built without its kernels in its place). The commands the section's prose gives in inline code run too
+(``make lock-gpu-node``: the checkout must come back unchanged). Then it checks that the environment holds the real
+packages of a launch (:data:`CHECKS`: dm-launchpad, oat, vLLM, DeepSpeed, and the engine's actor and learner
+modules), runs the dry runs of the section :data:`FIRST_RUN_HEADING` as written and its inconsistent plan, and
 prints what each step took, the size of the environment and of pip's downloads. Every cache the commands write
 (pip's, unless ``--pip-cache`` names one; uv's, vLLM's, ...) goes under the walk's folder: the clone, the
 environment and the caches are removed at the end unless ``--keep``.
@@ -51,8 +53,8 @@ contain (the name), and why. A test fails when a name matches no command of the 
 @dataclass(frozen=True)
 class Step:
     """One command of the walk: ``kind`` is ``install`` (the docs' block), ``prose`` (a command the section's text
-    gives), ``check``, ``dry-run`` (the docs' first run) or ``size``; ``skip`` is the reason a command is not run (None: it runs); ``expect_status`` its exit
-    status."""
+    gives), ``check``, ``dry-run`` (the docs' first run) or ``size``; ``skip`` is the reason a command is not run
+    (None: it runs); ``expect_status`` its exit status."""
 
     kind: str
     command: str
