@@ -71,7 +71,8 @@ CHECKS = (
     Step("check", "python -c 'import oat, oat.interface; from oat.interface import get_program; print(oat.__file__)'"),
     Step("check", "python -c 'import vllm; print(\"vllm\", vllm.__version__)'", expect_output=r"vllm 0\.8\.4"),
     Step("check", "python -c 'import deepspeed, torch; print(\"deepspeed\", deepspeed.__version__, \"torch\", "
-                  "torch.__version__, \"cuda\", torch.version.cuda)'", expect_output=r"deepspeed 0\.16\.8 torch 2\.6\.0"),
+                  "torch.__version__, \"cuda\", torch.version.cuda)'",
+         expect_output=r"deepspeed 0\.16\.8 torch 2\.6\.0"),
     Step("check", "python -c 'from dppo_oat.engines.oat.actor import DPPOGemActor; "
                   "from dppo_oat.engines.oat.learner import DPPOLearner; "
                   "from dppo_oat.engines.oat.launch import build_program; print(\"the engine imports\")'"),
@@ -83,7 +84,8 @@ pip's own check of the requirements (listed, not enforced: flash-attn is not ins
 
 FLASH_ATTN_WITHOUT_CUDA = Step(
     "check", "FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip wheel --no-deps --no-build-isolation -w \"$WALK_DIR/wheels\" "
-             "\"$(grep '^flash-attn==' requirements/gpu-node-py310.txt)\"", expect_output=r"Successfully built flash-attn")
+             "\"$(grep '^flash-attn==' requirements/gpu-node-py310.txt)\"",
+    expect_output=r"Successfully built flash-attn")
 """In place of the skipped flash-attn install: its wheel built without its CUDA kernels, and not installed, which runs
 its setup in the environment without build isolation (what it imports must be there)."""
 
