@@ -136,6 +136,15 @@ test-oat: $(OAT_VENV)/.installed
 lock-gpu-node:
 	bash requirements/compile-gpu-node.sh
 
+## The GPU node's install, walked (docs/engines/oat.md, "Install"): a fresh clone, a Python 3.10 venv, every command
+## of the docs' install block as written but the flash-attn build (it needs nvcc), the real launchpad, oat and vLLM
+## imported, the docs' dry run; each step's time and the sizes printed, everything removed after. Downloads about
+## 4.6 GB (not in CI); PYTHON310 names the Python 3.10 (default: python3.10 on PATH, else pyenv's).
+PYTHON310 ?=
+.PHONY: install-walk
+install-walk:
+	$(PYTHON) scripts/gpu/install_walk.py $(if $(PYTHON310),--python $(PYTHON310)) $(ARGS)
+
 ## The lock's datasets and fsspec load saved data sets (envs/math_local.py's loading on the node; datasets 2.14.4
 ## cannot load a DatasetDict beside fsspec >= 2023.9.0). A small environment of that pair: the lock's pins of
 ## datasets and fsspec, everything else they need constrained to the lock (all of it installs on Python 3.11), and
