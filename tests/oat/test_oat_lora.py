@@ -16,7 +16,7 @@ pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 peft = pytest.importorskip("peft")
 
-from test_oat_learner import behavior_samples, learner_args, oat_learner, oat_trajectory  # noqa: E402
+from test_oat_learner import behavior_samples, learner_args, oat_trajectory  # noqa: E402
 
 from dppo_oat.engines.oat.data import transition_from_sample, update_batch_from_trajectory  # noqa: E402
 from dppo_oat.engines.oat.lora import adapted_base_weights, base_weights_restored  # noqa: E402
@@ -60,13 +60,29 @@ def test_broadcast_merges_leave_the_base_weights_exact(tiny_policy):
     assert base_drift(model, before) == 0.0
 
 
+def oat_grouped_learner(args, monkeypatch):
+    """A DPPOLearner set up by oat's ``_init`` with oat's own two parameter groups (decay / no decay: under LoRA the
+    second is empty, which DeepSpeed removes after oat's schedule was made), in torch's AdamW (the rehearsal's)."""
+    from oat.utils.deepspeed import DeepspeedStrategy
+    from oat.utils.launcher import get_free_port
+    from oat_cpu_prelude import torch_adamw
+
+    from dppo_oat.engines.oat.learner import DPPOLearner
+
+    monkeypatch.setattr(DeepspeedStrategy, "create_optimizer", torch_adamw)
+    learner = DPPOLearner(1, 0, 0, "127.0.0.1", get_free_port(), True, args, [], None)
+    learner._init(args, [])
+    return learner
+
+
 def test_a_lora_learning_step_trains_the_adapters_through_the_fused_head(tiny_policy, tiny_policy_dir, tmp_path,
                                                                         oat_on_cpu, gpu_node, monkeypatch):
     """oat's ``LLM`` with LoRA under ZeRO-2: π_θ from the fused head equals the logits path's (base + adapters), and a
-    learning step moves the adapters and leaves every base weight as it was."""
+    learning step (with oat's schedule, matched to the groups DeepSpeed kept) moves the adapters and leaves every
+    base weight as it was."""
     flags = ["--tr_delta", "0.2", "--lora_rank", "4", "--lora_alpha", "16"]
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", flags, 2, 1e-2)
-    learner = oat_learner(args, "adamw", monkeypatch)
+    learner = oat_grouped_learner(args, monkeypatch)
     model = learner.strategy._unwrap_model(learner.model)
     assert isinstance(model, peft.PeftModel)
     samples, advantages = behavior_samples(tiny_policy, seed=8)

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
-from dppo_oat.engines.oat.lora import base_weights_restored
+from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
     CHECKPOINTS_DIR, ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
     learner_state, partial_path, prune_checkpoints, read_learner_state, remove_unfinished, restore_learner_state,
@@ -198,6 +198,7 @@ class DPPOLearner(PPOLearner):
 
         envs.import_env_modules(args.env_module)  # a plugin's envs, in this learner's process (eval seeds)
         super()._init(args, actors)
+        match_scheduler_to_groups(self.scheduler)  # LoRA: DeepSpeed dropped oat's empty no-decay group
         self.dataset_builder = DPPOTransitionDataset
         self.spec = run_spec(args, self.strategy.grad_acc_step)
         self.trust_region, self.update_settings = self.spec.trust_region, self.spec.update

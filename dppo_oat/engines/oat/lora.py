@@ -43,3 +43,25 @@ def base_weights_restored(model: Optional[torch.nn.Module]) -> Iterator[None]:
         with torch.no_grad():
             for name, tensor in weights.items():
                 tensor.copy_(saved[name])
+
+
+def match_scheduler_to_groups(scheduler) -> None:
+    """Drop the learning-rate schedule's entries of the optimizer's parameter groups DeepSpeed removed.
+
+    oat builds its optimizer with two groups (with and without weight decay) and its schedule on both; under LoRA no
+    trainable parameter is a bias or a norm, the second group is empty, and DeepSpeed (0.16) removes empty groups
+    from the optimizer after the schedule was made, whose first step then fails (``zip() argument 2 is longer than
+    argument 1``). oat gives both groups the same learning rate and schedule, so the entries left equal the ones
+    dropped, which is checked."""
+    groups = len(scheduler.optimizer.param_groups)
+    if len(scheduler.base_lrs) <= groups:
+        return
+    lambdas = getattr(scheduler, "lr_lambdas", [])
+    if len(set(scheduler.base_lrs)) > 1 or any(f is not lambdas[0] for f in lambdas):
+        raise RuntimeError("DeepSpeed removed an empty parameter group whose learning-rate schedule differs from the "
+                           "others': the schedule cannot be matched to the optimizer")
+    scheduler.base_lrs = scheduler.base_lrs[:groups]
+    if lambdas:
+        scheduler.lr_lambdas = lambdas[:groups]
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = scheduler._last_lr[:groups]
