@@ -43,7 +43,7 @@ def test_a_recomputed_round_replaces_its_checkpoint_and_a_kill_between_keeps_one
     (first / "marker").write_text("before the resume")
     write_checkpoint(root, 3)  # the same round again, after resuming from an earlier checkpoint
     assert not (root / "round_000003" / "marker").exists() and not (root / "round_000003.old").exists()
-    # a kill after the old one was moved aside and before the new one was renamed: the old one comes back
+    # a kill after the old one was moved aside and before the new one took its name: the old one comes back
     (root / "round_000003").rename(root / "round_000003.old")
     write_checkpoint(root, 3, commit=False)
     remove_unfinished(root)
