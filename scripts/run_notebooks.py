@@ -33,6 +33,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
+from dppo_oat.safe_io import atomic_write_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {
     "notebooks/learning_curves.ipynb": ("notebooks/example_runs",),
@@ -48,9 +50,10 @@ METADATA_KEY = "dppo_oat"
 """The notebook metadata entry that records ``inputs`` (the list of :data:`NOTEBOOKS`) and ``inputs_sha256``."""
 
 
-def input_files(inputs: tuple[str, ...], root: Path = ROOT) -> list[Path]:
-    """Every file of ``inputs`` (files and folders, from ``root``), sorted, without Python's caches."""
-    files = []
+def input_files(inputs: tuple[str, ...], root: Path | None = None) -> list[Path]:
+    """Every file of ``inputs`` (files and folders, from ``root``: the repository's by default), sorted, without
+    Python's caches."""
+    root, files = root or ROOT, []
     for name in inputs:
         path = root / name
         found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -58,10 +61,11 @@ def input_files(inputs: tuple[str, ...], root: Path = ROOT) -> list[Path]:
     return files
 
 
-def inputs_digest(notebook: nbformat.NotebookNode, inputs: tuple[str, ...], root: Path = ROOT) -> str:
+def inputs_digest(notebook: nbformat.NotebookNode, inputs: tuple[str, ...], root: Path | None = None) -> str:
     """SHA-256 of what a notebook's outputs are computed from: its code cells' sources and the bytes of each file of
-    ``inputs`` with its path from ``root`` (markdown cells and outputs are not inputs)."""
-    digest = hashlib.sha256()
+    ``inputs`` with its path from ``root`` (the repository's by default; markdown cells and outputs are not
+    inputs)."""
+    root, digest = root or ROOT, hashlib.sha256()
     for cell in notebook.cells:
         if cell.cell_type == "code":
             digest.update(cell.source.encode() + b"\0")
@@ -132,7 +136,7 @@ def refresh(path: Path, inputs: tuple[str, ...], force: bool) -> str:
     print(f"executing {shown(path)} in place ...", flush=True)
     notebook = execute(path)
     notebook.metadata[METADATA_KEY] = {"inputs": list(inputs), "inputs_sha256": digest}
-    nbformat.write(notebook, path)
+    atomic_write_bytes(path, nbformat.writes(notebook).encode() + b"\n")  # a kill mid-write leaves the old one
     return "re-executed and rewritten, with the hash of its inputs"
 
 
@@ -171,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         except CellExecutionError as error:
             print(f"error: {path.name} failed:\n{error}", file=sys.stderr)
             return 1
+        except FileNotFoundError as error:  # an input of a committed notebook is missing from this checkout
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         print(f"  wrote {written}", flush=True)
     return 0
 

@@ -20,6 +20,8 @@ COLLAPSE_MIN_DROP = 0.1
 """A run *collapses* when its final training success is below ``COLLAPSE_RATIO`` of its smoothed peak and at least
 ``COLLAPSE_MIN_DROP`` (absolute) under it: at a success of a few %, halving is within the noise of one rollout."""
 
+# Written down before the runs of the study's ``mismatch`` and ``staleness`` experiments, and not changed after: each
+# claim, the per-run number it is scored on, the arms compared seed by seed, and the margin.
 COLLAPSE_RULE = (f"final training success (mean of the last 10% of steps) below {COLLAPSE_RATIO} × its smoothed "
                  f"peak and at least {COLLAPSE_MIN_DROP} under it")
 THRESHOLD = 0.35

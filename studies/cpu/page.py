@@ -17,6 +17,7 @@ from studies.cpu.claims import (FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE
                                 REGIME_CONTRASTS, THRESHOLD, Contrast)
 from studies.cpu.report import contrast_table, load_study, run_outcomes
 
+
 def summary_lines(table: pd.DataFrame) -> list[str]:
     """The contrast table as Markdown bullets, one per distinct comparison (a claim scored on the same numbers as
     an earlier one is named on that one's line): the summary in docs/cpu-study.md and the notebook's last cell print
