@@ -48,14 +48,22 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
 
-## the three notebooks: learning_curves and clipped_tokens on DPPO_RUNS (relative to where make was called), else
-## runs/, else the example runs; cpu_study on the CPU study's committed runs (or DPPO_STUDY). NOTEBOOKS="a.ipynb ..."
-## executes only those; the executed copies go to OUT (notebooks/out by default, ignored by git; OUT=notebooks
-## rewrites the committed ones)
+## the three notebooks: learning_curves and clipped_tokens (notebooks/) on DPPO_RUNS (relative to where make was
+## called), else runs/, else the example runs; cpu_study (studies/cpu/) on the CPU study's committed runs (or
+## DPPO_STUDY). NOTEBOOKS="a.ipynb ..." executes only those; the executed copies go to OUT (notebooks/out by default,
+## ignored by git), the committed notebooks are left as they are
 OUT ?= notebooks/out
 NOTEBOOKS ?=
 notebooks: setup
 	PYDEVD_DISABLE_FILE_VALIDATION=1 DPPO_RUNS_BASE="$${DPPO_RUNS_BASE:-$(PWD)}" $(PY) scripts/run_notebooks.py --out "$(OUT)" $(NOTEBOOKS)
+
+## the committed notebooks whose inputs (code cells, the committed runs and study code they read) changed since they
+## were executed, re-executed in place with the new inputs' hash in their metadata; the others are kept byte for byte
+## (FORCE=1: all of them, e.g. after a change of the package that changes a figure; docs/notebooks.md)
+FORCE ?=
+.PHONY: notebooks-refresh
+notebooks-refresh: setup
+	PYDEVD_DISABLE_FILE_VALIDATION=1 $(PY) scripts/run_notebooks.py --refresh $(if $(FORCE),--force) $(NOTEBOOKS)
 
 ## the example runs the notebooks fall back to (notebooks/example_runs; about 4 minutes on 2 cores)
 example-runs: setup

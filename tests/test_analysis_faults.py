@@ -12,8 +12,8 @@ import pytest
 
 from dppo_oat.analysis import load_run, load_runs
 from dppo_oat.analysis.run_checks import DamagedRun
-from dppo_oat.analysis.study import load_study
 from dppo_oat.plot import main
+from studies.cpu.report import load_study
 from test_analysis import hand_metrics, write_run
 
 

@@ -79,7 +79,7 @@ def test_every_argparse_option_of_the_package_and_its_scripts_has_help_text():
 
     root = Path(__file__).resolve().parents[1]
     silent = []
-    for path in sorted([*root.glob("dppo_oat/**/*.py"), *root.glob("scripts/**/*.py")]):
+    for path in sorted([*root.glob("dppo_oat/**/*.py"), *root.glob("scripts/**/*.py"), *root.glob("studies/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "add_argument" and not any(k.arg == "help" for k in node.keywords)):

@@ -1,5 +1,6 @@
-"""The CPU study script: its grid is every arm of every experiment on five paired seeds, with flags the local engine
-accepts; a small real study plays, skips finished runs, completes an interrupted one, packs and reports."""
+"""The CPU study (studies/cpu): its grid is every arm of every experiment on five paired seeds, with flags the local
+engine accepts; a small real study plays, skips finished runs, completes an interrupted one, packs and reports; the
+page's blocks are what the committed runs give, and every claim was committed before the runs it scores."""
 
 import ast
 import json
@@ -15,18 +16,22 @@ import nbformat
 import pytest
 import tyro
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import cpu_study
-import pack_study
-
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
-from dppo_oat.analysis.study import (CONTRASTS, SUMMARY_MARKER, condition_of, readme_blocks,
-                                     scale_block, summary_block)
 from dppo_oat.runlog import read_jsonl
 from dppo_oat.trust_region import PRESETS, TrustRegion
+from studies.cpu import pack as pack_study
+from studies.cpu import run as cpu_study
+from studies.cpu.claims import CONTRASTS
+from studies.cpu.page import SUMMARY_MARKER, readme_blocks, scale_block, summary_block
+from studies.cpu.report import condition_of
 from test_notebooks import assert_clean, execute, images, outputs, printed
 
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "studies" / "cpu"
+COMMITTED = STUDY / "data"
+REPORT = STUDY / "cpu_study.ipynb"
+README = ROOT / "docs" / "cpu-study.md"  # the page with the summary
 TINY = ("--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
         "--warm-start.check-episodes", "8", "--warm-start.vocab-size", "300")
 
@@ -131,7 +136,7 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert "log" not in (packed / "study.json").read_text()
 
     monkeypatch.setenv("DPPO_STUDY", str(packed))  # the report notebook renders from the packed runs
-    notebook = execute("cpu_study.ipynb", out, monkeypatch, tmp_path)
+    notebook = execute(REPORT, out, monkeypatch, tmp_path)
     assert_clean(notebook)
     assert "2 runs with data" in printed(notebook) and images(notebook) == 1
     assert "not run yet" in printed(notebook)  # the contrasts whose arms are missing say so
@@ -158,11 +163,6 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert no_markers.read_text() == "# notes\n"
 
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "notebooks" / "data" / "cpu_study"
-README = Path(__file__).resolve().parents[1] / "docs" / "cpu-study.md"  # the page with the summary
-
-
 def test_the_readme_summary_is_written_from_the_committed_study():
     """One reading: the claims, CIs and verdicts of docs/cpu-study.md, and its opening section on what this scale
     can and cannot say, are those the committed runs give."""
@@ -174,14 +174,14 @@ def test_the_readme_summary_is_written_from_the_committed_study():
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):
     monkeypatch.delenv("DPPO_STUDY", raising=False)
-    notebook = execute("cpu_study.ipynb", tmp_path, monkeypatch, tmp_path)
+    notebook = execute(REPORT, tmp_path, monkeypatch, tmp_path)
     assert_clean(notebook)
     text = printed(notebook)
-    assert "runs with data in data/cpu_study" in text
+    assert "runs with data in studies/cpu/data" in text
     blocks = summary_block(README.read_text()) + scale_block(README.read_text())
     for line in blocks:
         assert line in text
-    committed = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
+    committed = nbformat.read(REPORT, as_version=4)
     assert all(line in printed(committed) for line in blocks)  # the committed outputs too
 
 
@@ -222,7 +222,7 @@ def notebook_text(notebook) -> str:
 
 def test_the_study_page_carries_no_number_the_notebook_does_not_show():
     """One reading: every decimal number of the page's reading of the study is one the committed notebook shows."""
-    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "cpu_study.ipynb", as_version=4)
+    notebook = nbformat.read(REPORT, as_version=4)
     missing = unprinted_numbers(study_prose(README.read_text()), shown_values(notebook_text(notebook)))
     assert not missing, f"numbers of docs/cpu-study.md the notebook does not show: {missing}"
 
@@ -309,16 +309,29 @@ def test_merging_into_a_damaged_manifest_is_one_line_and_leaves_it(tmp_path):
     assert (packed / "study.json").read_text() == "{not json"
 
 
+CLAIMS_FILES = ("studies/cpu/claims.py", "dppo_oat/analysis/study.py")
+"""Where the claims lie at a commit: the study's own folder, or, at commits from before the study had one, the
+package's analysis module."""
+
+
+def claims_source(commit: str) -> tuple[str, str]:
+    """The file that held the claims at ``commit`` (the first of :data:`CLAIMS_FILES` it has) and its text."""
+    for path in CLAIMS_FILES:
+        shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            return path, shown.stdout
+    raise AssertionError(f"commit {commit[:7]} has none of {CLAIMS_FILES}")
+
+
 def claims_at(commit: str) -> set[str]:
-    """The claims of ``CONTRASTS`` as ``dppo_oat/analysis/study.py`` held them at ``commit``: the module of that
-    commit executed beside today's package (claims built from f-strings or loops included); where it no longer
+    """The claims of ``CONTRASTS`` as the claims file held them at ``commit`` (:func:`claims_source`): the module of
+    that commit executed beside today's code (claims built from f-strings or loops included); where it no longer
     runs, the literal first arguments of its ``Contrast(...)`` calls (Python's parser joins their string pieces)."""
-    source = subprocess.run(["git", "show", f"{commit}:dppo_oat/analysis/study.py"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout
-    module = types.ModuleType(f"study_at_{commit[:7]}")
+    path, source = claims_source(commit)
+    module = types.ModuleType(f"claims_at_{commit[:7]}")
     sys.modules[module.__name__] = module  # dataclasses look their module up
     try:
-        exec(compile(source, f"study.py at {commit[:7]}", "exec"), module.__dict__)
+        exec(compile(source, f"{path} at {commit[:7]}", "exec"), module.__dict__)
         return {contrast.claim for contrast in module.CONTRASTS}
     except Exception:  # an old module whose imports are gone: its literal claims
         return {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
@@ -334,18 +347,24 @@ def full_history() -> bool:
     return done.returncode == 0 and done.stdout.strip() == "false"
 
 
-@pytest.mark.skipif(not full_history(), reason="needs the repository's whole git history")
-def test_every_claim_was_committed_before_the_runs_it_scores():
-    """Provenance: a committed run that records its code commit ran code whose study already held every claim
-    scored on its arm (for a run of an uncommitted tree, ``<commit>-dirty``, the commit it started from), but for
-    the reference arms a claim declares as played before it (``Contrast.played_before``). Runs packed before runs
-    recorded their commit are not checked; the test fails if none is left to check."""
-    runs_by_commit: dict[str, set[tuple[str, str]]] = {}
+def committed_runs_by_commit() -> dict[str, set[tuple[str, str]]]:
+    """The committed runs that record their code commit, as ``(task, run name)``, by that commit (for a run of an
+    uncommitted tree, ``<commit>-dirty``, the commit it started from)."""
+    runs: dict[str, set[tuple[str, str]]] = {}
     for config_path in sorted(COMMITTED.glob("*/*/config.json")):
         commit = json.loads(config_path.read_text()).get("code_commit")
         if commit:
-            runs_by_commit.setdefault(commit.removesuffix("-dirty"), set()).add(
+            runs.setdefault(commit.removesuffix("-dirty"), set()).add(
                 (config_path.parent.parent.name, config_path.parent.name))
+    return runs
+
+
+@pytest.mark.skipif(not full_history(), reason="needs the repository's whole git history")
+def test_every_claim_was_committed_before_the_runs_it_scores():
+    """Provenance: a committed run that records its code commit ran code whose claims file already held every claim
+    scored on its arm, but for the reference arms a claim declares as played before it (``Contrast.played_before``).
+    Runs packed before runs recorded their commit are not checked; the test fails if none is left to check."""
+    runs_by_commit = committed_runs_by_commit()
     assert runs_by_commit, "no committed run records its code commit"
     late = []
     for commit, runs in runs_by_commit.items():
@@ -355,8 +374,27 @@ def test_every_claim_was_committed_before_the_runs_it_scores():
                     if (method, condition) not in contrast.played_before}  # declared with the claim
             if contrast.claim not in written and any(task == contrast.task and name.rsplit("-s", 1)[0] in arms
                                                      for task, name in runs):
-                late.append(f"{contrast.claim!r} is not in study.py at {commit[:7]}, whose runs it scores")
+                path = claims_source(commit)[0]
+                late.append(f"{contrast.claim!r} is not in {path} at {commit[:7]}, whose runs it scores")
     assert not late, "\n".join(late)
+
+
+@pytest.mark.skipif(not full_history(), reason="needs the repository's whole git history")
+def test_claims_are_read_where_each_commit_kept_them_and_only_ever_added():
+    """The provenance check reads each commit's own claims file: ``studies/cpu/claims.py`` from the commit that
+    added it on (which kept every claim of the package's module it replaced, word for word), the package's module
+    before; and claims are only ever added: every claim held at a committed run's commit, or at this checkout's
+    commit, is a claim today."""
+    log = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", CLAIMS_FILES[0]], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert log, f"no commit added {CLAIMS_FILES[0]}"
+    added = log[-1]
+    assert claims_source(added)[0] == CLAIMS_FILES[0] and claims_source(f"{added}^")[0] == CLAIMS_FILES[1]
+    assert claims_at(added) == claims_at(f"{added}^")
+    today = {contrast.claim for contrast in CONTRASTS}
+    for commit in ["HEAD", *committed_runs_by_commit()]:
+        held = claims_at(commit)
+        assert held and held <= today, f"claims at {commit[:7]} that are not claims today: {sorted(held - today)}"
 
 
 def test_the_gpu_node_experiment_of_takeaway2_runs_each_twin_on_every_seed():
@@ -384,3 +422,19 @@ def test_the_gpu_node_experiment_of_takeaway2_runs_each_twin_on_every_seed():
     halves = commands("dppo_binary_kl_neg", "dppo_binary_kl_pos", "--gpus", "4", SEEDS="7")
     assert [(flag(a, "--trust_region"), flag(a, "--seed"), flag(a, "--gpus")) for a in halves] == [
         ("dppo_binary_kl_neg", "7", "4"), ("dppo_binary_kl_pos", "7", "4")]
+
+
+def test_the_study_lies_beside_the_package_and_its_wheel_leaves_it_out():
+    """studies/ is not installed with dppo_oat (pyproject's package list) and nothing the wheel installs imports it:
+    the library keeps the general statistics, the study its claims, scripts, data and report."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    installed = find_packages(where=str(ROOT), include=include)
+    assert "dppo_oat.analysis" in installed and "envs" in installed
+    assert not [name for name in installed if name.split(".")[0] == "studies"]
+    importing = [str(path.relative_to(ROOT)) for folder in ("dppo_oat", "envs") for path in (ROOT / folder).rglob("*.py")
+                 if re.search(r"^\s*(from|import) studies\b", path.read_text(), re.M)]
+    assert not importing, f"the package imports the studies: {importing}"
+    assert not (ROOT / "dppo_oat" / "analysis" / "study.py").exists()

@@ -231,10 +231,11 @@ PAPER_LABEL = re.compile(r"\b((?:eq|sec|app|fig):[A-Za-z_\-]*[A-Za-z_])")
 
 
 def cited_labels() -> dict[str, str]:
-    """Every paper label cited in the package, the scripts, the notebooks, the README and the docs: ``{label: a file
-    citing it}``."""
+    """Every paper label cited in the package, the scripts, the studies, the notebooks, the README and the docs:
+    ``{label: a file citing it}``."""
     files = [*REPO.glob("dppo_oat/**/*.py"), *REPO.glob("scripts/**/*.py"), *REPO.glob("envs/*.py"),
-             *REPO.glob("notebooks/*.ipynb"), README, *DOCS]
+             *REPO.glob("studies/**/*.py"), *REPO.glob("notebooks/*.ipynb"), *REPO.glob("studies/*/*.ipynb"), README,
+             *DOCS]
     cited = {}
     for path in files:
         for label in PAPER_LABEL.findall(path.read_text(encoding="utf-8")):

@@ -14,20 +14,23 @@ from dppo_oat.analysis import is_run_dir, load_run, notebook_runs
 from dppo_oat.analysis.tokens import read_tokens
 from test_analysis import write_synthetic_runs
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 
 
-def execute(name: str, runs: Path, monkeypatch, tmp_path: Path) -> nbformat.NotebookNode:
-    """Run ``notebooks/<name>`` in its own folder with ``DPPO_RUNS=runs``; returns the executed notebook.
+def execute(which: str | Path, runs: Path, monkeypatch, tmp_path: Path) -> nbformat.NotebookNode:
+    """Run ``notebooks/<which>`` (or the notebook at path ``which``) in its own folder with ``DPPO_RUNS=runs``; returns
+    the executed notebook.
 
     The kernel talks over local IPC sockets under ``tmp_path`` (over TCP it warns about plain-text traffic).
     """
+    path = which if isinstance(which, Path) else NOTEBOOKS / which
     monkeypatch.setenv("DPPO_RUNS", str(runs))
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # the debugger's notice on frozen modules
-    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    notebook = nbformat.read(path, as_version=4)
     ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(tmp_path / "kernel")}})
     client = NotebookClient(notebook, timeout=300, kernel_name="python3", config=ipc,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+                            resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     return notebook
 
@@ -156,7 +159,7 @@ def test_committed_notebooks_show_their_figures(name):
     on GitHub or in a fresh clone there is something to read (``make notebooks`` re-executes them)."""
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     counts = [cell.get("execution_count") for cell in notebook.cells if cell.cell_type == "code"]
-    assert counts == list(range(1, len(counts) + 1)), "execute the notebook top to bottom (make notebooks)"
+    assert counts == list(range(1, len(counts) + 1)), "execute it top to bottom (make notebooks-refresh)"
     assert_clean(notebook)
     assert images(notebook) >= 3
     assert "Reading the example runs" in printed(notebook)
@@ -231,46 +234,131 @@ def test_run_notebooks_writes_copies_into_out_and_passes_the_callers_folder(tmp_
     cell = nbformat.v4.new_code_cell("import os; print(os.environ['DPPO_RUNS_BASE'], os.getcwd())")
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / "tiny.ipynb")
     before = (folder / "tiny.ipynb").read_text()
-    monkeypatch.setattr(script, "NOTEBOOKS", folder)
     monkeypatch.setenv("DPPO_RUNS_BASE", "")  # unset: the script sets it (restored after the test)
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     monkeypatch.chdir(caller)
-    assert script.main(["tiny.ipynb", "--out", "out"]) == 0
+    assert script.main([str(folder / "tiny.ipynb"), "--out", "out"]) == 0
     assert (folder / "tiny.ipynb").read_text() == before
     executed = nbformat.read(caller / "out" / "tiny.ipynb", as_version=4)
     assert printed(executed).split() == [str(caller), str(folder)]
 
 
+def committed_notebooks() -> list[str]:
+    """The notebooks in the repository, from its root: the general ones in notebooks/, each study's in its folder."""
+    found = [*NOTEBOOKS.glob("*.ipynb"), *ROOT.glob("studies/*/*.ipynb")]
+    return sorted(path.relative_to(ROOT).as_posix() for path in found)
+
+
 def documented_notebooks() -> list[str]:
-    """The notebooks docs/notebooks.md lists (its section's bullets, ``notebooks/<name>.ipynb``)."""
-    page = (NOTEBOOKS.parent / "docs" / "notebooks.md").read_text()
+    """The notebooks docs/notebooks.md lists (its section's bullets, each a path from the repository's root)."""
+    page = (ROOT / "docs" / "notebooks.md").read_text()
     section = page.split("## Notebooks", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^- `notebooks/([^`/]+\.ipynb)`", section, re.M)
+    return re.findall(r"^- `([\w/]+\.ipynb)`", section, re.M)
 
 
 def test_make_notebooks_executes_the_notebooks_the_docs_list():
     """docs/notebooks.md's list, the notebooks committed and what ``make notebooks`` executes are one list, and the
     page's count of them agrees."""
     listed = documented_notebooks()
-    assert listed == list(load_run_notebooks_script().DEFAULT)
-    assert sorted(listed) == sorted(path.name for path in NOTEBOOKS.glob("*.ipynb"))
+    assert listed == list(load_run_notebooks_script().NOTEBOOKS)
+    assert sorted(listed) == committed_notebooks()
     counts = {1: "One", 2: "Two", 3: "Three", 4: "Four"}
-    assert f"{counts[len(listed)]} notebooks" in (NOTEBOOKS.parent / "docs" / "notebooks.md").read_text()
+    assert f"{counts[len(listed)]} notebooks" in (ROOT / "docs" / "notebooks.md").read_text()
+
+
+@pytest.mark.parametrize("name", list(load_run_notebooks_script().NOTEBOOKS))
+def test_committed_notebooks_record_the_hash_of_the_inputs_they_were_executed_on(name):
+    """A committed notebook keeps its outputs only as long as its inputs (code cells, the committed files it reads)
+    are those it was executed on: its metadata's hash is theirs, its cells ran top to bottom, without timestamps."""
+    script = load_run_notebooks_script()
+    notebook = nbformat.read(ROOT / name, as_version=4)
+    assert script.recorded_digest(notebook) == script.inputs_digest(notebook, script.NOTEBOOKS[name]), (
+        f"{name}: its inputs changed since it was executed: make notebooks-refresh NOTEBOOKS={Path(name).name}")
+    assert notebook.metadata[script.METADATA_KEY]["inputs"] == list(script.NOTEBOOKS[name])
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.get("execution_count") for cell in code] == list(range(1, len(code) + 1))
+    assert not any("execution" in cell.metadata for cell in notebook.cells)
+
+
+def tiny_repository(tmp_path: Path, monkeypatch):
+    """A repository of one committed notebook, ``nb/tiny.ipynb``, that prints its one input ``nb/data.txt``: the
+    script's :data:`NOTEBOOKS` and root pointed at it."""
+    script = load_run_notebooks_script()
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "nb" / "data.txt").write_text("first")
+    cells = [nbformat.v4.new_markdown_cell("# tiny"), nbformat.v4.new_code_cell("print(open('data.txt').read())")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "nb" / "tiny.ipynb")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "NOTEBOOKS", {"nb/tiny.ipynb": ("nb/data.txt",)})
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    for name in ("DPPO_RUNS", "DPPO_STUDY"):
+        monkeypatch.delenv(name, raising=False)
+    return script, tmp_path / "nb" / "tiny.ipynb"
+
+
+def test_refresh_rewrites_a_committed_notebook_only_when_its_inputs_changed(tmp_path, monkeypatch, capsys):
+    """make notebooks-refresh: a notebook whose inputs changed is re-executed in place with their hash; one whose
+    inputs did not is kept byte for byte (a markdown edit is not an input); FORCE re-executes it anyway."""
+    script, path = tiny_repository(tmp_path, monkeypatch)
+    assert script.main(["--refresh"]) == 0
+    first = path.read_text()
+    notebook = nbformat.read(path, as_version=4)
+    assert printed(notebook).strip() == "first" and not any("execution" in c.metadata for c in notebook.cells)
+    assert script.recorded_digest(notebook) == script.inputs_digest(notebook, ("nb/data.txt",))
+
+    notebook.cells[0].source = "# tiny, retitled"
+    nbformat.write(notebook, path)
+    edited = path.read_text()
+    assert script.main(["--refresh", "tiny.ipynb"]) == 0
+    assert path.read_text() == edited and "kept as it is" in capsys.readouterr().out
+
+    (tmp_path / "nb" / "data.txt").write_text("second")
+    assert script.main(["--refresh"]) == 0
+    assert printed(nbformat.read(path, as_version=4)).strip() == "second" and path.read_text() != first
+    assert script.main(["--refresh", "--force"]) == 0
+    assert "re-executed" in capsys.readouterr().out
+
+
+@pytest.mark.fault("`make notebooks-refresh` with `DPPO_RUNS` or `DPPO_STUDY` set, or `make notebooks OUT=` a "
+                   "folder of committed notebooks", "one line: unset them (or write copies with `OUT`) / use "
+                   "`make notebooks-refresh`; no notebook runs")
+def test_what_would_write_other_outputs_over_committed_notebooks_is_refused(tmp_path, monkeypatch, capsys):
+    script, path = tiny_repository(tmp_path, monkeypatch)
+    before = path.read_text()
+    monkeypatch.setenv("DPPO_STUDY", "runs/mine")
+    assert script.main(["--refresh"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --refresh executes the committed notebooks on their committed "
+                                               "inputs: unset DPPO_STUDY (or write copies with --out)")
+    monkeypatch.delenv("DPPO_STUDY")
+    assert script.main(["--out", str(tmp_path / "nb")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --out {tmp_path / 'nb'} would write copies over committed "
+                                               "notebooks: re-execute those with --refresh (make notebooks-refresh)")
+    assert path.read_text() == before
+
+
+@pytest.mark.fault("`make notebooks NOTEBOOKS=` a name that is no notebook", "one line naming the notebooks; none "
+                   "runs")
+def test_an_unknown_notebook_is_one_line_naming_the_notebooks(tmp_path, monkeypatch, capsys):
+    script, _ = tiny_repository(tmp_path, monkeypatch)
+    assert script.main(["nope.ipynb", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: no notebook 'nope.ipynb': name one of tiny.ipynb, or give a "
+                                               "notebook's path")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_relative_study_folder_starts_from_the_callers_folder(tmp_path, monkeypatch):
-    """make notebooks runs the kernel in notebooks/: DPPO_STUDY=relative/folder is taken from where it was called."""
+    """make notebooks runs the kernel in the notebook's folder: DPPO_STUDY=relative/folder is taken from where it
+    was called."""
     script = load_run_notebooks_script()
-    folder, caller = tmp_path / "notebooks", tmp_path / "caller"
+    folder, caller = tmp_path / "studies", tmp_path / "caller"
     folder.mkdir()
     caller.mkdir()
     cell = nbformat.v4.new_code_cell("import os; print(os.environ['DPPO_STUDY'])")
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / "study.ipynb")
-    monkeypatch.setattr(script, "NOTEBOOKS", folder)
     monkeypatch.setenv("DPPO_RUNS_BASE", "")
     monkeypatch.setenv("DPPO_STUDY", "runs/my_study")
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     monkeypatch.chdir(caller)
-    assert script.main(["study.ipynb", "--out", "out"]) == 0
+    assert script.main([str(folder / "study.ipynb"), "--out", "out"]) == 0
     assert printed(nbformat.read(caller / "out" / "study.ipynb", as_version=4)).split() == [
         str(caller / "runs" / "my_study")]

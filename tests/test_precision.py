@@ -112,14 +112,8 @@ def test_coarser_weights_give_a_larger_mismatch(policy):
 
 
 def test_the_mismatch_pilot_says_which_levels_bind():
-    """A level binds when |π−μ| ≥ 5e-3 and the mask fires on ≥ 0.5% of tokens (scripts/mismatch_pilot.py)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "mismatch_pilot.py"
-    spec = importlib.util.spec_from_file_location("mismatch_pilot", path)
-    pilot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pilot)
+    """A level binds when |π−μ| ≥ 5e-3 and the mask fires on ≥ 0.5% of tokens (studies/cpu/mismatch_pilot.py)."""
+    from studies.cpu import mismatch_pilot as pilot
 
     def rows(diff, mask):
         return [{"step": s, "mismatch/abs_diff_mean": diff, "mask/fraction": mask, "success": 0.5} for s in (1, 2)]

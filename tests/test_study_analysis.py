@@ -1,5 +1,5 @@
-"""The study tables on a hand-made study whose outcomes are known: a collapsing PG-IS, a steady DPPO, on paired
-seeds, scored by the pre-registered contrasts."""
+"""The CPU study's tables (studies/cpu/report.py) on a hand-made study whose outcomes are known: a collapsing
+PG-IS, a steady DPPO, on paired seeds, scored by the pre-registered contrasts."""
 
 import json
 from dataclasses import asdict, replace
@@ -7,10 +7,12 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from dppo_oat.analysis.study import (CONTRASTS, Contrast, condition_of, contrast_table, load_study, probe_table,
-                                     run_outcomes, study_table, summary_lines)
 from dppo_oat.runlog import to_jsonable
 from dppo_oat.trust_region import TrustRegion
+from studies.cpu.claims import CONTRASTS, Contrast
+from studies.cpu.page import summary_lines
+from studies.cpu.report import (bad_update_drops, condition_of, contrast_table, load_study, probe_table, run_outcomes,
+                                study_table)
 
 STEPS = 40
 RISE = np.linspace(0.3, 0.9, STEPS)
@@ -168,7 +170,7 @@ def test_a_packed_study_reads_as_the_study(study, tmp_path):
 
 
 def test_an_empty_folder_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="cpu_study.py"):
+    with pytest.raises(FileNotFoundError, match="python -m studies.cpu.run first"):
         load_study(tmp_path)
 
 
@@ -185,8 +187,6 @@ def test_noise_at_low_success_is_not_a_collapse(tmp_path):
 
 
 def test_bad_updates_before_drops_correlate_negatively(tmp_path):
-    from dppo_oat.analysis.study import bad_update_drops
-
     rng = np.random.default_rng(0)
     bad = rng.uniform(0, 0.01, STEPS)
     success = 0.5 + np.cumsum(np.r_[0.0, -5 * bad[:-1]])  # each bad step lowers success on the next

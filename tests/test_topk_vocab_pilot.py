@@ -1,14 +1,9 @@
-"""scripts/topk_vocab_pilot.py: the study's Sudoku run on the tiny-8k policy, its probe rows read back, and the
+"""studies/cpu/topk_vocab_pilot.py: the study's Sudoku run on the tiny-8k policy, its probe rows read back, and the
 largest gaps of top-K and of binary against the exact divergence."""
-
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import topk_vocab_pilot
+from studies.cpu import topk_vocab_pilot
 
 
 def probe(step, **values):

@@ -6,7 +6,7 @@ several gradient steps per rollout, policy drift across minibatches (staleness) 
 two causes apart (see ``CONDITIONS``): one gradient step per rollout with a genuinely lower-precision rollout copy
 (bf16, fp16, int8 weights) or noise on the reported log μ, against four gradient steps per rollout at two learning
 rates. The arms are grouped into ``EXPERIMENTS``; the claims each is scored on, with their margins, were written down
-before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
+before the runs in :data:`studies.cpu.claims.CONTRASTS`.
 
 - task: ``sudoku`` (``game:Sudoku-v0-easy``, compact observation with the last wrong move, the local engine's
   default), from one tiny policy warm-started to partial success (:data:`STUDY_WARM_START`; every run starts from
@@ -20,13 +20,13 @@ before the runs in :data:`dppo_oat.analysis.study.CONTRASTS`.
 Every run is an ordinary local-engine run (``runs/cpu_study/<task>/<method>-<condition>-s<seed>``), played by
 ``python -m dppo_oat.train`` in its own process, ``--workers`` at a time. The study is resumable: finished runs are
 skipped and a killed run continues from its last checkpoint (``--resume``), so it can be completed in several
-sittings; ``study.json`` records the plan, each run's state, wall time and log. ``scripts/pack_study.py`` copies
-the runs' logs (compressed) to ``notebooks/data/cpu_study``, which the report ``notebooks/cpu_study.ipynb`` reads.
-Budget (2 cores): see docs/cpu-study.md.
+sittings; ``study.json`` records the plan, each run's state, wall time and log. ``python -m studies.cpu.pack``
+copies the runs' logs (compressed) to ``studies/cpu/data``, which the report ``studies/cpu/cpu_study.ipynb`` reads.
+Budget (2 cores): see docs/cpu-study.md. From the repository's root:
 
-    python scripts/cpu_study.py                   # the whole study (resumable: run it again after a kill)
-    python scripts/cpu_study.py --dry-run         # the plan and the state of each run
-    python scripts/cpu_study.py --experiments mismatch --seeds 0   # a part of it
+    python -m studies.cpu.run                     # the whole study (resumable: run it again after a kill)
+    python -m studies.cpu.run --dry-run           # the plan and the state of each run
+    python -m studies.cpu.run --experiments mismatch --seeds 0   # a part of it
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-
 larger than the precision ones (at σ 0.1 a token with μ near 1 differs from π by more than δ_TV 0.15 one time in
 seven). ``mb4-*``: four gradient steps per rollout, as the paper's sanity test: the later minibatches add policy
 drift. ``mb1-int4``: a 4-bit weight-only rollout copy, the coarsest level at which the pilot
-(``scripts/mismatch_pilot.py``) saw DPPO's mask bind without training falling apart. ``*-k2``: one gradient step per
+(``studies/cpu/mismatch_pilot.py``) saw DPPO's mask bind without training falling apart. ``*-k2``: one gradient step per
 rollout, but each rollout sampled by the weights of two updates before (``--max-staleness 2``, from step 3 on):
 staleness between rollout batches rather than within one.
 ``mb1-fp16-train``: the learner and the sampler both compute in float16 (fp32 master weights, loss scaling), as
@@ -426,7 +426,8 @@ def main(argv=None) -> None:
     failed = [name for name, result in results.items() if result["returncode"] != 0]
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed (see their logs): {', '.join(failed)}")
-    console.print(f"done: report with notebooks/cpu_study.ipynb (STUDY_DIR={config.out_dir})")
+    console.print(f"done: pack with python -m studies.cpu.pack --study {config.out_dir}, or read the runs in place: "
+                  f"DPPO_STUDY={config.out_dir} make notebooks NOTEBOOKS=cpu_study.ipynb")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ engine mismatch |π−μ| (``mismatch/abs_diff_mean``), the share of tokens DPPO
 training success. A level binds when |π−μ| ≥ 5e-3 and the mask fires on ≥ 0.5% of tokens. One JSON row per level on
 stdout, and appended to ``--out``.
 
-    python scripts/mismatch_pilot.py                       # int8 int6 int5 int4 int3, seed 900, 6 steps
-    python scripts/mismatch_pilot.py --levels int4 int3 --seeds 900 901
+    python -m studies.cpu.mismatch_pilot                       # int8 int6 int5 int4 int3, seed 900, 6 steps
+    python -m studies.cpu.mismatch_pilot --levels int4 int3 --seeds 900 901
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/mismatch_pilot.py): the root is importable
+    sys.path.insert(0, str(ROOT))
 
 from dppo_oat.runlog import code_commit, read_jsonl  # noqa: E402
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="--rollout-dtype levels to try")
     parser.add_argument("--seeds", nargs="+", type=int, default=[900], help="pilot seeds, apart from the study's")
     parser.add_argument("--steps", type=int, default=6, help="RL steps per level")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "mismatch_pilot_cpu.jsonl",
+    parser.add_argument("--out", type=Path, default=ROOT / "studies" / "cpu" / "pilots" / "mismatch_pilot_cpu.jsonl",
                         help="the JSONL file the rows are appended to")
     args = parser.parse_args(argv)
     provenance = {"code_commit": code_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}

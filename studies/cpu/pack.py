@@ -1,7 +1,7 @@
 """Copy a CPU study's run logs into the repository, compressed, so its report re-executes from a fresh clone.
 
-For every finished run of ``--study`` (``scripts/cpu_study.py``'s output), writes ``config.json``,
-``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``notebooks/data/cpu_study`` by default), in the same
+For every finished run of ``--study`` (``python -m studies.cpu.run``'s output), writes ``config.json``,
+``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``studies/cpu/data`` by default), in the same
 ``<task>/<run>/`` layout; checkpoints, token samples and logs stay behind. The gzip files carry no timestamp, so
 packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
 plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
@@ -11,9 +11,11 @@ With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in
 difference, 95% CI and verdict, as the report notebook prints them; and, where the page has one, its opening
 section on what this scale can and cannot say (between ``<!-- cpu-study:scale -->`` markers).
 
-    python scripts/pack_study.py                       # runs/cpu_study → notebooks/data/cpu_study
-    python scripts/pack_study.py --merge               # add a sitting played elsewhere to the packed runs
-    python scripts/pack_study.py --study other/study --out notebooks/data/other
+From the repository's root:
+
+    python -m studies.cpu.pack                         # runs/cpu_study → studies/cpu/data
+    python -m studies.cpu.pack --merge                 # add a sitting played elsewhere to the packed runs
+    python -m studies.cpu.pack --study other/study --out other/data
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import tyro
 
-from dppo_oat.analysis.study import rewrite_page
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/pack.py): the checkout's root is importable
+    sys.path.insert(0, str(ROOT))
+
+from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
+from studies.cpu.page import rewrite_page  # noqa: E402
 
 MAX_BYTES = 40 * 2**20
 """The packed data of one study stays under 40 MB."""
@@ -38,8 +45,8 @@ MANIFEST_KEYS = ("task", "method", "condition", "seed", "name", "state", "second
 @dataclass
 class PackConfig:
     study: str = "runs/cpu_study"
-    """The study folder (``scripts/cpu_study.py --out-dir``)."""
-    out: str = "notebooks/data/cpu_study"
+    """The study folder (``python -m studies.cpu.run --out-dir``)."""
+    out: str = "studies/cpu/data"
     """Where the packed runs go; replaced as a whole, unless --merge."""
     merge: bool = False
     """Keep the runs already packed in --out and add (or replace) the study's finished runs: for a study played in
@@ -88,7 +95,7 @@ def main(argv=None) -> None:
     config = tyro.cli(PackConfig, args=argv, description=__doc__)
     study, out = Path(config.study), Path(config.out)
     if not (study / "study.json").is_file():
-        raise SystemExit(f"error: {study} has no study.json: run scripts/cpu_study.py --out-dir {study} first")
+        raise SystemExit(f"error: {study} has no study.json: run python -m studies.cpu.run --out-dir {study} first")
     runs = finished_runs(study)
     if not runs:
         raise SystemExit(f"error: {study} has no finished run yet: nothing to pack")

@@ -9,7 +9,7 @@ appends it to ``--out``: the probe per step, and the largest gap between top-K a
 exact. A top-K gap near 0 says that this task's policy keeps almost no mass outside its K most likely tokens, at this
 vocabulary as at the small one: the study cannot tell top-K from exact here.
 
-    python scripts/topk_vocab_pilot.py [--seed 900] [--steps 20] [--run-dir runs/topk_vocab_pilot]
+    python -m studies.cpu.topk_vocab_pilot [--seed 900] [--steps 20] [--run-dir runs/topk_vocab_pilot]
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import cpu_study  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/topk_vocab_pilot.py): the root is importable
+    sys.path.insert(0, str(ROOT))
 
 from dppo_oat.runlog import code_commit, read_config, read_jsonl  # noqa: E402
+from studies.cpu import run as cpu_study  # noqa: E402
 
 ESTIMATES = ("tv_mean", "tv_above_delta", "kl_mean", "kl_above_delta")
 """The probe's statistics compared between the binary, top-K and exact divergences."""
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe-every", type=int, default=5, help="steps between two probes")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "topk_vocab_pilot",
                         help="where the run goes (a finished run there is read, not played again)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "topk_vocab_pilot_cpu.jsonl",
+    parser.add_argument("--out", type=Path, default=ROOT / "studies" / "cpu" / "pilots" / "topk_vocab_pilot_cpu.jsonl",
                         help="the JSONL file the row is appended to")
     args = parser.parse_args(argv)
     name = f"tiny-8k-dppo_topk_tv-mb4-s{args.seed}"

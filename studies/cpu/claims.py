@@ -1,0 +1,292 @@
+"""The CPU study's pre-registered claims: what each experiment was run to test, written down before its runs.
+
+Each :class:`Contrast` names a claim, the paper's statement it tests (a takeaway, figure or section label), the two
+arms it compares seed by seed (``(method, condition)`` of a task), the per-run number it is scored on and the
+margin; :data:`CONTRASTS` lists every claim in the order it was committed. The study's runs record the commit they
+ran at, and a test (``tests/test_cpu_study.py``) checks that every claim scored on a run's arm was in this file (or,
+before the study had a folder of its own, in ``dppo_oat/analysis/study.py``) at that commit. Claims are added, never
+changed: a new experiment appends its claims here before its first run.
+
+This module imports nothing but the standard library, so the provenance test can execute it as it stood at any
+commit. :mod:`studies.cpu.report` scores the claims on the study's runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COLLAPSE_RATIO = 0.5
+COLLAPSE_MIN_DROP = 0.1
+"""A run *collapses* when its final training success is below ``COLLAPSE_RATIO`` of its smoothed peak and at least
+``COLLAPSE_MIN_DROP`` (absolute) under it: at a success of a few %, halving is within the noise of one rollout."""
+
+# Written down before the runs of the study's ``mismatch`` and ``staleness`` experiments, and not changed after: each
+# claim, the per-run number it is scored on, the arms compared seed by seed, and the margin.
+COLLAPSE_RULE = (f"final training success (mean of the last 10% of steps) below {COLLAPSE_RATIO} × its smoothed "
+                 f"peak and at least {COLLAPSE_MIN_DROP} under it")
+THRESHOLD = 0.35
+"""Time to threshold: first step at which the smoothed training success reaches 0.35 (the shipped policy starts
+near 0.25); a run that never does is censored at its last step."""
+AUC_MARGIN = 0.02
+"""Two arms' mean training success over the run (the area under the curve per step) must differ by more than this
+for the claim to hold or be refuted, and by less than this (both ways) to be equivalent."""
+PRIMARY_MIN_PAIRS = 8
+"""A primary claim needs at least this many paired seeds; fewer are scored, and marked, as exploratory."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """The claim ``left − right > margin`` on ``metric``, paired by seed; arms are ``(method, condition)`` of
+    ``task``."""
+
+    claim: str
+    source: str
+    left: tuple[str, str]
+    right: tuple[str, str]
+    metric: str = "auc"
+    margin: float = AUC_MARGIN
+    task: str = "sudoku"
+    family: str = "exploratory"
+    """``primary``: a claim the design tests, Holm-corrected with the other primary claims of its ``experiment``;
+    ``exploratory``: uncorrected, reported as such."""
+    experiment: str = ""
+    """The experiment whose primary claims are Holm-corrected together (each experiment was designed, and its
+    claims written, on its own)."""
+    right_metric: str = ""
+    """The right arm's number when it is not ``metric`` (a claim within one arm's runs compares two of their
+    numbers, e.g. held-out success at the start and at the end); empty: ``metric``."""
+    played_before: tuple[tuple[str, str], ...] = ()
+    """Arms whose runs were played before this claim was written, declared with it (a reference reused from an
+    earlier experiment): the provenance test checks that the claim was committed before every other arm's runs."""
+
+
+HELD_OUT_MARGIN = 0.05
+"""Held-out success is measured on 100 episodes per run: claims on it need a difference above five of them."""
+SHARE_MARGIN = 0.05
+"""A claim on a share of tokens (of Â < 0 among the tokens over δ) needs a difference above five points."""
+REGIME = "Takeaway 2 in its regime (int4 copy, four quarter-batch steps per rollout)"
+REGIME_CONTRASTS = (
+    Contrast(f"{REGIME}: the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("dppo_binary_kl_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: the DPPO-TV mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-int4"), ("dppo_binary_tv_recompute", "mb4-int4"), family="primary",
+             experiment="regime"),
+    Contrast(f"{REGIME}: DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip on π_θ')", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4"), ("minirl", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-KL beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_kl", "mb4-int4"), ("pg_is", "mb4-int4")),
+    Contrast(f"{REGIME}: DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-int4"), ("pg_is", "mb4-int4")),
+)
+"""The ``regime`` experiment's claims (eight seeds): each μ-anchored DPPO mask against its recomputed-anchor twin
+(primary: the same rule, only the anchor differs), and against MiniRL and PG-IS (exploratory)."""
+MECHANISM = "why the μ-anchored mask cost learning under int4 (one step per rollout)"
+MECHANISM_CONTRASTS = (
+    Contrast(f"{MECHANISM}: in PG-IS runs (no mask acts), among tokens whose binary KL to μ exceeds δ 0.05, more "
+             "have Â < 0 where the int4 copy over-weights the token (μ > π) than where it under-weights it",
+             "mechanism: int4's extra mass goes to wrong moves", ("pg_is", "mech-int4"), ("pg_is", "mech-int4"),
+             "over_delta_neg_share_mu_above", SHARE_MARGIN, family="primary", experiment="mechanism",
+             right_metric="over_delta_neg_share_mu_below"),
+    Contrast(f"{MECHANISM}: PG-IS beats DPPO-Binary-KL (the takeaway2 result, on runs of its own)",
+             "mechanism: the mask costs learning", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A<0 half alone (blocks A<0 where μ > π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_neg", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: PG-IS beats the mask's A>0 half alone (blocks A>0 where μ < π)",
+             "mechanism: the mask's halves", ("pg_is", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4"),
+             family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL under an int4 grid redrawn at every re-sync beats it under the fixed grid",
+             "mechanism: a persistent quantisation error", ("dppo_binary_kl", "mech-int4-redraw"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: under noise on log μ that makes the mask block about as many tokens (fp32 sampler), "
+             "PG-IS beats DPPO-Binary-KL (the mechanism predicts not: equivalent)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("dppo_binary_kl", "mech-noise"), family="primary", experiment="mechanism"),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner (not its int4 copy) loses held-out success over the run",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_before", HELD_OUT_MARGIN, family="primary", experiment="mechanism",
+             right_metric="eval_learner_after"),
+    Contrast(f"{MECHANISM}: PG-IS's fp32 learner ends above DPPO-Binary-KL's on held-out success",
+             "mechanism: the fp32 learner degrades", ("pg_is", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN),
+    Contrast(f"{MECHANISM}: DPPO-Binary-KL's fp32 learner ends above its own int4 copy on held-out success",
+             "mechanism: the fp32 learner degrades", ("dppo_binary_kl", "mech-int4"), ("dppo_binary_kl", "mech-int4"),
+             "eval_learner_after", HELD_OUT_MARGIN, right_metric="eval_after"),
+    Contrast(f"{MECHANISM}: the mask's A<0 half alone beats its A>0 half alone", "mechanism: the mask's halves",
+             ("dppo_binary_kl_neg", "mech-int4"), ("dppo_binary_kl_pos", "mech-int4")),
+    Contrast(f"{MECHANISM}: PG-IS with the fp32 sampler and the matched noise beats PG-IS under the int4 copy (what "
+             "sampling from the int4 copy itself costs, with no mask)", "mechanism: the noise control",
+             ("pg_is", "mech-noise"), ("pg_is", "mech-int4")),
+)
+"""The mechanism experiments' claims (eight seeds), written before their runs. Primary (Holm-corrected together):
+the sign correlation among tokens over δ in PG-IS runs, the mask's cost replicated, each half's cost, the redrawn
+grid, the noise control, and the fp32 learner's own loss. Exploratory: where the learner ends against PG-IS's and
+against its own int4 copy, the halves against each other, and the noisy fp32 sampler against the int4 one."""
+
+FRONTIER = "the field after DPPO under an int4 copy (one step per rollout)"
+FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TRM-Max"), ("gspo", "GSPO"),
+                 ("sapo", "SAPO"))
+"""The ``frontier`` experiment's new arms, each with its name in a claim."""
+
+
+def frontier_contrasts(arms: tuple[tuple[str, str], ...], experiment: str, condition: str = "mech-int4",
+                       setting: str = FRONTIER, references_played_before: bool = True) -> tuple[Contrast, ...]:
+    """A field experiment's claims under ``condition``: each arm against DPPO-Binary-KL (primary, Holm over
+    ``experiment``), then against PG-IS (exploratory). With ``references_played_before``, both references are an
+    earlier experiment's runs of the condition, declared as played before the claims; else the experiment plays them
+    in its own sitting."""
+    against = (("dppo_binary_kl", "DPPO-Binary-KL", "primary"), ("pg_is", "PG-IS", "exploratory"))
+    return tuple(Contrast(f"{setting}: {label} beats {name}", "the field after DPPO", (method, condition),
+                          (reference, condition), family=family, experiment=experiment if family == "primary" else "",
+                          played_before=((reference, condition),) if references_played_before else ())
+                 for reference, name, family in against for method, label in arms)
+
+
+FRONTIER_CONTRASTS = frontier_contrasts(FRONTIER_ARMS, "frontier")
+"""The ``frontier`` experiment's claims (eight seeds), written before its new arms' runs: each later rule against
+DPPO-Binary-KL (primary, Holm-corrected together: each source presents its rule as an improvement on token-level
+clipping or masking) and against PG-IS (exploratory: no trust region, the best arm of the ``mechanism`` runs). The
+two reference arms are the ``mechanism`` experiment's runs of the same condition, policy and seeds, played before
+these claims were written."""
+
+FRONTIER_MORE_ARMS = (("trm_avg", "TRM-Avg"), ("opsm", "DeepSeek-V3.2's off-policy sequence mask"), ("vaco", "VACO"),
+                      ("minpro", "MinPRO"))
+"""The ``frontier_more`` experiment's new arms: the field's other four presets, under the same condition."""
+FRONTIER_MORE_CONTRASTS = frontier_contrasts(FRONTIER_MORE_ARMS, "frontier_more")
+"""The ``frontier_more`` experiment's claims (eight seeds), written after the ``frontier`` experiment's results and
+before its own runs, as those were: each rule against DPPO-Binary-KL (primary, Holm-corrected over these four, a
+family of their own) and against PG-IS (exploratory), on the same reference runs."""
+
+FRONTIER_STALE = "the field after DPPO under staleness (four quarter-batch steps per rollout, fp32 copy)"
+FRONTIER_STALE_ARMS = FRONTIER_ARMS + FRONTIER_MORE_ARMS
+"""The ``frontier_stale`` experiment's arms: the eight field presets of the two int4 experiments."""
+FRONTIER_STALE_CONTRASTS = frontier_contrasts(FRONTIER_STALE_ARMS, "frontier_stale", "field-mb4", FRONTIER_STALE,
+                                              references_played_before=False)
+"""The ``frontier_stale`` experiment's claims (eight seeds), written after the two int4 experiments' results and
+before any of its runs: under staleness alone (an fp32 copy, four quarter-batch steps per rollout, the condition of
+fig:sanity_test), each field preset against DPPO-Binary-KL (primary, Holm-corrected over the eight as a family of
+their own: each source presents its rule as a better trust region than token-level clipping or masking) and against
+PG-IS (exploratory). Both references are played in the experiment's own sitting."""
+
+
+CONTRASTS = (
+    Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16")),
+    Contrast("under engine mismatch (bf16), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-bf16"), ("pg_is", "mb1-bf16")),
+    Contrast("under engine mismatch (int8 weights), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-int8"), ("pg_is", "mb1-int8")),
+    Contrast("under engine mismatch (bf16), anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb1-bf16"), ("minirl", "mb1-bf16")),
+    Contrast("without a trust region the engine mismatch grows (bf16: first-minibatch |π−μ|, end/start)",
+             "Takeaway 1", ("pg_is", "mb1-bf16"), ("dppo_binary_tv", "mb1-bf16"), "engine_mismatch_growth", 0.1),
+    Contrast("with staleness (4 steps per rollout, lr 5e-4), DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32"), ("pg_is", "mb4-fp32")),
+    Contrast("with staleness at lr 1e-4, DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32-lr1e-4"), ("pg_is", "mb4-fp32-lr1e-4")),
+    Contrast("with staleness, anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-fp32"), ("minirl", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV learns faster than GRPO-ClipHigher (staleness)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV learns faster than GRPO-ClipHigher (engine mismatch)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb1-bf16"), ("grpo_clip_higher", "mb1-bf16")),
+    Contrast("DPPO-TopK-TV is worse than DPPO-Binary-TV (the first study's collapse)", "sec:method_topk",
+             ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32")),
+    # Added before the runs of the ``recompute``, ``takeaway3`` and ``efficiency`` experiments.
+    Contrast("under engine mismatch (bf16), the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'",
+             "Takeaway 2", ("dppo_binary_kl", "mb1-bf16"), ("dppo_binary_kl_recompute", "mb1-bf16")),
+    Contrast("with staleness, the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'",
+             "Takeaway 2", ("dppo_binary_kl", "mb4-fp32"), ("dppo_binary_kl_recompute", "mb4-fp32")),
+    Contrast("under engine mismatch (bf16), truncated IS (MiniRL-TIS) beats MiniRL", "Takeaway 2",
+             ("minirl_tis", "mb1-bf16"), ("minirl", "mb1-bf16")),
+    Contrast("masking only negative samples that fell far (mask-negative, δ 0.5) stabilises PG-IS", "Takeaway 3",
+             ("mask_negative", "mb4-fp32"), ("pg_is", "mb4-fp32")),
+    Contrast("DPPO-Binary-TV beats mask-negative (the paper: comparable)", "fig:ablation_mask_negative",
+             ("dppo_binary_tv", "mb4-fp32"), ("mask_negative", "mb4-fp32")),
+    Contrast("mask-negative at δ 0.5 beats δ 0.8", "Takeaway 3",
+             ("mask_negative", "mb4-fp32"), ("mask_negative@delta=0.8", "mb4-fp32")),
+    Contrast("relaxing both clip ends for μ < 0.1 (Relax-both) learns faster than GRPO-ClipHigher",
+             "fig:low_prob_sweep", ("relax_both", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32")),
+    Contrast("Relax-low learns faster than Relax-high", "fig:clip_direction",
+             ("relax_low", "mb4-fp32"), ("relax_high", "mb4-fp32")),
+    # Added before the runs of the ``noise`` experiment.
+    Contrast("engine mismatch alone (fp16 rollout) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-fp16")),
+    Contrast("under engine mismatch (fp16), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-fp16"), ("pg_is", "mb1-fp16")),
+    Contrast("noise on log μ (σ 0.5) hurts PG-IS", "Takeaway 1",
+             ("pg_is", "mb1-fp32"), ("pg_is", "mb1-noise0.5")),
+    Contrast("under noise on log μ (σ 0.1), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-noise0.1"), ("pg_is", "mb1-noise0.1")),
+    Contrast("under noise on log μ (σ 0.5), DPPO-Binary-TV beats PG-IS", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-noise0.5"), ("pg_is", "mb1-noise0.5")),
+    Contrast("noise on log μ (σ 0.5) hurts DPPO-Binary-TV (its mask then fires on noise)", "Takeaway 1",
+             ("dppo_binary_tv", "mb1-fp32"), ("dppo_binary_tv", "mb1-noise0.5")),
+    # Added before the runs of the ``guess`` experiment (the second task).
+    Contrast("Guess: with staleness (4 steps per rollout, lr 5e-4), DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-fp32"), ("pg_is", "mb4-fp32"), task="guess"),
+    Contrast("Guess: with staleness, anchoring on μ (DPPO) beats the recomputed anchor (MiniRL)", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-fp32"), ("minirl", "mb4-fp32"), task="guess"),
+    Contrast("Guess: DPPO-Binary-TV learns faster than GRPO-ClipHigher (staleness)", "sec:training_efficiency",
+             ("dppo_binary_tv", "mb4-fp32"), ("grpo_clip_higher", "mb4-fp32"), task="guess"),
+    Contrast("Guess: DPPO-TopK-TV is worse than DPPO-Binary-TV", "sec:method_topk",
+             ("dppo_binary_tv", "mb4-fp32"), ("dppo_topk_tv", "mb4-fp32"), task="guess"),
+    # Added before the runs of the ``takeaway2`` experiment (eight seeds: its first three claims are primary).
+    Contrast("under a binding engine mismatch (int4 rollout), the DPPO-KL mask anchored on μ beats the same mask on "
+             "the recomputed π_θ'", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"),
+             ("dppo_binary_kl_recompute", "mb1-int4"), family="primary", experiment="takeaway2"),
+    Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip "
+             "anchored on π_θ')", "Takeaway 2", ("dppo_binary_kl", "mb1-int4"), ("minirl", "mb1-int4"),
+             family="primary", experiment="takeaway2"),
+    Contrast("under a binding engine mismatch (int4 rollout), DPPO-Binary-KL beats PG-IS", "Takeaway 1",
+             ("dppo_binary_kl", "mb1-int4"), ("pg_is", "mb1-int4"), family="primary", experiment="takeaway2"),
+    Contrast("under a binding engine mismatch (int4 rollout), truncated IS (MiniRL-TIS) beats MiniRL", "Takeaway 2",
+             ("minirl_tis", "mb1-int4"), ("minirl", "mb1-int4")),
+    # Added before the runs of the ``later_async`` experiment.
+    Contrast("asynchronous rollouts two updates stale: DRPO's smooth regularizer beats DPPO-Binary-TV's mask",
+             "DRPO (arXiv 2606.09821)", ("drpo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    Contrast("asynchronous rollouts two updates stale: CPPO's prefix budget on top-K TV beats DPPO-Binary-TV",
+             "CPPO (arXiv 2606.10968)", ("cppo", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    Contrast("asynchronous rollouts two updates stale: M2PO's second-moment mask beats DPPO-Binary-TV",
+             "M2PO (arXiv 2510.01161)", ("m2po", "mb1-fp32-k2"), ("dppo_binary_tv", "mb1-fp32-k2")),
+    # Added before the runs of the ``steps`` and ``steps_size`` experiments (eight seeds: the first three claims are
+    # primary, Holm-corrected together).
+    Contrast("four full-batch gradient steps per rollout (stale after the first, no small minibatches): "
+             "DPPO-Binary-TV beats PG-IS", "fig:sanity_test", ("dppo_binary_tv", "steps-ep4"), ("pg_is", "steps-ep4"),
+             family="primary", experiment="steps"),
+    Contrast("four minibatch steps per rollout (the later sittings' policy): DPPO-Binary-TV beats PG-IS",
+             "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb4"), family="primary",
+             experiment="steps"),
+    Contrast("without a trust region, one on-policy step at four times the lr beats four stale minibatch steps at "
+             "the lr (staleness, not the size of the update per rollout, is what hurts)", "staleness apart from "
+             "step count", ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb4"), family="primary", experiment="steps"),
+    Contrast("without a trust region, four full-batch steps per rollout beat four quarter-batch steps",
+             "staleness apart from step count", ("pg_is", "steps-ep4"), ("pg_is", "steps-mb4")),
+    Contrast("PG-IS: one step per rollout at four times the lr beats one at the lr", "staleness apart from step count",
+             ("pg_is", "steps-lr2e-3"), ("pg_is", "steps-mb1")),
+    Contrast("DPPO-Binary-TV: four minibatch steps per rollout beat one on-policy step (PG-IS, which DPPO equals "
+             "there)", "fig:sanity_test", ("dppo_binary_tv", "steps-mb4"), ("pg_is", "steps-mb1")),
+    # Added before the runs of the ``regime`` experiment (eight seeds; the two twin contrasts are primary, Holm-
+    # corrected together): Takeaway 2 where μ, π_θ' and π_θ all differ (int4 copy, four quarter-batch steps).
+    *REGIME_CONTRASTS,
+    # Added before the runs of the ``mechanism``, ``mechanism_noise`` and ``mechanism_grid`` experiments (eight
+    # seeds; the seven primary claims are Holm-corrected together as the experiment ``mechanism``).
+    *MECHANISM_CONTRASTS,
+    # Added before the runs of the ``frontier`` experiment's new arms (eight seeds; the four claims against
+    # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier``).
+    *FRONTIER_CONTRASTS,
+    # Added before the runs of the ``frontier_more`` experiment (eight seeds; its four claims against DPPO-Binary-KL
+    # are primary, Holm-corrected together as the experiment ``frontier_more``).
+    *FRONTIER_MORE_CONTRASTS,
+    # Added before the runs of the ``frontier_stale`` experiment (eight seeds; its eight claims against
+    # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier_stale``).
+    *FRONTIER_STALE_CONTRASTS,
+)
+"""The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
+of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:
+mean training success over all steps. Each is scored by :func:`contrast_table`: it holds when the one-sided t-test
+of ``left − right > margin`` rejects at 0.025 (for one claim alone: the paired 95% t-interval lies above the margin),
+is refuted when that of ``left − right < −margin`` does, and the arms are equivalent when the two one-sided tests of
+``|left − right| < margin`` do; else inconclusive."""
+

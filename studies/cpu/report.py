@@ -1,0 +1,348 @@
+"""The CPU study's tables: its runs as one long table, each run's outcomes, and the claims scored by paired seeds.
+
+A study directory (``python -m studies.cpu.run``'s ``--out-dir``, or its packed copy ``studies/cpu/data``) holds one
+folder per task, each with one run directory per (method, condition, seed)::
+
+    <study>/study.json                      the plan and each run's state
+    <study>/<task>/<method>-<condition>-s<seed>/{config.json, metrics.jsonl, eval.jsonl}   (or *.jsonl.gz, packed)
+
+:func:`load_study` reads it into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with more run columns,
+``task`` (its folder), ``condition`` (from the run's name), ``arm_method`` and ``mismatch`` (the rollout's precision
+or log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are
+scored on, and :func:`contrast_table` scores the pre-registered claims of :mod:`studies.cpu.claims` by paired seeds
+(t-interval, one-sided and equivalence tests against the margin, Holm over the primary claims) with the general
+statistics of :mod:`dppo_oat.analysis.stats`. :mod:`studies.cpu.page` writes the summary in docs/cpu-study.md from
+that table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from dppo_oat.analysis.curves import smooth
+from dppo_oat.analysis.run_checks import read_config
+from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
+from dppo_oat.analysis.stats import (MarginTests, decide, holm, margin_tests, paired_difference,
+                                     sample_std, time_to_threshold)
+from studies.cpu.claims import COLLAPSE_MIN_DROP, COLLAPSE_RATIO, CONTRASTS, PRIMARY_MIN_PAIRS, Contrast
+
+GROUP = ["task", "variant", "condition"]
+"""One row of a study table: a method (the preset's paper name) under one condition on one task."""
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8", "int6": "int6",
+                   "int4": "int4"}
+
+
+def load_study(study_dir: PathLike) -> pd.DataFrame:
+    """Every run of the study as one long table (``run``: ``<task>/<run name>``), with ``task``, ``condition``,
+    ``mismatch`` and ``arm_method`` (the study's name of the method: a preset, or ``preset@name=value`` with
+    overrides) run columns; ``method`` is the variant."""
+    run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
+    if not run_dirs:
+        raise FileNotFoundError(f"no study runs under {study_dir!r}: run python -m studies.cpu.run first")
+    df = load_runs([str(path.parent) for path in run_dirs])  # damaged runs are skipped with a warning
+    configs = {path: read_config(Path(path)) for path in df["path"].unique()}
+    df["run"] = df["path"].map(lambda p: f"{Path(p).parent.name}/{Path(p).name}")  # tasks share run names
+    df["task"] = df["path"].map(lambda p: Path(p).parent.name)
+    df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
+    df["arm_method"] = df["path"].map(lambda p: Path(p).name.split("-", 1)[0])
+    df["mismatch"] = df["path"].map(lambda p: mismatch_of(configs[p]))
+    return label_runs(df)
+
+
+def condition_of(run_name: str) -> str:
+    """``<method>-<condition>-s<seed>`` → ``<condition>`` (preset names have no ``-``)."""
+    parts = run_name.split("-", 1)
+    return parts[1].rsplit("-s", 1)[0] if len(parts) == 2 and "-s" in parts[1] else "default"
+
+
+def mismatch_of(config: dict) -> str:
+    """The injected training-inference mismatch of a run's config: the rollout precision (``fp32``, ``bf16``,
+    ``fp16``, ``int8``), with ``+noise`` when log-probs were perturbed."""
+    precision = PRECISION_NAMES.get(config.get("rollout_dtype", "float32"), config.get("rollout_dtype"))
+    return f"{precision}+noise" if config.get("logprob_noise", 0.0) else precision
+
+
+def study_progress(study_dir: PathLike) -> pd.DataFrame:
+    """Runs per task and state (``done``/``partial``/``new``) from ``study.json``."""
+    manifest = json.loads((Path(study_dir) / "study.json").read_text())
+    runs = pd.DataFrame(manifest["runs"])
+    return runs.groupby(["task", "state"]).size().unstack(fill_value=0)
+
+
+def per_run_curve(df: pd.DataFrame, metric: str, sigma: float = 2.0) -> pd.DataFrame:
+    """``metric`` per run and step, smoothed along each run (σ in logged steps): columns run, step, value, smooth."""
+    rows = df[df["metric"] == metric].sort_values(["run", "step"], kind="stable")[["run", "step", "value"]]
+    rows = rows.assign(smooth=rows.groupby("run")["value"].transform(lambda v: smooth(v.to_numpy(), sigma)))
+    return rows.reset_index(drop=True)
+
+
+def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", sigma: float = 2.0,
+                 tail: float = 0.1) -> pd.DataFrame:
+    """One row per run: its study columns; ``auc`` (mean ``metric`` over all steps: the area under its curve per
+    step); first step where smoothed ``metric`` ≥ ``threshold`` (NaN if never) and ``last_step`` (where a run that
+    never reached it is censored); initial/peak/final (mean of the last ``tail`` share) ``metric`` and whether it
+    collapsed; held-out success before and after; |π − μ| (all minibatches, and the first minibatch alone: the
+    engine's share) at the start and the end; the mean bad-update, masked and IS-truncated fractions."""
+    curve = per_run_curve(df, metric, sigma)
+    runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "arm_method", "condition",
+                                                          "mismatch", "seed"]]
+    grouped = curve.groupby("run")
+    runs["auc"] = grouped["value"].mean()
+    runs["steps_to_threshold"] = grouped.apply(lambda r: _first_step_at(r, threshold))
+    runs["last_step"] = grouped["step"].max()
+    runs["initial"] = grouped["value"].apply(lambda v: _head(v, tail))
+    runs["peak"] = grouped["smooth"].max()
+    runs["final"] = grouped["value"].apply(lambda v: _tail(v, tail))
+    runs["collapsed"] = (runs["final"] < COLLAPSE_RATIO * runs["peak"]) & (runs["peak"] - runs["final"] >= COLLAPSE_MIN_DROP)
+    for name, column in (("mismatch", "mismatch/abs_diff_mean"), ("engine_mismatch", "mismatch/first_abs_diff_mean")):
+        values = per_run_curve(df, column, 0).groupby("run")["value"]
+        runs[f"{name}_start"] = values.apply(lambda v: _head(v, tail))
+        runs[f"{name}_end"] = values.apply(lambda v: _tail(v, tail))
+        runs[f"{name}_growth"] = runs[f"{name}_end"] / runs[f"{name}_start"].replace(0, np.nan)
+    evals = df[df["metric"] == "eval/success"].sort_values("step").groupby("run")["value"]
+    runs["eval_before"], runs["eval_after"] = evals.first(), evals.last()
+    learner = df[df["metric"] == "eval/learner_success"].sort_values("step").groupby("run")["value"]
+    runs["eval_learner_before"], runs["eval_learner_after"] = learner.first(), learner.last()
+    for direction in ("mu_above", "mu_below"):
+        runs[f"over_delta_neg_share_{direction}"] = negative_share(df, "over_delta", direction)
+    for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
+                         ("is_truncated", "is/truncated_fraction")):
+        runs[name] = df[df["metric"] == column].groupby("run")["value"].mean()
+    return runs.reset_index()
+
+
+def negative_share(df: pd.DataFrame, family: str, direction: str) -> pd.Series:
+    """Per run, the share of Â < 0 among the tokens of ``family`` (``over_delta``: binary KL to μ above δ;
+    ``mask_cell``: blocked) on side ``direction`` of μ − π (``mu_above``: μ > π), pooled over the run's steps (a
+    ratio of summed per-step shares of the A ≠ 0 tokens; NaN where a run logged none)."""
+    def summed(cell: str) -> pd.Series:
+        rows = df[df["metric"].str.startswith(f"{family}/{cell}_{direction}")]
+        return rows.groupby("run")["value"].sum()
+    negative, positive = summed("neg_adv"), summed("pos_adv")
+    total = negative.add(positive, fill_value=0)
+    return (negative.reindex(total.index, fill_value=0) / total.replace(0, np.nan)).astype(float)
+
+
+def _first_step_at(rows: pd.DataFrame, threshold: float) -> float:
+    reached = rows[rows["smooth"] >= threshold]
+    return float(reached["step"].iloc[0]) if len(reached) else float("nan")
+
+
+def _head(values: pd.Series, share: float) -> float:
+    return float(values.head(max(1, round(share * len(values)))).mean())
+
+
+def _tail(values: pd.Series, share: float) -> float:
+    return float(values.tail(max(1, round(share * len(values)))).mean())
+
+
+def study_table(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, method, condition): seeds; training success as AUC and final, each mean ± sample std
+    (ddof = 1); the Kaplan-Meier median and restricted mean steps to threshold (runs that never reach it censored,
+    not dropped) and how many reached it; collapses; held-out success before → after; |π − μ| start → end, overall
+    and first-minibatch; the mean bad-update / masked / IS-truncated shares in %."""
+    groups = outcomes.groupby(GROUP, sort=False)
+    survival = groups.apply(lambda g: time_to_threshold(g["steps_to_threshold"].to_numpy(), g["last_step"].to_numpy()))
+    table = pd.DataFrame({
+        "seeds": groups.size(),
+        "AUC": groups["auc"].mean(),
+        "AUC ± std": groups["auc"].apply(sample_std),
+        "final success": groups["final"].mean(),
+        "final ± std": groups["final"].apply(sample_std),
+        "reached": survival.map(lambda t: t.reached),
+        "KM median steps": survival.map(lambda t: t.median),
+        "mean steps (restricted)": survival.map(lambda t: t.restricted_mean),
+        "collapses": groups["collapsed"].sum().astype(int),
+        "eval before": groups["eval_before"].mean(),
+        "eval after": groups["eval_after"].mean(),
+        "|π−μ| start": groups["mismatch_start"].mean(),
+        "|π−μ| end": groups["mismatch_end"].mean(),
+        "engine |π−μ| start": groups["engine_mismatch_start"].mean(),
+        "engine |π−μ| end": groups["engine_mismatch_end"].mean(),
+        "bad updates %": 100 * groups["bad_update"].mean(),
+        "masked %": 100 * groups["masked"].mean(),
+        "IS truncated %": 100 * groups["is_truncated"].mean(),
+    })
+    return table
+
+
+def probe_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Binary vs top-K vs exact divergence on the study's real batches (the ``probe/*`` metrics), per task and
+    condition: mean D_TV and D_KL of each estimate, what share of the exact one each bound recovers, and the share of
+    tokens each estimate puts above δ (means over the probes of every run)."""
+    rows = df[df["metric"].str.startswith("probe/")]
+    if rows.empty:
+        return pd.DataFrame()
+    means = rows.groupby(["task", "condition", "metric"])["value"].mean().unstack("metric")
+    columns = {}
+    for divergence in ("tv", "kl"):
+        for estimate in ("binary", "topk", "exact"):
+            columns[f"probe/{estimate}_{divergence}_mean"] = f"{estimate} {divergence.upper()}"
+        for estimate in ("binary", "topk"):  # a ratio of means: per-probe ratios blow up where π ≈ μ
+            bound, exact = f"probe/{estimate}_{divergence}_mean", f"probe/exact_{divergence}_mean"
+            if bound in means and exact in means:
+                ratio = f"{estimate}/exact {divergence.upper()}"
+                means[ratio] = means[bound] / means[exact]
+                columns[ratio] = ratio
+    for estimate in ("binary", "topk", "exact"):
+        columns[f"probe/{estimate}_tv_above_delta"] = f"{estimate} TV > δ (%)"
+    table = means[[c for c in columns if c in means.columns]].rename(columns=columns)
+    percent = [c for c in table.columns if c.endswith("(%)")]
+    table[percent] = 100 * table[percent]
+    return table
+
+
+
+def arm_values(outcomes: pd.DataFrame, task: str, arm: tuple[str, str], metric: str) -> pd.Series:
+    """``metric`` of the runs of one arm ``(method, condition)`` of ``task``, indexed by seed."""
+    method, condition = arm
+    rows = outcomes[(outcomes["arm_method"] == method) & (outcomes["condition"] == condition)
+                    & (outcomes["task"] == task)]
+    return rows.set_index("seed")[metric].dropna()
+
+
+def score_contrast(outcomes: pd.DataFrame, contrast: Contrast) -> dict:
+    """One contrast on the study's runs, over the seeds both arms have: both arms' means, the paired difference's
+    mean and 95% t-interval, and the one-sided p-values of the claim (``p_above``), its reverse (``p_below``) and the
+    arms' equivalence within the margin (``p_equivalent``, TOST); ``identical``: every pair differs by exactly 0.
+    Fewer than 2 pairs: NaN, ``not run``."""
+    left = arm_values(outcomes, contrast.task, contrast.left, contrast.metric)
+    right = arm_values(outcomes, contrast.task, contrast.right, contrast.right_metric or contrast.metric)
+    pairs = left.index.intersection(right.index)
+    row = {"claim": contrast.claim, "source": contrast.source, "family": contrast.family,
+           "experiment": contrast.experiment, "metric": contrast.metric, "right_metric": contrast.right_metric,
+           "margin": contrast.margin, "pairs": len(pairs), "seeds": tuple(sorted(pairs)),
+           "left_values": tuple(left.loc[pairs]), "right_values": tuple(right.loc[pairs]),
+           "left": float(left.loc[pairs].mean()) if len(pairs) else np.nan,
+           "right": float(right.loc[pairs].mean()) if len(pairs) else np.nan}
+    if len(pairs) < 2:
+        return {**row, "difference": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p_above": np.nan,
+                "p_below": np.nan, "p_equivalent": np.nan, "identical": False}
+    difference = paired_difference(left.loc[pairs].to_numpy(), right.loc[pairs].to_numpy())
+    tests = margin_tests(difference, contrast.margin)
+    return {**row, "difference": difference.mean, "ci_low": difference.low, "ci_high": difference.high,
+            "p_above": tests.above, "p_below": tests.below, "p_equivalent": tests.equivalent,
+            "identical": difference.identical}
+
+
+P_COLUMNS = ("p_above", "p_below", "p_equivalent")
+
+
+def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
+    """``*_adjusted`` p-values: Holm over the primary claims of one experiment that ran with at least
+    :data:`PRIMARY_MIN_PAIRS` pairs (each of the three tests its own family), counting one comparison once: a claim
+    scored on the same paired numbers as an earlier one (``same_as``) is not a comparison of its own and takes that
+    one's adjusted p-values. Every other claim keeps its own p-values and, once it has run, counts as exploratory
+    (``family`` rewritten so; a primary claim not run yet keeps its family, as it was written down).
+    ``holm_size``: the distinct comparisons of its correction."""
+    table = table.copy()
+    primary = (table["family"] == "primary") & (table["pairs"] >= PRIMARY_MIN_PAIRS) & ~table["identical"]
+    table.loc[(table["family"] == "primary") & ~primary & (table["pairs"] > 0), "family"] = "exploratory"
+    table["holm_size"] = 0
+    for column in P_COLUMNS:
+        table[f"{column}_adjusted"] = table[column]
+    distinct = primary & (table["same_as"] == "")
+    for _, rows in table[distinct].groupby("experiment"):
+        table.loc[rows.index, "holm_size"] = len(rows)
+        for column in P_COLUMNS:
+            table.loc[rows.index, f"{column}_adjusted"] = holm(rows[column].to_numpy())
+    first = {claim: index for index, claim in table["claim"].items()}
+    for index in table.index[primary & (table["same_as"] != "")]:
+        origin = first[table.at[index, "same_as"]]
+        for column in ("holm_size", *(f"{c}_adjusted" for c in P_COLUMNS)):
+            table.at[index, column] = table.at[origin, column]
+    return table
+
+
+def contrast_verdict(row) -> str:
+    """``not run`` (under 2 pairs), ``identical runs`` (the two arms gave the same number on every seed: no
+    verdict), else :func:`~dppo_oat.analysis.stats.decide` on the adjusted p-values at one-sided level 0.025."""
+    if row["pairs"] < 2:
+        return "not run"
+    if row["identical"]:
+        return "identical runs"
+    return decide(MarginTests(row["p_above_adjusted"], row["p_below_adjusted"], row["p_equivalent_adjusted"]))
+
+
+def same_runs_as(table: pd.DataFrame) -> list[str]:
+    """For each contrast, the first earlier claim scored on exactly the same paired numbers (different arms whose
+    runs coincide, e.g. MiniRL and GRPO-ClipHigher where π_θ' = μ), else ``""``: its line is then not repeated."""
+    first_of, earlier = {}, []
+    for row in table.itertuples():
+        key = (row.task, row.metric, row.margin, row.seeds, row.left_values, row.right_values)
+        earlier.append(first_of.get(key, "") if row.pairs >= 2 else "")
+        first_of.setdefault(key, row.claim)
+    return earlier
+
+
+def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
+    """Every contrast scored (:func:`score_contrast`) in the order they were written down, with ``same_as`` (the
+    earlier claim it duplicates, if any), Holm-adjusted over the distinct primary comparisons of each experiment,
+    and its verdict."""
+    table = pd.DataFrame([{**score_contrast(outcomes, c), "task": c.task} for c in contrasts])
+    table["same_as"] = same_runs_as(table)
+    table = adjusted_for_family(table)
+    table["verdict"] = table.apply(contrast_verdict, axis=1)
+    return table
+
+
+STRETCHES = (0, 10, 25, 40, 50)
+"""Stretches of a 50-step run the per-token tables average over: steps 1–10, 11–25, 26–40, 41–50."""
+
+
+def cell_table(df: pd.DataFrame, family: str, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """The ``family`` shares (``mask_cell``: tokens the mask blocked; ``over_delta``: tokens whose binary KL to μ
+    exceeds δ) of the A ≠ 0 tokens, in %, per condition, arm and cell (sign of Â, side of μ − π, and for
+    ``mask_cell`` the μ bucket), by stretch of the run (:data:`STRETCHES`): means over steps and seeds. Cells that
+    are 0 in every column are left out."""
+    rows = df[df["condition"].isin(conditions) & df["metric"].str.startswith(f"{family}/")]
+    if rows.empty:
+        return pd.DataFrame()
+    labels = [f"{low + 1}-{high}" for low, high in zip(STRETCHES[:-1], STRETCHES[1:])]
+    rows = rows.assign(cell=rows["metric"].str.removeprefix(f"{family}/"),
+                       stretch=pd.cut(rows["step"], STRETCHES, labels=labels))
+    table = 100 * rows.pivot_table(index=["condition", "arm_method", "cell"], columns="stretch", values="value",
+                                   aggfunc="mean", observed=False)
+    return table[(table.fillna(0) != 0).any(axis=1)]
+
+
+def negative_shares(outcomes: pd.DataFrame, condition: str, method: str) -> pd.DataFrame:
+    """Per seed, the share of Â < 0 among the tokens over δ where μ > π and where μ < π (:func:`negative_share`)
+    in one arm's runs, and their difference."""
+    rows = outcomes[(outcomes["condition"] == condition) & (outcomes["arm_method"] == method)].set_index("seed")
+    table = rows[["over_delta_neg_share_mu_above", "over_delta_neg_share_mu_below"]].sort_index()
+    return table.assign(difference=table.iloc[:, 0] - table.iloc[:, 1])
+
+
+def held_out_table(outcomes: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """Per arm of ``conditions``: runs, AUC, held-out success of the rollout copy and of the fp32 learner at the
+    start and the end (means over seeds), the seeds whose copy ended below its start, and collapses."""
+    rows = outcomes[outcomes["condition"].isin(conditions)]
+    return rows.assign(fell=rows["eval_after"] < rows["eval_before"]).groupby(["condition", "arm_method"]).agg(
+        runs=("seed", "count"), auc=("auc", "mean"), copy_start=("eval_before", "mean"),
+        copy_end=("eval_after", "mean"), learner_start=("eval_learner_before", "mean"),
+        learner_end=("eval_learner_after", "mean"), ended_lower=("fell", "sum"), collapsed=("collapsed", "sum"))
+
+
+def bad_update_drops(df: pd.DataFrame, horizon: int = 3) -> pd.DataFrame:
+    """Takeaway 3, per run: Spearman's ρ between the step's bad-update share (A < 0, μ − π ≥ 0.5) and the change of
+    training success over the next ``horizon`` steps (ρ < 0: bad updates come before drops), with its p-value."""
+    bad = per_run_curve(df, "bad_update/fraction", 0).set_index(["run", "step"])["value"]
+    success = per_run_curve(df, "success", 0).set_index(["run", "step"])["value"]
+    rows = []
+    for run, values in success.groupby(level="run"):
+        values = values.droplevel("run")
+        change = values.shift(-horizon) - values
+        pairs = pd.concat([bad.loc[run] if run in bad.index.get_level_values(0) else pd.Series(dtype=float),
+                           change], axis=1, keys=["bad", "change"]).dropna()
+        if len(pairs) < 5 or pairs["bad"].nunique() < 2:
+            rows.append({"run": run, "rho": np.nan, "p": np.nan, "steps": len(pairs)})
+            continue
+        result = spearmanr(pairs["bad"], pairs["change"])
+        rows.append({"run": run, "rho": float(result.statistic), "p": float(result.pvalue), "steps": len(pairs)})
+    return pd.DataFrame(rows)
