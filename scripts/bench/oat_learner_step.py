@@ -57,6 +57,8 @@ overheads; with a real model's decoder the extra pass and the head are a smaller
 
 With ``--lora-rank`` r both learners train LoRA adapters (oat's ``--lora_rank``); the row's ``config`` records the
 rank and the trainable parameters, so the learner's memory with and without LoRA is two rows of the same shape.
+oat's own learner gets DPPO's fix of its learning-rate schedule under LoRA (``match_scheduler_to_groups``: DeepSpeed
+drops oat's empty no-decay group after the schedule was built, and oat 0.2.4's first step fails without it).
 """
 
 from __future__ import annotations
@@ -255,6 +257,7 @@ def build_learner(variant: str, args, model_dir: str, save_path: str):
     from dppo_oat.engines.oat.args import validate_args
     from dppo_oat.engines.oat.launch import parse_args
     from dppo_oat.engines.oat.learner import DPPOLearner
+    from dppo_oat.engines.oat.lora import match_scheduler_to_groups
 
     class OatPPOLearner(PPOLearner):
         """oat's PPO learner; only its prompt set is DPPO's placeholders (oat's own is downloaded)."""
@@ -267,6 +270,8 @@ def build_learner(variant: str, args, model_dir: str, save_path: str):
     cls = OatPPOLearner if variant == "ppo" else DPPOLearner
     learner = cls(1, 0, 0, "127.0.0.1", get_free_port(), True, oat_args, [], None)
     learner._init(oat_args, [])
+    if variant == "ppo":  # DPPOLearner does it in its _init; without it oat's first step fails under LoRA
+        match_scheduler_to_groups(learner.scheduler)
     return learner
 
 

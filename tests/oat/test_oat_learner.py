@@ -24,6 +24,7 @@ from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
 from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
+from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402
 from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
 from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
 from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
@@ -281,40 +282,50 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
 @pytest.mark.fault("oat engine: a run that keeps diverging",
                    "every learner stops together, launchpad stops the program, and the launcher prints `error: "
                    "training diverged: …` (exit 1)")
-def test_a_divergence_ends_the_program_with_one_line_and_status_1(capsys, monkeypatch, tmp_path):
-    """DPPOLearner.run: a TrainingBlewUp (raised on every learner together) makes rank 0 close its logs and hand
-    the reason to the launcher, and asks launchpad to stop the program (the test stand-in for launchpad records
-    it); the launcher then prints one line and exits 1."""
+@pytest.mark.fault("oat engine: a checkpoint that cannot be written (a full disk)",
+                   "every learner stops together and the launcher prints `error: writing the checkpoint … failed "
+                   "(…); the newest whole checkpoint is round_NNNNNN: … --resume_dir <run>` (exit 1)")
+@pytest.mark.parametrize("error,line", [
+    (TrainingBlewUp("weights are non-finite: lower --lr"), "training diverged: weights are non-finite: lower --lr"),
+    (CheckpointFailed("writing the checkpoint r/checkpoints/round_000003 failed (OSError: [Errno 28] No space left "
+                      "on device); the newest whole checkpoint is round_000002: make room or fix the folder, then go "
+                      "on with the same command plus --resume_dir r"), None),
+])
+def test_a_run_stopped_by_every_learner_ends_in_one_line_and_status_1(error, line, capsys, monkeypatch, tmp_path):
+    """DPPOLearner.run: a TrainingBlewUp or CheckpointFailed (raised on every learner together) makes rank 0 close
+    its logs and hand the reason to the launcher, and asks launchpad to stop the program (the test stand-in for
+    launchpad records it); the launcher then prints one line and exits 1."""
     import launchpad as lp
-    from oat.algorithms.ppo import PPOLearner
 
     from dppo_oat.engines.oat import launch
-    from dppo_oat.engines.oat.status import STATUS_FILE_ENV
-    from dppo_oat.errors import TrainingBlewUp
+    from dppo_oat.engines.oat.status import STATUS_DIR_ENV
 
     stops, finished = [], []
     monkeypatch.setattr(lp, "stop", lambda: stops.append(True))
 
-    def diverge(self):
-        raise TrainingBlewUp("weights are non-finite: lower --lr")
+    def stop_with_error(self):
+        raise error
 
     def learner_process(*args, **kwargs):  # what the learner's process does inside the launched program
-        monkeypatch.setattr(PPOLearner, "run", diverge)
+        monkeypatch.setattr(DPPOLearner, "_init", lambda self, args, actors: None)
+        monkeypatch.setattr(DPPOLearner, "train", stop_with_error)
         learner = DPPOLearner.__new__(DPPOLearner)
+        learner.args, learner.actors = None, []
         learner.strategy = type("Rank0", (), {"is_rank_0": staticmethod(lambda: True)})()
         learner._wandb = type("Logs", (), {"finish": staticmethod(lambda: finished.append(True))})()
         learner.run()
 
-    monkeypatch.delenv(STATUS_FILE_ENV, raising=False)
-    monkeypatch.setattr(launch, "checked_plan", lambda argv: (type("Args", (), {"dry_run": False, "adam_offload": False,
-                                                                             "launch_type": "local_mp"})(), None))
+    monkeypatch.delenv(STATUS_DIR_ENV, raising=False)
+    fake_args = type("Args", (), {"dry_run": False, "adam_offload": False, "launch_type": "local_mp",
+                                  "checkpoint_every": 0, "resume_dir": ""})()
+    monkeypatch.setattr(launch, "checked_plan", lambda argv: (fake_args, None))
     monkeypatch.setattr("dppo_oat.engines.oat.plan.render_plan", lambda plan: "plan")
     monkeypatch.setattr(launch, "build_program", lambda args: (None, {}))
     monkeypatch.setattr(lp, "launch", learner_process)
     with pytest.raises(SystemExit) as stopped:
         launch.main([])
     assert stopped.value.code == 1 and stops == [True] and finished == [True]
-    assert capsys.readouterr().err == "error: training diverged: weights are non-finite: lower --lr\n"
+    assert capsys.readouterr().err == f"error: {line or error}\n"
 
 
 def test_a_zero3_shard_is_checked_without_its_padding(monkeypatch):
