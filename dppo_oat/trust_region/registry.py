@@ -4,8 +4,8 @@
 As verl registers a policy loss (``@register_policy_loss("name")`` in ``verl/trainer/ppo/core_algos.py``), a rule is
 one function registered with a decorator: its mask M_t, under a name, with everything else it brings declared as
 arguments (its divergence, its threshold, the fields it reads, its own w_t, loss term and metrics, and its
-capabilities: whether ``mask_side`` picks a half of it, whether its mask reads other tokens, whether it reads the
-recomputed π_θ'). Nothing about a rule is inferred from its code: the loss, the checks of a
+capabilities: whether ``mask_side`` picks a half of it, whether its mask reads other tokens of the row or of the
+batch, whether it reads the recomputed π_θ'). Nothing about a rule is inferred from its code: the loss, the checks of a
 :class:`~dppo_oat.trust_region.config.TrustRegion`, the command line, the verl engine and the docs read the
 declaration.
 """
@@ -171,6 +171,9 @@ class Rule:
     ``mask_side`` but ``both``."""
     needs_recompute: bool = False
     """True when its mask compares the recomputed π_θ' with μ (VACO): the trust region must anchor on π_θ'."""
+    reads_batch: bool = False
+    """True when M_t reads the whole batch, not only the token's row (M2PO's second moment): a row's mask then
+    depends on the other rows of the loss call (one micro-batch). Such a rule couples tokens."""
 
     @property
     def uses_topk(self) -> bool:
@@ -215,6 +218,8 @@ def _add_rule(name: str, rule: Rule) -> None:
         raise ValueError(f"rule {name!r}: unknown threshold {rule.threshold!r}; one of {', '.join(THRESHOLDS)}")
     if rule.uses_topk and rule.binary_twin is None:
         raise ValueError(f"rule {name!r} reads a top-K divergence: name its binary_twin")
+    if rule.reads_batch and not rule.couples_tokens:
+        raise ValueError(f"rule {name!r} reads the whole batch: declare couples_tokens=True too")
     if rule.binary_twin is not None and (rule.binary_twin not in RULE_TABLE or RULE_TABLE[rule.binary_twin].uses_topk):
         raise ValueError(f"rule {name!r}: its binary_twin {rule.binary_twin!r} is no registered binary rule "
                          "(register the twin first)")

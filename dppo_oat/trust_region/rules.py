@@ -134,7 +134,8 @@ def m2po_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> Metrics:
     }
 
 
-@register_rule("m2po", divergence="log_ratio_sq", threshold="tau_m2", metrics=m2po_metrics, couples_tokens=True)
+@register_rule("m2po", divergence="log_ratio_sq", threshold="tau_m2", metrics=m2po_metrics, couples_tokens=True,
+               reads_batch=True)
 def m2po(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     """M2PO (arXiv 2510.01161, :func:`~dppo_oat.trust_region.masks.second_moment_keep`): the batch's trust-region
     tokens of largest (log r)² masked until their mean is ≤ τ_M2."""
