@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Iterable, Literal, Optional, Tuple
 
@@ -25,7 +26,7 @@ from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.docstrings import field_docstrings
 from dppo_oat.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
-from dppo_oat.trust_region import PRESETS, TrustRegion
+from dppo_oat.trust_region import INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, TrustRegion
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
@@ -33,8 +34,9 @@ TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
 FORMAT_ERROR_PENALTY = -0.1
 """Gem's reward for an unreadable action (``LanguageGameReward.format_error_reward``), also given to an episode
 whose prompt no longer fits (a test checks that the two agree; the spec does not import Gem)."""
-TRUST_REGION_OVERRIDES = tuple(f.name for f in dataclasses.fields(TrustRegion) if f.type in ("float", "int"))
-"""The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``): every numeric one."""
+TRUST_REGION_OVERRIDES = NUMBER_FIELDS
+"""The :class:`TrustRegion` fields a command line can override (flags ``--tr_<field>``): every numeric one
+(:data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`)."""
 MAX_NAMED_READERS = 6
 """An override's help names the presets that read it when there are at most this many."""
 
@@ -216,9 +218,10 @@ def override_help(name: str, doc: str) -> str:
 
 def trust_region_override_fields() -> list[tuple]:
     """``tr_<field>`` for every field of :data:`TRUST_REGION_OVERRIDES`, as ``make_dataclass`` takes them: optional,
-    of the field's type, default None, its help from the field's docstring."""
-    docs, types = field_docstrings(TrustRegion), {f.name: f.type for f in dataclasses.fields(TrustRegion)}
-    return [(f"tr_{name}", Annotated[Optional[int if types[name] == "int" else float],
+    an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None, its help from
+    the field's docstring."""
+    docs = field_docstrings(TrustRegion)
+    return [(f"tr_{name}", Annotated[Optional[int if name in INTEGER_FIELDS else float],
                                      tyro.conf.arg(help=override_help(name, docs[name]))],
              dataclasses.field(default=None)) for name in TRUST_REGION_OVERRIDES]
 
@@ -273,7 +276,7 @@ class DPPOFlags(TrustRegionFlags):
         if self.token_samples < 0:
             raise ValueError(f"--token-samples must be >= 0 (0: no tokens.jsonl), got {self.token_samples}")
 
-    def trust_region_spec(self, also_read: Iterable[str] = ()) -> TrustRegion:
+    def build_trust_region(self, also_read: Iterable[str] = ()) -> TrustRegion:
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
         override that neither the preset's rule nor the engine (``also_read``, e.g. the local engine's divergence
         probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
@@ -287,6 +290,12 @@ class DPPOFlags(TrustRegionFlags):
             raise ValueError(f"{flags}: not read by the trust region {self.trust_region} (it reads "
                              f"{', '.join(sorted(read))}): leave it out, or choose a preset that uses it")
         return tr
+
+    def trust_region_spec(self, also_read: Iterable[str] = ()) -> TrustRegion:
+        """Deprecated name of :meth:`build_trust_region` (it returns a :class:`TrustRegion`, no spec)."""
+        warnings.warn("DPPOFlags.trust_region_spec() is deprecated: use build_trust_region()", DeprecationWarning,
+                      stacklevel=2)
+        return self.build_trust_region(also_read)
 
 
 def topk_logprobs_of(trust_region: TrustRegion) -> int:

@@ -1,4 +1,5 @@
-"""The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``), the
+"""The docs' tables that the code defines, generated from it: every trust-region preset (``PRESETS``: the README's
+table of what each masks, and the docs' table of its settings and source), the
 command-line flags of the local engine (``TrainConfig``, which holds ``DPPOFlags``) and of the oat engine
 (``DPPOOatArgs``: the flags it declares, the oat defaults it changes and the oat flags it refuses), every preset in
 verl's terms (``dppo_oat/engines/verl/mapping.py``: its loss mode, the numbers verl's config sets, its anchoring
@@ -33,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
 from dppo_oat.docstrings import documented_fields, field_docstrings  # noqa: E402
 from dppo_oat.spec import DPPOFlags  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402
 
 # --------------------------------------------------------------------------------- the trust-region presets
 
-CATEGORICAL = ("anchor", "relax", "is_weight", "mismatch_mask")
+CATEGORICAL = tuple(field for field in CHOICE_FIELDS if field != "rule")
 """The TrustRegion fields besides ``rule`` that a preset may set, shown where they differ from the default."""
 
 
@@ -59,6 +60,20 @@ def presets_table() -> str:
     """Every preset: its name, its settings and its source (``PRESETS``)."""
     rows = [f"| `{name}` | {preset_settings(name)} | {preset.source} |" for name, preset in PRESETS.items()]
     return "\n".join(["| preset | settings (the numbers its rule reads) | source |", "|---|---|---|", *rows])
+
+
+def preset_numbers(name: str) -> str:
+    """The numbers preset ``name`` sets itself, as the docs write them (``δ 0.15, K 20``), or ``—``."""
+    fields = PRESETS[name].fields
+    return ", ".join(f"{FIELD_SYMBOLS[field]} {number(fields[field])}" for field in NUMBER_FIELDS
+                     if field in fields) or "—"
+
+
+def readme_presets_table() -> str:
+    """The README's table: every preset with its name, what its mask blocks and the numbers it sets (``PRESETS``)."""
+    rows = [f"| `{name}` | {cell(preset.label)} | {cell(preset.blocks)} | {preset_numbers(name)} |"
+            for name, preset in PRESETS.items()]
+    return "\n".join(["| preset | name | mask blocks … | defaults |", "|---|---|---|---|", *rows])
 
 
 # --------------------------------------------------------------------------------- flags, from their dataclasses
@@ -191,8 +206,7 @@ def verl_mapping():
 def verl_presets_table() -> str:
     """Every preset on the verl engine: its ``loss_mode``, the numbers verl's actor config sets (the rest are the
     preset's), and the mode that anchors it (bypass: μ only; decoupled: μ and π_θ'), or why verl cannot run it."""
-    mapping, names = verl_mapping(), {"eps_low": "ε_low", "eps_high": "ε_high", "delta": "δ", "is_cap": "C",
-                                "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
+    mapping, names = verl_mapping(), FIELD_SYMBOLS
     rows = []
     for name, reason in mapping.supported_presets().items():
         if reason:
@@ -399,6 +413,7 @@ def oat_learner_gpu_rows(folder: Path = ROOT / "docs" / "bench") -> str:
 
 
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
+    "readme-presets": ("README.md", readme_presets_table),
     "presets": ("docs/trust-region.md", presets_table),
     "local-flags": ("docs/engines/local.md", local_flags_table),
     "oat-flags": ("docs/engines/oat.md", oat_flags_table),

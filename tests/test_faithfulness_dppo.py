@@ -1,4 +1,4 @@
-"""DPPO's update rebuilt from the paper's formulas, outside ``trust_region.py``, on one saved int4 batch.
+"""DPPO's update rebuilt from the paper's formulas, outside ``dppo_oat/trust_region/``, on one saved int4 batch.
 
 ``tests/data/int4_batch.pt`` (``scripts/faithfulness_batch.py``) is a real rollout batch of the shipped Sudoku
 policy's int4 rollout copy: the learner's inputs, the copy's log μ and Dr.GRPO advantages. This test recomputes,

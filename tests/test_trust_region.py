@@ -1,25 +1,19 @@
 """The trust-region rules against hand-computed cases from the paper, and the unified gradient (eq:unified_grad)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from dppo_oat.logprobs import topk_of_logprobs
-from dppo_oat.trust_region import PRESETS, TopK, TrustRegion, divergence_keep, policy_loss, ratio_keep
+from dppo_oat.trust_region import PRESETS, RULE_TABLE, TopK, TrustRegion, divergence_keep, policy_loss, ratio_keep
 
-PAPER_PRESETS = (
-    "ppo grpo_clip_higher cispo pg_is minirl minirl_tis dppo_binary_tv dppo_binary_kl dppo_topk_tv dppo_topk_kl "
-    "dppo_binary_tv_recompute dppo_binary_kl_recompute mask_negative relax_low relax_high relax_both"
-).split()
-MISMATCH_PRESETS = "tis seq_tis icepop seq_geo_mask decoupled_ppo dppo_binary_tv_kl".split()
-"""Other frameworks' fixes for training–inference mismatch (tests/test_mismatch_presets.py checks each definition)."""
-ALL_PRESETS = PAPER_PRESETS + MISMATCH_PRESETS
-LATER_PRESETS = "drpo cppo cppo_binary_tv m2po ipo trm_max trm_avg opsm vaco gspo sapo minpro".split()
-"""DRPO, CPPO and M2PO (tests/test_later_presets.py checks each against its source's equations), and the field after
-DPPO (tests/test_field_presets.py)."""
-ABLATION_PRESETS = "dppo_binary_kl_neg dppo_binary_kl_pos".split()
-"""The CPU study's ablation of DPPO-Binary-KL's mask: one half of it alone."""
+REPO = Path(__file__).resolve().parents[1]
+RULES = {name: RULE_TABLE[TrustRegion.preset(name).rule] for name in PRESETS}
+UNIFIED_WEIGHT_PRESETS = [name for name, rule in RULES.items() if rule.weight is None and rule.loss_term is None]
+"""The presets whose gradient is the unified one with the IS weight of ``is_weight`` (no w_t or loss term of the
+rule's own): every such preset of the registry, so a new one is covered."""
 
 
 def expected_weight(tr, logp, mu, recomputed, mask):
@@ -59,11 +53,15 @@ def run_rule(preset, mu, pi, adv, recomputed=None, **overrides):
     return bool(out.keep.item()), out.divergence.item(), logp.grad.item()
 
 
-def test_presets_are_exactly_the_papers_methods_and_the_mismatch_fixes():
-    assert sorted(PRESETS) == sorted(ALL_PRESETS + LATER_PRESETS + ABLATION_PRESETS)
-    for name in ALL_PRESETS + LATER_PRESETS:
-        assert PRESETS[name].source, name
-        assert TrustRegion.preset(name).name == name
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_has_its_source_label_and_rows(name):
+    """Each preset of the registry says where it comes from, its name and what its mask blocks, builds under its own
+    name, and has its row in the README's table and in docs/trust-region.md's (both generated from PRESETS)."""
+    preset = PRESETS[name]
+    assert preset.source.strip() and preset.label.strip() and preset.blocks.strip(), name
+    assert TrustRegion.preset(name).name == name
+    for page in ("README.md", "docs/trust-region.md"):
+        assert f"| `{name}` |" in (REPO / page).read_text(encoding="utf-8"), f"{page} has no row for {name}"
 
 
 def test_paper_defaults():
@@ -138,13 +136,13 @@ EXPECTED_KEEP = {  # case order: up+ up- down- down+ low_up+ high_down- low_down
 }
 
 
-@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("preset", EXPECTED_KEEP)
 def test_every_preset_masks_crafted_tokens_as_the_paper_says(preset):
     got = tuple(int(run_rule(preset, *case)[0]) for case in CASES.values())
     assert got == EXPECTED_KEEP[preset], dict(zip(CASES, got))
 
 
-@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("preset", EXPECTED_KEEP)
 def test_gradient_is_the_unified_formula_on_crafted_tokens(preset):
     """M·w·A, plus the KL penalty's 2τ·log(π/μ) (dppo_binary_tv_kl)."""
     tr = TrustRegion.preset(preset)
@@ -196,7 +194,7 @@ def _with_entry(full_logp, ids, entry_logp):
     return p.log()
 
 
-@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("preset", UNIFIED_WEIGHT_PRESETS)
 @pytest.mark.parametrize("per_token_adv", [False, True])
 def test_gradient_identity_on_random_batches(preset, per_token_adv):
     """The gradient is (−M·w·A + 2τ·log(π/μ))·∇log π; the value is −M·w·A + τ·log²(π/μ)."""
@@ -236,7 +234,7 @@ def test_topk_rule_equals_binary_on_a_two_token_vocabulary():
         )
 
 
-@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_no_nan_or_inf_at_extreme_probabilities(preset):
     tr = TrustRegion.preset(preset)
     tr = tr.replace(k=1) if tr.uses_topk else tr  # a two-token vocabulary

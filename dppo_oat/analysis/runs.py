@@ -36,7 +36,7 @@ from dppo_oat.analysis.run_checks import (
     step_numbers,
 )
 from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
-from dppo_oat.trust_region import PRESETS, TrustRegion, numeric_fields_read
+from dppo_oat.trust_region import PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
 """Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
@@ -44,37 +44,9 @@ settings; ``method``: the variant, plus the environment when the table spans sev
 the curves :func:`~dppo_oat.analysis.curves.aggregate_seeds` pools); ``label``: one name per run; ``path``: its
 directory."""
 
-PRESET_NAMES = {
-    "ppo": "PPO",
-    "grpo_clip_higher": "GRPO-ClipHigher",
-    "cispo": "CISPO (PG-TIS)",
-    "pg_is": "PG-IS",
-    "minirl": "MiniRL",
-    "minirl_tis": "MiniRL-TIS",
-    "dppo_binary_tv": "DPPO-Binary-TV",
-    "dppo_binary_kl": "DPPO-Binary-KL",
-    "dppo_topk_tv": "DPPO-TopK-TV",
-    "dppo_topk_kl": "DPPO-TopK-KL",
-    "dppo_binary_tv_recompute": "DPPO-TV (recompute)",
-    "dppo_binary_kl_recompute": "DPPO-KL (recompute)",
-    "dppo_binary_kl_neg": "DPPO-KL (A<0 half)",
-    "dppo_binary_kl_pos": "DPPO-KL (A>0 half)",
-    "mask_negative": "Mask-negative",
-    "relax_low": "Relax-low",
-    "relax_high": "Relax-high",
-    "relax_both": "Relax-both",
-    "tis": "Token-TIS",
-    "seq_tis": "Seq-TIS",
-    "icepop": "IcePop",
-    "seq_geo_mask": "Seq-Geo-Mask",
-    "decoupled_ppo": "Decoupled PPO",
-    "dppo_binary_tv_kl": "DPPO-Binary-TV + KL",
-    "drpo": "DRPO",
-    "cppo": "CPPO",
-    "cppo_binary_tv": "CPPO-Binary-TV",
-    "m2po": "M2PO",
-}
-"""The paper's (or the source framework's) name of each trust-region preset (legend entries)."""
+PRESET_NAMES = {name: preset.label or name for name, preset in PRESETS.items()}
+"""The paper's (or the source framework's) name of each trust-region preset (legend entries): its
+:attr:`~dppo_oat.trust_region.presets.Preset.label`."""
 
 TRUST_REGION_SYMBOLS = {
     "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
@@ -83,8 +55,6 @@ TRUST_REGION_SYMBOLS = {
     "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2",
 }
 """The trust-region fields a label mentions when a run overrides its preset's default, and how."""
-_FLOAT_FIELDS = ("delta", "eps_low", "eps_high", "is_cap", "alpha", "mismatch_low", "mismatch_high", "kl_tau", "w_min",
-                 "delta_b", "tau_m2")
 
 PathLike = Union[str, Path]
 
@@ -188,7 +158,7 @@ def read_table(path: PathLike) -> pd.DataFrame:
 def normalize_trust_region(trust_region: dict) -> dict:
     """A copy with the numeric fields as floats: ``"inf"``/``"Infinity"`` → ``math.inf``, ``is_cap`` null → ∞."""
     out = dict(trust_region)
-    for key in set(_FLOAT_FIELDS).intersection(out):
+    for key in set(REAL_FIELDS).intersection(out):
         if out[key] is None:
             out[key] = math.inf if key == "is_cap" else None
             continue
@@ -229,8 +199,10 @@ def read_log(path: Path, name: str) -> pd.DataFrame:
 
 
 def preset_name(algo: str) -> str:
-    """The paper's name of preset ``algo`` (the preset id itself for a custom one)."""
-    return PRESET_NAMES.get(algo, algo)
+    """The paper's name of preset ``algo`` (its label; the preset id itself for a custom one or one without a
+    label), read when asked, so a preset registered after this module is named too."""
+    preset = PRESETS.get(algo)
+    return preset.label if preset is not None and preset.label else algo
 
 
 def relevant_fields(trust_region: dict) -> frozenset[str]:

@@ -265,7 +265,7 @@ PROBE_READS = ("delta", "k")
 
 def run_spec(config: TrainConfig) -> spec.RunSpec:
     """The local engine's command line as the run's spec (validates every setting; builds nothing)."""
-    tr = config.trust_region_spec(also_read=PROBE_READS if config.probe_every else ())
+    tr = config.build_trust_region(also_read=PROBE_READS if config.probe_every else ())
     rollout = spec.RolloutSettings(template=config.template, max_prompt_tokens=config.max_prompt_tokens,
                                    max_turns=config.max_turns, wrappers=spec.split_ids(config.wrappers))
     sampling = spec.SamplingSettings(config.max_new_tokens, config.temperature, config.top_p,

@@ -154,7 +154,7 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
     The update runs as oat runs PPO: one minibatch = ``grad_acc_step`` micro-batches of
     ``train_batch_size_per_device`` on each learner, and DeepSpeed averages over the accumulation steps itself.
     """
-    tr = args.trust_region_spec()
+    tr = args.build_trust_region()
     rollout = RolloutSettings(template=args.prompt_template, max_prompt_tokens=args.prompt_max_length,
                               max_turns=args.max_turns, env_seed=args.env_seed, wrappers=split_ids(args.wrappers))
     with flags_named("--temperature, --top_p, --top_k, --generate_max_length"):

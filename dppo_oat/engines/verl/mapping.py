@@ -40,7 +40,7 @@ UNTRUNCATED_IS = math.exp(SAFETY_BOUND)
 
 DELTA_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "delta")
 """Rules whose threshold is δ: verl's ``clip_ratio_low``/``clip_ratio_high`` (as in verl's ``dppo_tv``/``dppo_kl``)."""
-EPS_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "eps")
+EPS_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "clip_range")
 """Rules whose thresholds are PPO's ε_low/ε_high: verl's ``clip_ratio_low``/``clip_ratio_high``."""
 
 
@@ -116,7 +116,7 @@ def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
     (ε_low/ε_high or δ from the clip fields), C from ``clip_ratio_c`` when the rule reads it, and the fields of
     :data:`VERL_FIELDS` it reads."""
     threshold = RULE_TABLE[tr.rule].threshold  # read now: a rule registered after this module counts too
-    fields = {"eps": ("eps_low", "eps_high"), "delta": ("delta",)}.get(threshold, ())
+    fields = {"clip_range": ("eps_low", "eps_high"), "delta": ("delta",)}.get(threshold, ())
     read = tr.fields_read
     fields += ("is_cap",) if "is_cap" in read else ()
     return fields + tuple(name for name in VERL_FIELDS if name in read)
