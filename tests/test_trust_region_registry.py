@@ -1,6 +1,6 @@
 """What the trust region knows it says once: a rule's capabilities are what its registration declares (never its
 function's identity or its divergence's name), the fields the command line overrides are the config's field
-registry, and the names that meant two things have one meaning each (their old spellings still work, with a
+registry, and the names that meant two things have one meaning each (the deprecated aliases work, with a
 warning)."""
 
 import dataclasses
