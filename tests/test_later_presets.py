@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dppo_oat import divergence as div
@@ -243,6 +243,10 @@ def test_cppo_gradient_is_the_papers(preset, seed):
     assert (policy_loss(logp, mu, adv, mask, dppo, topk=topk).keep & ~out.keep).any(), "the budget binds"
 
 
+def float32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
 rows = st.integers(1, 9).flatmap(lambda n: st.tuples(
     st.lists(st.floats(0.01, 0.99), min_size=n, max_size=n),
     st.lists(st.floats(0.01, 0.99), min_size=n, max_size=n)))
@@ -251,9 +255,12 @@ rows = st.integers(1, 9).flatmap(lambda n: st.tuples(
 @settings(max_examples=150, deadline=None)
 @given(row=rows, adv=st.sampled_from([-1.0, 1.0]), delta=st.floats(0.02, 0.5), w_min=st.floats(0.1, 1.0),
        delta_b=st.floats(0.0, 0.2))
+@example(row=([0.875, 0.01, 0.5], [0.25, 0.010000000000000002, 0.5]), adv=1.0, delta=0.5, w_min=1.0, delta_b=0.0)
 def test_cppo_bounds(row, adv, delta, w_min, delta_b):
     """Every kept token that moves away from μ has Z_t ≤ δ (so D_t ≤ δ/w_t ≤ δ/w_min) and keeps its prefix within
-    budget, S_t ≤ δ + δ_b^seq·W_{t−1}; a token moving back is always kept; the mask is eq. 8-10's."""
+    budget, S_t ≤ δ + δ_b^seq·W_{t−1}; a token moving back is always kept; the mask is eq. 8-10's. Whether a token
+    moves is judged in float32, as the loss sees π and μ (0.01 and 0.01 + 2e-18 are one number there: it does not
+    move, whatever its prefix holds)."""
     mu, pi = row
     tr = TrustRegion.preset("cppo_binary_tv", delta=delta, w_min=w_min, delta_b=delta_b)
     out, _ = run("cppo_binary_tv", [mu], [pi], [[adv]], delta=delta, w_min=w_min, delta_b=delta_b)
@@ -265,13 +272,13 @@ def test_cppo_bounds(row, adv, delta, w_min, delta_b):
     s_prev = w_prev = 0.0
     for t, (m, p) in enumerate(zip(mu, pi)):
         z = weights[t] * d[t]
-        if adv * (p - m) <= 0:
+        if adv * (float32(p) - float32(m)) <= 0:
             assert keep[t]
         elif keep[t]:
             assert z <= delta + 1e-6 and d[t] <= delta / w_min + 1e-6
             assert s_prev + z <= delta + budget * w_prev + 1e-6
         s_prev, w_prev = s_prev + z, w_prev + weights[t]
-    ratio = torch.tensor([pi], dtype=torch.float64) / torch.tensor([mu], dtype=torch.float64)
+    ratio = torch.tensor([pi]).double() / torch.tensor([mu]).double()  # of the float32 values the loss sees
     margins = {}
     expected = cppo_mask_as_the_paper_writes_it(torch.tensor([d]), ratio, torch.full((1, len(mu)), adv), mask.numpy(),
                                                 tr.delta, tr.w_min, tr.delta_b, margins)
