@@ -154,3 +154,24 @@ def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, cap
     code, _, errors = calibrate_cli([str(tmp_path), "--trust-region", "ppo", "--target", "0.1"], capsys)
     assert code == 2 and errors == [f"error: {tmp_path} has no token export (token_exports/step_*.jsonl): train it "
                                     "with --token-export all"]
+
+
+def test_the_training_collector_keeps_each_loss_call_with_its_top_k_divergence():
+    """``--tr-calibrate`` on a top-K rule: the collector keeps each loss call's own top-K divergence (the rollout's
+    set is not kept), and calibration reads it: a batch a top-K rule could not calibrate on without it."""
+    from dppo_oat.calibrate import BatchCollector
+    from dppo_oat.trust_region import TopK, calibrate
+
+    micro, pi, _ = micro_batch()
+    ids = torch.tensor([0, 1, -1]).expand(2, 4, 3).clone()
+    mu_top = torch.stack([micro.behavior_logp, (1 - micro.behavior_logp.exp()).log()], -1)
+    pi_top = torch.stack([pi, (1 - pi.exp()).log()], -1)
+    topk = TopK(ids, torch.cat([mu_top, mu_top[..., :1]], -1), torch.cat([pi_top, pi_top[..., :1]], -1), ids != -1)
+    tr = TrustRegion.preset("dppo_topk_tv", k=2)
+    result = policy_loss(pi, micro.behavior_logp, micro.advantages, micro.response_mask, tr, topk=topk)
+    collector = BatchCollector(tr)
+    collector.observe(torch.tensor([0, 1]), SimpleNamespace(**vars(micro), recomputed_logp=None), pi, None, result)
+    [call] = collector.calls
+    assert set(call.divergences) == {"topk_tv"} and torch.equal(call.divergences["topk_tv"], result.divergence)
+    calibrated, report = calibrate(tr, collector.calls, 0.0)
+    assert report.before_fraction == 0.5 and report.achieved == 0.0 and calibrated.delta == pytest.approx(0.3)
