@@ -301,11 +301,20 @@ class RunLog:
         make_writable_dir(self.directory)
         config = with_provenance(config, read_config(self.directory) if resume_step is not None else None,
                                  resume_step)
+        self.config = config
         atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
         for name in (METRICS_FILE, EVAL_FILE, TOKENS_FILE):
             self._truncate(self.directory / name, resume_step)
         self._wandb = self._start_wandb(config) if wandb else None
         self._tensorboard = self._start_tensorboard() if tensorboard else None
+
+    def update_config(self, changes: dict) -> None:
+        """Rewrite ``config.json`` (atomically) with ``changes`` merged in: what the run settled on after it started
+        (a calibrated trust-region band)."""
+        self.config = {**self.config, **changes}
+        atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(self.config), indent=2).encode())
+        if self._wandb is not None:
+            self._wandb.config.update(to_jsonable(changes), allow_val_change=True)
 
     @staticmethod
     def _truncate(path: Path, resume_step: int | None) -> None:

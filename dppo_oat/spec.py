@@ -26,7 +26,9 @@ from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.docstrings import field_docstrings
 from dppo_oat.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
-from dppo_oat.trust_region import INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, TrustRegion
+from dppo_oat.trust_region import (INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, RULE_TABLE, UNITS, TrustRegion, band_of,
+                                   check_batch_serves)
+from dppo_oat.trust_region.calibrate import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
@@ -163,6 +165,40 @@ class UpdateSettings:
 
 
 @dataclass(frozen=True)
+class CalibrationSettings:
+    """Band calibration during training (:func:`~dppo_oat.trust_region.calibrate.calibrate`): the trust region's
+    band is set on the first RL step's rollout batch, with π_θ as that step's first epoch read it, to block
+    ``target`` of its A ≠ 0 tokens (or sequences: ``unit``) or as many as the preset ``like`` blocks there."""
+
+    target: float | None = None
+    like: str | None = None
+    unit: str = "token"
+
+    def __post_init__(self) -> None:
+        if (self.target is None) == (self.like is None):
+            raise ValueError("calibration takes a target fraction or a preset to match: give one of them")
+        if self.target is not None:
+            check_target(self.target)
+        if self.like is not None and self.like not in PRESETS:
+            raise ValueError(f"unknown trust-region preset {self.like!r} to match; choose one of: {', '.join(PRESETS)}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unknown calibration unit {self.unit!r}; choose one of: {', '.join(UNITS)}")
+
+    @property
+    def reference(self) -> TrustRegion | None:
+        """The trust region whose blocked fraction is the target (``like``), or None."""
+        return None if self.like is None else TrustRegion.preset(self.like)
+
+    def check_serves(self, tr: TrustRegion) -> None:
+        """``tr`` has a band, and the batch its update observes serves the reference: π_θ' only where ``tr``
+        recomputes it, a top-K divergence only ``tr``'s own."""
+        band_of(tr)
+        if self.reference is not None:
+            own = {RULE_TABLE[tr.rule].divergence} if tr.uses_topk else set()
+            check_batch_serves(self.reference, recomputed=tr.needs_recompute, topk=False, divergences=own)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a run's rollout and update need to know, built once per run by its engine."""
 
@@ -173,6 +209,8 @@ class RunSpec:
     eval_sampling: SamplingSettings
     advantages: AdvantageSettings
     update: UpdateSettings
+    calibration: CalibrationSettings | None = None
+    """Band calibration on the first RL step (None: the trust region's band as given)."""
 
     def __post_init__(self) -> None:
         check_same_distribution(self.sampling, self.update)
@@ -180,6 +218,8 @@ class RunSpec:
         if self.sampling.top_k_logprobs != wanted:
             raise ValueError(f"trust region {self.trust_region.name!r} needs top_k_logprobs={wanted}, "
                              f"the sampling settings ask for {self.sampling.top_k_logprobs}")
+        if self.calibration is not None:
+            self.calibration.check_serves(self.trust_region)
 
 
 def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) -> None:
@@ -270,6 +310,16 @@ class DPPOFlags(TrustRegionFlags):
     token_export: Literal[TOKEN_EXPORT_MODES] = "none"  # type: ignore[valid-type]
     """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
     in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
+    tr_calibrate: Optional[float] = None
+    """Calibrate the trust region's band (δ; ε_low and ε_high scaled together; a sequence mask's δ; τ_M2; SAPO's τ)
+    to block this fraction of the A ≠ 0 tokens of the first RL step's rollout batch, with π_θ as that step's update
+    read it, and train with it from the second step on; config.json records it (docs/trust-region.md, Calibrating a
+    band). None: the preset's band."""
+    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
+    """Calibrate the band (as --tr-calibrate) to block as many tokens as this preset blocks on the same batch."""
+    tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
+    """What --tr-calibrate counts: token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token
+    of which is blocked)."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""
@@ -290,6 +340,20 @@ class DPPOFlags(TrustRegionFlags):
             raise ValueError(f"{flags}: not read by the trust region {self.trust_region} (it reads "
                              f"{', '.join(sorted(read))}): leave it out, or choose a preset that uses it")
         return tr
+
+    def calibration_settings(self, tr: TrustRegion) -> CalibrationSettings | None:
+        """The band calibration the flags ask for on trust region ``tr`` (None: none), validated; an error names the
+        flags."""
+        names = [name for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
+                 if getattr(self, name) not in (None, "token")]
+        if not names:
+            return None
+        try:
+            settings = CalibrationSettings(self.tr_calibrate, self.tr_calibrate_like, self.tr_calibrate_unit)
+            settings.check_serves(tr)
+        except ValueError as error:
+            raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in names)}: {error}") from None
+        return settings
 
     def trust_region_spec(self, also_read: Iterable[str] = ()) -> TrustRegion:
         """Deprecated name of :meth:`build_trust_region` (it returns a :class:`TrustRegion`, no spec)."""

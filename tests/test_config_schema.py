@@ -38,8 +38,8 @@ def test_a_schema_1_config_is_filled_by_what_its_absences_meant_and_says_so():
     migrated = migrate_config(old, current_defaults())
     assert migrated["schema"] == CONFIG_SCHEMA and migrated["max_staleness"] == 0
     assert migrated["lr_schedule"] == old["lr_schedule"]  # present: kept, not reset to the default
-    [step] = migrated["schema_migrations"]
-    assert (step["from"], step["to"]) == (1, 2)
+    step, later = migrated["schema_migrations"]
+    assert (step["from"], step["to"]) == (1, 2) and later == {"from": 2, "to": 3, "filled": []}
     assert set(step["filled"]) == set(current_defaults()) - set(old) - {"schema"} | {
         f"trust_region.{name}" for name in set(current_defaults()["trust_region"]) - set(old["trust_region"])}
     assert "trust_region.tau_pos" in step["filled"] and "max_staleness" in step["filled"]
@@ -135,3 +135,34 @@ def test_a_newer_schema_is_one_line_before_any_model(old_run, tmp_path, capsys, 
     (runs / "one" / "config.json").write_text(json.dumps({**config, "schema": CONFIG_SCHEMA + 1}))
     one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY], 2, "config.json", f"schema {CONFIG_SCHEMA + 1}", "upgrade dppo_oat")
+
+
+def schema_2_run(runs: Path, cache_dir: str) -> Path:
+    """A 1-step run as the code of schema 2 left it: config.json without the band-calibration flags (schema 3), and a
+    checkpoint of schema 2 whose identity is that config's settings hash."""
+    main(["--run-dir", str(runs), "--run-name", "two", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    directory = runs / "two"
+    config = json.loads((directory / "config.json").read_text())
+    old = {key: value for key, value in config.items() if not key.startswith("tr_calibrate")} | {"schema": 2}
+    (directory / "config.json").write_text(json.dumps(old, indent=2))
+    state = torch.load(directory / "checkpoint.pt", weights_only=False)
+    state.update(config_schema=2, settings_hash=settings_hash(old, settings_free_on_resume(run_spec(TrainConfig()))))
+    torch.save(state, directory / "checkpoint.pt")
+    return directory
+
+
+def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resumes(tmp_path, capsys, cache_dir):
+    """Schema 3 added the band-calibration flags: a schema-2 run resumes with them filled at their defaults (no
+    calibration) and recorded; its config.json, rewritten, still matches its schema-2 checkpoint."""
+    directory = schema_2_run(tmp_path, cache_dir)
+    legacy_checkpoint = (directory / "checkpoint.pt").read_bytes()
+    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    code, errors, text = run(argv, capsys)
+    assert code == 0 and not errors, text
+    config = json.loads((directory / "config.json").read_text())
+    assert config["schema"] == 3 and config["tr_calibrate"] is None and "calibration" not in config
+    assert config["schema_migrations"] == [{"from": 2, "to": 3, "filled": ["tr_calibrate", "tr_calibrate_like",
+                                                                          "tr_calibrate_unit"]}]
+    (directory / "checkpoint.pt").write_bytes(legacy_checkpoint)  # killed before the next checkpoint
+    code, errors, text = run(argv, capsys)
+    assert code == 0 and not errors, text

@@ -61,6 +61,16 @@ def test_the_registered_rule_is_the_loss(throwaway):
     assert throwaway.fields_read == {"delta", "is_cap", "kl_tau"}
 
 
+def test_its_band_calibrates_with_no_other_edit(throwaway):
+    """Its declared threshold δ is the band calibration moves: blocking 1 of 3 tokens (A < 0, μ 0.1, 0.2, 0.4)
+    puts δ at 0.2, the second smallest μ (kept: μ < δ blocks)."""
+    mu = torch.tensor([[0.1, 0.2, 0.4]]).log()
+    batch = T.CalibrationBatch(mu - 1e-3, mu, torch.full((1, 1), -1.0), torch.ones(1, 3, dtype=torch.bool))
+    calibrated, report = throwaway.calibrate(batch, 1 / 3)
+    assert report.band == "delta" and report.achieved == pytest.approx(1 / 3)
+    assert calibrated.delta == pytest.approx(0.2, rel=1e-4) and report.before_fraction == pytest.approx(2 / 3)
+
+
 def test_the_command_line_overrides_what_the_rule_reads_and_refuses_the_rest(throwaway):
     from dppo_oat.spec import DPPOFlags
 
@@ -128,11 +138,13 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     import typing
 
     from dppo_oat.docstrings import field_docstrings
-    from dppo_oat.spec import DPPOFlags, preset_help
+    from dppo_oat.spec import DPPOFlags, TrustRegionFlags, preset_help
 
     numeric = [f.name for f in dataclasses.fields(T.TrustRegion) if f.type in ("float", "int")]
-    flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_")]
+    flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(TrustRegionFlags) if f.name.startswith("tr_")]
     assert flags == numeric
+    others = [f.name for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_") and f.name[3:] not in numeric]
+    assert others == ["tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit"]  # band calibration, no field
     hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
     for name in numeric:
         help_text = hints[f"tr_{name}"].__metadata__[0].help

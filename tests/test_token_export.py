@@ -74,3 +74,104 @@ def test_a_failed_write_is_raised_at_the_next_step(tmp_path):
     with pytest.raises(OSError):
         exporter.write(2)
     exporter.close()
+
+
+# --------------------------------------------------------------------------------------------- offline calibration
+
+
+def exported_run(tmp_path, step=2):
+    """A run directory whose token export holds :func:`micro_batch` as step ``step``: A ≠ 0 tokens with
+    |π − μ| 0.3 (up, A > 0), 0.05 (up, A > 0), 0 and 0.3 (down, A < 0), which DPPO-Binary-TV may all block but the
+    unmoved one."""
+    micro, pi, result = micro_batch()
+    exporter = TokenExporter(tmp_path)
+    exporter.observe(torch.tensor([0, 1]), micro, pi, None, result)
+    exporter.write(step)
+    exporter.close()
+    return tmp_path
+
+
+def calibrate_cli(argv, capsys):
+    """``python -m dppo_oat.calibrate argv``: (exit code, stdout, the ``error:`` lines of stderr)."""
+    from dppo_oat.calibrate import main
+
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, [line for line in out.err.splitlines() if line.startswith("error:")]
+
+
+def test_the_export_is_read_back_as_the_batch_the_loss_saw(tmp_path):
+    from dppo_oat.calibrate import export_batch
+
+    micro, pi, _ = micro_batch()
+    batch = export_batch(exported_run(tmp_path), 2)
+    response = micro.response_mask[:, 1:]  # a record spans its first to last response token
+    assert torch.equal(batch.response, response)
+    assert torch.allclose(batch.logp[response], pi[:, 1:][response])
+    assert torch.allclose(batch.behavior_logp[response], micro.behavior_logp[:, 1:][response])
+    assert batch.advantages[response].tolist() == [1.0, 1.0, 1.0, -1.0]
+
+
+def test_the_offline_command_prints_the_band_and_the_flags_to_train_with_it(tmp_path, capsys):
+    """δ 0.15 blocks the two A ≠ 0 tokens with |π − μ| = 0.3 (2 of 4); blocking none puts δ at 0.3; DPPO-Binary-KL
+    (δ 0.05) blocks the same two, so matching it keeps δ; --json gives the report."""
+    run = str(exported_run(tmp_path))
+    code, out, errors = calibrate_cli([run, "--trust-region", "dppo_binary_tv", "--target", "0"], capsys)
+    assert code == 0 and not errors and len(out.splitlines()) == 1
+    assert "dppo_binary_tv: δ 0.15 → 0.3 blocks 0.0000 of the 4 A ≠ 0 tokens of step 2's token export" in out
+    assert "the band before blocked 0.5000" in out and "train with --trust-region dppo_binary_tv --tr-delta 0.3" in out
+    code, out, _ = calibrate_cli([run, "--trust-region", "dppo_binary_tv", "--like", "dppo_binary_kl", "--json"],
+                                 capsys)
+    report = json.loads(out)
+    assert code == 0 and report["like"] == "dppo_binary_kl" and report["source"] == "step 2's token export"
+    assert report["achieved"] == report["target"] == 0.5 and report["after"] == {"delta": 0.15}
+
+
+@pytest.mark.fault("`python -m dppo_oat.calibrate` on a run without a token export or the step asked for, or for a "
+                   "rule whose mask reads μ's top-K set or π_θ', or with a target out of range",
+                   "one line (exit 2) saying what to do")
+@pytest.mark.parametrize("flags, message", [
+    (["--trust-region", "dppo_binary_tv", "--target", "0.5", "--step", "3"], "has no step 3: it has step(s) 2"),
+    (["--trust-region", "dppo_topk_tv", "--target", "0.1"], "calibrate its binary twin (dppo_binary_tv)"),
+    (["--trust-region", "minirl", "--target", "0.1"], "reads the recomputed π_θ', which a token export does not hold"),
+    (["--trust-region", "dppo_binary_tv", "--like", "icepop"], "--like icepop: its mask reads the recomputed π_θ'"),
+    (["--trust-region", "cispo", "--target", "0.1"], "trust region cispo has no band to calibrate"),
+    (["--trust-region", "ppo", "--target", "2"], "in [0, 1), got 2.0"),
+    (["--trust-region", "ppo"], "give --target (a fraction of tokens to block) or --like"),
+    (["--target", "0.1"], "has no config.json with its trust region: give --trust-region"),
+    (["--trust-region", "dppo_binary_tv", "--target", "0.9"], "blocks between 0 and 0.75 of them"),
+])
+def test_offline_calibration_refuses_in_one_line(tmp_path, capsys, flags, message):
+    code, out, errors = calibrate_cli([str(exported_run(tmp_path)), *flags], capsys)
+    assert code == 2 and not out and len(errors) == 1 and message in errors[0], errors
+
+
+def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, capsys):
+    code, _, errors = calibrate_cli([str(tmp_path), "--trust-region", "ppo", "--target", "0.1"], capsys)
+    assert code == 2 and errors == [f"error: {tmp_path} has no token export (token_exports/step_*.jsonl): train it "
+                                    "with --token-export all"]
+
+
+def test_the_training_collector_keeps_each_loss_call_with_its_top_k_divergence():
+    """``--tr-calibrate`` on a top-K rule: the collector keeps each loss call's own top-K divergence (the rollout's
+    set is not kept), and calibration reads it: a batch a top-K rule could not calibrate on without it."""
+    from dppo_oat.calibrate import BatchCollector
+    from dppo_oat.trust_region import TopK, calibrate
+
+    micro, pi, _ = micro_batch()
+    ids = torch.tensor([0, 1, -1]).expand(2, 4, 3).clone()
+    mu_top = torch.stack([micro.behavior_logp, (1 - micro.behavior_logp.exp()).log()], -1)
+    pi_top = torch.stack([pi, (1 - pi.exp()).log()], -1)
+    topk = TopK(ids, torch.cat([mu_top, mu_top[..., :1]], -1), torch.cat([pi_top, pi_top[..., :1]], -1), ids != -1)
+    tr = TrustRegion.preset("dppo_topk_tv", k=2)
+    result = policy_loss(pi, micro.behavior_logp, micro.advantages, micro.response_mask, tr, topk=topk)
+    collector = BatchCollector(tr)
+    collector.observe(torch.tensor([0, 1]), SimpleNamespace(**vars(micro), recomputed_logp=None), pi, None, result)
+    [call] = collector.calls
+    assert set(call.divergences) == {"topk_tv"} and torch.equal(call.divergences["topk_tv"], result.divergence)
+    calibrated, report = calibrate(tr, collector.calls, 0.0)
+    assert report.before_fraction == 0.5 and report.achieved == 0.0 and calibrated.delta == pytest.approx(0.3)

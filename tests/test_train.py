@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -275,3 +276,79 @@ def test_the_default_thread_count_is_half_the_usable_cpus(tmp_path, monkeypatch)
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------- band calibration
+
+CALIBRATE = ["--trust-region", "gspo", "--tr-calibrate", "0.05", *SHIPPED]
+"""GSPO's band (ε 3e-4 / 4e-4, tuned at another scale) blocks about a third of the shipped policy's first batch;
+calibrated, 5%."""
+
+
+def test_calibration_records_its_band_and_a_resume_reuses_it(tmp_path, capsys):
+    """``--tr-calibrate``: step 1 trains with the preset's band, then the band is set on step 1's batch and recorded
+    in config.json, and step 2 trains with it; a resumed run reads the band back (no new calibration) and continues
+    exactly as the uninterrupted run; the offline command finds the same band on step 1's token export."""
+    from dppo_oat.calibrate import main as calibrate_main
+
+    common = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), *CALIBRATE]
+    main(["--steps", "2", "--run-name", "straight", "--token-export", "all", *common])
+    assert capsys.readouterr().out.count("calibrated gspo: ε_low 0.0003 → ") == 1
+    main(["--steps", "1", "--run-name", "killed", *common])
+    main(["--steps", "2", "--run-name", "killed", "--resume", *common])
+    assert "calibrated" not in capsys.readouterr().out.split("resumed")[-1]
+    straight = json.loads((tmp_path / "straight" / "config.json").read_text())
+    record, tr = straight["calibration"], straight["trust_region"]
+    assert record["step"] == 1 and record["target"] == 0.05 and record["band"] == "clip_range"
+    assert record["before"] == {"eps_low": 3e-4, "eps_high": 4e-4} and record["after"]["eps_high"] > 1e-2
+    assert (tr["eps_low"], tr["eps_high"]) == (record["after"]["eps_low"], record["after"]["eps_high"])
+    assert abs(record["achieved"] - 0.05) < 0.01 and record["before_fraction"] > 0.2
+    resumed = json.loads((tmp_path / "killed" / "config.json").read_text())
+    assert resumed["calibration"] == record and resumed["trust_region"] == tr
+    rows = [read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("straight", "killed")]
+    assert rows[0][0]["mask/fraction"] > 0.2 > rows[0][1]["mask/fraction"]  # step 1 the preset's band, 2 calibrated
+    for a, b in zip(*rows):
+        assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
+            pytest.approx({k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}, rel=1e-5, abs=1e-7)
+    calibrate_main([str(tmp_path / "straight"), "--trust-region", "gspo", "--target", "0.05", "--json"])
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["after"] == record["after"] and offline["achieved"] == record["achieved"]
+
+
+@pytest.mark.fault("`--tr-calibrate` with a target no band reaches on the first step's batch, or on a batch whose "
+                   "π_θ is μ (one optimizer step per rollout batch, no mismatch)",
+                   "one line at the end of step 1 naming the fractions any band blocks there, or what gives the batch "
+                   "several optimizer steps (exit 1); nothing is left of the run")
+@pytest.mark.parametrize("flags, message", [
+    (["--trust-region", "ppo", "--tr-calibrate", "0.95"],
+     "--tr-calibrate 0.95 at step 1: no band of ppo blocks 0.95 of this batch's A ≠ 0 tokens: any ε_low/ε_high "
+     "blocks between 0 and"),
+    (["--tr-calibrate", "0.01", "--minibatch-size", "10000"],
+     "--tr-calibrate 0.01 at step 1: π_θ equals μ on the step's batch up to rounding, so no band blocks a token that "
+     "moved: give each rollout batch several optimizer steps (--minibatches-per-rollout 4"),
+])
+def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_path, capsys, flags, message):
+    argv = ["--steps", "2", "--run-dir", str(tmp_path), "--run-name", "far", "--cache-dir", str(tmp_path / "cache"),
+            *SHIPPED, *flags]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert exit_.value.code == 1 and len(errors) == 1 and message in errors[0], errors
+    assert not (tmp_path / "far").exists()
+
+
+@pytest.mark.fault("`--tr-calibrate` / `--tr-calibrate-like` the run cannot use (a target outside [0, 1), a preset "
+                   "without a band, both flags, a preset to match whose mask reads what the run does not compute)",
+                   "one line naming the flag, before any model")
+@pytest.mark.parametrize("overrides, message", [
+    ({"tr_calibrate": 1.5}, "--tr-calibrate: a calibration target is the fraction of tokens to block, in [0, 1)"),
+    ({"trust_region": "pg_is", "tr_calibrate": 0.01}, "--tr-calibrate: trust region pg_is has no band to calibrate"),
+    ({"tr_calibrate": 0.01, "tr_calibrate_like": "ppo"}, "--tr-calibrate, --tr-calibrate-like: calibration takes"),
+    ({"tr_calibrate_unit": "sequence"}, "--tr-calibrate-unit: calibration takes a target fraction or a preset"),
+    ({"tr_calibrate_like": "dppo_topk_kl"}, "--tr-calibrate-like: the mask of dppo_topk_kl reads μ's top-K set"),
+    ({"tr_calibrate_like": "vaco"}, "--tr-calibrate-like: the mask of vaco reads the recomputed π_θ'"),
+])
+def test_calibration_flags_are_refused_before_any_model_is_built(tmp_path, no_model, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        LocalTrainer(TrainConfig(**{"run_dir": str(tmp_path), **overrides}))
+    assert "\n" not in str(error.value) and not any(tmp_path.iterdir())

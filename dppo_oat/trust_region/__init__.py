@@ -44,6 +44,7 @@ The modules, each one concept:
 - :mod:`~dppo_oat.trust_region.rules`: one function per rule, with the weight, loss term and metrics it declares.
 - :mod:`~dppo_oat.trust_region.masks` and :mod:`~dppo_oat.trust_region.weights`: M_t and w_t as pure tensor
   functions, as each source writes them.
+- :mod:`~dppo_oat.trust_region.calibrate`: :func:`calibrate`, a band set to block a target fraction of a batch.
 - :mod:`~dppo_oat.trust_region.loss`: :func:`policy_loss` and the IS weight it builds.
   :mod:`~dppo_oat.trust_region.metrics`: the batch
   statistics, the shadow masks and the mismatch diagnostics. :mod:`~dppo_oat.trust_region.reductions`: masked means,
@@ -54,6 +55,21 @@ Every name below is importable from ``dppo_oat.trust_region`` itself.
 
 from __future__ import annotations
 
+from dppo_oat.trust_region.calibrate import (
+    BAND_RANGE,
+    BAND_RTOL,
+    SOFT_BLOCK_LEVEL,
+    UNITS,
+    Band,
+    CalibrationBatch,
+    CalibrationReport,
+    UnmovedBatch,
+    band_choices,
+    band_of,
+    blocked_fraction,
+    calibrate,
+    check_batch_serves,
+)
 from dppo_oat.trust_region.config import (
     ANCHORS,
     CHOICE_FIELDS,
@@ -153,6 +169,9 @@ __all__ = [
     # the config and the presets
     "ANCHORS", "CHOICE_FIELDS", "FIELD_SYMBOLS", "INTEGER_FIELDS", "IS_WEIGHTS", "MASK_SIDES", "MISMATCH_MASKS",
     "NUMBER_FIELDS", "PRESETS", "REAL_FIELDS", "RELAX_MODES", "Preset", "TrustRegion", "numeric_fields_read",
+    # band calibration
+    "BAND_RANGE", "BAND_RTOL", "SOFT_BLOCK_LEVEL", "UNITS", "Band", "CalibrationBatch", "CalibrationReport",
+    "UnmovedBatch", "band_choices", "band_of", "blocked_fraction", "calibrate", "check_batch_serves",
     # the rule registry and the rules
     "DIVERGENCES", "RULE_TABLE", "THRESHOLDS", "Divergence", "MaskInputs", "Rule", "k2_divergence", "k3_divergence",
     "keep_all", "register_rule",

@@ -227,6 +227,14 @@ class TrustRegion:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **overrides)
 
+    def calibrate(self, batch, target: float | None = None, *, like: TrustRegion | None = None, unit: str = "token",
+                  band: str | None = None):
+        """A copy whose band blocks ``target`` of ``batch``'s A ≠ 0 tokens (or as many as ``like`` does), and the
+        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport` (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
+        from dppo_oat.trust_region.calibrate import calibrate
+
+        return calibrate(self, batch, target, like=like, unit=unit, band=band)
+
 
 def _check_choice(attr: str, value: str, choices: tuple) -> None:
     if value not in choices:

@@ -276,6 +276,7 @@ def run_spec(config: TrainConfig) -> spec.RunSpec:
         update=spec.UpdateSettings(num_epochs=config.num_epochs, minibatch_size=config.minibatch_size,
                                    micro_batch_size=config.micro_batch_size, aggregation=config.loss_aggregation,
                                    norm_constant=float(config.max_new_tokens), temperature=config.temperature),
+        calibration=config.calibration_settings(tr),
     )
 
 

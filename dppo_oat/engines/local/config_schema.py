@@ -6,7 +6,10 @@ no ``lr_schedule`` meant a constant rate). :func:`migrate_config` fills what an 
 schema meant, one version step at a time (:data:`MIGRATIONS`), and records each filled key under
 ``schema_migrations``, so the settings the checkpoint was trained under can still be told from the file
 (:func:`as_written`). A new setting that changes nothing for earlier runs at its default needs no new version; one
-whose absence meant something else does: bump :data:`CONFIG_SCHEMA` and add the step.
+whose absence meant something else does: bump :data:`CONFIG_SCHEMA` and add the step. Schema 3 added band calibration
+(``tr_calibrate``, ``tr_calibrate_like``, ``tr_calibrate_unit`` and, once calibrated, ``calibration``): a schema-2
+config calibrated nothing, and the step records the keys it fills, so that a checkpoint written under schema 2 is
+still told from an edited config (:func:`as_written` from the checkpoint's schema).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping
 
-CONFIG_SCHEMA = 2
+CONFIG_SCHEMA = 3
 """The schema a run of this version writes."""
 SCHEMA_KEYS = ("schema", "schema_migrations")
 """What records the schema, not a setting: left out of the settings' comparison and hash."""
@@ -47,7 +50,14 @@ def from_schema_1(stored: dict, defaults: Mapping[str, Any]) -> tuple[dict, list
     return fill_missing(stored, defaults, SCHEMA_1_MEANT)
 
 
-MIGRATIONS: dict[int, Callable[[dict, Mapping[str, Any]], tuple[dict, list[str]]]] = {1: from_schema_1}
+def from_schema_2(stored: dict, defaults: Mapping[str, Any]) -> tuple[dict, list[str]]:
+    """Schema 2 → 3: the band-calibration flags at their defaults (a schema-2 run calibrated nothing), and any other
+    setting a schema-2 config lacks at its default."""
+    return fill_missing(stored, defaults, {})
+
+
+MIGRATIONS: dict[int, Callable[[dict, Mapping[str, Any]], tuple[dict, list[str]]]] = {1: from_schema_1,
+                                                                                      2: from_schema_2}
 """Schema n → n + 1, given the current schema's defaults (a config as :func:`logged_config` writes it)."""
 
 
@@ -83,11 +93,14 @@ def migrate_config(stored: Mapping[str, Any], defaults: Mapping[str, Any]) -> di
     return config
 
 
-def as_written(config: Mapping[str, Any]) -> dict:
-    """``config`` as the schema it was first written under had it: the keys its migrations filled taken out (the
-    settings a checkpoint saved before the migration was hashed with)."""
+def as_written(config: Mapping[str, Any], since: int = 1) -> dict:
+    """``config`` as schema ``since`` had it (the schema a checkpoint was written under; 1: before versioning): the
+    keys its migrations from ``since`` on filled taken out (the settings that checkpoint was hashed with)."""
     written = copy.deepcopy(dict(config))
     for migration in config.get("schema_migrations", []):
+        start = migration.get("from", 1)
+        if isinstance(start, int) and not isinstance(start, bool) and start < since:
+            continue
         for name in migration.get("filled", []):
             outer, _, inner = name.partition(".")
             if inner and isinstance(written.get(outer), dict):

@@ -27,6 +27,7 @@ from rich.console import Console
 from envs import ensure_registered
 
 from dppo_oat.advantages import sample_advantages
+from dppo_oat.calibrate import BatchCollector, calibration_record
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
@@ -34,7 +35,7 @@ from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
-from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
+from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.guard import BlowUpGuard
 from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
@@ -48,6 +49,7 @@ from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_export import TokenExporter, TokenObservers
 from dppo_oat.token_samples import TokenSampler, decode_each
+from dppo_oat.trust_region import UnmovedBatch, calibrate
 from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
 
 
@@ -135,8 +137,12 @@ class LocalTrainer:
         stored = read_config(c.run_path()) if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
+        self.calibration = stored.get("calibration") if self.spec.calibration is not None else None
+        if self.calibration is not None:  # the band it recorded (validation set the spec's trust region to it)
+            written["calibration"] = self.calibration
         if resuming:  # what the reader filled in an older config.json stays on record (validation migrated it)
             written.update(schema_migrations_of(stored, written))
+        self.written = written
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
         if resuming:
             self._warn_of_metrics_gap()
@@ -268,11 +274,15 @@ class LocalTrainer:
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
         settings = self._update_settings_for(len(batch))
         steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
+        calibrating = self.spec.calibration is not None and self.calibration is None
+        loss_calls = BatchCollector(self.tr) if calibrating else None
+        observers = [observer for observer in (self.exporter, loss_calls) if observer is not None]
         history = learn_from_rollout(self.model, batch, self.tr, settings, steps, guard=self.guard,
                                      shuffle=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
-                                     token_sampler=sampler if self.exporter is None else
-                                     TokenObservers(sampler, self.exporter),
+                                     token_sampler=TokenObservers(sampler, *observers) if observers else sampler,
                                      precision=lambda forward: autocast_forward(forward, c.device, c.dtype))
+        if loss_calls is not None:
+            self._calibrate(step, loss_calls.calls)
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
         if self.exporter is not None:
             self.exporter.write(step, [sample.turn for sample in samples], [sample.env_id for sample in samples])
@@ -287,6 +297,29 @@ class LocalTrainer:
         if probing:
             metrics.update(self._probe(batch, behavior_logits))
         return metrics
+
+    def _calibrate(self, step: int, calls) -> None:
+        """Set the trust region's band on step ``step``'s loss calls (``--tr-calibrate``), record it in config.json
+        (with the settings hash the next checkpoints carry), and train with it from the next step on."""
+        request = self.spec.calibration
+        try:
+            tr, report = calibrate(self.tr, calls, request.target, like=request.reference, unit=request.unit)
+        except UnmovedBatch:
+            raise RunError(f"{calibration_flags(self.config)} at step {step}: π_θ equals μ on the step's batch up to "
+                           "rounding, so no band blocks a token that moved: give each rollout batch several optimizer "
+                           "steps (--minibatches-per-rollout 4, --num-epochs 2) or a stale or mismatched μ "
+                           "(--max-staleness 1, --rollout-dtype bfloat16)") from None
+        except ValueError as error:
+            raise RunError(f"{calibration_flags(self.config)} at step {step}: {error}") from None
+        report = replace(report, source=f"step {step}'s rollout batch")
+        self.tr, self.spec = tr, replace(self.spec, trust_region=tr)
+        self.calibration = calibration_record(report, step)
+        changes = {"trust_region": logged_config(self.config, self.spec)["trust_region"],
+                   "calibration": self.calibration}
+        self.written.update(changes)
+        self.settings_hash = settings_hash(self.written, settings_free_on_resume(self.spec))
+        self.log.update_config(changes)
+        self.console.print(f"calibrated {report.line()}", soft_wrap=True)
 
     # ------------------------------------------------------------------ the rollouts (RolloutSchedule)
     def _train_rollout_plan(self, step: int):

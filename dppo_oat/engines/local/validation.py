@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
+from dppo_oat.calibrate import recorded_band
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.mixed_precision import check_compute_dtype
@@ -40,7 +42,25 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     _check_pretrain(config)
     _check_staleness(config)
     _check_generator(config, spec)
+    spec = recorded_calibration(config, spec)
     return spec, _check_run_dir(config, spec)
+
+
+def calibration_flags(c: TrainConfig) -> str:
+    """The calibration flags a command line set, as it spells them (for messages)."""
+    flags = [f"--tr-calibrate {c.tr_calibrate}" if c.tr_calibrate is not None else "",
+             f"--tr-calibrate-like {c.tr_calibrate_like}" if c.tr_calibrate_like is not None else ""]
+    return " ".join(flag for flag in flags if flag)
+
+
+def recorded_calibration(c: TrainConfig, spec: RunSpec) -> RunSpec:
+    """A resumed run that calibrated its band trains with the band its config.json recorded, never a new one."""
+    if not (c.resume and spec.calibration is not None):
+        return spec
+    record = read_config(c.run_path()).get("calibration")
+    if record is None:
+        return spec
+    return replace(spec, trust_region=recorded_band(record, spec.trust_region))
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
@@ -341,7 +361,7 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
         raise ValueError(f"--resume: {checkpoint} is not this run's checkpoint (its run id {run_id}, config.json's "
                          f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
                          "another --run-name")
-    trained_under = stored if state.get("config_schema") else as_written(stored)  # a checkpoint of before schema 2
+    trained_under = as_written(stored, since=state.get("config_schema") or 1)  # as the checkpoint's schema had it
     if state.get("settings_hash") != settings_hash(trained_under, settings_free_on_resume(spec)):
         raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
                          "checkpointed: restore it, or start a new run with another --run-name")

@@ -35,9 +35,11 @@ from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the acto
 )
 from dppo_oat.engines.oat.price import check_price_flags
 from dppo_oat.runlog import check_run_name, check_wandb
+from dppo_oat.trust_region import UNITS
 from dppo_oat.spec import (
     AdvantageSettings,
     DPPOFlags,
+    PresetName,
     RolloutSettings,
     RunSpec,
     SamplingSettings,
@@ -132,6 +134,14 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     price_decode_efficiency: float = 0.5
     """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
 
+    tr_calibrate: Optional[float] = None
+    """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
+    export (python -m dppo_oat.calibrate) and pass the band it prints."""
+    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
+    """Refused here, as --tr_calibrate."""
+    tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
+    """Refused here, as --tr_calibrate."""
+
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
     beta: float = 0.0
@@ -208,6 +218,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     _check_precision(args)
     _check_checkpoints(args)
     _check_lora(args)
+    _check_calibration(args)
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
     if args.asynchronous:
@@ -276,6 +287,24 @@ def _check_checkpoints(args: DPPOOatArgs) -> None:
     if args.resume_dir and not args.checkpoint_every:
         raise ValueError("--resume_dir with --checkpoint_every 0: the resumed run would write no checkpoint to go on "
                          "from; give --checkpoint_every")
+
+
+CALIBRATION_REFUSED = (
+    "the oat engine does not calibrate a band while it trains (every learner would have to switch to one band "
+    "between two steps): calibrate offline from a run's token export (--token_export all, then python -m "
+    "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
+    "--tr_eps_high, ...)"
+)
+"""Why the calibration flags of :class:`~dppo_oat.spec.DPPOFlags` are refused here."""
+
+
+def _check_calibration(args: DPPOOatArgs) -> None:
+    """``--tr_calibrate``, ``--tr_calibrate_like`` and ``--tr_calibrate_unit`` are the local engine's:
+    :data:`CALIBRATION_REFUSED`."""
+    flags = [f"--{name}" for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
+             if getattr(args, name) not in (None, "token")]
+    if flags:
+        raise ValueError(f"{', '.join(flags)}: {CALIBRATION_REFUSED}")
 
 
 def _check_lora(args: DPPOOatArgs) -> None:

@@ -1,0 +1,213 @@
+"""Band calibration on a run's tokens: during training (``--tr-calibrate``) and offline, from a token export.
+
+    python -m dppo_oat.calibrate runs/<run> --trust-region gspo --target 0.01 [--step N] [--json]
+
+The offline command reads ``<run>/token_exports/step_<step>.jsonl`` (``--token-export all``; the first exported step
+unless ``--step``), sets the band of ``--trust-region`` (the run's own trust region, from its ``config.json``, when
+left out) so that it blocks ``--target`` of the step's A ≠ 0 tokens, or as many as ``--like`` blocks there
+(:func:`~dppo_oat.trust_region.calibrate.calibrate`), and prints one line with the band and the flags that train with
+it (``--json``: the report as JSON). An export holds π_θ as each token's loss read it, μ, A and the response mask:
+not μ's top-K set nor the recomputed π_θ', so the rules that read them are refused; and not which rows shared a
+loss call, so M2PO's mask (which reads its whole loss call) reads the whole step.
+
+During training, :class:`BatchCollector` keeps the first epoch's loss calls of the first RL step's update (π_θ
+as each loss call read it) for the local engine to calibrate on (:func:`calibration_record` is what
+``config.json`` records).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Literal, Optional, Sequence
+
+import torch
+import tyro
+
+from dppo_oat.runlog import read_config, to_jsonable
+from dppo_oat.token_export import EXPORT_DIR, export_path, read_token_export
+from dppo_oat.trust_region import (PRESETS, REAL_FIELDS, RULE_TABLE, UNITS, CalibrationBatch,
+                                   CalibrationReport, PolicyLossOutput, TrustRegion, band_of, calibrate)
+from dppo_oat.trust_region.calibrate import check_target
+
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+
+# --------------------------------------------------------------------------------------------- during training
+
+
+class BatchCollector:
+    """A token observer (as :class:`~dppo_oat.token_export.TokenExporter`) that keeps every loss call of a rollout
+    batch's first epoch as a :class:`~dppo_oat.trust_region.CalibrationBatch`: π_θ of its forward pass, μ, A, the
+    response mask, π_θ' where the trust region recomputes it, and its top-K divergence where it reads one."""
+
+    def __init__(self, tr: TrustRegion) -> None:
+        self.divergence = RULE_TABLE[tr.rule].divergence if tr.uses_topk else None
+        self.calls: list[CalibrationBatch] = []
+
+    def observe(self, micro_rows, micro, logp: torch.Tensor, entropy, result: PolicyLossOutput) -> None:
+        divergences = {self.divergence: result.divergence.detach()} if self.divergence else {}
+        self.calls.append(CalibrationBatch(logp.detach().float(), micro.behavior_logp, micro.advantages,
+                                           micro.response_mask, micro.recomputed_logp, divergences=divergences))
+
+
+def calibration_record(report: CalibrationReport, step: int) -> dict:
+    """What ``config.json`` records of a calibration (its ``calibration`` entry): the report and the RL step whose
+    batch it was measured on; a resumed run reads its band back (``after``)."""
+    return to_jsonable({**report.as_dict(), "step": step})
+
+
+def recorded_band(record, tr: TrustRegion) -> TrustRegion:
+    """``tr`` with the band a ``config.json`` calibration record holds; a record without a band of ``tr``'s
+    numeric fields is one line."""
+    after = record.get("after") if isinstance(record, dict) else None
+    if not (isinstance(after, dict) and after and set(after) <= set(REAL_FIELDS)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in after.values())):
+        raise ValueError(f"config.json's calibration record holds no band ({record!r}): restore the file, or start a "
+                         "new run with another --run-name")
+    return tr.replace(**{name: float(value) for name, value in after.items()})
+
+
+# --------------------------------------------------------------------------------------------- from a token export
+
+
+def exported_steps(run_dir: Path) -> list[int]:
+    """The steps a run's token export holds, in order."""
+    paths = (Path(run_dir) / EXPORT_DIR).glob("step_*.jsonl")
+    return sorted(int(path.stem.removeprefix("step_")) for path in paths if path.stem.removeprefix("step_").isdigit())
+
+
+def export_step(run_dir: Path, step: int | None) -> int:
+    """``step``, or the first exported one; a run without an export, or without that step, is one line."""
+    steps = exported_steps(run_dir)
+    if not steps:
+        raise ValueError(f"{run_dir} has no token export ({EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
+    if step is None:
+        return steps[0]
+    if step not in steps:
+        shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+        raise ValueError(f"{run_dir}'s token export has no step {step}: it has step(s) {shown}")
+    return step
+
+
+def export_batch(run_dir: Path, step: int) -> CalibrationBatch:
+    """One step's token export as one loss call: a row per record, π_θ (``trainer_logprobs``; a null one counts as
+    non-finite, left out as the loss leaves it out), μ (``inference_logprobs``), A and the response mask."""
+    path = export_path(run_dir, step)
+    try:
+        frame = read_token_export(run_dir, step)
+        rows = torch.tensor(frame.groupby(["row"], sort=True).ngroup().to_numpy(copy=True))
+        positions = torch.tensor(frame["position"].to_numpy(copy=True))
+        shape = (int(rows.max()) + 1, int(positions.max()) + 1) if len(frame) else (0, 0)
+
+        def column(name: str, dtype, fill) -> torch.Tensor:
+            values = frame[name].astype(float if dtype is torch.float32 else bool).to_numpy(copy=True)
+            out = torch.full(shape, fill, dtype=dtype)
+            out[rows, positions] = torch.tensor(values, dtype=dtype)
+            return out
+
+        columns = {name: column(name, torch.float32, 0.0)
+                   for name in ("trainer_logprobs", "inference_logprobs", "advantages")}
+        response = column("loss_mask", torch.bool, False)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a token export ({type(error).__name__}: {error}): restore it, or calibrate "
+                         "on another --step") from None
+    if not bool(response.any()):
+        raise ValueError(f"{path} holds no response token: calibrate on another --step")
+    return CalibrationBatch(columns["trainer_logprobs"], columns["inference_logprobs"], columns["advantages"],
+                            response)
+
+
+def check_export_serves(tr: TrustRegion, flag: str) -> None:
+    """A trust region whose mask reads what a token export lacks (μ's top-K set, the recomputed π_θ') is refused in
+    one line naming the flag that chose it."""
+    if tr.uses_topk:
+        twin = RULE_TABLE[tr.rule].binary_twin
+        preset = next((name for name, p in PRESETS.items() if p.fields.get("rule") == twin), twin)
+        raise ValueError(f"{flag} {tr.name}: its mask reads μ's top-K set, which a token export does not hold: "
+                         f"calibrate its binary twin ({preset}), or calibrate while training with --tr-calibrate")
+    if tr.anchor == "recompute" or tr.mismatch_mask != "none":
+        raise ValueError(f"{flag} {tr.name}: its mask reads the recomputed π_θ', which a token export does not hold: "
+                         "calibrate while training with --tr-calibrate")
+
+
+def run_trust_region(run_dir: Path) -> TrustRegion:
+    """The trust region a run trained (its ``config.json``'s ``trust_region``)."""
+    recorded = read_config(run_dir).get("trust_region")
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{run_dir} has no config.json with its trust region: give --trust-region")
+    try:
+        fields = {key: float(value) if key in REAL_FIELDS else value for key, value in recorded.items()}
+        return TrustRegion(**fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{run_dir}/config.json's trust region does not load ({error}): give --trust-region") from None
+
+
+# --------------------------------------------------------------------------------------------- the command
+
+
+@dataclass
+class CalibrateArgs:
+    """Set a trust region's band on a run's token export (docs/trust-region.md, Calibrating a band)."""
+
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory trained with --token-export all"""
+    trust_region: Optional[PresetName] = None  # type: ignore[valid-type]
+    """the preset whose band is calibrated (None: the run's own trust region, from its config.json)"""
+    target: Optional[float] = None
+    """the fraction of the step's A ≠ 0 tokens (or sequences) the band should block, in [0, 1)"""
+    like: Optional[PresetName] = None  # type: ignore[valid-type]
+    """block as many tokens as this preset blocks on the same step (in place of --target)"""
+    step: Optional[int] = None
+    """the RL step whose export is read (None: the first exported one)"""
+    unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
+    """token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token of which is blocked)"""
+    band: Optional[str] = None
+    """which band to move where a rule has two (TRM, OPSM, VACO: delta, their sequence bound, or clip_range)"""
+    json: bool = False
+    """print the report as JSON instead of one line"""
+
+
+def calibrate_export(args: CalibrateArgs) -> CalibrationReport:
+    """Check the arguments, read the step's export and calibrate on it; ValueError in one line for what a user can
+    fix."""
+    if not args.run.is_dir():
+        raise ValueError(f"{args.run} is not a run directory")
+    if (args.target is None) == (args.like is None):
+        raise ValueError("give --target (a fraction of tokens to block) or --like (a preset to match), one of them")
+    tr = TrustRegion.preset(args.trust_region) if args.trust_region else run_trust_region(args.run)
+    like = TrustRegion.preset(args.like) if args.like else None
+    band_of(tr, args.band)
+    if args.target is not None:
+        check_target(args.target)
+    check_export_serves(tr, "--trust-region")
+    if like is not None:
+        check_export_serves(like, "--like")
+    step = export_step(args.run, args.step)
+    _, report = calibrate(tr, export_batch(args.run, step), args.target, like=like, unit=args.unit, band=args.band)
+    return replace(report, source=f"step {step}'s token export")
+
+
+def summary_line(report: CalibrationReport) -> str:
+    """The report's line and the flags that train with the band."""
+    return f"{report.line()}; train with --trust-region {report.trust_region} {report.flags()}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: exit 0 with the band printed; 2 with one ``error:`` line on stderr for bad input."""
+    args = tyro.cli(CalibrateArgs, args=argv, prog="python -m dppo_oat.calibrate")
+    try:
+        report = calibrate_export(args)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.json:
+        print(json.dumps(to_jsonable(report.as_dict()), indent=2))
+    else:
+        print(summary_line(report))
+
+
+if __name__ == "__main__":
+    main()
