@@ -3,10 +3,13 @@
     python -m dppo_oat.plot runs/dppo-* runs/grpo-* -o figure.png --metrics reward success mismatch --sigma 2
 
 Each ``--metrics`` name is a standard panel (listed in ``--help``) or any metric a run logs; panels no run has data
-for are skipped with a note. Every path must be a run directory (``config.json``/``metrics.jsonl``); glob patterns
-keep the run directories they match. A damaged run, or one that logged nothing yet, is skipped with a warning
-(:func:`dppo_oat.analysis.runs.load_runs`). ``-o`` names a file: a directory, or a suffix matplotlib cannot write, is
-refused before any run is read; without a suffix the image is a PNG named ``<output>.png``.
+for are skipped with a note. A curve whose rule cannot be read as a trust region (it blocked under 0.1% or over 50%
+of the tokens, or most of its runs collapsed within 5 steps: :mod:`dppo_oat.analysis.degenerate`) is named with its
+flag in the legend and in a ``flagged curve`` note. Every path must be a run directory
+(``config.json``/``metrics.jsonl``); glob patterns keep the run directories they match. A damaged run, or one that
+logged nothing yet, is skipped with a warning (:func:`dppo_oat.analysis.runs.load_runs`). ``-o`` names a file: a
+directory, or a suffix matplotlib cannot write, is refused before any run is read; without a suffix the image is a
+PNG named ``<output>.png``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ matplotlib.use("Agg")
 import tyro
 from matplotlib.backend_bases import FigureCanvasBase
 
-from dppo_oat.analysis import DEFAULT_PANELS, PANELS, load_runs, plot_runs, resolve_run_dirs
+from dppo_oat.analysis import DEFAULT_PANELS, PANELS, curve_flags, load_runs, plot_runs, resolve_run_dirs
+from dppo_oat.analysis.figures import group_name
 from dppo_oat.analysis.panels import available_panels
 
 
@@ -104,9 +108,9 @@ def output_file(output: Path) -> Path:
     return output if output.suffix else output.with_name(f"{output.name}.{matplotlib.rcParams['savefig.format']}")
 
 
-def plot(args: PlotArgs) -> list[str]:
+def plot(args: PlotArgs) -> tuple[list[str], list[str]]:
     """Check the output and every run path first, then draw and save the figure (to :func:`output_file`). Returns
-    the notes on skipped panels.
+    the notes on skipped panels and on flagged curves (``<curve>: <flag>``, as the legend names them).
 
     Raises:
         OutputError: ``args.output`` cannot name the image (:func:`output_problem`).
@@ -123,7 +127,8 @@ def plot(args: PlotArgs) -> list[str]:
                     title=args.title)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output_file(args.output), dpi=args.dpi)
-    return skipped
+    flagged = [f"{group_name(group, args.by)}: {flag}" for group, flag in curve_flags(df, args.by).items()]
+    return skipped, flagged
 
 
 @contextmanager
@@ -140,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         with one_line_warnings():
-            skipped = plot(args)
+            skipped, flagged = plot(args)
     except OutputError as error:
         print(f"dppo-plot: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -149,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     for note in skipped:
         print(f"skipped panel {note}")
+    for note in flagged:
+        print(f"flagged curve {note}")
     print(f"wrote {output_file(args.output)}")
 
 

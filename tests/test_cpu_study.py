@@ -22,9 +22,10 @@ from dppo_oat.runlog import read_jsonl
 from dppo_oat.trust_region import PRESETS, TrustRegion
 from studies.cpu import pack as pack_study
 from studies.cpu import run as cpu_study
-from studies.cpu.claims import CONTRASTS
-from studies.cpu.page import SUMMARY_MARKER, readme_blocks, scale_block, summary_block
-from studies.cpu.report import condition_of
+from studies.cpu.claims import (CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS,
+                                FRONTIER_MORE_CONTRASTS, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, THRESHOLD)
+from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
+from studies.cpu.report import arm_flag_table, condition_of, load_study, run_outcomes
 from test_notebooks import assert_clean, execute, images, outputs, printed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,13 +164,42 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert no_markers.read_text() == "# notes\n"
 
 
-def test_the_readme_summary_is_written_from_the_committed_study():
+@pytest.fixture(scope="module")
+def committed_study():
+    """The committed study's long table and its runs' outcomes, read once."""
+    df = load_study(COMMITTED)
+    return df, run_outcomes(df, THRESHOLD)
+
+
+def test_the_readme_summary_is_written_from_the_committed_study(committed_study):
     """One reading: the claims, CIs and verdicts of docs/cpu-study.md, and its opening section on what this scale
-    can and cannot say, are those the committed runs give."""
-    summary, scale = readme_blocks(COMMITTED)
+    can and cannot say, are those the committed runs give (``python -m studies.cpu.pack --readme`` writes them by
+    :func:`~studies.cpu.page.readme_blocks`, the same function on the study's folder)."""
+    summary, scale = page_blocks(*committed_study)
     page = README.read_text()
     assert summary_block(page) == summary
     assert scale_block(page) == scale
+
+
+def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study):
+    """The field presets that blocked no token (SAPO, VACO, MinPRO under int4; SAPO, MinPRO under staleness) or
+    whose runs collapsed within five steps (GSPO under int4) get their flag in the page's opening section, never a
+    verdict."""
+    flags = arm_flag_table(committed_study[1])["flag"]
+    opening = scale_block(README.read_text())
+    flagged = set()
+    for arms, contrasts in ((FRONTIER_ARMS, FRONTIER_CONTRASTS), (FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
+                            (FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS)):
+        experiment = contrasts[0].experiment
+        line = next(line for line in opening if f"(`{experiment}`," in line)
+        for (method, label), contrast in zip(arms, contrasts):
+            flag = flags.get((contrast.task, contrast.left[1], method), "")
+            if flag:
+                flagged.add((experiment, method))
+                assert line.count(f"{label}: {flag}: **no verdict**") == 2, (experiment, label)  # against both
+                assert f"{label} **" not in line, (experiment, label)
+    assert flagged == {("frontier", "sapo"), ("frontier", "gspo"), ("frontier_more", "vaco"),
+                       ("frontier_more", "minpro"), ("frontier_stale", "sapo"), ("frontier_stale", "minpro")}
 
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):

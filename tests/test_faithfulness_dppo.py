@@ -1,12 +1,15 @@
 """DPPO's update rebuilt from the paper's formulas, outside ``dppo_oat/trust_region/``, on one saved int4 batch.
 
 ``tests/data/int4_batch.pt`` (``scripts/faithfulness_batch.py``) is a real rollout batch of the shipped Sudoku
-policy's int4 rollout copy: the learner's inputs, the copy's log μ and Dr.GRPO advantages. This test recomputes,
+policy's int4 rollout copy: the learner's inputs, the copy's log μ and Dr.GRPO advantages, with 16 probe tokens
+whose log μ puts their binary KL at δ(1 ± 1%) in both halves the mask blocks (and just over δ in the two cells it
+never blocks), so that a threshold a few percent off blocks other tokens. This test recomputes,
 from eq:binary_kl and eq:dppo_obj alone (a plain forward of the learner, float64 arithmetic, nothing of
 ``dppo_oat.trust_region`` or ``dppo_oat.divergence``), every token's binary KL D, its ratio r = π_θ/μ, DPPO's mask
 M and the per-token objective M·r·Â, and the gradient of the Dr.GRPO-aggregated objective; the engine's own update
 path (the fused head, micro-batches, :func:`~dppo_oat.update.update_policy`) must give the same mask, weights and
-gradient. A planted defect, the binary KL taken the other way round (KL(π‖μ)), makes the comparison fail.
+gradient. Planted defects make the comparison fail: the binary KL taken the other way round (KL(π‖μ)), and the
+mask's threshold 2% (or 10%) off δ either way.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import load_policy
 from dppo_oat.rollout.precision import rollout_copy
 from dppo_oat.samples import UpdateBatch
-from dppo_oat.trust_region import policy_loss
+from dppo_oat.trust_region import policy_loss, rules
 from dppo_oat.update import update_policy
 
 BATCH = Path(__file__).resolve().parent / "data" / "int4_batch.pt"
@@ -47,6 +50,19 @@ def saved(tmp_path_factory):
     assert (settings.temperature, settings.aggregation, settings.norm_constant) == (
         data["temperature"], data["aggregation"], data["norm_constant"])
     return learner, batch, settings, spec.trust_region
+
+
+@pytest.fixture(scope="module")
+def probes():
+    """The saved batch's probe tokens: ``[n, 2]`` (row, position), their D/δ as placed, and whether DPPO's mask
+    blocks each."""
+    data = torch.load(BATCH)
+    return data["probe_index"], data["probe_factor"], data["probe_blocks"]
+
+
+def at(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``tensor [N, T]`` at the ``[n, 2]`` (row, position) pairs of ``index``."""
+    return tensor[index[:, 0], index[:, 1]]
 
 
 def plain_logprobs(model, batch: UpdateBatch, temperature: float) -> torch.Tensor:
@@ -139,11 +155,12 @@ def mismatches(model, batch: UpdateBatch, settings, tr) -> list[str]:
     return problems
 
 
-def test_the_saved_batch_is_the_int4_copy_of_the_shipped_policy(saved):
-    """Its log μ is a plain forward of the learner's int4 copy (so the rebuild below is of a real int4 batch),
-    and the int4 copy's μ differs from the learner's π enough for DPPO's mask to act."""
+def test_the_saved_batch_is_the_int4_copy_of_the_shipped_policy(saved, probes):
+    """Its log μ, but at the probes, is a plain forward of the learner's int4 copy (so the rebuild below is of a
+    real int4 batch), and the int4 copy's μ differs from the learner's π enough for DPPO's mask to act."""
     learner, batch, settings, _ = saved
-    response = batch.response_mask.bool()
+    response = batch.response_mask.bool().clone()
+    response[probes[0][:, 0], probes[0][:, 1]] = False
     with torch.no_grad():
         copy_logp = plain_logprobs(rollout_copy(learner, "int4"), batch, settings.temperature)
         learner_logp = plain_logprobs(learner, batch, settings.temperature)
@@ -170,3 +187,35 @@ def test_the_rebuild_catches_a_binary_kl_taken_the_other_way_round(saved, monkey
     problems = mismatches(learner, batch, settings, tr)
     assert any(problem.startswith("masks differ") for problem in problems), problems
     assert any(problem.startswith("binary KL differs") for problem in problems), problems
+
+
+def test_the_batch_holds_tokens_at_delta_on_both_sides_of_both_halves(saved, probes):
+    """By the paper's rebuild (not by the script that placed them): the probes' D is δ·(1 ± 1%) to within 0.01% of
+    δ, each half the mask blocks (Â > 0 & r > 1, Â < 0 & r < 1) has probes on both sides of δ, and the paper's mask
+    blocks exactly the probes over δ in those halves."""
+    learner, batch, settings, _ = saved
+    index, factor, blocks = probes
+    with torch.no_grad():
+        terms = paper_terms(learner, batch, settings.temperature)
+    divergence, ratio = at(terms["divergence"], index), at(terms["ratio"], index)
+    advantages = at(batch.advantages.double().expand_as(terms["ratio"]), index)
+    assert (divergence / DELTA - factor).abs().max() < 1e-4
+    cells = {(bool(a > 0), bool(r > 1), bool(f > 1)) for a, r, f in zip(advantages, ratio, factor)}
+    for half in ((True, True), (False, False)):  # Â > 0 & r > 1; Â < 0 & r < 1
+        assert {(*half, False), (*half, True)} <= cells, half
+    assert torch.equal(~at(terms["mask"], index), blocks)
+    assert int(blocks.sum()) == 6 and int((~blocks & (factor < 1)).sum()) == 6
+
+
+@pytest.mark.parametrize("factor", [1.02, 0.98, 1.1, 0.9])
+def test_the_rebuild_catches_a_threshold_a_few_percent_off(saved, probes, monkeypatch, factor):
+    """The plant: the engine's mask compares D with δ·``factor`` instead of δ. Over δ (1.02, 1.1) it lets the
+    probes at δ(1 + 1%) through; under it (0.98, 0.9) it blocks those at δ(1 − 1%): the masks differ on them."""
+    learner, batch, settings, tr = saved
+    original = rules.divergence_keep
+    monkeypatch.setattr(rules, "divergence_keep", lambda ratio, advantages, divergence, delta, side="both": original(
+        ratio, advantages, divergence, delta * factor, side))
+    problems = mismatches(learner, batch, settings, tr)
+    differ = [problem for problem in problems if problem.startswith("masks differ")]
+    assert differ, problems
+    assert int(differ[0].split()[3]) >= 6  # at least the six probes on that side of δ

@@ -216,3 +216,22 @@ def test_a_runs_identity_and_resumes_are_not_settings():
 
     first = {"run_id": "a" * 32, "seed": 0, "lr": 3e-4, "resumes": [{"step": 4, "steps": 8}]}
     assert differing_settings([first, {"run_id": "b" * 32, "seed": 1, "lr": 3e-4}]) == {}
+
+
+def test_the_legend_and_the_cli_name_a_flagged_curve(tmp_path, capsys):
+    """SAPO blocking nothing and GSPO blocking most tokens, dead from its second step, are named with their flags
+    in the legend and in the command line's notes; PG-IS (no trust region by design) and a DPPO that blocks 2% of
+    its tokens are not."""
+    from test_analysis_degenerate import write_arms
+
+    write_arms(tmp_path / "runs")
+    fig = plot_runs(load_runs(str(tmp_path / "runs" / "*")), ["reward", "success"])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "DPPO-Binary-TV",
+        "GSPO: blocks most tokens (blocked 60.00%); collapsed within 5 steps in 2 of 2 runs (blocked 60.00% in steps "
+        "1–5)",
+        "PG-IS", "SAPO: no trust region in effect (blocked 0.00%)"]
+    main([str(tmp_path / "runs" / "*"), "-o", str(tmp_path / "f.png"), "--metrics", "success"])
+    out = capsys.readouterr().out
+    assert "flagged curve SAPO: no trust region in effect (blocked 0.00%)" in out
+    assert "flagged curve GSPO: blocks most tokens" in out and "flagged curve PG-IS" not in out

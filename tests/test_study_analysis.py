@@ -9,17 +9,20 @@ import pytest
 
 from dppo_oat.runlog import to_jsonable
 from dppo_oat.trust_region import TrustRegion
-from studies.cpu.claims import CONTRASTS, Contrast
-from studies.cpu.page import summary_lines
-from studies.cpu.report import (bad_update_drops, condition_of, contrast_table, load_study, probe_table, run_outcomes,
-                                study_table)
+from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
+from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines
+from studies.cpu.report import (arm_flag_table, bad_update_drops, condition_of, contrast_table, load_study,
+                                probe_table, run_outcomes, sign_shares_by_stretch, study_table)
 
 STEPS = 40
 RISE = np.linspace(0.3, 0.9, STEPS)
 COLLAPSE = np.concatenate([np.linspace(0.3, 0.8, 20), np.zeros(20)])
 
 
-def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"):
+def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16", masked=None):
+    """A study run of ``algo`` whose rule blocks ``masked`` of the tokens at every step (default: none for PG-IS,
+    1% for the others)."""
+    masked = (0.0 if algo == "pg_is" else 0.01) if masked is None else masked
     directory.mkdir(parents=True)
     config = {"run_name": directory.name, "algo": algo, "env_ids": ["game:Sudoku-v0-easy-compact"], "seed": seed,
               "rollout_dtype": rollout_dtype, "logprob_noise": 0.0,
@@ -29,7 +32,7 @@ def write_run(directory, algo, seed, success, mismatch, rollout_dtype="bfloat16"
     for step in range(1, STEPS + 1):
         rows.append({"step": step, "success": success[step - 1], "mismatch/abs_diff_mean": mismatch[step - 1],
                      "mismatch/first_abs_diff_mean": mismatch[step - 1] / 2,
-                     "bad_update/fraction": 0.01 if algo == "pg_is" else 0.0, "mask/fraction": 0.0,
+                     "bad_update/fraction": 0.01 if algo == "pg_is" else 0.0, "mask/fraction": masked,
                      "is/truncated_fraction": 0.0, "shadow/ppo/mask_fraction_mu_lt_0.1": 0.2,
                      "shadow/ppo/mask_fraction_mu_ge_0.5": 0.01, "probe/binary_tv_mean": 0.01,
                      "probe/topk_tv_mean": 0.02, "probe/exact_tv_mean": 0.03})
@@ -222,3 +225,60 @@ def test_a_claim_within_one_arm_compares_two_of_its_numbers_seed_by_seed(study):
     row = contrast_table(outcomes, (falls,)).iloc[0]
     assert row["pairs"] == 5 and row["difference"] == pytest.approx(0.3 - (COLLAPSE[-1] - 0.02)) and row["verdict"] == "holds"
     assert "eval_before 0.3 vs eval_after -0.02, difference" in summary_lines(contrast_table(outcomes, (falls,)))[0]
+
+
+DEAD_AT_ONCE = np.r_[0.4, 0.1, np.zeros(STEPS - 2)]
+
+
+def test_a_flagged_arm_gets_its_flag_and_no_verdict_in_the_opening_section(tmp_path):
+    """The ``frontier`` experiment's arms on five seeds: SAPO blocks nothing and learns best, GSPO blocks 60% of
+    the tokens and is dead from its second step, the symmetric band blocks 2%. The opening section prints SAPO's
+    and GSPO's flags where their verdicts would be, and the band's verdict; the summary keeps each verdict as
+    scored, with the flag beside it."""
+    rng = np.random.default_rng(0)
+    arms = {"dppo_binary_kl": (0.5 * RISE, 0.015), "pg_is": (0.8 * RISE, 0.0), "sapo": (RISE, 0.0),
+            "gspo": (DEAD_AT_ONCE, 0.6), "ipo": (0.9 * RISE, 0.02)}
+    for seed in range(5):
+        for method, (curve, masked) in arms.items():
+            write_run(tmp_path / "sudoku" / f"{method}-mech-int4-s{seed}", method, seed,
+                      np.clip(curve + rng.normal(0, 0.01), 0, 1), np.full(STEPS, 0.01), "int4", masked)
+    outcomes = run_outcomes(load_study(tmp_path), THRESHOLD)
+    flags = arm_flag_table(outcomes)
+    assert flags.loc[("sudoku", "mech-int4", "sapo"), "flag"] == "no trust region in effect (blocked 0.00%)"
+    assert flags.loc[("sudoku", "mech-int4", "pg_is"), "flag"] == ""  # no trust region by design
+    table = contrast_table(outcomes)
+    line = frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS)
+    assert "SAPO: no trust region in effect (blocked 0.00%): **no verdict**" in line
+    assert ("GSPO: blocks most tokens (blocked 60.00%); collapsed within 5 steps in 5 of 5 runs (blocked 60.00% in "
+            "steps 1–5): **no verdict**") in line
+    assert "SAPO **" not in line and "GSPO **" not in line
+    assert "the symmetric band (prime-rl's IPO) **holds**" in line
+    assert line in scale_lines(table)  # the opening section's line (the other experiments' arms have not run)
+    sapo = next(summary for summary in summary_lines(table) if ": SAPO beats DPPO-Binary-KL" in summary)
+    assert "**holds**" in sapo and sapo.endswith("; flagged: SAPO at `mech-int4`: no trust region in effect "
+                                                 "(blocked 0.00%)")
+
+
+def test_the_sign_claim_is_scored_by_stretch_of_the_run(tmp_path):
+    """Over-δ tokens of PG-IS runs: Â < 0 as common on both sides of μ − π in the first ten steps, and more common
+    where μ > π after: the stretches say where the pooled difference comes from."""
+    rng = np.random.default_rng(1)
+    for seed in range(4):
+        run = tmp_path / "sudoku" / f"pg_is-mech-int4-s{seed}"
+        write_run(run, "pg_is", seed, RISE, np.full(STEPS, 0.01), "int4")
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:
+            above = 0.5 if row["step"] <= 10 else 0.7
+            row.update({"over_delta/neg_adv_mu_above": above + rng.normal(0, 0.01),
+                        "over_delta/pos_adv_mu_above": 1 - above, "over_delta/neg_adv_mu_below": 0.5,
+                        "over_delta/pos_adv_mu_below": 0.5})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    shares = sign_shares_by_stretch(load_study(tmp_path), "mech-int4", "pg_is", ((1, 10), (11, 40)))
+    assert shares.loc["1-10", "difference"] == pytest.approx(0.0, abs=0.02)
+    assert shares.loc["11-40", "difference"] == pytest.approx(0.2, abs=0.02) and shares.loc["11-40", "higher_in"] == 4
+
+
+def test_a_relabelled_claim_keeps_its_preregistered_record():
+    """The page prints a display label for the sign claim; the claims file keeps the label it was written with."""
+    for source, shown in DISPLAY_SOURCES.items():
+        assert any(contrast.source == source for contrast in CONTRASTS) and shown != source

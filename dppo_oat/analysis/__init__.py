@@ -11,6 +11,7 @@ paper's stability, efficiency and clipped-token analyses on your own runs.
 """
 
 from dppo_oat.analysis.curves import BANDS, aggregate_seeds, compare_methods, comparison_notes, smooth
+from dppo_oat.analysis.degenerate import DEGENERATE, DegenerateRule, arm_flags, curve_flags, run_degeneracy
 from dppo_oat.analysis.figures import plot_blocked_tokens, plot_runs
 from dppo_oat.analysis.panels import DEFAULT_PANELS, PANELS, Panel, Series, available_panels
 from dppo_oat.analysis.run_checks import DamagedRun
@@ -45,9 +46,9 @@ from dppo_oat.analysis.tokens import (
 )
 
 __all__ = [
-    "BANDS", "DEFAULT_PANELS", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "DamagedRun", "Panel", "Run",
+    "BANDS", "DEFAULT_PANELS", "DEGENERATE", "DegenerateRule", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "DamagedRun", "Panel", "Run",
     "Series",
-    "aggregate_seeds", "available_panels", "compare_methods", "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
+    "aggregate_seeds", "arm_flags", "available_panels", "curve_flags", "run_degeneracy", "compare_methods", "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
     "load_tokens", "load_token_exports", "exported_masked_by_bucket", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
     "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
     "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",

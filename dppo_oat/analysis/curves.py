@@ -106,7 +106,11 @@ COMPARED = ("reward", "mismatch/abs_diff_mean", "bad_update/fraction", "mask/fra
 def compare_methods(df: pd.DataFrame, by: str = "method", sigma: float = 2.0) -> pd.DataFrame:
     """What each curve of ``df`` did, from its seed-mean curves (smoothed with ``sigma``): the final reward (mean
     of the last tenth), its peak and the drop from it, |π − μ| over the first and last tenth, and the mean share of
-    bad updates and of masked tokens (%). NaN where its runs do not log the metric."""
+    bad updates and of masked tokens (%). NaN where its runs do not log the metric. ``flag``: why the curve cannot
+    be read as a trust region (:func:`~dppo_oat.analysis.degenerate.curve_flags`), empty when it can."""
+    from dppo_oat.analysis.degenerate import curve_flags  # it smooths with this module's smooth
+
+    flags = curve_flags(df, by)
     means = {metric: aggregate_seeds(df, metric, by=by) for metric in COMPARED}
     rows = []
     for group in group_order(df, by):
@@ -119,13 +123,14 @@ def compare_methods(df: pd.DataFrame, by: str = "method", sigma: float = 2.0) ->
         rows.append({"curve": group, "final reward": final, "peak reward": peak, "drop from peak": peak - final,
                      "|π−μ| first tenth": start, "|π−μ| last tenth": end,
                      "bad updates %": 100 * curves["bad_update/fraction"].mean(),
-                     "masked %": 100 * curves["mask/fraction"].mean()})
+                     "masked %": 100 * curves["mask/fraction"].mean(), "flag": flags.get(group, "")})
     return pd.DataFrame(rows).set_index("curve")
 
 
 def comparison_notes(table: pd.DataFrame) -> list[str]:
     """Sentences on what the runs of :func:`compare_methods` show, for a reader to hold against the paper's
-    findings: which curve ends highest, which fell back from its peak, whose |π − μ| grew, which masked most."""
+    findings: which curve ends highest, which fell back from its peak, whose |π − μ| grew, which masked most, and
+    which curves are flagged (their rule cannot be read as a trust region)."""
     notes = []
     rewards = table["final reward"].dropna().sort_values(ascending=False)
     if len(rewards) > 1:
@@ -142,4 +147,8 @@ def comparison_notes(table: pd.DataFrame) -> list[str]:
     masked = table["masked %"].dropna().sort_values(ascending=False)
     if len(masked) > 1:
         notes.append("masked tokens, most first: " + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
+    flagged = table["flag"][table["flag"] != ""] if "flag" in table else pd.Series(dtype=str)
+    if len(flagged):
+        notes.append("flagged curves (their rule cannot be read as a trust region): "
+                     + "; ".join(f"{name}: {flag}" for name, flag in flagged.items()))
     return notes

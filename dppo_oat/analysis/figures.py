@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from dppo_oat.analysis.curves import GroupBy, aggregate_seeds, group_order, smooth
+from dppo_oat.analysis.degenerate import curve_flags
 from dppo_oat.analysis.panels import DEFAULT_PANELS, Panel, available_panels
 from dppo_oat.analysis.runs import mixed_settings, mixed_settings_message, preset_name
 from dppo_oat.analysis.tokens import MASKS
@@ -107,11 +108,16 @@ LEGEND_ROW_HEIGHT = 0.22
 """Inches a legend row takes at fontsize 9 (the figure grows by that much per row, so panels keep their size)."""
 
 
-def add_legend(fig: Figure, colors: dict, by: GroupBy, title: str | None = None, grow: bool = True) -> None:
-    """One legend for the figure, above the panels: a colour per group, under the figure's title if any. As many
+def add_legend(fig: Figure, colors: dict, by: GroupBy, title: str | None = None, grow: bool = True,
+               flags: dict | None = None) -> None:
+    """One legend for the figure, above the panels: a colour per group, each named with its flag when it has one
+    (``flags``: :func:`~dppo_oat.analysis.degenerate.curve_flags`), under the figure's title if any. As many
     columns as the figure's width allows; ``grow`` makes the figure taller by the legend's rows, so a legend of
     many runs never squeezes the panels out of the figure."""
-    handles = [Line2D([], [], color=color, linewidth=2, label=group_name(key, by)) for key, color in colors.items()]
+    flags = flags or {}
+    handles = [Line2D([], [], color=color, linewidth=2,
+                      label=group_name(key, by) + (f": {flags[key]}" if key in flags else ""))
+               for key, color in colors.items()]
     entry_width = 0.7 + 0.075 * max(len(handle.get_label()) for handle in handles)  # inches at fontsize 9
     ncols = min(len(handles), max(1, int(fig.get_figwidth() / entry_width)))
     if grow:
@@ -139,7 +145,9 @@ def plot_runs(
         by: what one curve is (see :func:`~dppo_oat.analysis.curves.aggregate_seeds`): runs of a group are
             averaged, with a ``band`` (``std``, ``minmax`` or ``none``) across them. A ``method`` (or ``variant``)
             curve whose runs differ in a setting other than the seed is drawn with one warning naming the settings
-            (:func:`warn_mixed_settings`).
+            (:func:`warn_mixed_settings`). A curve whose rule cannot be read as a trust region (it blocked under
+            0.1% or over 50% of the tokens, or most of its runs collapsed within 5 steps) is named in the legend
+            with its flag (:func:`~dppo_oat.analysis.degenerate.curve_flags`).
         ncols: panels per row (default: up to 4). ``axes``: draw into these instead (one per kept panel).
         title: a title above the figure.
 
@@ -160,7 +168,7 @@ def plot_runs(
     colors = group_colors(df, by)
     for ax, (_, panel) in zip(axes, panels):
         draw_panel(ax, df, panel, by, colors, sigma, band)
-    add_legend(fig, colors, by, title, grow=created)
+    add_legend(fig, colors, by, title, grow=created, flags=curve_flags(df, by))
     if skipped:
         fig.supxlabel("Not plotted: " + "; ".join(skipped), fontsize=7, color="0.4")
     return fig

@@ -5,9 +5,15 @@ The page holds two blocks between marker lines: its opening section on what this
 t-interval and verdict (:data:`SUMMARY_MARKER`, :func:`summary_lines`). The report notebook prints the same lines,
 ``python -m studies.cpu.pack --readme docs/cpu-study.md`` rewrites the page's blocks (:func:`rewrite_page`), and a
 test checks that the page's blocks are what the committed runs give (:func:`readme_blocks`).
+
+An arm that cannot be read as a trust region (it blocked almost nothing, most tokens, or collapsed within its first
+steps: :func:`~studies.cpu.report.arm_flag_table`) gets no verdict in the opening section, only its flag; the
+summary keeps every claim's verdict, as scored, and names the flag beside it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -15,44 +21,83 @@ from dppo_oat.analysis.runs import PathLike
 from studies.cpu.claims import (FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS,
                                 FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, MECHANISM_CONTRASTS,
                                 REGIME_CONTRASTS, THRESHOLD, Contrast)
-from studies.cpu.report import contrast_table, load_study, run_outcomes
+from studies.cpu.report import (blocked_by_half, contrast_table, held_out_table, load_study, run_outcomes,
+                                sign_shares_by_stretch)
+
+DISPLAY_SOURCES = {
+    "mechanism: int4's extra mass goes to wrong moves": "mechanism: over the run, Â < 0 is more common where int4 "
+                                                         "over-weights a token (absent at the start)",
+}
+"""Display labels for claims whose pre-registered label (``Contrast.source``) says more than its design supports:
+the claims file keeps every claim as it was written (claims are only ever added), and the page prints this label
+instead. The sign claim pools all 50 steps; split by stretch, its difference is absent in steps 1–10 and builds up
+after (:func:`~studies.cpu.report.sign_shares_by_stretch`), so it does not show that int4's extra mass goes to
+wrong moves from the start."""
+
+
+def shown_source(source: str) -> str:
+    """A claim's label as the page prints it (:data:`DISPLAY_SOURCES`)."""
+    return DISPLAY_SOURCES.get(source, source)
 
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
     """The contrast table as Markdown bullets, one per distinct comparison (a claim scored on the same numbers as
-    an earlier one is named on that one's line): the summary in docs/cpu-study.md and the notebook's last cell print
-    these same lines."""
-    also = {}
+    an earlier one is named on that one's line), each with its verdict as scored and the flag of each flagged arm of
+    its claims (:func:`flagged_arms`): the summary in docs/cpu-study.md and the notebook's last cell print these same
+    lines."""
+    also, flags = {}, {}
     for row in table.itertuples():
+        origin = row.same_as or row.claim
         if row.same_as:
-            also.setdefault(row.same_as, []).append(f"{row.claim} ({row.source})")
-    lines = []
-    for row in table.itertuples():
-        if not row.same_as:
-            lines.append(_summary_line(row, also.get(row.claim, [])))
-    return lines
+            also.setdefault(origin, []).append(f"{row.claim} ({shown_source(row.source)})")
+        for arm in flagged_arms(row._asdict()):
+            if arm not in flags.setdefault(origin, []):
+                flags[origin].append(arm)
+    return [_summary_line(row, also.get(row.claim, []), flags.get(row.claim, []))
+            for row in table.itertuples() if not row.same_as]
 
 
-def _summary_line(row, duplicates: list[str]) -> str:
-    head = f"- {row.claim} ({row.source}; {row.family})" + "".join(f"; same runs: {d}" for d in duplicates)
+def _summary_line(row, duplicates: list[str], flagged: list[tuple[str, str]]) -> str:
+    head = f"- {row.claim} ({shown_source(row.source)}; {row.family})" + "".join(f"; same runs: {d}"
+                                                                                 for d in duplicates)
     if row.verdict == "not run":
         return f"{head}: not run yet"
+    flags = "".join(f"; flagged: {name}: {flag}" for name, flag in flagged)
     if row.verdict == "identical runs":
         return (f"{head}: **identical runs** — both arms gave {row.metric} {row.left:.3g} on each of {row.pairs} "
-                f"seeds; no verdict")
+                f"seeds; no verdict{flags}")
     correction = (f", Holm-adjusted over {row.holm_size} distinct primary comparison{'s' * (row.holm_size != 1)}"
                   if row.family == "primary" else "")
     right = f"{row.right_metric} {row.right:.3g}" if row.right_metric else f"{row.right:.3g}"
     return (f"{head}: **{row.verdict}** — {row.metric} {row.left:.3g} vs {right}, difference "
             f"{row.difference:+.3g}, 95% t-interval [{row.ci_low:+.3g}, {row.ci_high:+.3g}], {row.pairs} paired "
             f"seeds, margin {row.margin:g}; one-sided p{correction}: claim {row.p_above_adjusted:.2g}, reverse "
-            f"{row.p_below_adjusted:.2g}, equivalence {row.p_equivalent_adjusted:.2g}")
+            f"{row.p_below_adjusted:.2g}, equivalence {row.p_equivalent_adjusted:.2g}{flags}")
+
+
+def flagged_arms(row, with_condition: bool = True) -> list[tuple[str, str]]:
+    """``(arm, flag)`` for each flagged arm of a scored claim (a row of the contrast table, as a Series or a
+    mapping; an arm compared with itself once): the arm named by its method, and by its condition with
+    ``with_condition``."""
+    flagged = []
+    for side in ("left", "right"):
+        flag = row.get(f"{side}_flag") or ""
+        name = row.get(f"{side}_name", "")
+        if with_condition:
+            name += f" at `{row.get(f'{side}_condition')}`"
+        if flag and (name, flag) not in flagged:
+            flagged.append((name, flag))
+    return flagged
 
 
 def claim_result(table: pd.DataFrame, contrast: Contrast) -> str:
     """One claim's verdict as the scale section prints it: ``**verdict**`` with its paired difference, 95%
-    t-interval and pairs, or ``not run``."""
+    t-interval and pairs, or ``not run``; for a claim with a flagged arm (:func:`flagged_arms`), that arm's flag and
+    no verdict."""
     row = table.set_index("claim").loc[contrast.claim]
+    flagged = flagged_arms(row, with_condition=False)
+    if flagged:
+        return "; ".join(f"{name}: {flag}" for name, flag in flagged) + ": **no verdict**"
     if row["verdict"] in ("not run", "identical runs"):
         return f"**{row['verdict']}**"
     return (f"**{row['verdict']}** ({row['difference']:+.3f}, [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], "
@@ -70,29 +115,92 @@ SCALE_CANNOT = (
 )
 
 
-def scale_lines(table: pd.DataFrame) -> list[str]:
+@dataclass(frozen=True)
+class ScaleEvidence:
+    """What the opening section reads beside the scored claims, from the study's runs (:func:`scale_evidence`)."""
+
+    regime: pd.DataFrame
+    """The ``regime`` arms' held-out success (:func:`~studies.cpu.report.held_out_table` of ``mb4-int4``)."""
+    signs: pd.DataFrame
+    """The sign claim by stretch of the run (:func:`~studies.cpu.report.sign_shares_by_stretch`)."""
+    halves: pd.DataFrame
+    """What DPPO-Binary-KL blocked in each half under the mechanism's conditions
+    (:func:`~studies.cpu.report.blocked_by_half`)."""
+
+
+MECHANISM_CONDITIONS = ("mech-int4", "mech-int4-redraw", "mech-noise")
+"""The mechanism's conditions: the fixed int4 grid, the grid redrawn at every re-sync, and the matched noise."""
+
+
+def scale_evidence(df: pd.DataFrame, outcomes: pd.DataFrame) -> ScaleEvidence:
+    """The :class:`ScaleEvidence` of a study: its long table ``df`` and its runs' ``outcomes``."""
+    return ScaleEvidence(held_out_table(outcomes, ("mb4-int4",)), sign_shares_by_stretch(df, "mech-int4", "pg_is"),
+                         blocked_by_half(df, MECHANISM_CONDITIONS))
+
+
+def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> list[str]:
     """The page's opening section (between :data:`SCALE_MARKER` lines), from the scored claims: what a tiny policy
     on two cores can and cannot say, the result of Takeaway 2 in its regime, the mechanism's claims and the later
-    rules' (:func:`frontier_line`)."""
-    regime, mechanism = REGIME_CONTRASTS, MECHANISM_CONTRASTS
+    rules' (:func:`frontier_line`); with ``evidence``, what bounds the regime's and the mechanism's verdicts."""
     return [
         "- **What it can say.** How each rule acts when μ and π_θ differ by a known, injected amount, on a tiny "
         "Sudoku policy, paired by seed (eight seeds for every primary claim), with every claim written before its "
         "runs.",
         SCALE_CANNOT,
-        f"- **Takeaway 2 in its regime** (int4 copy, four quarter-batch steps per rollout: μ, π_θ' and π_θ all "
-        f"differ). DPPO-Binary-KL anchored on μ against the same mask on the recomputed π_θ': "
-        f"{claim_result(table, regime[0])}; DPPO-Binary-TV likewise: {claim_result(table, regime[1])}.",
-        f"- **The int4 result's mechanism** (one step per rollout). In PG-IS runs, Â < 0 is more common among the "
-        f"tokens over δ where μ > π than where μ < π: {claim_result(table, mechanism[0])}. PG-IS against the whole "
-        f"μ-anchored mask: {claim_result(table, mechanism[1])}; against its A<0 half alone: "
-        f"{claim_result(table, mechanism[2])}; against its A>0 half alone: {claim_result(table, mechanism[3])}. "
-        f"The fp32 learner's own held-out loss under the mask: {claim_result(table, mechanism[6])}. A redrawn grid: "
-        f"{claim_result(table, mechanism[4])}; matched noise: {claim_result(table, mechanism[5])}.",
+        regime_line(table, evidence),
+        mechanism_line(table, evidence),
         frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
         frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
         frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING),
     ]
+
+
+def regime_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on Takeaway 2 in its regime: both twin contrasts, and with ``evidence`` how far
+    every arm's held-out success fell (a contrast among failing runs)."""
+    regime = REGIME_CONTRASTS
+    line = (f"- **Takeaway 2 in its regime** (int4 copy, four quarter-batch steps per rollout: μ, π_θ' and π_θ all "
+            f"differ). DPPO-Binary-KL anchored on μ against the same mask on the recomputed π_θ': "
+            f"{claim_result(table, regime[0])}; DPPO-Binary-TV likewise: {claim_result(table, regime[1])}.")
+    held = evidence.regime if evidence is not None else pd.DataFrame()
+    if held.empty:
+        return line
+    return (f"{line} Every arm broke: the int4 copy's held-out success fell from {held['copy_start'].mean():.2f} "
+            f"to {held['copy_end'].min():.3f}–{held['copy_end'].max():.3f} (means per arm), lower at the end in "
+            f"{int(held['ended_lower'].sum())} of {int(held['runs'].sum())} runs of {len(held)} arms, so these "
+            "verdicts say nothing about the anchor where training works.")
+
+
+def mechanism_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on the int4 result's mechanism: its primary claims and the learner's exploratory
+    one, and with ``evidence`` the sign claim by stretch and what the two controls blocked."""
+    mechanism = MECHANISM_CONTRASTS
+    signs = evidence.signs if evidence is not None else pd.DataFrame()
+    halves = evidence.halves if evidence is not None else pd.DataFrame()
+    stretches = ""
+    if {"1-10", "26-50"} <= set(signs.index):
+        start, late = signs.loc["1-10"], signs.loc["26-50"]
+        stretches = (f"; not at the start (steps 1–10: {start['difference']:+.3f}, [{start['low']:+.3f}, "
+                     f"{start['high']:+.3f}]), built up later (steps 26–50: {late['difference']:+.3f}, "
+                     f"[{late['low']:+.3f}, {late['high']:+.3f}])")
+    grid, noise = "", ""
+    if {(condition, "dppo_binary_kl") for condition in MECHANISM_CONDITIONS} <= set(halves.index):
+        fixed, redrawn, noisy = (halves.loc[(condition, "dppo_binary_kl")] for condition in MECHANISM_CONDITIONS)
+        negative, positive = list(halves.columns[:2])
+        grid = (f"; under it the mask blocked {redrawn['all']:.2f}% of the tokens, under the fixed grid "
+                f"{fixed['all']:.2f}%, so the two differ in how much they block too")
+        noise = (f"; a one-sided control: under it the mask blocked {noisy[positive]:.2f}% of the tokens in the A>0 "
+                 f"half and {noisy[negative]:.2f}% in the A<0 half (under the fixed grid {fixed[negative]:.2f}%), so "
+                 "it controls for the A>0 half only")
+    return (f"- **The int4 result's mechanism** (one step per rollout). In PG-IS runs, Â < 0 is more common among "
+            f"the tokens over δ where μ > π than where μ < π, pooled over the run: "
+            f"{claim_result(table, mechanism[0])}{stretches}. PG-IS against the whole μ-anchored mask: "
+            f"{claim_result(table, mechanism[1])}; against its A<0 half alone: {claim_result(table, mechanism[2])}; "
+            f"against its A>0 half alone: {claim_result(table, mechanism[3])}. The fp32 learner's held-out success under the mask, its start "
+            f"against its end: {claim_result(table, mechanism[6])}; against PG-IS's fp32 learner at the end "
+            f"(exploratory): {claim_result(table, mechanism[7])}. A grid redrawn at every re-sync against the fixed "
+            f"one: {claim_result(table, mechanism[4])}{grid}. Matched noise: {claim_result(table, mechanism[5])}"
+            f"{noise}.")
 
 
 FRONTIER_INT4_HEADING = ("The field after DPPO under the int4 copy", "one step per rollout; the `mechanism` "
@@ -107,15 +215,24 @@ FRONTIER_STALE_HEADING = ("The field after DPPO under staleness", "four quarter-
 def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
                   heading: tuple[str, str] = FRONTIER_INT4_HEADING) -> str:
     """The scale section's line on a field experiment: each of its later rules (``arms``) against DPPO-Binary-KL
-    (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order)."""
+    (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order); a rule whose arm is
+    flagged gets its flag instead of a verdict (:func:`field_result`)."""
     against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
     setting, played = heading
     return (f"- **{setting}** (`{contrasts[0].experiment}`, {played}). Against DPPO-Binary-KL: "
-            + "; ".join(f"{label} {claim_result(table, contrast)}"
-                        for (_, label), contrast in zip(arms, against_dppo))
+            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_dppo))
             + ". Against PG-IS: "
-            + "; ".join(f"{label} {claim_result(table, contrast)}"
-                        for (_, label), contrast in zip(arms, against_pg_is)) + ".")
+            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_pg_is))
+            + ".")
+
+
+def field_result(table: pd.DataFrame, label: str, contrast: Contrast) -> str:
+    """``label`` and the claim's verdict (:func:`claim_result`), or, when the rule's own arm is flagged, ``label``:
+    its flag and no verdict (a flagged reference arm is named by :func:`claim_result`)."""
+    row = table.set_index("claim").loc[contrast.claim]
+    if row["left_flag"]:
+        return f"{label}: {row['left_flag']}: **no verdict**"
+    return f"{label} {claim_result(table, contrast)}"
 
 
 def scale_block(text: str) -> list[str]:
@@ -144,8 +261,15 @@ def readme_summary(study_dir: PathLike) -> list[str]:
 def readme_blocks(study_dir: PathLike) -> tuple[list[str], list[str]]:
     """The page's two generated blocks for the study in ``study_dir``, scored once: the summary lines and the
     scale section's lines."""
-    table = contrast_table(run_outcomes(load_study(study_dir), THRESHOLD))
-    return summary_lines(table), scale_lines(table)
+    df = load_study(study_dir)
+    return page_blocks(df, run_outcomes(df, THRESHOLD))
+
+
+def page_blocks(df: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The page's two generated blocks for a study's long table ``df`` and its runs' ``outcomes``: the summary
+    lines and the scale section's lines, from one scoring of the claims."""
+    table = contrast_table(outcomes)
+    return summary_lines(table), scale_lines(table, scale_evidence(df, outcomes))
 
 
 def rewrite_page(text: str, study_dir: PathLike) -> str:

@@ -18,6 +18,7 @@ that table.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from dppo_oat.analysis.curves import smooth
+from dppo_oat.analysis.degenerate import DEGENERATE, arm_flags, has_collapsed, run_degeneracy
 from dppo_oat.analysis.run_checks import read_config
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
 from dppo_oat.analysis.stats import (MarginTests, decide, holm, margin_tests, paired_difference,
@@ -33,6 +35,11 @@ from studies.cpu.claims import COLLAPSE_MIN_DROP, COLLAPSE_RATIO, CONTRASTS, PRI
 
 GROUP = ["task", "variant", "condition"]
 """One row of a study table: a method (the preset's paper name) under one condition on one task."""
+ARM = ["task", "condition", "arm_method"]
+"""One arm of the study: a method (the study's name of it) under one condition on one task, across its seeds."""
+STUDY_RULE = replace(DEGENERATE, collapse_ratio=COLLAPSE_RATIO, collapse_min_drop=COLLAPSE_MIN_DROP)
+"""When an arm is flagged (:func:`arm_flag_table`): the library's thresholds with the study's collapse rule
+(``COLLAPSE_RULE``)."""
 PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8", "int6": "int6",
                    "int4": "int4"}
 
@@ -87,7 +94,10 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     step); first step where smoothed ``metric`` ≥ ``threshold`` (NaN if never) and ``last_step`` (where a run that
     never reached it is censored); initial/peak/final (mean of the last ``tail`` share) ``metric`` and whether it
     collapsed; held-out success before and after; |π − μ| (all minibatches, and the first minibatch alone: the
-    engine's share) at the start and the end; the mean bad-update, masked and IS-truncated fractions."""
+    engine's share) at the start and the end; the mean bad-update, masked and IS-truncated fractions; what
+    :func:`arm_flag_table` reads: the masked share over the first steps, the step each collapsed run collapsed at,
+    and whether its rule has no trust region by design (:func:`~dppo_oat.analysis.degenerate.run_degeneracy`)."""
+    rule = replace(STUDY_RULE, sigma=sigma, tail=tail)
     curve = per_run_curve(df, metric, sigma)
     runs = df.drop_duplicates("run").set_index("run")[["task", "variant", "algo", "arm_method", "condition",
                                                           "mismatch", "seed"]]
@@ -98,7 +108,7 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     runs["initial"] = grouped["value"].apply(lambda v: _head(v, tail))
     runs["peak"] = grouped["smooth"].max()
     runs["final"] = grouped["value"].apply(lambda v: _tail(v, tail))
-    runs["collapsed"] = (runs["final"] < COLLAPSE_RATIO * runs["peak"]) & (runs["peak"] - runs["final"] >= COLLAPSE_MIN_DROP)
+    runs["collapsed"] = grouped["value"].apply(lambda v: has_collapsed(v.to_numpy(), rule)).astype(bool)
     for name, column in (("mismatch", "mismatch/abs_diff_mean"), ("engine_mismatch", "mismatch/first_abs_diff_mean")):
         values = per_run_curve(df, column, 0).groupby("run")["value"]
         runs[f"{name}_start"] = values.apply(lambda v: _head(v, tail))
@@ -113,13 +123,22 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
                          ("is_truncated", "is/truncated_fraction")):
         runs[name] = df[df["metric"] == column].groupby("run")["value"].mean()
+    degeneracy = run_degeneracy(df, rule)
+    runs["masked_early"] = degeneracy["blocked_early"]
+    runs["collapse_step"] = degeneracy["collapse_step"] if metric == "success" else np.nan
+    runs["by_design"] = degeneracy["by_design"]
     return runs.reset_index()
 
 
-def negative_share(df: pd.DataFrame, family: str, direction: str) -> pd.Series:
+def negative_share(df: pd.DataFrame, family: str, direction: str,
+                   steps: tuple[int, int] | None = None) -> pd.Series:
     """Per run, the share of Â < 0 among the tokens of ``family`` (``over_delta``: binary KL to μ above δ;
-    ``mask_cell``: blocked) on side ``direction`` of μ − π (``mu_above``: μ > π), pooled over the run's steps (a
-    ratio of summed per-step shares of the A ≠ 0 tokens; NaN where a run logged none)."""
+    ``mask_cell``: blocked) on side ``direction`` of μ − π (``mu_above``: μ > π), pooled over the run's steps, or
+    over steps ``first..last`` given as ``steps`` (a ratio of summed per-step shares of the A ≠ 0 tokens; NaN where
+    a run logged none)."""
+    if steps is not None:
+        df = df[df["step"].between(*steps)]
+
     def summed(cell: str) -> pd.Series:
         rows = df[df["metric"].str.startswith(f"{family}/{cell}_{direction}")]
         return rows.groupby("run")["value"].sum()
@@ -283,12 +302,30 @@ def same_runs_as(table: pd.DataFrame) -> list[str]:
 def contrast_table(outcomes: pd.DataFrame, contrasts: tuple[Contrast, ...] = CONTRASTS) -> pd.DataFrame:
     """Every contrast scored (:func:`score_contrast`) in the order they were written down, with ``same_as`` (the
     earlier claim it duplicates, if any), Holm-adjusted over the distinct primary comparisons of each experiment,
-    and its verdict."""
+    its verdict, ``left_flag`` / ``right_flag``: why that arm cannot be read as a trust region
+    (:func:`arm_flag_table`; empty when it can, or has not run), and ``left_name`` / ``right_name`` and
+    ``left_condition`` / ``right_condition``: the arm's method as the report names it, and its condition."""
     table = pd.DataFrame([{**score_contrast(outcomes, c), "task": c.task} for c in contrasts])
     table["same_as"] = same_runs_as(table)
     table = adjusted_for_family(table)
     table["verdict"] = table.apply(contrast_verdict, axis=1)
+    flags = arm_flag_table(outcomes)
+    for side in ("left", "right"):
+        arms = [(c.task, getattr(c, side)[1], getattr(c, side)[0]) for c in contrasts]
+        table[f"{side}_flag"] = [flags["flag"].get(arm, "") for arm in arms]
+        table[f"{side}_name"] = [flags["variant"].get(arm, arm[2]) for arm in arms]
+        table[f"{side}_condition"] = [arm[1] for arm in arms]
     return table
+
+
+def arm_flag_table(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm (:data:`ARM`), indexed by it: its name (``variant``), runs, mean masked share over the run
+    and over its first steps, the runs that collapsed within :data:`STUDY_RULE`'s first steps, and ``flag``: why
+    the arm cannot be read as a trust region, or empty (:func:`~dppo_oat.analysis.degenerate.arm_flags`)."""
+    runs = outcomes.rename(columns={"masked": "blocked", "masked_early": "blocked_early"})
+    table = arm_flags(runs, ARM, STUDY_RULE)
+    table.insert(0, "variant", runs.groupby(ARM, sort=False)["variant"].first())
+    return table.drop(columns="by_design")
 
 
 STRETCHES = (0, 10, 25, 40, 50)
@@ -317,6 +354,45 @@ def negative_shares(outcomes: pd.DataFrame, condition: str, method: str) -> pd.D
     rows = outcomes[(outcomes["condition"] == condition) & (outcomes["arm_method"] == method)].set_index("seed")
     table = rows[["over_delta_neg_share_mu_above", "over_delta_neg_share_mu_below"]].sort_index()
     return table.assign(difference=table.iloc[:, 0] - table.iloc[:, 1])
+
+
+def sign_shares_by_stretch(df: pd.DataFrame, condition: str, method: str,
+                           stretches: tuple[tuple[int, int], ...] = ((1, 10), (26, 50), (1, 50))) -> pd.DataFrame:
+    """The sign claim by stretch of the run: per stretch ``(first, last)`` of steps, over one arm's runs, the share
+    of Â < 0 among the tokens over δ where μ > π and where μ < π (:func:`negative_share`, means over seeds), their
+    paired difference with its 95% t-interval, and the seeds where it is positive."""
+    rows = df[(df["condition"] == condition) & (df["arm_method"] == method)]
+    table = []
+    for first, last in stretches:
+        above, below = (negative_share(rows, "over_delta", side, (first, last)) for side in ("mu_above", "mu_below"))
+        pairs = above.dropna().index.intersection(below.dropna().index)
+        if len(pairs) < 2:
+            continue
+        difference = paired_difference(above.loc[pairs].to_numpy(), below.loc[pairs].to_numpy())
+        table.append({"steps": f"{first}-{last}", "mu_above": above.loc[pairs].mean(),
+                      "mu_below": below.loc[pairs].mean(), "difference": difference.mean, "low": difference.low,
+                      "high": difference.high, "pairs": difference.pairs,
+                      "higher_in": int((above.loc[pairs] > below.loc[pairs]).sum())})
+    return pd.DataFrame(table).set_index("steps") if table else pd.DataFrame()
+
+
+HALVES = {"A<0 half (Â < 0, μ > π)": "mask_cell/neg_adv_mu_above", "A>0 half (Â > 0, μ < π)":
+          "mask_cell/pos_adv_mu_below"}
+"""The two cells a μ-anchored mask can block, by the prefix of their ``mask_cell`` metrics (one per μ bucket)."""
+
+
+def blocked_by_half(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """Per arm of ``conditions``: the share of the A ≠ 0 tokens its rule blocked in each half a μ-anchored mask can
+    block (:data:`HALVES`, its μ buckets summed), in every other cell, and in all (``mask/fraction``), in %: means
+    over steps and seeds."""
+    rows = df[df["condition"].isin(conditions)]
+    cells = rows[rows["metric"].str.startswith("mask_cell/")]
+    per_step = cells.assign(half=cells["metric"].map(lambda m: next(
+        (name for name, prefix in HALVES.items() if m.startswith(prefix)), "other cells")))
+    summed = per_step.groupby(["condition", "arm_method", "half", "run", "step"])["value"].sum()
+    table = 100 * summed.groupby(["condition", "arm_method", "half"]).mean().unstack("half")
+    total = rows[rows["metric"] == "mask/fraction"].groupby(["condition", "arm_method"])["value"].mean()
+    return table.reindex(columns=[*HALVES, "other cells"]).fillna(0.0).assign(all=100 * total)
 
 
 def held_out_table(outcomes: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
