@@ -42,8 +42,9 @@ from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, r
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save,
-                             missing_steps, move_run_aside, read_config, read_jsonl, settings_hash)
+from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, RunLock, RunLog,
+                             atomic_torch_save, exported_steps, missing_steps, move_run_aside, read_config, read_jsonl,
+                             settings_hash)
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_export import TokenExporter, TokenObservers
@@ -82,8 +83,8 @@ class LocalTrainer:
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
         self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
         if self.lock.removed:
-            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed save "
-                               f"({self.lock.removed[0].name} first)", soft_wrap=True)
+            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "
+                               f"({self.lock.removed[0].relative_to(self.lock.directory)} first)", soft_wrap=True)
         try:
             self._build(config)
         except BaseException:  # a failed start (a prompt too long, Ctrl-C) frees the directory and leaves no new one
@@ -141,6 +142,7 @@ class LocalTrainer:
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
         if resuming:
             self._warn_of_metrics_gap()
+            self._warn_of_export_gap()
         elif c.overwrite:
             self._move_earlier_run_aside()
         self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
@@ -153,6 +155,18 @@ class LocalTrainer:
         if missing:
             self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
                                f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+
+    def _warn_of_export_gap(self) -> None:
+        """With --token-export all, say which checkpointed steps have no export (trained before the flag was given):
+        they cannot be exported again, their rollouts are gone."""
+        if self.exporter is None:
+            return
+        exported = set(exported_steps(self.config.run_path()))
+        missing = [step for step in range(1, self.resume_step + 1) if step not in exported]
+        if missing:
+            self.console.print(f"warning: {self.config.run_path() / TOKEN_EXPORT_DIR} lacks {len(missing)} of the "
+                               f"{self.resume_step} checkpointed steps (step {missing[0]} first: trained without "
+                               "--token-export all); the steps from here on are exported", soft_wrap=True)
 
     def _move_earlier_run_aside(self) -> None:
         """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
@@ -392,6 +406,8 @@ class LocalTrainer:
                 metrics = self.rl_step()
                 self.log.log_tokens(self.token_rows)
                 self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
+                if self.exporter is not None:  # and its export: a step is checkpointed once its export is on disk
+                    self.exporter.wait()
                 self.save_checkpoint()
                 if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())
@@ -429,7 +445,7 @@ class LocalTrainer:
         try:
             self.rollouts.cancel()
             if self.exporter is not None:
-                self.exporter.close()
+                self.exporter.close(wait=not failed)
             self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()

@@ -18,9 +18,11 @@ from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
-                             check_can_write, check_run_name, check_tensorboard, check_wandb, config_differences,
-                             missing_steps, read_config, read_jsonl, run_files, settings_hash)
+                             TOKEN_EXPORT_DIR, check_can_write, check_run_name, check_tensorboard,
+                             check_wandb, config_differences, exported_steps, missing_steps, read_config, read_jsonl,
+                             run_files, settings_hash)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
+from dppo_oat.token_export import check_export_folder
 
 
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
@@ -266,9 +268,11 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
     path = c.run_path()
     check_can_write(path)
+    if c.token_export == "all":
+        check_export_folder(path)
     if c.resume:
         return _check_resume(c, spec, path)
-    existing = run_files(path)
+    existing = run_files(path) + ([f"{TOKEN_EXPORT_DIR}/"] if exported_steps(path) else [])
     if existing and not c.overwrite:
         go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
                  "it has no checkpoint to --resume from; ")
