@@ -141,6 +141,23 @@ def test_temporaries_of_a_killed_save_go_at_the_next_start(resume, run_copy, cac
     assert not any(path.exists() for path in litter) and keep.exists()
 
 
+@pytest.mark.fault("a start (new, or `--resume`) of a run killed during its first checkpoint save (its `config.json` "
+                   "and logs are there, a `.checkpoint.pt.XXXXXXXX`, no `checkpoint.pt`)",
+                   "one line: nothing of it was checkpointed and the temporary file is removed (under the run's "
+                   "lock); `--overwrite` starts it over (its files moved aside, never deleted), another `--run-name` "
+                   "beside it")
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_killed_in_its_first_save_is_refused_with_its_litter_removed(resume, run_copy, cache_dir, capsys,
+                                                                           no_model):
+    (run_copy / "checkpoint.pt").rename(run_copy / ".checkpoint.pt.k1ll3d00")  # the kill came before the rename
+    kept = files_of(run_copy)
+    flags = ["--resume", "--steps", "3"] if resume else ["--steps", "3"]
+    error = one_error(capsys, argv_of(run_copy, cache_dir, *flags), 2, "--overwrite", "checkpoint save was killed",
+                      "1 temporary file(s) removed")
+    assert "no checkpoint" in error
+    assert files_of(run_copy) == {name: data for name, data in kept.items() if not name.startswith(".checkpoint")}
+
+
 def test_a_live_runs_temporaries_are_not_touched_by_a_refused_start(run_copy, cache_dir, capsys, no_model):
     """Only the lock's holder may remove them: a second start that is refused (the run is in use) leaves them."""
     from dppo_oat.runlog import RunLock

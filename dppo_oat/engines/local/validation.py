@@ -18,9 +18,9 @@ from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
-                             TOKEN_EXPORT_DIR, check_can_write, check_run_name, check_tensorboard,
+                             TOKEN_EXPORT_DIR, RunLock, check_can_write, check_run_name, check_tensorboard,
                              check_wandb, config_differences, exported_steps, missing_steps, read_config, read_jsonl,
-                             run_files, settings_hash)
+                             run_files, settings_hash, temporaries, temporary_prefix)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
 from dppo_oat.token_export import check_export_folder
 
@@ -275,11 +275,28 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     existing = run_files(path) + ([f"{TOKEN_EXPORT_DIR}/"] if exported_steps(path) else [])
     if existing and not c.overwrite:
         go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
-                 "it has no checkpoint to --resume from; ")
+                 f"it has no checkpoint to --resume from{_remove_killed_writes(path)}; ")
         raise ValueError(f"run {str(path)!r} already holds {', '.join(existing)}: {go_on}another --run-name starts "
                          f"beside it, --overwrite starts over (its files are moved aside into {path}/"
                          f"{OVERWRITTEN_PREFIX}<UTC time>/)")
     return None
+
+
+def _remove_killed_writes(path: Path) -> str:
+    """Remove the temporaries that killed writes left in a run directory this command refuses, under the run's lock
+    (held for the instant; left alone while another process holds it: they may be its live writes), and say so."""
+    if not temporaries(path):
+        return ""
+    try:
+        lock = RunLock(path)
+    except ValueError:
+        return ""
+    lock.release()
+    if not lock.removed:
+        return ""
+    checkpoint = any(p.name.startswith(temporary_prefix(CHECKPOINT_FILE)) for p in lock.removed)
+    what = "its checkpoint save was killed" if checkpoint else "a write of it was killed"
+    return f" ({what}: {len(lock.removed)} temporary file(s) removed)"
 
 
 def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
@@ -289,8 +306,9 @@ def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
         raise ValueError("--overwrite starts a new run and --resume continues one: give one of them")
     if not (path / CHECKPOINT_FILE).exists():
         if run_files(path):
-            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed; start it over "
-                             f"with --overwrite in place of --resume (its files are moved aside)")
+            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed"
+                             f"{_remove_killed_writes(path)}; start it over with --overwrite in place of --resume "
+                             "(its files are moved aside)")
         raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
     stored = _check_same_run(c, spec, path)
     step = _check_checkpoint_identity(path / CHECKPOINT_FILE, stored, spec, c.steps)
