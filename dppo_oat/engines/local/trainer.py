@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from envs import ensure_registered
+from envs import ensure_registered, unseeded_plugin_envs
 
 from dppo_oat.advantages import sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
@@ -75,6 +75,10 @@ def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
             sample.topk_logprobs = np.where(slot, noisy[:, None], sample.topk_logprobs)
 
 
+PROMPT_TOO_LONG_SHARE = 0.1
+"""The share of a step's episodes ended by a prompt longer than --max-prompt-tokens past which the run warns."""
+
+
 class LocalTrainer:
     """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
 
@@ -99,6 +103,7 @@ class LocalTrainer:
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
+        self._warn_of_unseeded_envs()
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
         self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
@@ -119,7 +124,7 @@ class LocalTrainer:
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
-        self._noted_small_batch = False
+        self._noted_small_batch = self._warned_long_prompts = False
         self._check_prompts_fit()
         self._open_log()
         self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
@@ -129,6 +134,14 @@ class LocalTrainer:
             self._sync_generator()
         if self.resume_step is not None:
             self._load_checkpoint()
+
+    def _warn_of_unseeded_envs(self) -> None:
+        """A plugin env whose ``reset(seed)`` does not fix its episode (checked on the first training seeds): one
+        warning line each (the run goes on; envs/contract.py's checks fail on it)."""
+        c = self.config
+        seeds = list(dict.fromkeys(train_group_seeds(c.seed, 1, c.groups_per_step, c.train_pool) + [EVAL_SEED]))
+        for problem in unseeded_plugin_envs(c.env_ids, env_seed=self.spec.rollout.env_seed, seeds=seeds):
+            self.console.print(f"warning: {problem}", soft_wrap=True, markup=False)
 
     def _open_log(self) -> None:
         """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
@@ -405,6 +418,7 @@ class LocalTrainer:
                 self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
                 self.log.log_tokens(self.token_rows)
+                self._warn_of_long_prompts(metrics)
                 self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
                 if self.exporter is not None:  # and its export: a step is checkpointed once its export is on disk
                     self.exporter.wait()
@@ -415,6 +429,19 @@ class LocalTrainer:
                     f"RL steps: success {metrics['success']:.2f}, |π−μ| {metrics['mismatch/abs_diff_mean']:.4f}, "
                     f"masked {metrics['mask/fraction']:.3f}"))
         return self._summary()
+
+    def _warn_of_long_prompts(self, metrics: dict[str, float]) -> None:
+        """Say once when more than :data:`PROMPT_TOO_LONG_SHARE` of a step's episodes (and at least two) ended
+        because a later turn's prompt outgrew --max-prompt-tokens (``rollout/end/prompt_too_long``): those episodes
+        stop after the turns that fit, which the reward alone does not show."""
+        ended, episodes = metrics["rollout/end/prompt_too_long"], metrics["rollout/episodes"]
+        if self._warned_long_prompts or ended < 2 or ended <= PROMPT_TOO_LONG_SHARE * episodes:
+            return
+        self._warned_long_prompts = True
+        self.console.print(f"warning: step {self.step}: {ended:.0f} of {episodes:.0f} episodes ended when a later "
+                           f"turn's prompt outgrew --max-prompt-tokens {self.config.max_prompt_tokens} (metric "
+                           "rollout/end/prompt_too_long): raise --max-prompt-tokens, or keep the env's observations "
+                           "shorter", soft_wrap=True, markup=False)
 
     def _eval_due(self, step: int) -> bool:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
