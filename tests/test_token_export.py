@@ -128,13 +128,27 @@ if fault == "hung":  # the file system never answers the write of step 2
         real_write(path, records)
     token_export.write_records = write_records
     token_export.WRITE_TIMEOUT_S = 3.0
+if fault == "slow":  # step 1's export takes 2 s, and the process is killed right after step 1's checkpoint
+    import os
+    from dppo_oat.engines.local.trainer import LocalTrainer
+    real_write, real_save = token_export.write_records, LocalTrainer.save_checkpoint
+    def write_records(path, records):
+        if path.name == "step_000001.jsonl":
+            time.sleep(2)
+        real_write(path, records)
+    def save_checkpoint(self):
+        real_save(self)
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    token_export.write_records, LocalTrainer.save_checkpoint = write_records, save_checkpoint
 main(argv)
 """
 
 
 def run_with(fault, argv, timeout=300):
     """``python -m dppo_oat.train argv`` with ``fault`` (``full``: no file grows past 50 kB; ``hung``: the export
-    of step 2 never returns; ``none``): (exit status, ``error:`` lines, all output); a hang fails the test."""
+    of step 2 never returns; ``slow``: step 1's export takes 2 s and a SIGKILL follows step 1's checkpoint;
+    ``none``): (exit status, ``error:`` lines, all output); a hang fails the test."""
     import subprocess
     import sys
 
@@ -169,6 +183,19 @@ def test_a_full_disk_while_exporting_loses_no_step(one_step, straight, cache_dir
     code, errors, text = run_with("none", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
     assert code == 0, text
     same_exports(one_step, straight)
+
+
+@pytest.mark.fault("a kill (`kill -9`) right after a step's checkpoint while its export is still being written (a "
+                   "slow disk)",
+                   "nothing is lost: a step is checkpointed only once its export is on disk, so `--resume` ends "
+                   "with every step's export")
+def test_a_kill_after_a_checkpoint_never_loses_that_steps_export(tmp_path, straight, cache_dir):
+    run_dir = tmp_path / "run"
+    code, errors, text = run_with("slow", argv_of(run_dir, cache_dir, "--steps", "3"))
+    assert code == -9 and checkpoint_step(run_dir) == 1, text
+    code, errors, text = run_with("none", argv_of(run_dir, cache_dir, "--steps", "3", "--resume"))
+    assert code == 0, text
+    same_exports(run_dir, straight)
 
 
 @pytest.mark.fault("a blocked or hung file system under `token_exports/` while a step's export is written",
