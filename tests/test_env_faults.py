@@ -478,3 +478,42 @@ def test_an_env_that_ignores_the_reset_seed_is_warned_of_at_the_start(tmp_path, 
     assert "warning: env mine:Unseeded-v0" in text and "ignores the seed" in text, text
     clean, _ = run_beside_sudoku(tmp_path / "seeded", capsys, "", "Seeded-v0")
     assert "warning" not in clean, clean
+
+
+@pytest.mark.fault("an env whose rewards overflow (a reward of 1e300: past float32, in which advantages are "
+                   "computed)",
+                   "`error: step N: the env's rewards overflow: a turn's return reaches 1e+300, past the float32 "
+                   "range … scale the env's rewards down` (exit 1), with no numpy warning before it (never \"training "
+                   "diverged … advantages non-finite\")")
+def test_rewards_that_overflow_are_one_line(tmp_path, capsys):
+    """(A NaN reward is refused by the rollout's contract check: ``tests/test_rollout.py``.)"""
+    from dppo_oat.engines.local.config import DEFAULT_ENV
+
+    plugin = tmp_path / "huge.py"
+    plugin.write_text(PLAIN.replace("__ENV_ID__", "mine:Huge-v0").replace("__FLAW__", "")
+                      + "\n_step = Puzzle.step\nPuzzle.step = lambda self, action: (_step(self, action)[0], 1e300, "
+                        "True, False, {})\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's overflow warnings
+        line = one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+                                  "--env-ids", DEFAULT_ENV, "mine:Huge-v0", "--env-module", str(plugin), *SHIPPED],
+                         1, "step 1:", "rewards overflow: a turn's return reaches 1e+300")
+    assert "diverged" not in line and "scale the env's rewards down" in line
+
+
+@pytest.mark.fault("every optimizer step of an RL step skipped by the blow-up guard (`--trust-region ipo --tr-kl-tau "
+                   "1e30`: the penalty's gradient overflows)",
+                   "the run goes on, and one warning line says the guard skipped every update of step N and why "
+                   "(metric `guard/all_skipped`); never an exit 0 without a word")
+def test_a_step_whose_every_update_is_skipped_is_said_once(tmp_path, capsys):
+    """``--trust-region ipo --tr-kl-tau 1e30``: the penalty's gradient overflows, the guard skips every optimizer step
+    and the run would end with exit 0 and no word."""
+    from dppo_oat.runlog import read_jsonl
+    from dppo_oat.train import main
+
+    main(["--run-dir", str(tmp_path / "runs"), "--run-name", "ipo", "--cache-dir", str(tmp_path / "cache"),
+          *SHIPPED, "--steps", "2", "--trust-region", "ipo", "--tr-kl-tau", "1e30"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert [row["guard/all_skipped"] for row in read_jsonl(tmp_path / "runs" / "ipo" / "metrics.jsonl")] == [1.0, 1.0]
+    assert text.count("warning:") == 1 and "step 1: the guard skipped every optimizer step" in text, text
+    assert "the gradient norm non-finite" in text and "guard/all_skipped" in text, text

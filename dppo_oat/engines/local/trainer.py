@@ -26,7 +26,7 @@ from rich.console import Console
 
 from envs import ensure_registered, unseeded_plugin_envs
 
-from dppo_oat.advantages import sample_advantages
+from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
@@ -36,7 +36,7 @@ from dppo_oat.engines.local.progress import StepProgress
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import BlowUpGuard
+from dppo_oat.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
 from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
                                       use_shape_agnostic_attention)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
@@ -124,7 +124,7 @@ class LocalTrainer:
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
-        self._noted_small_batch = self._warned_long_prompts = False
+        self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
         self._check_prompts_fit()
         self._open_log()
         self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
@@ -280,7 +280,10 @@ class LocalTrainer:
             raise RunError(f"step {step}: no episode produced a turn (every prompt longer than "
                            f"--max-prompt-tokens {c.max_prompt_tokens}?)")
         samples = rollout.samples
-        advantages = sample_advantages(samples, self.spec.advantages)
+        try:
+            advantages = sample_advantages(samples, self.spec.advantages)
+        except RewardOverflow as error:
+            raise RewardOverflow(f"step {step}: {error}") from None
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
@@ -366,6 +369,7 @@ class LocalTrainer:
         metrics.update({f"rollout/{k}": v for k, v in stats.items()})
         metrics["response_length"] = stats["response_length"]
         metrics.update(summarize_steps(history))
+        metrics[ALL_SKIPPED] = float(every_step_skipped(history))
         metrics.update({
             "optimizer_steps": float(len(history)),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
@@ -419,6 +423,7 @@ class LocalTrainer:
                 metrics = self.rl_step()
                 self.log.log_tokens(self.token_rows)
                 self._warn_of_long_prompts(metrics)
+                self._warn_of_skipped_updates(metrics)
                 self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
                 if self.exporter is not None:  # and its export: a step is checkpointed once its export is on disk
                     self.exporter.wait()
@@ -442,6 +447,17 @@ class LocalTrainer:
                            f"turn's prompt outgrew --max-prompt-tokens {self.config.max_prompt_tokens} (metric "
                            "rollout/end/prompt_too_long): raise --max-prompt-tokens, or keep the env's observations "
                            "shorter", soft_wrap=True, markup=False)
+
+    def _warn_of_skipped_updates(self, metrics: dict[str, float]) -> None:
+        """Say (once) when the blow-up guard skipped every optimizer step of a step (:data:`ALL_SKIPPED`): the run goes
+        on, as a transient blow-up recovers, but that step taught the policy nothing."""
+        if not metrics[ALL_SKIPPED] or self._warned_all_skipped:
+            return
+        self._warned_all_skipped = True
+        causes = " and ".join(skip_causes(metrics))
+        self.console.print(f"warning: step {self.step}: the guard skipped every optimizer step ({causes} non-finite): "
+                           f"nothing was learned from it (metric {ALL_SKIPPED}; said once): lower --lr or the trust "
+                           "region's penalties (--tr-*)", soft_wrap=True, markup=False)
 
     def _eval_due(self, step: int) -> bool:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
