@@ -266,3 +266,54 @@ def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, tmp_p
     errors = [line for line in err if line.startswith("error:")]
     assert status == code and len(errors) == 1 and not any("Traceback" in line for line in err), err
     assert "before the run started" in errors[0] and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- what a resume may change
+
+
+@pytest.mark.fault("`--resume --token-export all` of a run started without it (or the other way round)",
+                   "accepted, as `--token-samples` is (what a run logs and exports may change on resume, never what "
+                   "it trains): one warning line names the checkpointed steps that have no export")
+def test_a_resume_may_start_exporting_tokens(run_copy, cache_dir, capsys):
+    from dppo_oat.token_export import read_token_export
+
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--token-export", "all"), capsys)
+    assert code == 0 and not errors, text
+    assert "lacks 2 of the 2 checkpointed steps (step 1 first" in " ".join(text.split()), text
+    assert set(read_token_export(run_copy)["step"]) == {3}
+
+
+def test_a_checkpoint_that_hashed_the_token_export_still_resumes(run_copy, cache_dir, capsys):
+    """A checkpoint written before ``token_export`` could change on resume hashed it as a setting of the run."""
+    import json
+
+    import torch
+
+    from dppo_oat.engines.local.config import TrainConfig, run_spec
+    from dppo_oat.engines.local.validation import settings_free_on_resume
+    from dppo_oat.runlog import settings_hash
+
+    state = torch.load(run_copy / "checkpoint.pt", weights_only=True)
+    config = json.loads((run_copy / "config.json").read_text())
+    earlier_free = [name for name in settings_free_on_resume(run_spec(TrainConfig())) if name != "token_export"]
+    state["settings_hash"] = settings_hash(config, earlier_free)
+    torch.save(state, run_copy / "checkpoint.pt")
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--token-export", "all"), capsys)
+    assert code == 0 and not errors, text
+
+
+@pytest.mark.fault("`--resume` with a setting of the experiment changed (`--lr`, `--group-size`, …)",
+                   "refused in one line that names each changed setting and states the rule: a resume may change how "
+                   "long the run goes, where it runs and what it logs (`--steps`, `--device`, `--eval-every`, "
+                   "`--token-samples`, `--token-export`, …)")
+def test_a_refused_resume_states_what_may_change(run_copy, cache_dir, capsys, no_model):
+    one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--lr", "1e-3"), 2, "lr: ",
+              "may change only how long the run goes", "--token-export")
+
+
+@pytest.mark.fault("`--allow-metrics-gap` on a new run (it applies to `--resume`)",
+                   "one line before any model: a new run has no metrics gap; leave it out")
+def test_allow_metrics_gap_on_a_new_run_is_one_line(tmp_path, cache_dir, capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", cache_dir, *TINY, "--allow-metrics-gap"],
+              2, "--allow-metrics-gap", "leave it out")
+    assert not (tmp_path / "runs").exists()

@@ -272,6 +272,9 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
         check_export_folder(path)
     if c.resume:
         return _check_resume(c, spec, path)
+    if c.allow_metrics_gap:
+        raise ValueError("--allow-metrics-gap lets --resume continue a run whose metrics.jsonl lost checkpointed "
+                         "steps: a new run has none; leave it out")
     existing = run_files(path) + ([f"{TOKEN_EXPORT_DIR}/"] if exported_steps(path) else [])
     if existing and not c.overwrite:
         go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
@@ -320,9 +323,14 @@ def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
     return step
 
 
-RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
-             "eval_every", "probe_every", "token_samples")
-"""Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
+RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb",
+             "tensorboard", "cache_dir", "run_dir", "eval_every", "probe_every", "token_samples", "token_export")
+"""Settings a resumed run may change: how long it runs, where it runs, and what it logs, evaluates and exports
+(evaluations, probes, token samples and exports draw on streams of their own: the trained steps are the same) — never
+the experiment itself."""
+RESUMABLE_SINCE_CHECKPOINTS = ("token_export",)
+"""Settings :data:`RESUMABLE` took in after checkpoints had been written that hash them as settings of the run
+(:func:`_check_checkpoint_identity` accepts those checkpoints' hash too)."""
 
 
 def settings_free_on_resume(spec: RunSpec) -> list[str]:
@@ -349,8 +357,10 @@ def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
         raise ValueError(f"--resume: {path / CONFIG_FILE}: {error}") from None
     differences = config_differences(stored, current, settings_free_on_resume(spec))
     if differences:
-        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
-                         "with its settings (see its config.json), or start a new run with another --run-name")
+        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): a resume "
+                         "may change only how long the run goes, where it runs and what it logs (--steps, --device, "
+                         "--eval-every, --token-samples, --token-export, ...): resume with its settings (see its "
+                         "config.json), or start a new run with another --run-name")
     return stored
 
 
@@ -364,7 +374,10 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
                          f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
                          "another --run-name")
     trained_under = stored if state.get("config_schema") else as_written(stored)  # a checkpoint of before schema 2
-    if state.get("settings_hash") != settings_hash(trained_under, settings_free_on_resume(spec)):
+    free = settings_free_on_resume(spec)
+    hashes = {settings_hash(trained_under, free),
+              settings_hash(trained_under, [name for name in free if name not in RESUMABLE_SINCE_CHECKPOINTS])}
+    if state.get("settings_hash") not in hashes:
         raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
                          "checkpointed: restore it, or start a new run with another --run-name")
     if steps < step:
