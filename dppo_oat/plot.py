@@ -136,7 +136,8 @@ def one_line_warnings():
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``dppo-plot``: exit status 0 with the image written; 2 for an ``-o`` that cannot name it
-    (before any run is read); else 1. Each error and warning is one line on stderr."""
+    (before any run is read); else 1. Each error, warning and skipped panel is one line on stderr; stdout says only
+    which file was written."""
     args = parse_args(argv)
     try:
         with one_line_warnings():
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"dppo-plot: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     for note in skipped:
-        print(f"skipped panel {note}")
+        print(f"dppo-plot: skipped panel {note}", file=sys.stderr)
     print(f"wrote {output_file(args.output)}")
 
 

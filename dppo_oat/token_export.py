@@ -26,12 +26,13 @@ import math
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.runlog import TOKEN_EXPORT_DIR
+from dppo_oat.runlog import TOKEN_EXPORT_DIR, exported_steps
 from dppo_oat.safe_io import atomic_write_lines
 from dppo_oat.trust_region import MAX_LOG_RATIO, PolicyLossOutput
 
@@ -186,6 +187,25 @@ class TokenObservers:
             observer.observe(micro_rows, micro, logp, entropy, result)
 
 
+def exported_steps_of(run_dir: Path, step: int | None) -> list[int]:
+    """The exported steps :func:`read_token_export` reads: ``[step]``, or every one (see its docstring)."""
+    exported = exported_steps(run_dir)
+    folder = Path(run_dir) / EXPORT_DIR
+    if not exported:
+        raise ValueError(f"{run_dir} has no token exports (no step_*.jsonl in {folder}): it was trained without "
+                         "--token-export all")
+    span = f"steps {exported[0]}–{exported[-1]}" if len(exported) > 1 else f"step {exported[0]}"
+    if step is not None:
+        if step not in exported:
+            raise ValueError(f"{run_dir} has no token export of step {step} ({len(exported)} exported, {span})")
+        return [step]
+    missing = sorted(set(range(exported[0], exported[-1] + 1)) - set(exported))
+    if missing:
+        warnings.warn(f"{folder} lacks {len(missing)} of {span} (step {missing[0]} first): the table misses them",
+                      stacklevel=3)
+    return exported
+
+
 def check_export_folder(run_dir: Path, timeout: float | None = None) -> None:
     """Refuse, in one line (``ValueError``) before the run starts, a ``token_exports`` path that is not a folder, a
     folder that cannot be written, and one whose file system does not answer a probe write within ``timeout``
@@ -220,10 +240,13 @@ def _probe_folder(folder: Path) -> None:
 
 def read_token_export(run_dir: Path, step: int | None = None):
     """The export of ``step`` (every step when None) as a pandas DataFrame, a row per token: the records' per-token
-    arrays exploded, with ``step``, ``row``, ``turn``, ``env_name`` and ``position`` (index within the record)."""
+    arrays exploded, with ``step``, ``row``, ``turn``, ``env_name`` and ``position`` (index within the record).
+
+    A run without exports, or a ``step`` it did not export, is a ``ValueError`` (one line naming the steps it has);
+    reading every step warns once when steps between the first and the last exported are missing."""
     import pandas as pd
 
-    paths = [export_path(run_dir, step)] if step is not None else sorted((Path(run_dir) / EXPORT_DIR).glob("step_*.jsonl"))
+    paths = [export_path(run_dir, exported) for exported in exported_steps_of(run_dir, step)]
     frames = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
