@@ -115,8 +115,7 @@ def cli_error(*argv: str) -> tuple[int, str, str]:
                    "`--steps` with no value, `--trust-region dppo`), of `dppo_oat.train` (both engines) or "
                    "`dppo_oat.plot`",
                    "one `error:` line on stderr (exit 2) in place of tyro's framed box, keeping its suggestion: "
-                   "`error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?) (see python -m "
-                   "dppo_oat.train --help)`")
+                   "`error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?) (see … --help)`")
 @pytest.mark.parametrize("args, fragment", [
     (["--tr-delta", "abc"], "error: --tr-delta takes {None}|FLOAT, got 'abc'"),
     (["--tr-delat", "0.2"], "error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?)"),

@@ -332,6 +332,22 @@ def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
     assert "Traceback" not in done.stderr and "node:" not in done.stdout
 
 
+@pytest.mark.fault("oat engine: `python -m dppo_oat.train --engine oat --dry_run` with no other flag (oat's "
+                   "`--pi_buffer_maxlen_per_device 16` holds half of a learner's 32 samples per round at oat's other "
+                   "defaults)",
+                   "the plan is consistent: `--pi_buffer_maxlen_per_device` defaults to one learning round's samples "
+                   "(`rollout_batch_size / learners`), so the bare dry run prints its plan (exit 0)")
+def test_the_bare_dry_run_plans_its_own_defaults():
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "32 samples per learner, buffer 32" in done.stdout, done.stdout
+    without_buffer = [flag for i, flag in enumerate(SMALL) if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
+    args = validate_args(launch.parse_args([*without_buffer, "--dry_run"]), check_gpus=False)
+    assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
+
+
 EIGHT_GPUS = "0,1,2,3,4,5,6,7"
 
 

@@ -26,7 +26,7 @@ from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.engines.oat.plan import check_group_size, check_plan, check_visible_gpus, plan_of
+from dppo_oat.engines.oat.plan import check_group_size, check_plan, check_visible_gpus, plan_of, round_samples
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
@@ -106,6 +106,9 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     prompt_data: str = ""
     eval_temperature: float = 0.6
     eval_top_p: float = 0.95
+    pi_buffer_maxlen_per_device: Optional[int] = None
+    """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
+    rollout_batch_size / learners, as the plan needs (oat's 16 fits 8 GPUs at its rollout_batch_size 128 only)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:
@@ -185,6 +188,8 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     check_visible_gpus(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     check_group_size(args.num_samples)
+    if args.pi_buffer_maxlen_per_device is None:  # one learning round's samples (oat reads the number itself)
+        args.pi_buffer_maxlen_per_device = round_samples(args)
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)
