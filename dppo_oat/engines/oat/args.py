@@ -108,7 +108,8 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     eval_top_p: float = 0.95
     pi_buffer_maxlen_per_device: Optional[int] = None
     """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
-    rollout_batch_size / learners, as the plan needs (oat's 16 fits 8 GPUs at its rollout_batch_size 128 only)."""
+    rollout_batch_size / learners, as the plan needs (oat's 16 holds a round only where 8 learners share its
+    rollout_batch_size 128: --collocate on 8 GPUs)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:
