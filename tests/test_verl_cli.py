@@ -63,3 +63,9 @@ def test_the_delta_of_a_sequence_mask_goes_to_verls_rejection_threshold(preset):
     lines = out.splitlines()
     assert "algorithm.rollout_correction.rollout_rs_threshold=0.5" in lines and \
         "algorithm.rollout_correction.rollout_rs=null" in lines, out
+
+
+@pytest.mark.parametrize("pair", ["tau_pos=1e300", "tau_neg=1e-300"])
+def test_an_override_past_float32_is_one_line(pair):
+    code, out, err = verl_cli("overrides", "sapo", pair)
+    assert code == 2 and not out and err.count("\n") == 1 and "float32" in err and pair.split("=")[0] in err, err

@@ -348,6 +348,19 @@ def test_the_bare_dry_run_plans_its_own_defaults():
     assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
 
 
+@pytest.mark.parametrize("flags, fragment", [
+    (["--trust_region", "sapo", "--tr_tau_pos", "1e300"], "--tr_tau_pos 1e+300 overflows float32"),
+    (["--learning_rate", "1e39"], "--learning_rate 1e+39 overflows float32"),
+    (["--temperature", "1e-300"], "--temperature 1e-300 underflows float32"),
+])
+def test_a_number_past_float32_fails_the_dry_run_in_one_line(flags, fragment):
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run", *flags], env=env,
+                          capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and fragment in errors[0], done.stderr[-2000:]
+
+
 EIGHT_GPUS = "0,1,2,3,4,5,6,7"
 
 

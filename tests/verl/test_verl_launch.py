@@ -181,3 +181,13 @@ def test_check_says_success_only_when_every_check_passes(verl_adapter):
     done = subprocess.run([sys.executable, "-m", "dppo_oat.engines.verl", "check", *hydra_overrides("dppo_binary_tv"),
                            *BASE], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("dppo_oat.dppo_binary_tv: "), done.stdout
+
+
+@pytest.mark.parametrize("override, name", [("actor_rollout_ref.actor.tau_pos=1e300", "actor_rollout_ref.actor.tau_pos"),
+                                            (f"{TRM_THRESHOLD}=1e39", TRM_THRESHOLD)])
+def test_check_refuses_a_number_past_float32(verl_adapter, override, name):
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    preset = "sapo" if "tau_pos" in override else "trm_max"
+    with pytest.raises(ValueError, match=rf"{name} 1e\+(300|39) overflows float32"):
+        check(compose(hydra_overrides(preset) + BASE + [override]))

@@ -15,6 +15,7 @@ from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_c
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.mixed_precision import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
+from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
@@ -46,6 +47,7 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
+    check_float32_fields(c, lambda name: f"--{name.replace('_', '-')}")  # every number fits the float32 it becomes
     positive = {"steps": c.steps, "groups_per_step": c.groups_per_step, "group_size": c.group_size,
                 "eval_every": c.eval_every, "eval_episodes": c.eval_episodes, "lr": c.lr, "grad_clip": c.grad_clip}
     for name, value in positive.items():

@@ -27,6 +27,7 @@ from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.engines.oat.plan import check_group_size, check_plan, check_visible_gpus, plan_of, round_samples
+from dppo_oat.ranges import check_float32_fields
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.spec import (
     AdvantageSettings,
@@ -176,6 +177,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     ValueError with one line that says what to change."""
     _check_replaced_flags(args)
     _check_finite(args)
+    check_float32_fields(args, lambda name: f"--{name}")  # every number fits the float32 it becomes
     args.check_logging()
     if args.use_wb:
         check_wandb("--use_wb")

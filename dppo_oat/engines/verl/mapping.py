@@ -25,6 +25,7 @@ import dataclasses
 import math
 from typing import Any
 
+from dppo_oat.ranges import check_float32
 from dppo_oat.trust_region import PRESETS, RULE_TABLE, TrustRegion
 
 LOSS_PREFIX = "dppo_oat."
@@ -144,6 +145,9 @@ def verl_overrides_of(tr: TrustRegion, config: Any) -> dict[str, float]:
               if name in VERL_FIELDS}
     if "is_cap" in settable:
         fields["is_cap"] = float(_field(config, "clip_ratio_c", tr.is_cap))
+    verl_names = {**VERL_FIELDS, "is_cap": "clip_ratio_c"}
+    for name, value in {**fields, "clip_ratio_low": low, "clip_ratio_high": high}.items():
+        check_float32(f"actor_rollout_ref.actor.{verl_names.get(name, name)}", value)
     if "eps_low" in settable:
         fields.update(eps_low=low, eps_high=high)
     if reads_sequence_delta(tr):
@@ -170,6 +174,7 @@ def sequence_delta_of(tr: TrustRegion, config: Any) -> dict[str, float]:
     if not (delta > 0 and math.isfinite(delta)):
         raise ValueError(f"{loss_name(tr.name)} reads its sequence mask's δ from algorithm.rollout_correction."
                          f"{SEQUENCE_DELTA}: give one finite number > 0 (got {value!r})")
+    check_float32(f"algorithm.rollout_correction.{SEQUENCE_DELTA}", delta)
     return {"delta": delta}
 
 
@@ -260,6 +265,8 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
         raise ValueError(f"{loss_name(preset)}: verl's config has no field for {', '.join(unsettable)} (settable: "
                          f"{settable}); on verl the preset's value holds (the local and oat engines take "
                          f"--tr-{unsettable[0].replace('_', '-')})")
+    for name, value in fields.items():
+        check_float32(f"{loss_name(preset)}: {name}", value)
     tr = tr.replace(**fields)
     actor = "actor_rollout_ref.actor."
     out = [f"actor_rollout_ref.model.external_lib={EXTERNAL_LIB}", f"{actor}policy_loss.loss_mode={loss_name(preset)}"]
