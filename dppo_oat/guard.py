@@ -27,6 +27,9 @@ from dppo_oat.trust_region import TopK
 
 SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+ALL_SKIPPED = "guard/all_skipped"
+"""1.0 for a rollout batch none of whose optimizer steps was applied (each one :data:`SKIPPED`): nothing was learned
+from it (:func:`every_step_skipped`), else 0.0."""
 LOSS_SCALE_SKIPS = "guard/loss_scale_skips"
 """1.0 for an optimizer step that float16's loss scaler skipped because its scaled gradients overflowed (it then
 lowers the scale: :func:`~dppo_oat.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
@@ -95,6 +98,16 @@ class BlowUpGuard:
             raise TrainingBlewUp(
                 f"{' and '.join(causes)} non-finite in {self.skipped_in_a_row} optimizer steps in a row (none was "
                 "applied): lower --lr, check the rollout's log-probs (--logprob-noise?) and start a new run")
+
+
+def every_step_skipped(history: Sequence[dict[str, float]]) -> bool:
+    """True when a rollout batch had optimizer steps and the guard skipped each of them (:data:`ALL_SKIPPED`)."""
+    return bool(history) and all(step.get(SKIPPED) for step in history)
+
+
+def skip_causes(summary: dict[str, float]) -> list[str]:
+    """What made the guard skip (:data:`NONFINITE_CAUSES`), from a rollout batch's summarised metrics."""
+    return [name for key, name in NONFINITE_CAUSES.items() if summary.get(key)] or ["a value"]
 
 
 def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,

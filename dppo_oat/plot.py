@@ -32,6 +32,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from dppo_oat.analysis import DEFAULT_PANELS, PANELS, curve_flags, load_runs, plot_runs, resolve_run_dirs
 from dppo_oat.analysis.figures import group_name
 from dppo_oat.analysis.panels import available_panels
+from dppo_oat.usage import one_line_usage_errors
 
 
 @dataclass
@@ -65,8 +66,10 @@ DESCRIPTION = (
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PlotArgs:
-    """The command line as :class:`PlotArgs` (exits with a usage message when it does not parse)."""
-    return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
+    """The command line as :class:`PlotArgs` (exits with status 2 and one ``dppo-plot: error:`` line when it does
+    not parse, :mod:`dppo_oat.usage`)."""
+    with one_line_usage_errors("dppo-plot", prefix="dppo-plot: error: "):
+        return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
 
 
 class OutputError(ValueError):
@@ -141,7 +144,8 @@ def one_line_warnings():
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``dppo-plot``: exit status 0 with the image written; 2 for an ``-o`` that cannot name it
-    (before any run is read); else 1. Each error and warning is one line on stderr."""
+    (before any run is read); else 1. Each error, warning and skipped panel is one line on stderr; stdout says only
+    which file was written."""
     args = parse_args(argv)
     try:
         with one_line_warnings():
@@ -153,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"dppo-plot: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     for note in skipped:
-        print(f"skipped panel {note}")
+        print(f"dppo-plot: skipped panel {note}", file=sys.stderr)
     for note in flagged:
-        print(f"flagged curve {note}")
+        print(f"dppo-plot: flagged curve {note}", file=sys.stderr)
     print(f"wrote {output_file(args.output)}")
 
 

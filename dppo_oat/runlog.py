@@ -23,6 +23,7 @@ import hashlib
 import json
 import netrc
 import os
+import re
 import urllib.parse
 import warnings
 from datetime import datetime, timezone
@@ -31,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from dppo_oat.safe_io import (  # noqa: F401  (re-exported: the run directory's IO helpers live in safe_io)
     to_jsonable, check_can_write, make_writable_dir, current_umask, honour_umask, temporary_prefix,
-    atomic_write_bytes, append_text, nonfinite_tensors, atomic_torch_save, read_jsonl,
+    atomic_write_bytes, atomic_write_lines, append_text, nonfinite_tensors, atomic_torch_save, read_jsonl,
 )
 
 CONFIG_FILE = "config.json"
@@ -106,13 +107,41 @@ def run_files(directory: Path) -> list[str]:
     return [name for name in RUN_FILES if os.path.lexists(Path(directory) / name)]
 
 
+EXPORT_FILE = re.compile(r"step_(\d+)\.jsonl")
+"""A step's file in ``token_exports/`` (:func:`dppo_oat.token_export.export_path`)."""
+EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
+"""The temporary of a step's export: an atomic write's (:func:`temporary_prefix`), or the ``.partial`` file of an
+earlier version of the exporter."""
+
+
 def temporaries(directory: Path) -> list[Path]:
-    """The temporary files that atomic writes of run files left in ``directory`` (:func:`temporary_prefix`)."""
+    """The temporary files that atomic writes of run files left in ``directory`` (:func:`temporary_prefix`), and
+    those of step exports in its ``token_exports/`` (:data:`EXPORT_TEMPORARY`, whatever their kind: a FIFO too)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
     prefixes = tuple(temporary_prefix(name) for name in RUN_FILES)
-    return sorted(path for path in directory.iterdir() if path.name.startswith(prefixes) and path.is_file())
+    found = [path for path in directory.iterdir() if path.name.startswith(prefixes) and path.is_file()]
+    exports = directory / TOKEN_EXPORT_DIR
+    if exports.is_dir() and not exports.is_symlink():
+        found += [path for path in exports.iterdir() if EXPORT_TEMPORARY.fullmatch(path.name) and not path.is_dir()]
+    return sorted(found)
+
+
+def exported_steps(directory: Path) -> list[int]:
+    """The steps whose export ``<directory>/token_exports/`` holds, in order."""
+    exports = Path(directory) / TOKEN_EXPORT_DIR
+    if not exports.is_dir():
+        return []
+    return sorted(int(match.group(1)) for match in map(EXPORT_FILE.fullmatch, os.listdir(exports)) if match)
+
+
+def drop_exports_after(directory: Path, step: int) -> None:
+    """Remove the step exports past ``step`` (a resume from the checkpoint of ``step`` writes them again, as it does
+    their log lines)."""
+    for exported in exported_steps(directory):
+        if exported > step:
+            (Path(directory) / TOKEN_EXPORT_DIR / f"step_{exported:06d}.jsonl").unlink(missing_ok=True)
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -125,11 +154,12 @@ def remove_temporaries(directory: Path) -> list[Path]:
 
 
 def move_run_aside(directory: Path) -> Path | None:
-    """Move the run files of ``directory`` (and its ``tensorboard/`` and ``wandb/`` folders) into a new
-    ``overwritten-<UTC time>/`` folder inside it, and return that folder (None when there was nothing to move).
+    """Move the run files of ``directory`` (and its ``tensorboard/``, ``wandb/`` and ``token_exports/`` folders) into
+    a new ``overwritten-<UTC time>/`` folder inside it, and return that folder (None when there was nothing to move).
     Under the run's lock: ``--overwrite`` never deletes what an earlier run wrote."""
     directory = Path(directory)
-    names = run_files(directory) + [name for name in ("tensorboard", "wandb") if (directory / name).is_dir()]
+    folders = ("tensorboard", "wandb", TOKEN_EXPORT_DIR)
+    names = run_files(directory) + [name for name in folders if (directory / name).is_dir()]
     if not names:
         return None
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -305,6 +335,8 @@ class RunLog:
         atomic_write_bytes(self.directory / CONFIG_FILE, json.dumps(to_jsonable(config), indent=2).encode())
         for name in (METRICS_FILE, EVAL_FILE, TOKENS_FILE):
             self._truncate(self.directory / name, resume_step)
+        if resume_step is not None:
+            drop_exports_after(self.directory, resume_step)
         self._wandb = self._start_wandb(config) if wandb else None
         self._tensorboard = self._start_tensorboard() if tensorboard else None
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -104,6 +104,7 @@ def _replacing(path: Path):
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_directory(path.parent)
     except OSError as error:
         if error.filename is None:
             error.filename = str(path)
@@ -111,6 +112,25 @@ def _replacing(path: Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a power cut after it keeps the new file); a file system that cannot
+    sync a directory is left as it is."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write the text ``lines`` (each with its newline) to ``path`` atomically and durably (:func:`_replacing`),
+    streamed: the whole text is never held in memory at once."""
+    with _replacing(path) as handle:
+        for line in lines:
+            handle.write(line.encode("utf-8"))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -24,6 +24,7 @@ import tyro
 from dppo_oat.advantages import ADVANTAGE_MODES, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.docstrings import field_docstrings
+from dppo_oat.ranges import check_float32
 from dppo_oat.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import (INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, RULE_TABLE, UNITS, TrustRegion, band_of,
@@ -329,9 +330,12 @@ class DPPOFlags(TrustRegionFlags):
     def build_trust_region(self, also_read: Iterable[str] = ()) -> TrustRegion:
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
         override that neither the preset's rule nor the engine (``also_read``, e.g. the local engine's divergence
-        probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
+        probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded, and so is
+        one whose value does not fit float32 (``--tr-tau-pos 1e300``, :func:`~dppo_oat.ranges.check_float32`)."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
+        for name, value in overrides.items():  # TrustRegion's own checks take ranges, not float32's limits
+            check_float32(f"--tr-{name.replace('_', '-')}", value)
         tr = TrustRegion.preset(self.trust_region).replace(**overrides)  # refused below where no rule reads them
         read = tr.fields_read | set(also_read)
         unread = [name for name in overrides if name not in read]

@@ -9,21 +9,31 @@ forward pass whose loss first used the token, as in ``tokens.jsonl``), ``importa
 record's ``step``, ``row``, ``turn`` and ``env_name``. A record spans the row's first to last response token.
 
 The update loop hands each micro-batch's detached tensors to :meth:`TokenExporter.observe` (no copy, no host
-synchronisation); :meth:`TokenExporter.write` moves them to the host and writes the file in a background thread,
-so the next step's rollout runs meanwhile. Off (the default), nothing is observed and nothing written.
+synchronisation); :meth:`TokenExporter.write` moves them to the host and writes the file in a background thread
+while the engine syncs its generator and logs the step; :meth:`TokenExporter.wait` returns once the file is on disk
+(the local engine checkpoints a step only then, so a step is never checkpointed without its export). A file is
+written through a temporary file that is flushed to disk and renamed (a kill leaves a temporary, which the next start
+of the run removes under its lock); a write that has not finished :data:`WRITE_TIMEOUT_S` seconds later (a blocked or
+hung file system) is a ``TimeoutError`` naming the file, never a hang. Off (the default), nothing is observed and
+nothing written.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-from concurrent.futures import Future, ThreadPoolExecutor
+import os
+import tempfile
+import threading
+import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.runlog import TOKEN_EXPORT_DIR
+from dppo_oat.runlog import TOKEN_EXPORT_DIR, exported_steps
+from dppo_oat.safe_io import atomic_write_lines
 from dppo_oat.trust_region import MAX_LOG_RATIO, PolicyLossOutput
 
 SCHEMA_VERSION = 1
@@ -34,6 +44,11 @@ TOKEN_EXPORT_MODES = ("none", "all")
 """``--token-export``: ``none`` (the default: nothing) or ``all`` (every trained token of every step)."""
 FLOAT_COLUMNS = ("advantages", "inference_logprobs", "trainer_logprobs", "importance_ratio", "entropy")
 BOOL_COLUMNS = ("loss_mask", "is_masked", "is_masked_high", "is_masked_low")
+WRITE_TIMEOUT_S = 300.0
+"""How long :meth:`TokenExporter.wait` waits for a step's file after its update (a step's file takes well under a
+second on a working disk); past it, a blocked or hung file system ends the run in one line instead of a hang."""
+PROBE_TIMEOUT_S = 30.0
+"""How long :func:`check_export_folder` waits for its probe write before the run starts."""
 
 
 def export_path(run_dir: Path, step: int) -> Path:
@@ -81,25 +96,49 @@ def _finite(value: float) -> float | None:
 
 
 def write_records(path: Path, records: list[dict]) -> None:
-    """The records as JSON lines, written to a temporary file and renamed (a reader never sees half a step)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".jsonl.partial")
-    with partial.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-    partial.replace(path)
+    """The records as JSON lines, written to a temporary file, flushed to disk and renamed
+    (:func:`~dppo_oat.safe_io.atomic_write_lines`): a reader never sees half a step, and a full disk is an
+    ``OSError`` naming ``path`` that leaves no temporary file."""
+    lines = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n" for record in records)
+    atomic_write_lines(path, lines)
+
+
+class BackgroundCall:
+    """``work()`` in a daemon thread (a thread stuck on a hung file system never keeps the process alive), whose
+    failure :meth:`wait` raises; a call still running after the timeout is a ``TimeoutError`` naming ``path``."""
+
+    def __init__(self, work: Callable[[], None], path: Path, what: str) -> None:
+        self.path, self.what, self.error = path, what, None
+        self.thread = threading.Thread(target=self._run, args=(work,), name="token-export", daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as error:  # raised on the waiting thread
+            self.error = error
+
+    def wait(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(errno.ETIMEDOUT, f"{self.what} did not reach the disk in {timeout:g} s (its file "
+                               "system is blocked or hung)", str(self.path))
+        if isinstance(self.error, OSError) and self.error.filename is None:
+            self.error.filename = str(self.path)
+        if self.error is not None:
+            raise self.error
 
 
 class TokenExporter:
     """Every trained token of each step (see the module docstring). The update loop calls :meth:`observe` for every
-    micro-batch of a rollout batch's first epoch; the engine then calls :meth:`write` once per step and
-    :meth:`close` at the end of the run (which waits for the last file)."""
+    micro-batch of a rollout batch's first epoch; the engine then calls :meth:`write` once per step, :meth:`wait`
+    before it checkpoints the step, and :meth:`close` at the end of the run."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, timeout: float | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.timeout = WRITE_TIMEOUT_S if timeout is None else timeout
         self.pending: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-export")
-        self.last: Future | None = None
+        self.last: BackgroundCall | None = None
 
     def observe(self, micro_rows: torch.Tensor, micro, logp: torch.Tensor, entropy: torch.Tensor | None,
                 result: PolicyLossOutput) -> None:
@@ -107,13 +146,12 @@ class TokenExporter:
         self.pending.append((micro_rows, export_columns(micro, logp, entropy, result)))
 
     def write(self, step: int, turns: Sequence[int] | None = None, envs: Sequence[str] | None = None) -> None:
-        """Hand the step's tokens to the writer thread and start the next step empty; a failure of the previous
-        step's write is raised here."""
+        """Hand the step's tokens to a writer thread and start the next step empty; the previous step's file is
+        waited for first (:meth:`wait`: its failure is raised here)."""
         pending, self.pending = self.pending, []
-        previous, self.last = self.last, None
-        if previous is not None:
-            previous.result()
-        self.last = self.writer.submit(self._write_step, step, pending, turns, envs)
+        self.wait()
+        self.last = BackgroundCall(lambda: self._write_step(step, pending, turns, envs),
+                                   export_path(self.run_dir, step), f"the token export of step {step}")
 
     def _write_step(self, step, pending, turns, envs) -> None:
         records = []
@@ -122,13 +160,19 @@ class TokenExporter:
             records += row_records(rows.cpu(), host, step, turns, envs)
         write_records(export_path(self.run_dir, step), records)
 
-    def close(self) -> None:
-        """Wait for the last step's file (raising its failure), then stop the writer thread."""
-        try:
-            if self.last is not None:
-                self.last.result()
-        finally:
-            self.writer.shutdown(wait=True)
+    def wait(self) -> None:
+        """Return once the last step's file is on disk; raise its write's failure (an ``OSError`` naming the file),
+        or a ``TimeoutError`` naming it when it is not written within the timeout."""
+        last, self.last = self.last, None
+        if last is not None:
+            last.wait(self.timeout)
+
+    def close(self, *, wait: bool = True) -> None:
+        """Wait for the last step's file (raising its failure); ``wait=False`` (a run that already failed) leaves a
+        write still running to its daemon thread."""
+        if wait:
+            self.wait()
+        self.last = None
 
 
 class TokenObservers:
@@ -143,12 +187,66 @@ class TokenObservers:
             observer.observe(micro_rows, micro, logp, entropy, result)
 
 
+def exported_steps_of(run_dir: Path, step: int | None) -> list[int]:
+    """The exported steps :func:`read_token_export` reads: ``[step]``, or every one (see its docstring)."""
+    exported = exported_steps(run_dir)
+    folder = Path(run_dir) / EXPORT_DIR
+    if not exported:
+        raise ValueError(f"{run_dir} has no token exports (no step_*.jsonl in {folder}): it was trained without "
+                         "--token-export all")
+    span = f"steps {exported[0]}–{exported[-1]}" if len(exported) > 1 else f"step {exported[0]}"
+    if step is not None:
+        if step not in exported:
+            raise ValueError(f"{run_dir} has no token export of step {step} ({len(exported)} exported, {span})")
+        return [step]
+    missing = sorted(set(range(exported[0], exported[-1] + 1)) - set(exported))
+    if missing:
+        warnings.warn(f"{folder} lacks {len(missing)} of {span} (step {missing[0]} first): the table misses them",
+                      stacklevel=3)
+    return exported
+
+
+def check_export_folder(run_dir: Path, timeout: float | None = None) -> None:
+    """Refuse, in one line (``ValueError``) before the run starts, a ``token_exports`` path that is not a folder, a
+    folder that cannot be written, and one whose file system does not answer a probe write within ``timeout``
+    seconds (:data:`PROBE_TIMEOUT_S`: a blocked or hung file system). A folder that does not exist yet is left to
+    the run directory's own check (it is created inside it)."""
+    folder = Path(run_dir) / EXPORT_DIR
+    probe = BackgroundCall(lambda: _probe_folder(folder), folder, "a probe write")
+    try:
+        probe.wait(PROBE_TIMEOUT_S if timeout is None else timeout)
+    except TimeoutError as error:
+        raise ValueError(f"--token-export all: {folder}: {error.strerror}: fix or unmount it, or give another "
+                         "--run-dir") from None
+    except NotADirectoryError:
+        raise ValueError(f"--token-export all writes a file per step into {folder}, which is not a folder: move "
+                         "that file away, or give another --run-name") from None
+    except OSError as error:
+        raise ValueError(f"--token-export all cannot write into {folder}: {error.strerror or error}") from None
+
+
+def _probe_folder(folder: Path) -> None:
+    """Write, sync and remove one temporary file in ``folder`` when it exists (``NotADirectoryError`` when it is a
+    file)."""
+    if not os.path.lexists(folder):
+        return
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as handle:
+        handle.write(b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def read_token_export(run_dir: Path, step: int | None = None):
     """The export of ``step`` (every step when None) as a pandas DataFrame, a row per token: the records' per-token
-    arrays exploded, with ``step``, ``row``, ``turn``, ``env_name`` and ``position`` (index within the record)."""
+    arrays exploded, with ``step``, ``row``, ``turn``, ``env_name`` and ``position`` (index within the record).
+
+    A run without exports, or a ``step`` it did not export, is a ``ValueError`` (one line naming the steps it has);
+    reading every step warns once when steps between the first and the last exported are missing."""
     import pandas as pd
 
-    paths = [export_path(run_dir, step)] if step is not None else sorted((Path(run_dir) / EXPORT_DIR).glob("step_*.jsonl"))
+    paths = [export_path(run_dir, exported) for exported in exported_steps_of(run_dir, step)]
     frames = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():

@@ -204,15 +204,17 @@ PROG = "python -m dppo_oat.train"
 
 
 def _parse(argv: list[str]) -> TrainConfig:
-    """The local engine's flags (tyro: ``--help``, or a usage error on stderr with exit 2). Help piped into a reader
-    that stops early (``--help | head``) ends quietly."""
+    """The local engine's flags (tyro: ``--help``, or a usage error as one ``error:`` line on stderr with exit 2,
+    :mod:`dppo_oat.usage`). Help piped into a reader that stops early (``--help | head``) ends quietly."""
     import tyro
 
     from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.usage import one_line_usage_errors
 
     description = plain_help(f"{__doc__}\n{TrainConfig.__doc__}")
     try:
-        return tyro.cli(TrainConfig, args=argv, prog=PROG, description=description)
+        with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+            return tyro.cli(TrainConfig, args=argv, prog=PROG, description=description)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         raise SystemExit(0) from None

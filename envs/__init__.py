@@ -39,7 +39,8 @@ from envs.math_local import (
     register_math_folder_from_environment,
 )
 from envs.contract import BrokenEnvError
-from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, probe_env, register_oracle
+from envs.oracles import (ORACLES, demonstrations, oracle_action, oracle_for_env_id, probe_env, register_oracle,
+                          reset_seed_problem)
 from envs.plugins import ENTRY_POINT_GROUP, PLUGIN_ENV_IDS, import_env_module, import_env_modules
 from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
 
@@ -103,6 +104,14 @@ def check_plugin_envs(env_ids: Sequence[str], *, env_seed: int, oracle_env_id: O
                 raise ValueError(str(error)) from error
 
 
+def unseeded_plugin_envs(env_ids: Sequence[str], *, env_seed: int, seeds: Sequence[int]) -> list[str]:
+    """One line for each plugin env of ``env_ids`` whose ``reset(seed)`` does not fix its episode, checked on the
+    first two of ``seeds`` (:func:`envs.oracles.reset_seed_problem`); the project's and Gem's own ids are left to the
+    contract test."""
+    return [problem for env_id in dict.fromkeys(env_ids) if env_id in PLUGIN_ENV_IDS
+            for problem in [reset_seed_problem(env_id, env_seed, seeds)] if problem]
+
+
 def make_env(env_id: str, **kwargs: Any) -> Env:
     """``gem.make(env_id, **kwargs)`` after :func:`ensure_registered`."""
     return gem.make(ensure_registered(env_id), **kwargs)
@@ -131,5 +140,6 @@ __all__ = [
     "parse_compact_sudoku",
     "register_math_dataset",
     "register_math_folder",
+    "unseeded_plugin_envs",
     "register_oracle",
 ]

@@ -299,6 +299,43 @@ def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
             close_env(env)
 
 
+def seeded_play(env: Env, env_id: str, seed: int) -> list:
+    """What ``env`` shows from ``reset(seed)``: the oracle's episode (its turns and return) when ``env_id`` has an
+    oracle, else the first observation and what one invalid action returns."""
+    oracle = oracle_for_env_id(env_id)
+    if oracle is not None:
+        return list(play_oracle_episode(env, seed, random.Random(seed)))
+    observation, info = checked_reset(env, seed, env_label(env_id))
+    result = env.step(INVALID_ACTION)
+    return [observation_with_suffix(observation, info), observation_with_suffix(result[0], result[4]), *result[1:4]]
+
+
+def reset_seed_problem(env_id: str, env_seed: int, seeds: Sequence[int]) -> Optional[str]:
+    """Whether ``reset(seed)`` fixes the episode of ``env_id`` (made with ``env_seed``, as the trainer makes it):
+    ``seeds[0]`` is played on a fresh env and again after ``seeds[1]`` on another; a different episode (one line
+    saying so) means the env draws from a generator that ``reset``'s seed does not set, so a run cannot be repeated
+    and a group's samples play different episodes. None when they agree, or when the env cannot be played here (the
+    probe and the run report that)."""
+    first, other = seeds[0], seeds[1]
+    envs_made = []
+    try:
+        envs_made = [gem.make(env_id, seed=env_seed), gem.make(env_id, seed=env_seed)]
+        fresh = seeded_play(envs_made[0], env_id, first)
+        seeded_play(envs_made[1], env_id, other)
+        again = seeded_play(envs_made[1], env_id, first)
+    except Exception:
+        return None
+    finally:
+        for env in envs_made:
+            with contextlib.suppress(Exception):
+                close_env(env)
+    if fresh == again:
+        return None
+    return (f"{env_label(env_id)}: reset(seed={first}) played another episode after reset(seed={other}) than on a "
+            "fresh env: its reset() ignores the seed, so the run cannot be repeated and a group's samples play "
+            "different episodes; draw its puzzle from reset's seed (envs/README.md)")
+
+
 def close_env(env: Env) -> None:
     """Close ``env`` when it can be closed (Gem's MathEnv holds a process pool).
 

@@ -105,3 +105,23 @@ def test_any_non_finite_input_gives_a_finite_loss_and_is_counted(noise, preset):
     out = policy_loss(logp + damage, mu, adv, mask, TrustRegion.preset(preset))
     assert torch.isfinite(out.loss).all()
     assert out.metrics["nonfinite"] == int((~torch.isfinite(damage)).sum())
+
+
+@pytest.mark.fault("`aggregate_loss` with a mask of 2s (or any value but 0 and 1), or a mask of another shape than "
+                   "the loss",
+                   "one `ValueError` naming the value or both shapes; never a loss whose tokens weigh twice, nor a "
+                   "raw torch broadcasting error")
+@pytest.mark.parametrize("mask, fragment", [
+    (torch.full((2, 3), 2.0), "the mask holds 2.0"),
+    (torch.tensor([[1, 0, -1], [1, 1, 1]]), "the mask holds -1"),
+    (torch.ones(2, 4, dtype=torch.bool), "the loss [2, 3] and the mask [2, 4]"),
+    (torch.ones(3, dtype=torch.bool), "the mask [3]"),
+])
+def test_aggregate_loss_refuses_a_mask_it_cannot_use(mask, fragment):
+    from dppo_oat.aggregation import AGGREGATIONS, aggregate_loss
+
+    for mode in AGGREGATIONS:
+        with pytest.raises(ValueError) as excinfo:
+            aggregate_loss(torch.ones(2, 3), mask, mode, norm_constant=4.0)
+        assert fragment in str(excinfo.value) and "\n" not in str(excinfo.value)
+    assert aggregate_loss(torch.ones(2, 3), torch.tensor([[1.0, 0.0, 1.0]] * 2), "token-mean").item() == 1.0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import subprocess
+import sys
 
 import pytest
 import tyro
@@ -102,3 +104,40 @@ def test_help_names_the_command_shows_no_rest_markup_and_ends_quietly_into_a_clo
     reader_gone.stdout.close()  # the reader stops before the first line
     _, errors = reader_gone.communicate(timeout=120)
     assert reader_gone.returncode == 0 and b"Traceback" not in errors and b"BrokenPipe" not in errors, errors[-2000:]
+
+
+def cli_error(*argv: str) -> tuple[int, str, str]:
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.fault("a mistyped value or flag on the command line (`--tr-delta abc`, `--tr-delat 0.2`, `--steps 1.5`, "
+                   "`--steps` with no value, `--trust-region dppo`), of `dppo_oat.train` (both engines) or "
+                   "`dppo_oat.plot`",
+                   "one `error:` line on stderr (exit 2) in place of tyro's framed box, keeping its suggestion: "
+                   "`error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?) (see … --help)`")
+@pytest.mark.parametrize("args, fragment", [
+    (["--tr-delta", "abc"], "error: --tr-delta takes {None}|FLOAT, got 'abc'"),
+    (["--tr-delat", "0.2"], "error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?)"),
+    (["--steps", "1.5"], "error: --steps: invalid literal for int() with base 10: '1.5'"),
+    (["--steps"], "error: Missing value for argument '--steps'"),
+    (["--trust-region", "dppo"], "error: invalid choice 'dppo' for argument '--trust-region'"),
+])
+def test_a_usage_error_is_one_line(args, fragment):
+    code, out, err = cli_error("-m", "dppo_oat.train", *args)
+    assert code == 2 and not out and err.count("\n") == 1 and "╭" not in err, err
+    assert err.startswith(fragment) and err.rstrip().endswith("(see python -m dppo_oat.train --help)"), err
+
+
+def test_a_usage_error_of_the_plot_is_one_line():
+    code, out, err = cli_error("-m", "dppo_oat.plot", "runs", "--sigmaa", "2")
+    assert code == 2 and err == "dppo-plot: error: unrecognized option --sigmaa (did you mean --sigma?) (see dppo-plot " \
+                                "--help)\n", err
+
+
+def test_an_unknown_box_is_still_one_line():
+    from dppo_oat.usage import usage_line
+
+    box = ("╭─ Something new ──────╮\n│ a first line that    │\n│ goes on here.        │\n│ ──────────────────── │\n"
+           "│ For full helptext    │\n╰──────────────────────╯\n")
+    assert usage_line(box, "prog") == "a first line that goes on here. (see prog --help)"

@@ -111,7 +111,8 @@ def test_cli_renders_a_png(runs, tmp_path, capsys):
 def test_cli_notes_skipped_panels(tmp_path, capsys):
     run = write_run(tmp_path, "a", steps=6, drop=("is/truncated_fraction",))
     main([str(run), "-o", str(tmp_path / "f.png"), "--metrics", "reward", "is_truncated"])
-    assert "skipped panel is_truncated" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "dppo-plot: skipped panel is_truncated" in out.err and "skipped panel" not in out.out  # notes go to stderr
 
 
 def test_cli_rejects_a_path_that_is_not_a_run_before_plotting(runs, tmp_path, capsys):

@@ -48,7 +48,8 @@ def aggregate_seeds(df: pd.DataFrame, metric: str, by: GroupBy = "method", band:
         by: the column(s) naming a group: ``method`` (a preset and its settings, per environment: its runs are
             the seeds), ``algo`` (the preset alone, pooling settings and environments), ``label`` or ``run``
             (one curve per run), or any other run column.
-        band: ``std`` (mean ± std across runs, 0 for one run), ``minmax`` or ``none``.
+        band: ``std`` (mean ± std across runs, 0 for one run, clipped to the smallest and largest value of the
+            metric in ``df``: it never leaves the metric's range), ``minmax`` or ``none``.
 
     Returns:
         One row per group and step, sorted: the ``by`` column(s), ``step``, ``mean``, ``lo``, ``hi``, ``std``,
@@ -65,7 +66,10 @@ def aggregate_seeds(df: pd.DataFrame, metric: str, by: GroupBy = "method", band:
     stats = grouped.agg(["mean", "std", "min", "max", "count"])
     stats = stats.rename(columns={"count": "n"}).reset_index()
     stats["std"] = stats["std"].fillna(0.0)
-    lo_hi = {"std": (stats["mean"] - stats["std"], stats["mean"] + stats["std"]),
+    # mean ± std within the range the metric took in the table: a band never shows values the metric cannot take
+    # (a success rate's stays in [0, 1], where two seeds' std alone would reach past both of them)
+    low, high = rows["value"].min(), rows["value"].max()
+    lo_hi = {"std": ((stats["mean"] - stats["std"]).clip(lower=low), (stats["mean"] + stats["std"]).clip(upper=high)),
              "minmax": (stats["min"], stats["max"]), "none": (stats["mean"], stats["mean"])}[band]
     stats["lo"], stats["hi"] = lo_hi
     order = {key: position for position, key in enumerate(_group_keys(rows, keys))}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from dppo_oat.analysis.panels import MU_BUCKET_LABELS, Panel, Series
 from dppo_oat.analysis.runs import RUN_COLUMNS, PathLike, read_table
-from dppo_oat.runlog import TOKENS_FILE
+from dppo_oat.runlog import TOKENS_FILE, exported_steps
 from dppo_oat.trust_region import MU_BUCKETS
 
 TOKEN_FIELDS = ("step", "token", "turn", "mu", "pi", "advantage", "entropy", "divergence", "weight", "masked",
@@ -221,13 +221,14 @@ def shadow_notes(summary: pd.DataFrame) -> list[str]:
 def load_token_exports(df: pd.DataFrame) -> pd.DataFrame:
     """Every token of every step the runs of ``df`` exported (``--token-export all``,
     :func:`dppo_oat.token_export.read_token_export`), trained tokens only, with the run columns, ``mu``/``pi``
-    (probabilities), ``mu_bucket`` and ``sample``; empty when no run exported any."""
+    (probabilities), ``mu_bucket`` and ``sample``; runs without exports are left out (the table's ``run`` column
+    says which runs it holds), and it is empty when no run exported any."""
     from dppo_oat.token_export import read_token_export
 
     tables = []
     for run in df.drop_duplicates("run")[list(RUN_COLUMNS)].itertuples(index=False):
-        exported = read_token_export(run.path) if (Path(run.path) / "token_exports").is_dir() else pd.DataFrame()
-        if len(exported):
+        if exported_steps(run.path):
+            exported = read_token_export(run.path)
             tables.append(exported.assign(**{column: getattr(run, column) for column in RUN_COLUMNS}))
     if not tables:
         return pd.DataFrame()

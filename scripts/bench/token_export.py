@@ -91,7 +91,7 @@ def main() -> None:
         for step in range(args.steps):
             for run, times in ((off, off_steps), (on, on_steps))[:: 1 if step % 2 == 0 else -1]:
                 times.append(timed_step(run))
-            on.exporter.last.result()
+            on.exporter.wait()
         on.exporter.close()
         sizes = [export_path(on.config.run_path(), step).stat().st_size for step in range(1, args.steps + 1)]
         exported = not (off.config.run_path() / "token_exports").exists()

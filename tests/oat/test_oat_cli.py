@@ -375,6 +375,35 @@ def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
     assert "Traceback" not in done.stderr and "node:" not in done.stdout
 
 
+@pytest.mark.fault("oat engine: `python -m dppo_oat.train --engine oat --dry_run` with no other flag (oat's "
+                   "`--pi_buffer_maxlen_per_device 16` holds half of a learner's 32 samples per round at oat's other "
+                   "defaults)",
+                   "the plan is consistent: `--pi_buffer_maxlen_per_device` defaults to one learning round's samples "
+                   "(`rollout_batch_size / learners`), so the bare dry run prints its plan (exit 0)")
+def test_the_bare_dry_run_plans_its_own_defaults():
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "32 samples per learner, buffer 32" in done.stdout, done.stdout
+    without_buffer = [flag for i, flag in enumerate(SMALL) if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
+    args = validate_args(launch.parse_args([*without_buffer, "--dry_run"]), check_gpus=False)
+    assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--trust_region", "sapo", "--tr_tau_pos", "1e300"], "--tr_tau_pos 1e+300 overflows float32"),
+    (["--learning_rate", "1e39"], "--learning_rate 1e+39 overflows float32"),
+    (["--temperature", "1e-300"], "--temperature 1e-300 underflows float32"),
+])
+def test_a_number_past_float32_fails_the_dry_run_in_one_line(flags, fragment):
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run", *flags], env=env,
+                          capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and fragment in errors[0], done.stderr[-2000:]
+
+
 EIGHT_GPUS = "0,1,2,3,4,5,6,7"
 
 

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from envs import ensure_registered
+from envs import ensure_registered, unseeded_plugin_envs
 
-from dppo_oat.advantages import sample_advantages
+from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
 from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
@@ -37,14 +37,15 @@ from dppo_oat.engines.local.progress import StepProgress, line_console
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import BlowUpGuard
+from dppo_oat.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
 from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
                                       use_shape_agnostic_attention)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save,
-                             missing_steps, move_run_aside, read_config, read_jsonl, settings_hash)
+from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, RunLock, RunLog,
+                             atomic_torch_save, exported_steps, missing_steps, move_run_aside, read_config, read_jsonl,
+                             settings_hash)
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_export import TokenExporter, TokenObservers
@@ -76,6 +77,10 @@ def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
             sample.topk_logprobs = np.where(slot, noisy[:, None], sample.topk_logprobs)
 
 
+PROMPT_TOO_LONG_SHARE = 0.1
+"""The share of a step's episodes ended by a prompt longer than --max-prompt-tokens past which the run warns."""
+
+
 class LocalTrainer:
     """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
 
@@ -84,8 +89,8 @@ class LocalTrainer:
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
         self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
         if self.lock.removed:
-            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed save "
-                               f"({self.lock.removed[0].name} first)", soft_wrap=True)
+            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "
+                               f"({self.lock.removed[0].relative_to(self.lock.directory)} first)", soft_wrap=True)
         try:
             self._build(config)
         except BaseException:  # a failed start (a prompt too long, Ctrl-C) frees the directory and leaves no new one
@@ -99,6 +104,7 @@ class LocalTrainer:
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
+        self._warn_of_unseeded_envs()
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
         self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
@@ -119,7 +125,7 @@ class LocalTrainer:
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
-        self._noted_small_batch = False
+        self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
         self._check_prompts_fit()
         self._open_log()
         self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
@@ -129,6 +135,14 @@ class LocalTrainer:
             self._sync_generator()
         if self.resume_step is not None:
             self._load_checkpoint()
+
+    def _warn_of_unseeded_envs(self) -> None:
+        """A plugin env whose ``reset(seed)`` does not fix its episode (checked on the first training seeds): one
+        warning line each (the run goes on; envs/contract.py's checks fail on it)."""
+        c = self.config
+        seeds = list(dict.fromkeys(train_group_seeds(c.seed, 1, c.groups_per_step, c.train_pool) + [EVAL_SEED]))
+        for problem in unseeded_plugin_envs(c.env_ids, env_seed=self.spec.rollout.env_seed, seeds=seeds):
+            self.console.print(f"warning: {problem}", soft_wrap=True, markup=False)
 
     def _open_log(self) -> None:
         """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
@@ -146,6 +160,7 @@ class LocalTrainer:
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
         if resuming:
             self._warn_of_metrics_gap()
+            self._warn_of_export_gap()
         elif c.overwrite:
             self._move_earlier_run_aside()
         self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
@@ -158,6 +173,18 @@ class LocalTrainer:
         if missing:
             self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
                                f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+
+    def _warn_of_export_gap(self) -> None:
+        """With --token-export all, say which checkpointed steps have no export (trained before the flag was given):
+        they cannot be exported again, their rollouts are gone."""
+        if self.exporter is None:
+            return
+        exported = set(exported_steps(self.config.run_path()))
+        missing = [step for step in range(1, self.resume_step + 1) if step not in exported]
+        if missing:
+            self.console.print(f"warning: {self.config.run_path() / TOKEN_EXPORT_DIR} lacks {len(missing)} of the "
+                               f"{self.resume_step} checkpointed steps (step {missing[0]} first: trained without "
+                               "--token-export all); the steps from here on are exported", soft_wrap=True)
 
     def _move_earlier_run_aside(self) -> None:
         """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
@@ -258,7 +285,10 @@ class LocalTrainer:
             raise RunError(f"step {step}: no episode produced a turn (every prompt longer than "
                            f"--max-prompt-tokens {c.max_prompt_tokens}?)")
         samples = rollout.samples
-        advantages = sample_advantages(samples, self.spec.advantages)
+        try:
+            advantages = sample_advantages(samples, self.spec.advantages)
+        except RewardOverflow as error:
+            raise RewardOverflow(f"step {step}: {error}") from None
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
@@ -371,6 +401,7 @@ class LocalTrainer:
         metrics.update({f"rollout/{k}": v for k, v in stats.items()})
         metrics["response_length"] = stats["response_length"]
         metrics.update(summarize_steps(history))
+        metrics[ALL_SKIPPED] = float(every_step_skipped(history))
         metrics.update({
             "optimizer_steps": float(len(history)),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
@@ -423,7 +454,11 @@ class LocalTrainer:
                 self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
                 self.log.log_tokens(self.token_rows)
+                self._warn_of_long_prompts(metrics)
+                self._warn_of_skipped_updates(metrics)
                 self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
+                if self.exporter is not None:  # and its export: a step is checkpointed once its export is on disk
+                    self.exporter.wait()
                 self.save_checkpoint()
                 if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())
@@ -431,6 +466,30 @@ class LocalTrainer:
                     f"RL steps: success {metrics['success']:.2f}, |π−μ| {metrics['mismatch/abs_diff_mean']:.4f}, "
                     f"masked {metrics['mask/fraction']:.3f}"))
         return self._summary()
+
+    def _warn_of_long_prompts(self, metrics: dict[str, float]) -> None:
+        """Say once when more than :data:`PROMPT_TOO_LONG_SHARE` of a step's episodes (and at least two) ended
+        because a later turn's prompt outgrew --max-prompt-tokens (``rollout/end/prompt_too_long``): those episodes
+        stop after the turns that fit, which the reward alone does not show."""
+        ended, episodes = metrics["rollout/end/prompt_too_long"], metrics["rollout/episodes"]
+        if self._warned_long_prompts or ended < 2 or ended <= PROMPT_TOO_LONG_SHARE * episodes:
+            return
+        self._warned_long_prompts = True
+        self.console.print(f"warning: step {self.step}: {ended:.0f} of {episodes:.0f} episodes ended when a later "
+                           f"turn's prompt outgrew --max-prompt-tokens {self.config.max_prompt_tokens} (metric "
+                           "rollout/end/prompt_too_long): raise --max-prompt-tokens, or keep the env's observations "
+                           "shorter", soft_wrap=True, markup=False)
+
+    def _warn_of_skipped_updates(self, metrics: dict[str, float]) -> None:
+        """Say (once) when the blow-up guard skipped every optimizer step of a step (:data:`ALL_SKIPPED`): the run goes
+        on, as a transient blow-up recovers, but that step taught the policy nothing."""
+        if not metrics[ALL_SKIPPED] or self._warned_all_skipped:
+            return
+        self._warned_all_skipped = True
+        causes = " and ".join(skip_causes(metrics))
+        self.console.print(f"warning: step {self.step}: the guard skipped every optimizer step ({causes} non-finite): "
+                           f"nothing was learned from it (metric {ALL_SKIPPED}; said once): lower --lr or the trust "
+                           "region's penalties (--tr-*)", soft_wrap=True, markup=False)
 
     def _eval_due(self, step: int) -> bool:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
@@ -461,7 +520,7 @@ class LocalTrainer:
         try:
             self.rollouts.cancel()
             if self.exporter is not None:
-                self.exporter.close()
+                self.exporter.close(wait=not failed)
             self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()

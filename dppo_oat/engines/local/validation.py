@@ -17,12 +17,15 @@ from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_c
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.mixed_precision import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
+from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
-                             check_can_write, check_run_name, check_tensorboard, check_wandb, config_differences,
-                             missing_steps, read_config, read_jsonl, run_files, settings_hash)
+                             TOKEN_EXPORT_DIR, RunLock, check_can_write, check_run_name, check_tensorboard,
+                             check_wandb, config_differences, exported_steps, missing_steps, read_config, read_jsonl,
+                             run_files, settings_hash, temporaries, temporary_prefix)
 from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
+from dppo_oat.token_export import check_export_folder
 
 
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
@@ -64,6 +67,7 @@ def recorded_calibration(c: TrainConfig, spec: RunSpec) -> RunSpec:
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
+    check_float32_fields(c, lambda name: f"--{name.replace('_', '-')}")  # every number fits the float32 it becomes
     positive = {"steps": c.steps, "groups_per_step": c.groups_per_step, "group_size": c.group_size,
                 "eval_every": c.eval_every, "eval_episodes": c.eval_episodes, "lr": c.lr, "grad_clip": c.grad_clip}
     for name, value in positive.items():
@@ -286,16 +290,38 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
     check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
     path = c.run_path()
     check_can_write(path)
+    if c.token_export == "all":
+        check_export_folder(path)
     if c.resume:
         return _check_resume(c, spec, path)
-    existing = run_files(path)
+    if c.allow_metrics_gap:
+        raise ValueError("--allow-metrics-gap lets --resume continue a run whose metrics.jsonl lost checkpointed "
+                         "steps: a new run has none; leave it out")
+    existing = run_files(path) + ([f"{TOKEN_EXPORT_DIR}/"] if exported_steps(path) else [])
     if existing and not c.overwrite:
         go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
-                 "it has no checkpoint to --resume from; ")
+                 f"it has no checkpoint to --resume from{_remove_killed_writes(path)}; ")
         raise ValueError(f"run {str(path)!r} already holds {', '.join(existing)}: {go_on}another --run-name starts "
                          f"beside it, --overwrite starts over (its files are moved aside into {path}/"
                          f"{OVERWRITTEN_PREFIX}<UTC time>/)")
     return None
+
+
+def _remove_killed_writes(path: Path) -> str:
+    """Remove the temporaries that killed writes left in a run directory this command refuses, under the run's lock
+    (held for the instant; left alone while another process holds it: they may be its live writes), and say so."""
+    if not temporaries(path):
+        return ""
+    try:
+        lock = RunLock(path)
+    except ValueError:
+        return ""
+    lock.release()
+    if not lock.removed:
+        return ""
+    checkpoint = any(p.name.startswith(temporary_prefix(CHECKPOINT_FILE)) for p in lock.removed)
+    what = "its checkpoint save was killed" if checkpoint else "a write of it was killed"
+    return f" ({what}: {len(lock.removed)} temporary file(s) removed)"
 
 
 def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
@@ -305,8 +331,9 @@ def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
         raise ValueError("--overwrite starts a new run and --resume continues one: give one of them")
     if not (path / CHECKPOINT_FILE).exists():
         if run_files(path):
-            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed; start it over "
-                             f"with --overwrite in place of --resume (its files are moved aside)")
+            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed"
+                             f"{_remove_killed_writes(path)}; start it over with --overwrite in place of --resume "
+                             "(its files are moved aside)")
         raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
     stored = _check_same_run(c, spec, path)
     step = _check_checkpoint_identity(path / CHECKPOINT_FILE, stored, spec, c.steps)
@@ -318,9 +345,14 @@ def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
     return step
 
 
-RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
-             "eval_every", "probe_every", "token_samples")
-"""Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
+RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb",
+             "tensorboard", "cache_dir", "run_dir", "eval_every", "probe_every", "token_samples", "token_export")
+"""Settings a resumed run may change: how long it runs, where it runs, and what it logs, evaluates and exports
+(evaluations, probes, token samples and exports draw on streams of their own: the trained steps are the same) — never
+the experiment itself."""
+RESUMABLE_SINCE_CHECKPOINTS = ("token_export",)
+"""Settings :data:`RESUMABLE` took in after checkpoints had been written that hash them as settings of the run
+(:func:`_check_checkpoint_identity` accepts those checkpoints' hash too)."""
 
 
 def settings_free_on_resume(spec: RunSpec) -> list[str]:
@@ -347,8 +379,10 @@ def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
         raise ValueError(f"--resume: {path / CONFIG_FILE}: {error}") from None
     differences = config_differences(stored, current, settings_free_on_resume(spec))
     if differences:
-        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
-                         "with its settings (see its config.json), or start a new run with another --run-name")
+        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): a resume "
+                         "may change only how long the run goes, where it runs and what it logs (--steps, --device, "
+                         "--eval-every, --token-samples, --token-export, ...): resume with its settings (see its "
+                         "config.json), or start a new run with another --run-name")
     return stored
 
 
@@ -362,7 +396,10 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
                          f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
                          "another --run-name")
     trained_under = as_written(stored, since=state.get("config_schema") or 1)  # as the checkpoint's schema had it
-    if state.get("settings_hash") != settings_hash(trained_under, settings_free_on_resume(spec)):
+    free = settings_free_on_resume(spec)
+    hashes = {settings_hash(trained_under, free),
+              settings_hash(trained_under, [name for name in free if name not in RESUMABLE_SINCE_CHECKPOINTS])}
+    if state.get("settings_hash") not in hashes:
         raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
                          "checkpointed: restore it, or start a new run with another --run-name")
     if steps < step:

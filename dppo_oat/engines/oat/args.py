@@ -32,8 +32,10 @@ from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the acto
     check_visible_gpus,
     groups_per_step,
     plan_of,
+    round_samples,
 )
 from dppo_oat.engines.oat.price import check_price_flags
+from dppo_oat.ranges import check_float32_fields
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.trust_region import UNITS
 from dppo_oat.spec import (
@@ -151,6 +153,10 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     prompt_data: str = ""
     eval_temperature: float = 0.6
     eval_top_p: float = 0.95
+    pi_buffer_maxlen_per_device: Optional[int] = None
+    """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
+    rollout_batch_size / learners, as the plan needs (oat's 16 holds a round only where 8 learners share its
+    rollout_batch_size 128: --collocate on 8 GPUs)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:
@@ -212,6 +218,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     ValueError with one line that says what to change."""
     _check_replaced_flags(args)
     _check_finite(args)
+    check_float32_fields(args, lambda name: f"--{name}")  # every number fits the float32 it becomes
     args.check_logging()
     if args.use_wb:
         check_wandb("--use_wb")
@@ -227,6 +234,8 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     check_group_size(args.num_samples)
     check_price_flags(args)
+    if args.pi_buffer_maxlen_per_device is None:  # one learning round's samples (oat reads the number itself)
+        args.pi_buffer_maxlen_per_device = round_samples(args)
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)

@@ -38,10 +38,12 @@ def parse_args(argv: Sequence[str]):
     import tyro
 
     from dppo_oat.engines.oat.args import DPPOOatArgs
+    from dppo_oat.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
-        return tyro.cli(DPPOOatArgs, args=list(argv), prog=PROG, description=__doc__)
+        with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+            return tyro.cli(DPPOOatArgs, args=list(argv), prog=PROG, description=__doc__)
 
 
 def build_program(args):

@@ -92,6 +92,12 @@ def check_visible_gpus(gpus: int, cuda_visible_devices: Optional[str]) -> None:
                          f"{len(entries)}{narrower}")
 
 
+def round_samples(args) -> int:
+    """The samples each learner collects in one learning round: ``rollout_batch_size / learners`` (the default of
+    ``--pi_buffer_maxlen_per_device``, which must hold them)."""
+    return max(args.rollout_batch_size // topology(args)[2], 1)
+
+
 def plan_of(args) -> Plan:
     """The plan of ``args`` (a :class:`~dppo_oat.engines.oat.args.DPPOOatArgs`); raises ValueError where oat's own
     arithmetic would fail (e.g. a zero-sized step)."""
@@ -107,7 +113,8 @@ def plan_of(args) -> Plan:
         gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
         rollout_batch_size=args.rollout_batch_size, rollout_per_device=args.rollout_batch_size_per_device,
         decode_batch=groups_per_step(args) * args.num_samples, actor_steps_per_round=interval,
-        samples_per_round=args.rollout_batch_size // learners, buffer=args.pi_buffer_maxlen_per_device,
+        samples_per_round=args.rollout_batch_size // learners,
+        buffer=args.pi_buffer_maxlen_per_device if args.pi_buffer_maxlen_per_device is not None else round_samples(args),
         buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
         train_batch_size=args.train_batch_size,
         grad_acc_step=grad_acc, minibatch=args.train_batch_size // learners, epochs=args.num_ppo_epochs,
@@ -145,7 +152,7 @@ def _check_positive(args) -> None:
     for name in ("gpus", "num_gpus_per_actor", "num_groups", "rollout_batch_size", "rollout_batch_size_per_device",
                  "train_batch_size", "train_batch_size_per_device", "pi_buffer_maxlen_per_device", "num_ppo_epochs",
                  "max_train"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # a None buffer: one round's samples
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
 
 
