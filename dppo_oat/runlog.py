@@ -110,8 +110,8 @@ def run_files(directory: Path) -> list[str]:
 EXPORT_FILE = re.compile(r"step_(\d+)\.jsonl")
 """A step's file in ``token_exports/`` (:func:`dppo_oat.token_export.export_path`)."""
 EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
-"""The temporary of a step's export: an atomic write's (:func:`temporary_prefix`), or the ``.partial`` file of an
-earlier version of the exporter."""
+"""The temporary of a step's export: an atomic write's (:func:`temporary_prefix`), or a ``.partial`` file (which
+exporters that wrote in place left)."""
 
 
 def temporaries(directory: Path) -> list[Path]:

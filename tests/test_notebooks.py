@@ -362,3 +362,18 @@ def test_a_relative_study_folder_starts_from_the_callers_folder(tmp_path, monkey
     assert script.main([str(folder / "study.ipynb"), "--out", "out"]) == 0
     assert printed(nbformat.read(caller / "out" / "study.ipynb", as_version=4)).split() == [
         str(caller / "runs" / "my_study")]
+
+
+def test_a_runs_lock_file_is_not_an_input_of_a_notebook(tmp_path):
+    """A run leaves ``.lock`` in its folder (git ignores it): a checkout whose example runs were run again must
+    not read as a notebook whose inputs changed."""
+    script = load_run_notebooks_script()
+    runs = tmp_path / "example_runs" / "a-s0"
+    runs.mkdir(parents=True)
+    (runs / "metrics.jsonl").write_text('{"step": 1}\n')
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    before = script.inputs_digest(notebook, ("example_runs",), root=tmp_path)
+    (runs / ".lock").write_text("4242\n")
+    assert script.inputs_digest(notebook, ("example_runs",), root=tmp_path) == before
+    (runs / "metrics.jsonl").write_text('{"step": 2}\n')
+    assert script.inputs_digest(notebook, ("example_runs",), root=tmp_path) != before

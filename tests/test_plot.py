@@ -233,6 +233,6 @@ def test_the_legend_and_the_cli_name_a_flagged_curve(tmp_path, capsys):
         "1–5)",
         "PG-IS", "SAPO: no trust region in effect (blocked 0.00%)"]
     main([str(tmp_path / "runs" / "*"), "-o", str(tmp_path / "f.png"), "--metrics", "success"])
-    out = capsys.readouterr().out
-    assert "flagged curve SAPO: no trust region in effect (blocked 0.00%)" in out
-    assert "flagged curve GSPO: blocks most tokens" in out and "flagged curve PG-IS" not in out
+    notes = capsys.readouterr().err  # notes go to stderr, beside the skipped panels'
+    assert "dppo-plot: flagged curve SAPO: no trust region in effect (blocked 0.00%)" in notes
+    assert "flagged curve GSPO: blocks most tokens" in notes and "flagged curve PG-IS" not in notes

@@ -314,7 +314,7 @@ def test_a_hung_export_write_is_one_line_and_loses_no_step(one_step, straight, c
 
 
 @pytest.mark.fault("a step export's temporary file left by an earlier run (a killed write's `.step_N.jsonl.XXXXXXXX`, "
-                   "an earlier version's `step_N.jsonl.partial`, even a FIFO that would block a writer)",
+                   "a `step_N.jsonl.partial`, even a FIFO that would block a writer)",
                    "removed by the next start or `--resume` of the run, under its lock (said in one note line); the "
                    "run exports every step")
 def test_stale_export_temporaries_go_at_the_next_resume(one_step, straight, cache_dir):
