@@ -270,7 +270,7 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
     tr = tr.replace(**fields)
     actor = "actor_rollout_ref.actor."
     out = [f"actor_rollout_ref.model.external_lib={EXTERNAL_LIB}", f"{actor}policy_loss.loss_mode={loss_name(preset)}"]
-    sides = {"eps": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}.get(RULE_TABLE[tr.rule].threshold)
+    sides = {"clip_range": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}.get(RULE_TABLE[tr.rule].threshold)
     if sides is not None:  # the clip fields carry the rule's threshold: ε_low/ε_high, or δ on both sides
         out += [f"{actor}clip_ratio_low={_number(sides[0])}", f"{actor}clip_ratio_high={_number(sides[1])}"]
     if "is_cap" in verl_settable_fields(tr):
