@@ -42,6 +42,13 @@ TRUST_REGION_OVERRIDES = NUMBER_FIELDS
 (:data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`)."""
 MAX_NAMED_READERS = 6
 """An override's help names the presets that read it when there are at most this many."""
+OVERRIDE_FLAGS = tuple(f"tr_{name}" for name in TRUST_REGION_OVERRIDES)
+"""The fields of the trust region's override flags (``--tr-delta`` ...), one per :data:`TRUST_REGION_OVERRIDES`."""
+CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
+"""The fields of the band calibration's flags."""
+OVERRIDES_ABOUT = ("Each --tr-<field> replaces one number of the --trust-region preset (None: the preset's own); one "
+                   "the preset does not read is refused.")
+"""What the override flags' section of ``--help`` says of them all (their own help says what each number is)."""
 
 
 def check_temperature(temperature: float, *, training: bool) -> None:
@@ -245,25 +252,28 @@ def plain(text: str) -> str:
 
 
 def preset_help() -> str:
-    """``--trust-region``'s help, with every preset of :data:`~dppo_oat.trust_region.PRESETS` by name."""
-    return (f"Trust-region preset: {', '.join(PRESETS)}. The paper's methods, the training-inference mismatch fixes of "
-            "other frameworks and later trust regions; docs/trust-region.md lists each with its source.")
+    """``--trust-region``'s help (its choices name every preset of :data:`~dppo_oat.trust_region.PRESETS`)."""
+    return "Trust-region preset (docs/trust-region.md: each with its source)."
 
 
 def override_help(name: str, doc: str) -> str:
-    """The help of ``--tr-<name>``: the field's docstring, and the presets that read it when they are few."""
+    """The help of ``--tr-<name>``: the field's docstring, and the presets that read it when they are few (the
+    flags' section, :data:`OVERRIDES_ABOUT`, says that each overrides the preset's number)."""
     readers = [preset for preset in PRESETS if name in TrustRegion.preset(preset).fields_read]
     named = f" Read by {', '.join(readers)}." if len(readers) <= MAX_NAMED_READERS else ""
-    return f"Override the preset's {plain(doc)}{named}"
+    text = plain(doc)
+    if text[:1].isascii():  # "divergence threshold δ" → "Divergence …", but "τ of the penalty" stays as it is
+        text = text[:1].upper() + text[1:]
+    return f"{text}{named}"
 
 
 def trust_region_override_fields() -> list[tuple]:
     """``tr_<field>`` for every field of :data:`TRUST_REGION_OVERRIDES`, as ``make_dataclass`` takes them: optional,
-    an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None, its help from
-    the field's docstring."""
+    an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None (not shown:
+    :data:`OVERRIDES_ABOUT` says it for them all), its help from the field's docstring."""
     docs = field_docstrings(TrustRegion)
     return [(f"tr_{name}", Annotated[Optional[int if name in INTEGER_FIELDS else float],
-                                     tyro.conf.arg(help=override_help(name, docs[name]))],
+                                     tyro.conf.arg(help=override_help(name, docs[name]), help_behavior_hint="")],
              dataclasses.field(default=None)) for name in TRUST_REGION_OVERRIDES]
 
 
@@ -289,8 +299,8 @@ class DPPOFlags(TrustRegionFlags):
     env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
     env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """A module (my_lab.envs) or file (path/to/my_envs.py) to import before env ids are resolved, so the envs (and
-    oracles) it registers can be named in --env-ids; repeat the flag for several (see envs/README.md)."""
+    """A module (my_lab.envs) or file (path/to/my_envs.py) to import first, so that --env-ids can name the envs (and
+    oracles) it registers (envs/README.md)."""
     prompt_template: Optional[str] = None
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat (see each engine's default)."""
     wrappers: Tuple[str, ...] = ()
@@ -312,15 +322,14 @@ class DPPOFlags(TrustRegionFlags):
     """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
     in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
     tr_calibrate: Optional[float] = None
-    """Calibrate the trust region's band (δ; ε_low and ε_high scaled together; a sequence mask's δ; τ_M2; SAPO's τ)
-    to block this fraction of the A ≠ 0 tokens of the first RL step's rollout batch, with π_θ as that step's update
-    read it, and train with it from the second step on; config.json records it (docs/trust-region.md, Calibrating a
-    band). None: the preset's band."""
-    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
-    """Calibrate the band (as --tr-calibrate) to block as many tokens as this preset blocks on the same batch."""
+    """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
+    first RL step's batch, and train with it from the second step on (docs/trust-region.md, Calibrating a band)."""
+    tr_calibrate_like: Annotated[Optional[PresetName],  # type: ignore[valid-type]
+                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
+    """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
+    that batch."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
-    """What --tr-calibrate counts: token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token
-    of which is blocked)."""
+    """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""

@@ -8,7 +8,6 @@ DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-
 from __future__ import annotations
 
 import signal
-import os
 import sys
 
 
@@ -204,20 +203,16 @@ PROG = "python -m dppo_oat.train"
 
 
 def _parse(argv: list[str]) -> TrainConfig:
-    """The local engine's flags (tyro: ``--help``, or a usage error as one ``error:`` line on stderr with exit 2,
-    :mod:`dppo_oat.usage`). Help piped into a reader that stops early (``--help | head``) ends quietly."""
-    import tyro
+    """The local engine's flags (tyro: ``--help`` in sections, or a usage error as one ``error:`` line on stderr with
+    exit 2, :mod:`dppo_oat.usage`). Help piped into a reader that stops early (``--help | head``) ends quietly."""
+    import inspect
 
-    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.engines.local.config import TrainConfig, parse_config
     from dppo_oat.usage import one_line_usage_errors
 
-    description = plain_help(f"{__doc__}\n{TrainConfig.__doc__}")
-    try:
-        with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
-            return tyro.cli(TrainConfig, args=argv, prog=PROG, description=description)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        raise SystemExit(0) from None
+    description = plain_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
+    with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+        return parse_config(argv, prog=PROG, description=description)
 
 
 def plain_help(text: str) -> str:

@@ -302,6 +302,65 @@ def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
         assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
 
 
+def load_docs_tables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
+
+
+def test_every_flag_dppo_adds_is_in_one_help_section_that_the_docs_read_too():
+    """``HELP_GROUPS`` holds each flag DPPO adds to oat's once, and scripts/docs_tables.py (which reads it from the
+    source, without oat) sees the same sections."""
+    tables = load_docs_tables()
+    names = [name for group in oat_args.HELP_GROUPS for name in group.fields]
+    assert sorted(names) == sorted(tables.oat_engine_flags())
+    assert tables.oat_help_groups() == [(group.title, group.about, group.fields) for group in oat_args.HELP_GROUPS]
+
+
+def test_the_command_line_parses_as_the_flat_arguments():
+    """The sections change where ``--help`` shows DPPO's flags, not what they parse into: the same flat
+    ``DPPOOatArgs`` (``vars(args)``, which config.json records and a resume compares), in either spelling."""
+    import warnings
+
+    import tyro
+
+    args = SMALL + ["--trust_region", "icepop", "--tr_mismatch_low", "0.4", "--tr-mismatch-high", "3", "--env_ids",
+                    "game:Sudoku-v0-easy", "--eval-env-ids", "rg:acre", "--turn_baseline", "--lm_head", "logits",
+                    "--token_samples", "4", "--checkpoint_every", "0", "--price_gpu", "h100", "--env_module", "a",
+                    "--env_module", "b", "--gamma", "0.9", "--dry_run"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # tyro on oat's own ``str = None`` fields
+        flat = tyro.cli(DPPOOatArgs, args=args)
+        flat_defaults = tyro.cli(DPPOOatArgs, args=SMALL)
+    grouped = launch.parse_args(args)
+    assert type(grouped) is DPPOOatArgs and grouped == flat and vars(grouped) == vars(flat)
+    assert (grouped.tr_mismatch_high, grouped.env_module, grouped.gamma) == (3.0, ("a", "b"), 0.9)
+    assert launch.parse_args(SMALL) == flat_defaults
+
+
+def test_help_lists_oats_flags_then_dppos_in_sections_without_launchpad():
+    """``--engine oat --help`` works where launchpad is not installed (as ``--dry_run`` does): oat's own flags
+    first, as oat shows them, then DPPO's in ``HELP_GROUPS``' sections; into a reader that has stopped, it ends
+    with status 0 (DeepSpeed, which oat imports, logs to stdout as it is imported: the logging module reports
+    each of those lines that found the reader gone, and nothing else fails)."""
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    command = [sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--help"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    boxes = {part.split(" ─")[0]: part for part in done.stdout.split("╭─ ")[1:]}
+    assert list(boxes) == ["options", *(f"{group.title} options" for group in oat_args.HELP_GROUPS)]
+    assert "--rollout-batch-size" in boxes["options"] and "--tr-delta" not in boxes["options"]
+    assert "--tr-delta" in boxes["dppo trust-region options"] and "--lm-head" in boxes["dppo learner options"]
+    reader_gone = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone.stdout.close()  # the reader stops before the first line
+    _, errors = reader_gone.communicate(timeout=600)
+    assert reader_gone.returncode == 0, errors[-2000:]
+    assert errors.count(b"Traceback") == errors.count(b"--- Logging error ---"), errors[-2000:]
+
+
 def test_the_price_flags_default_to_the_prices_own():
     from dppo_oat.engines.oat.price import ASSUMED_DECODE_EFFICIENCY
 

@@ -20,12 +20,15 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Literal, Optional, Tuple
+from typing import Annotated, Literal, Optional, Tuple
+
+import tyro
 
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
+from dppo_oat.grouped_cli import FlagGroup
 from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the actor reads it here)
     check_group_size,
     check_plan,
@@ -39,6 +42,9 @@ from dppo_oat.ranges import check_float32_fields
 from dppo_oat.runlog import check_run_name, check_wandb
 from dppo_oat.trust_region import UNITS
 from dppo_oat.spec import (
+    CALIBRATION_FLAGS,
+    OVERRIDE_FLAGS,
+    OVERRIDES_ABOUT,
     AdvantageSettings,
     DPPOFlags,
     PresetName,
@@ -139,7 +145,8 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     tr_calibrate: Optional[float] = None
     """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
     export (python -m dppo_oat.calibrate) and pass the band it prints."""
-    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
+    tr_calibrate_like: Annotated[Optional[PresetName],  # type: ignore[valid-type]
+                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Refused here, as --tr_calibrate."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """Refused here, as --tr_calibrate."""
@@ -157,6 +164,20 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
     rollout_batch_size / learners, as the plan needs (oat's 16 holds a round only where 8 learners share its
     rollout_batch_size 128: --collocate on 8 GPUs)."""
+
+
+HELP_GROUPS = (
+    FlagGroup("dppo trust-region", OVERRIDES_ABOUT, ("trust_region", *OVERRIDE_FLAGS, *CALIBRATION_FLAGS)),
+    FlagGroup("dppo tasks", "", ("env_ids", "env_module", "env_seed", "prompt_template", "wrappers", "max_turns",
+                                 "groups_per_step", "seeded_sampling")),
+    FlagGroup("dppo evaluation", "", ("eval_env_ids", "eval_seed_start", "num_eval_seeds", "eval_env_seed")),
+    FlagGroup("dppo advantage", "", ("advantage_mode", "turn_baseline")),
+    FlagGroup("dppo learner", "", ("loss_aggregation", "lm_head", "logprob_chunk_size", "pi_buffer_maxlen_per_device")),
+    FlagGroup("dppo output", "", ("token_samples", "token_export", "checkpoint_every", "keep_checkpoints")),
+    FlagGroup("dppo plan", "", ("dry_run", "price_gpu", "price_model", "price_decode_efficiency")),
+)
+"""The sections of DPPO's flags in ``--engine oat --help``, after oat's own flags (the first section, as oat shows
+them); the flags keep their names (:mod:`dppo_oat.grouped_cli`)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:

@@ -34,16 +34,17 @@ DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 
 def parse_args(argv: Sequence[str]):
-    """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``)."""
-    import tyro
-
-    from dppo_oat.engines.oat.args import DPPOOatArgs
+    """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``); ``--help`` shows
+    oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
+    from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
+    from dppo_oat.grouped_cli import parse_grouped
+    from dppo_oat.spec import plain
     from dppo_oat.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
         with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
-            return tyro.cli(DPPOOatArgs, args=list(argv), prog=PROG, description=__doc__)
+            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=plain(__doc__))
 
 
 def build_program(args):
@@ -60,8 +61,13 @@ def is_dry_run(argv: Sequence[str]) -> bool:
     return any(arg in DRY_RUN_FLAGS or arg.startswith(tuple(f"{f}=" for f in DRY_RUN_FLAGS)) for arg in argv)
 
 
+def launches_nothing(argv: Sequence[str]) -> bool:
+    """A dry run, or ``--help``: neither needs launchpad."""
+    return is_dry_run(argv) or any(arg in ("-h", "--help") for arg in argv)
+
+
 def stand_in_for_missing_launchpad() -> None:
-    """A dry run launches nothing, but oat imports launchpad at import time: where launchpad is not installed
+    """A dry run or --help launches nothing, but oat imports launchpad at import time: where launchpad is not installed
     (it has Python 3.10 wheels only), put an empty module in its place whose every use fails with a clear error."""
     if importlib.util.find_spec("launchpad") is not None:
         return
@@ -70,7 +76,7 @@ def stand_in_for_missing_launchpad() -> None:
         if name.startswith("__"):  # introspection (__file__, __path__ ...) sees an ordinary module without them
             raise AttributeError(name)
         raise ImportError(f"launchpad.{name}: launchpad is not installed (dm-launchpad, Python 3.10); "
-                          "only --dry_run works without it")
+                          "only --dry_run and --help work without it")
 
     module = types.ModuleType("launchpad")
     module.__getattr__ = missing  # PEP 562: any attribute access fails loudly
@@ -91,7 +97,7 @@ def checked_plan(argv: Sequence[str]):
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Parse, check (DPPO's checks, the plan's, then oat's) and print the plan; launch unless ``--dry_run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if is_dry_run(argv):
+    if launches_nothing(argv):
         stand_in_for_missing_launchpad()
     try:
         from dppo_oat.engines.oat.plan import render_plan
