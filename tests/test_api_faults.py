@@ -30,6 +30,34 @@ def test_a_trust_region_of_a_wrong_type_is_a_value_error_naming_the_field(build,
         build()
 
 
+@pytest.mark.fault("`TrustRegion.preset(\"sapo\", tau_pos=1e300)` (or `TrustRegion(...)` with a number float32 cannot "
+                   "hold)", "`ValueError` naming the field: the loss computes in float32 (never an overflow after a "
+                   "model loaded)")
+@pytest.mark.parametrize("build, message", [
+    (lambda: TrustRegion.preset("sapo", tau_pos=1e300), "tau_pos 1e+300 overflows float32"),
+    (lambda: TrustRegion.preset("drpo", delta=1e-300), "delta 1e-300 underflows float32"),
+    (lambda: TrustRegion(eps_high=-1e39), "eps_high -1e+39 overflows float32"),
+])
+def test_a_number_float32_cannot_hold_is_refused_by_the_trust_region_itself(build, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        build()
+    assert TrustRegion.preset("pg_is").is_cap == math.inf  # ∞ keeps its meaning (no truncation)
+
+
+@pytest.mark.fault("`TrustRegion.preset(\"sapo\", name=\"gspo\")`, `preset(\"ipo\", rule=\"ratio\")`: a preset whose "
+                   "name or defining choice is changed", "another preset's name is refused in one `ValueError`; a "
+                   "changed choice names the variant (`ipo+rule=ratio`), so the analysis labels it apart")
+def test_a_preset_with_another_rule_says_so_in_its_name():
+    with pytest.raises(ValueError, match="name='gspo' is another preset's"):
+        TrustRegion.preset("sapo", name="gspo")
+    assert TrustRegion.preset("ipo", rule="ratio").name == "ipo+rule=ratio"
+    assert TrustRegion.preset("dppo_binary_kl_neg", mask_side="both").name == "dppo_binary_kl_neg+mask_side=both"
+    assert TrustRegion.preset("dppo_binary_tv", mismatch_mask="token").name == "dppo_binary_tv+mismatch_mask=token"
+    assert TrustRegion.preset("dppo_binary_tv", delta=0.2).name == "dppo_binary_tv"  # a number is a setting
+    assert TrustRegion.preset("dppo_binary_tv", anchor="behavior").name == "dppo_binary_tv"  # unchanged choice
+    assert TrustRegion.preset("sapo", name="my_sapo").name == "my_sapo"
+
+
 @pytest.mark.fault("`TrustRegion.preset(\"ppo\", delta=0.2)`: a field the preset's rule never reads",
                    "`ValueError` naming the field and what the rule reads, as the command line refuses "
                    "`--tr-delta` there")

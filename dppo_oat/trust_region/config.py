@@ -11,6 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from dppo_oat.ranges import check_float32
 from dppo_oat.trust_region.presets import PRESETS
 from dppo_oat.trust_region.registry import RULE_TABLE, THRESHOLDS
 
@@ -156,10 +157,12 @@ class TrustRegion:
             raise ValueError(f"rule {self.rule!r} compares the recomputed π_θ' with μ: it needs anchor='recompute'")
 
     def _check_numbers(self) -> None:
-        """Each number is in its range (no NaN anywhere)."""
+        """Each number is in its range (no NaN anywhere, and none past what float32, which the loss computes in,
+        holds: :func:`~dppo_oat.ranges.check_float32`)."""
         for attr in REAL_FIELDS:
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
+            check_float32(attr, getattr(self, attr))
         if not self.delta > 0:
             raise ValueError(f"delta (δ) must be > 0, got {self.delta}")
         if self.eps_low < 0 or self.eps_high < 0:
@@ -216,7 +219,8 @@ class TrustRegion:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown TrustRegion field(s) {sorted(unknown)} for preset {name!r}")
-        tr = cls(**{**PRESETS[name].fields, "name": name, **overrides})
+        base = cls(**{**PRESETS[name].fields, "name": name})
+        tr = cls(**{**PRESETS[name].fields, **overrides, "name": variant_name(base, overrides)})
         unread = [field for field in overrides if field in NUMBER_FIELDS and field not in tr.fields_read]
         if unread:
             raise ValueError(f"{', '.join(unread)}: not read by the trust region {name} (it reads "
@@ -234,6 +238,21 @@ class TrustRegion:
         from dppo_oat.trust_region.calibrate import calibrate
 
         return calibrate(self, batch, target, like=like, unit=unit, band=band)
+
+
+def variant_name(base: TrustRegion, overrides: dict) -> str:
+    """The name of preset ``base`` with ``overrides``: its own while the choices that define the method stay (a
+    changed number is a setting of the same method), ``<preset>+<field>=<value>`` for each choice changed
+    (``dppo_binary_tv+mismatch_mask=token``), or the ``name`` given, unless that is another preset's."""
+    given = overrides.get("name")
+    if given is not None:
+        if given in PRESETS and given != base.name:
+            raise ValueError(f"name={given!r} is another preset's: TrustRegion.preset({base.name!r}) stays "
+                             f"{base.name!r}, or give the variant a name of its own")
+        return given
+    changed = [f"+{field}={overrides[field]}" for field in CHOICE_FIELDS
+               if field in overrides and overrides[field] != getattr(base, field)]
+    return base.name + "".join(changed)
 
 
 def _check_choice(attr: str, value: str, choices: tuple) -> None:
