@@ -153,3 +153,17 @@ def test_aggregate_loss_refuses_a_mask_it_cannot_use(mask, fragment):
             aggregate_loss(torch.ones(2, 3), mask, mode, norm_constant=4.0)
         assert fragment in str(excinfo.value) and "\n" not in str(excinfo.value)
     assert aggregate_loss(torch.ones(2, 3), torch.tensor([[1.0, 0.0, 1.0]] * 2), "token-mean").item() == 1.0
+
+
+@pytest.mark.fault("`policy_loss(..., tr=\"sapo\")` (a preset's name) or `tr=None`",
+                   "a name is its preset with its defaults; anything else is one `ValueError` naming `tr`")
+def test_policy_loss_takes_a_presets_name_and_refuses_anything_else():
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.3]], requires_grad=True))
+    mu, adv, mask = torch.log(torch.tensor([[0.6, 0.4, 0.2]])), torch.tensor([[1.0]]), torch.ones(1, 3, dtype=torch.bool)
+    by_name = policy_loss(logp, mu, adv, mask, "sapo")
+    by_value = policy_loss(logp, mu, adv, mask, TrustRegion.preset("sapo"))
+    assert torch.equal(by_name.loss, by_value.loss)
+    with pytest.raises(ValueError, match="^tr must be a TrustRegion or a preset's name, got NoneType"):
+        policy_loss(logp, mu, adv, mask, None)
+    with pytest.raises(ValueError, match="unknown trust-region preset 'sapoo'"):
+        policy_loss(logp, mu, adv, mask, "sapoo")

@@ -67,12 +67,21 @@ def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advanta
     return RULE_TABLE[tr.rule].keep(inputs, tr), inputs.divergence
 
 
+def as_trust_region(tr) -> TrustRegion:
+    """``tr`` itself, or the preset it names; anything else is one ``ValueError``."""
+    if isinstance(tr, str):
+        return TrustRegion.preset(tr)
+    if not isinstance(tr, TrustRegion):
+        raise ValueError(f"tr must be a TrustRegion or a preset's name, got {type(tr).__name__}")
+    return tr
+
+
 def policy_loss(
     logp: torch.Tensor,
     behavior_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    tr: TrustRegion,
+    tr: TrustRegion | str,
     *,
     recomputed_logp: torch.Tensor | None = None,
     topk: TopK | None = None,
@@ -85,9 +94,11 @@ def policy_loss(
         advantages: ``[B, 1]`` (per sequence) or ``[B, T]`` (per token).
         mask: ``[B, T]`` bool, the response mask: True on response tokens; a row is one response (one turn), the
             sequence the sequence-level rules (``decoupled_seq``, ``seq_geo``, TRM, GSPO...) aggregate over.
+        tr: the trust region, or a preset's name (``"dppo_binary_tv"``: its defaults).
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
     """
+    tr = as_trust_region(tr)
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
     rule = RULE_TABLE[tr.rule]
     response = mask.bool()
