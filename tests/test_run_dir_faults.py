@@ -246,9 +246,12 @@ def signalled_while_importing(module: str, sig, tmp_path):
     lines = []
     for line in process.stderr:
         lines.append(line)
-        if line.rstrip().endswith(f"| {module}") or line.rstrip().endswith(f"|   {module}"):
+        if "import time:" in line and line.split("|")[-1].strip() == module:  # at any import depth
             process.send_signal(sig)
             break
+    else:
+        process.wait(timeout=300)
+        raise AssertionError(f"`python -m dppo_oat.train` never imported {module}: the signal was not sent")
     rest = process.communicate(timeout=300)[1]
     return process.returncode, [line for line in lines + rest.splitlines() if "import time:" not in line]
 
