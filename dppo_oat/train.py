@@ -153,7 +153,7 @@ def _checkpointed_step(trainer, config: TrainConfig) -> int | None:
     if config.resume:
         from dppo_oat.engines.local.validation import checkpointed_step
 
-        return checkpointed_step(config.run_path())
+        return checkpointed_step(config.run_directory())
     return None
 
 
@@ -161,7 +161,7 @@ def _resume_hint(trainer, config: TrainConfig) -> str:
     step = _checkpointed_step(trainer, config)
     if step is None:
         return "nothing was checkpointed yet: run the same command again to start over"
-    return f"step {step} is checkpointed in {config.run_path()}: the same command with --resume continues"
+    return f"step {step} is checkpointed in {config.run_directory()}: the same command with --resume continues"
 
 
 def _interrupted(trainer, config: TrainConfig, interrupt: KeyboardInterrupt) -> str:

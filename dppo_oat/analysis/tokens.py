@@ -14,14 +14,13 @@ Two sources, the second optional:
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dppo_oat.analysis.panels import MU_BUCKET_LABELS, Panel, Series
 from dppo_oat.analysis.runs import RUN_COLUMNS, PathLike, read_table
-from dppo_oat.runlog import TOKENS_FILE, exported_steps
+from dppo_oat.run_dir import RunDir
 from dppo_oat.trust_region import MU_BUCKETS
 
 TOKEN_FIELDS = ("step", "token", "turn", "mu", "pi", "advantage", "entropy", "divergence", "weight", "masked",
@@ -36,7 +35,7 @@ SHADOW_PRESETS = {"ppo": "PPO", "grpo_clip_higher": "GRPO-ClipHigher"}
 
 def read_tokens(run_dir: PathLike) -> pd.DataFrame | None:
     """A run's ``tokens.jsonl`` (masks as bools, numbers as floats), or None when the run has none."""
-    path = Path(run_dir) / TOKENS_FILE
+    path = RunDir(run_dir).tokens
     if not path.is_file():
         return None
     tokens = read_table(path)
@@ -227,7 +226,7 @@ def load_token_exports(df: pd.DataFrame) -> pd.DataFrame:
 
     tables = []
     for run in df.drop_duplicates("run")[list(RUN_COLUMNS)].itertuples(index=False):
-        if exported_steps(run.path):
+        if RunDir(run.path).exported_steps():
             exported = read_token_export(run.path)
             tables.append(exported.assign(**{column: getattr(run, column) for column in RUN_COLUMNS}))
     if not tables:

@@ -15,6 +15,7 @@ from dppo_oat.grouped_cli import FlagGroup, parse_grouped
 from dppo_oat.mixed_precision import ComputeDtype
 from dppo_oat.models.shapes import PolicyShape
 from dppo_oat.rollout.precision import RolloutPrecision
+from dppo_oat.run_dir import RunDir
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
@@ -213,8 +214,9 @@ class TrainConfig(spec.DPPOFlags):
             return self.run_name
         return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
-    def run_path(self) -> Path:
-        return Path(self.run_dir) / self.resolved_run_name()
+    def run_directory(self) -> RunDir:
+        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs."""
+        return RunDir(Path(self.run_dir) / self.resolved_run_name())
 
     @property
     def warm_start_seed(self) -> int:

@@ -18,7 +18,6 @@ import math
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,9 +42,8 @@ from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, r
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, RunLock, RunLog,
-                             atomic_torch_save, exported_steps, missing_steps, move_run_aside, read_config, read_jsonl,
-                             settings_hash)
+from dppo_oat.run_dir import RunLock
+from dppo_oat.runlog import RunLog, atomic_torch_save, read_jsonl, settings_hash
 from dppo_oat.samples import build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
 from dppo_oat.token_export import TokenExporter, TokenObservers
@@ -87,7 +85,8 @@ class LocalTrainer:
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or line_console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
-        self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
+        self.run_dir = config.run_directory()  # this run's files (config.run_dir is the folder of runs)
+        self.lock = RunLock(self.run_dir)  # a second run writing the same directory is refused here
         if self.lock.removed:
             self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "
                                f"({self.lock.removed[0].relative_to(self.lock.directory)} first)", soft_wrap=True)
@@ -124,7 +123,7 @@ class LocalTrainer:
         self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
-        self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
+        self.exporter = TokenExporter(self.run_dir) if config.token_export == "all" else None
         self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
         self._check_prompts_fit()
         self._open_log()
@@ -148,7 +147,7 @@ class LocalTrainer:
         """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
         checkpoint's); the checkpoint carries it and the hash of the settings it was trained under."""
         c, resuming = self.config, self.resume_step is not None
-        stored = read_config(c.run_path()) if resuming else {}
+        stored = self.run_dir.read_config() if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
         self.calibration = stored.get("calibration") if self.spec.calibration is not None else None
@@ -163,15 +162,14 @@ class LocalTrainer:
             self._warn_of_export_gap()
         elif c.overwrite:
             self._move_earlier_run_aside()
-        self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
+        self.log = RunLog(self.run_dir, written, resume_step=self.resume_step, wandb=c.wandb,
                           tensorboard=c.tensorboard)
 
     def _warn_of_metrics_gap(self) -> None:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
-        path = self.config.run_path() / METRICS_FILE
-        missing = missing_steps(read_jsonl(path), self.resume_step)
+        missing = self.run_dir.steps_missing_from_metrics(self.resume_step)
         if missing:
-            self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
+            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
                                f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
 
     def _warn_of_export_gap(self) -> None:
@@ -179,16 +177,15 @@ class LocalTrainer:
         they cannot be exported again, their rollouts are gone."""
         if self.exporter is None:
             return
-        exported = set(exported_steps(self.config.run_path()))
-        missing = [step for step in range(1, self.resume_step + 1) if step not in exported]
+        missing = self.run_dir.steps_missing_from_exports(self.resume_step)
         if missing:
-            self.console.print(f"warning: {self.config.run_path() / TOKEN_EXPORT_DIR} lacks {len(missing)} of the "
+            self.console.print(f"warning: {self.run_dir.token_exports} lacks {len(missing)} of the "
                                f"{self.resume_step} checkpointed steps (step {missing[0]} first: trained without "
                                "--token-export all); the steps from here on are exported", soft_wrap=True)
 
     def _move_earlier_run_aside(self) -> None:
         """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
-        aside = move_run_aside(self.config.run_path())
+        aside = self.run_dir.move_aside()
         if aside is not None:
             self.console.print(f"--overwrite: the earlier run's files are in {aside}", soft_wrap=True)
 
@@ -199,7 +196,7 @@ class LocalTrainer:
     def _load_policy(self):
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
-        return load_or_build_tiny_policy(self.config, self.console)
+        return load_or_build_tiny_policy(self.config, self.console, self.spec)
 
     def _make_generator(self):
         c = self.config
@@ -413,9 +410,6 @@ class LocalTrainer:
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_path(self) -> Path:
-        return self.config.run_path() / CHECKPOINT_FILE
-
     def save_checkpoint(self) -> None:
         weights = self.model.state_dict()
         state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
@@ -423,11 +417,11 @@ class LocalTrainer:
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
         state.update(self.rollouts.checkpoint_state(self.step))  # stale rollouts: the older weights they sample with
-        atomic_torch_save(state, self._checkpoint_path(), weights=weights)
+        atomic_torch_save(state, self.run_dir.checkpoint, weights=weights)
         self.checkpointed_step = self.step
 
     def _load_checkpoint(self) -> None:
-        path = self._checkpoint_path()
+        path = self.run_dir.checkpoint
         try:
             state = torch.load(path, map_location=self.config.device, weights_only=True)
             self.model.load_state_dict(state["model"])
@@ -442,7 +436,7 @@ class LocalTrainer:
         self.step = self.checkpointed_step = int(state["step"])
         if self.generator.model is not self.model:
             self._sync_generator()
-        self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
+        self.console.print(f"resumed {self.run_dir} at step {self.step}")
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, float]:
@@ -495,7 +489,7 @@ class LocalTrainer:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
 
     def _evaluate_if_missing(self) -> None:
-        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / EVAL_FILE)}
+        evaluated = {row["step"] for row in read_jsonl(self.run_dir.eval)}
         if self._eval_due(self.step) and self.step not in evaluated:
             result = self.evaluate()
             self.log.log_eval(result)
@@ -503,11 +497,11 @@ class LocalTrainer:
                 self.console.print(f"held-out success before RL: {result['eval/success']:.3f}")
 
     def _summary(self) -> dict[str, float]:
-        evals = read_jsonl(self.config.run_path() / EVAL_FILE)
+        evals = read_jsonl(self.run_dir.eval)
         before = evals[0]["eval/success"] if evals else float("nan")
         after = evals[-1]["eval/success"] if evals else float("nan")
         self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "
-                           f"({self.config.eval_episodes} episodes; run in {self.config.run_path()})")
+                           f"({self.config.eval_episodes} episodes; run in {self.run_dir})")
         self.close()
         return {"success_before": before, "success_after": after, "steps": self.step}
 

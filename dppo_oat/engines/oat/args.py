@@ -352,13 +352,13 @@ def check_resume(args: DPPOOatArgs, learners: int) -> None:
     """``--resume_dir``: a whole checkpoint is there, of as many learners, and the run's settings are these (but
     :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`). Raises ValueError with one line."""
     from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point
-    from dppo_oat.runlog import read_config
+    from dppo_oat.run_dir import RunDir
 
     point = find_resume_point(args.resume_dir, args.resume_tag)
     if int(point.record.get("learners", -1)) != learners:
         raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record.get('learners')} "
                          f"learner(s) and this plan has {learners}: resume on the node layout the run started on")
-    check_resume_settings(read_config(point.run_dir), vars(args))
+    check_resume_settings(RunDir(point.run_dir).read_config(), vars(args))
 
 
 def _check_replaced_flags(args: DPPOOatArgs) -> None:

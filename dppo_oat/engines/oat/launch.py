@@ -26,7 +26,6 @@ import signal
 import sys
 import types
 import warnings
-from pathlib import Path
 from typing import Optional, Sequence
 
 PROG = "python -m dppo_oat.train --engine oat"
@@ -158,7 +157,7 @@ def run_lock(args):
         yield
         return
     from dppo_oat.engines.oat.resume import run_directory_of
-    from dppo_oat.runlog import RunLock
+    from dppo_oat.run_dir import RunLock
 
     try:
         lock = RunLock(run_directory_of(args.resume_dir))
@@ -225,12 +224,13 @@ def record_stop_signals(received: list) -> None:
 def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) -> str:
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
-    from dppo_oat.engines.oat.resume import CHECKPOINTS_DIR, complete_checkpoints
+    from dppo_oat.engines.oat.resume import complete_checkpoints
+    from dppo_oat.run_dir import RunDir
 
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if run_dir is None:
         return f"{what} before the learner made its run directory: nothing to resume; start the run again"
-    newest = complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR)
+    newest = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if not newest:
         return (f"{what}: launchpad stopped every worker before the first checkpoint (every --checkpoint_every "
                 f"learning rounds) of {run_dir}: start the run again")

@@ -39,13 +39,14 @@ from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
-    CHECKPOINTS_DIR, ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
+    ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
     learner_state, partial_path, prune_checkpoints, read_learner_state, remove_unfinished, restore_learner_state,
     set_random_states, write_learner_state, write_resume_record,
 )
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_failure, report_run_dir
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
+from dppo_oat.run_dir import RunDir
 from dppo_oat.runlog import code_commit
 from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
                             one_learner)
@@ -209,14 +210,15 @@ class DPPOLearner(PPOLearner):
         self.resume_point = find_resume_point(args.resume_dir, args.resume_tag) if args.resume_dir else None
         if self.resume_point is not None:
             self.save_path = self._continue_in(self.resume_point.run_dir)
+        self.run_dir = RunDir(self.save_path)  # oat's save_path/<run>_<time>, or the resumed run's
         if self.strategy.is_rank_0():
-            report_run_dir(self.save_path)
+            report_run_dir(self.run_dir)
             config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
                       "trust_region": dataclasses.asdict(self.trust_region)}
             resumed_round = None if self.resume_point is None else self.resume_point.learning_round
-            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n,
+            self._wandb = RunDirectoryLogger(self.run_dir, config, mirror=self._wandb, eval_n=args.eval_n,
                                              resume_round=resumed_round)
-        self.exporter = (TokenExporter(self.save_path) if args.token_export == "all" and self.strategy.is_rank_0()
+        self.exporter = (TokenExporter(self.run_dir) if args.token_export == "all" and self.strategy.is_rank_0()
                          else None)  # rank 0's share of each learning round, as tokens.jsonl
 
     def _continue_in(self, run_dir: Path) -> str:
@@ -228,7 +230,7 @@ class DPPOLearner(PPOLearner):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         if self.strategy.is_rank_0():
-            remove_unfinished(run_dir / CHECKPOINTS_DIR)
+            remove_unfinished(RunDir(run_dir).round_checkpoints)
         return str(run_dir)
 
     def run(self) -> None:
@@ -316,7 +318,7 @@ class DPPOLearner(PPOLearner):
         """Round ``learning_round``'s resumable checkpoint (:mod:`~dppo_oat.engines.oat.resume`), by every learner:
         DeepSpeed's files and each learner's state into ``<tag>.partial``, renamed by rank 0 once every learner
         wrote its part; then only the newest ``--keep_checkpoints`` stay."""
-        root, tag = Path(self.save_path) / CHECKPOINTS_DIR, checkpoint_tag(learning_round)
+        root, tag = self.run_dir.round_checkpoints, checkpoint_tag(learning_round)
         partial, rank_0 = partial_path(root, tag), self.strategy.is_rank_0()
         failure = None
         try:

@@ -31,9 +31,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from dppo_oat.run_dir import CHECKPOINTS_DIR, RunDir
 from dppo_oat.safe_io import atomic_torch_save, atomic_write_bytes
 
-CHECKPOINTS_DIR = "checkpoints"
 PARTIAL_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
 RESUME_RECORD = "resume.json"
@@ -226,11 +226,11 @@ def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> Resu
         raise ValueError(f"--resume_dir {resume_dir}: no such run directory (oat's <save_path>/<run>_<start time>)")
     if tag is None and path.parent.name == CHECKPOINTS_DIR:
         tag = path.name
-    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS_DIR)
+    checkpoints = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if tag is not None:
         checkpoints = [c for c in checkpoints if c.name == tag]
         if not checkpoints:
-            raise ValueError(f"--resume_tag {tag}: {run_dir / CHECKPOINTS_DIR} holds no whole checkpoint of that "
+            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of that "
                              "name: leave --resume_tag out to take the newest")
     if not checkpoints:
         raise ValueError(f"--resume_dir {resume_dir}: the run has no whole checkpoint (one is written every "
