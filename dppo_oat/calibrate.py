@@ -26,9 +26,9 @@ from typing import Annotated, Literal, Optional, Sequence
 import torch
 import tyro
 
-from dppo_oat.run_dir import TOKEN_EXPORT_DIR, RunDir
-from dppo_oat.runlog import to_jsonable
-from dppo_oat.token_export import read_token_export
+from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
+from dppo_oat.run.safe_io import to_jsonable
+from dppo_oat.run.token_export import read_token_export
 from dppo_oat.trust_region import (PRESETS, REAL_FIELDS, RULE_TABLE, UNITS, CalibrationBatch,
                                    CalibrationReport, PolicyLossOutput, TrustRegion, band_of, calibrate)
 from dppo_oat.trust_region.calibrate import check_target
@@ -40,7 +40,7 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 class BatchCollector:
-    """A token observer (as :class:`~dppo_oat.token_export.TokenExporter`) that keeps every loss call of a rollout
+    """A token observer (as :class:`~dppo_oat.run.token_export.TokenExporter`) that keeps every loss call of a rollout
     batch's first epoch as a :class:`~dppo_oat.trust_region.CalibrationBatch`: π_θ of its forward pass, μ, A, the
     response mask, π_θ' where the trust region recomputes it, and its top-K divergence where it reads one."""
 

@@ -2,7 +2,7 @@
 
 A rollout (:mod:`dppo_oat.rollout`) produces :class:`TurnSample` s: one turn of one episode, with the behavior
 policy μ's log-probs of the sampled tokens and, for the top-K rules, μ's top-K set (sec:method_topk). The update
-(:mod:`dppo_oat.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
+(:mod:`dppo_oat.learner.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
 second; the oat engine rebuilds the same samples from oat's transition batches and calls it too, so the two engines
 learn from the very same tensors.
 """

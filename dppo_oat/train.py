@@ -204,11 +204,12 @@ PROG = "python -m dppo_oat.train"
 
 def _parse(argv: list[str]) -> TrainConfig:
     """The local engine's flags (tyro: ``--help`` in sections, or a usage error as one ``error:`` line on stderr with
-    exit 2, :mod:`dppo_oat.usage`). Help piped into a reader that stops early (``--help | head``) ends quietly."""
+    exit 2, :mod:`dppo_oat.settings.usage`). Help piped into a reader that stops early (``--help | head``) ends
+    quietly."""
     import inspect
 
     from dppo_oat.engines.local.config import TrainConfig, parse_config
-    from dppo_oat.usage import one_line_usage_errors
+    from dppo_oat.settings.usage import one_line_usage_errors
 
     description = plain_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
     with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dppo_oat.run_dir import RunDir, RunLock
+from dppo_oat.run.directory import RunDir, RunLock
 
 
 def write_log(path: Path, steps) -> None:

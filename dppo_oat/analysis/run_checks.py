@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from dppo_oat import runlog
-from dppo_oat.run_dir import CONFIG_FILE, EVAL_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.safe_io import read_jsonl
 
 MAX_SHOWN = 40
 """Values of a wrong type longer than this (as JSON) are named by their type in messages."""
@@ -184,7 +184,7 @@ def no_rows_reason(path: Path) -> str:
         return f"its {METRICS_FILE} is not a file" if log.exists() else f"no step logged yet (no {METRICS_FILE})"
     with warnings.catch_warnings(record=True) as unreadable:
         warnings.simplefilter("always")
-        rows = runlog.read_jsonl(log)
+        rows = read_jsonl(log)
     if not rows:
         return f"no line of its {METRICS_FILE} is a JSON object" if unreadable else \
             f"no step logged yet (its {METRICS_FILE} holds no row)"

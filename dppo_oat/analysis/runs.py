@@ -1,9 +1,9 @@
 """Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
 
-A run directory is what the local and oat engines write (:class:`dppo_oat.run_dir.RunDir` names its files): ``config.json`` (run_name,
-engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one object per RL step:
-"step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation: "step",
-"eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
+A run directory is what the local and oat engines write (:class:`dppo_oat.run.directory.RunDir` names its files):
+``config.json`` (run_name, engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one
+object per RL step: "step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation:
+"step", "eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
 ``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table. A damaged run, or
@@ -25,7 +25,6 @@ from typing import Iterable, Union
 import numpy as np
 import pandas as pd
 
-from dppo_oat import runlog
 from dppo_oat.analysis.run_checks import (
     CHOICE_FIELDS,
     DamagedRun,
@@ -36,7 +35,8 @@ from dppo_oat.analysis.run_checks import (
     skipped_message,
     step_numbers,
 )
-from dppo_oat.run_dir import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.trust_region import CHOICE_FIELDS as TR_CHOICE_FIELDS
 from dppo_oat.trust_region import NUMBER_FIELDS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
@@ -159,10 +159,10 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
 
 
 def read_table(path: PathLike) -> pd.DataFrame:
-    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.runlog.read_jsonl` for what is
+    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.run.safe_io.read_jsonl` for what is
     skipped); rows without a ``step`` that is a finite number within int64 are dropped
     (:func:`~dppo_oat.analysis.run_checks.step_numbers`)."""
-    table = pd.DataFrame(runlog.read_jsonl(Path(path)))
+    table = pd.DataFrame(read_jsonl(Path(path)))
     table["step"] = step_numbers(table["step"]) if "step" in table else pd.Series(dtype=float)
     table = table.dropna(subset=["step"]).astype({"step": "int64"})
     return table.sort_values("step", kind="stable").reset_index(drop=True)

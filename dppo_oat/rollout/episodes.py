@@ -38,7 +38,7 @@ from dppo_oat.errors import RunError
 from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
 from dppo_oat.samples import TurnSample
-from dppo_oat.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.settings.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
 from envs.contract import INVALID_ACTION, BrokenEnvError, checked_reset, checked_step, observation_text
 from envs.plugins import env_label
 

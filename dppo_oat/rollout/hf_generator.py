@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dppo_oat.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
+from dppo_oat.learner.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
 from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_interval
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
@@ -25,7 +25,7 @@ from dppo_oat.rollout.generation import Completion
 from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
                                            pack_rows, weights_version, WeightsVersion)
 from dppo_oat.samples import TOPK_PAD_ID
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 NEUTRAL_PROCESSING = dict(
     typical_p=1.0,
@@ -169,8 +169,8 @@ class HFGenerator:
     ``reuse_prefixes``, the sampling loop keeps the keys and values of the last call's
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
-    (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``: on a
-    CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
+    (:mod:`dppo_oat.learner.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``:
+    on a CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
     bucket and kept across calls (``graphs``, a :class:`~dppo_oat.rollout.cuda_graphs.GraphCache`;
     ``graph_captures`` counts its captures); ``decode_steps`` counts the sampling loop's calls by the step that
     decoded them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
@@ -210,7 +210,8 @@ class HFGenerator:
         return next(self.model.parameters()).device
 
     def autocast(self):
-        """The context every forward pass of this sampler runs in (:func:`~dppo_oat.mixed_precision.autocast`)."""
+        """The context every forward pass of this sampler runs in
+        (:func:`~dppo_oat.learner.mixed_precision.autocast`)."""
         return autocast(self.device, self.compute_dtype)
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:

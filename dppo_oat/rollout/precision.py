@@ -25,7 +25,7 @@ from typing import Literal, Mapping
 
 import torch
 
-from dppo_oat.mixed_precision import torch_dtype
+from dppo_oat.learner.mixed_precision import torch_dtype
 
 RolloutPrecision = Literal["float32", "bfloat16", "float16", "int8", "int6", "int5", "int4", "int3"]
 QUANTIZED_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "int3": 3}

@@ -34,9 +34,9 @@ from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.seeds import train_group_seeds
 from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.learner.update import minibatch_indices
 from dppo_oat.rollout.decode import sample_with_cache
 from dppo_oat.rollout.hf_generator import completion_lengths, left_pad
-from dppo_oat.update import minibatch_indices
 
 
 RAW_REPEATS = 3

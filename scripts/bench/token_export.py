@@ -34,7 +34,7 @@ import tyro
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.token_export import TokenExporter
+from dppo_oat.run.token_export import TokenExporter
 
 
 class TimedExporter(TokenExporter):

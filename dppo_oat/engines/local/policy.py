@@ -23,14 +23,14 @@ from rich.progress import Progress
 
 from dppo_oat.engines.local.config import run_spec
 from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
 from dppo_oat.models.tiny import build_shaped_policy, load_policy, save_policy
 from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
-from dppo_oat.runlog import honour_umask
+from dppo_oat.run.safe_io import honour_umask
 from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import RunSpec
+from dppo_oat.settings.spec import RunSpec
 
 CACHE_FORMAT = 3
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""

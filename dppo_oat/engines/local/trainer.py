@@ -1,8 +1,8 @@
 """The local engine's RL loop, cleanrl-style: validate → build → (rollout → advantages → update → log)*.
 
 Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with the generator (μ), compute per-turn
-advantages, run the core's :func:`~dppo_oat.update.learn_from_rollout` with a plain torch optimizer, sync the generator,
-log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
+advantages, run the core's :func:`~dppo_oat.learner.update.learn_from_rollout` with a plain torch optimizer, sync the
+generator, log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
 ``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
 
 With ``--max-staleness k > 0`` the rollout of step ``t + 1`` is sampled in a background thread while step ``t``
@@ -27,29 +27,31 @@ from envs import ensure_registered, unseeded_plugin_envs
 
 from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
-from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
+from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
-from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
+from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
-from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                      use_shape_agnostic_attention)
+from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
+from dppo_oat.learner.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
+                                              use_shape_agnostic_attention)
+from dppo_oat.learner.update import (EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step,
+                                     summarize_steps)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.run_dir import RunLock
-from dppo_oat.runlog import RunLog, atomic_torch_save, read_jsonl, settings_hash
+from dppo_oat.run.directory import RunLock
+from dppo_oat.run.log import RunLog, settings_hash
+from dppo_oat.run.safe_io import atomic_torch_save, read_jsonl
+from dppo_oat.run.token_export import TokenExporter, TokenObservers
+from dppo_oat.run.token_samples import TokenSampler, decode_each
 from dppo_oat.samples import build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
-from dppo_oat.token_export import TokenExporter, TokenObservers
-from dppo_oat.token_samples import TokenSampler, decode_each
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
-from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:

@@ -15,16 +15,17 @@ from pathlib import Path
 from dppo_oat.calibrate import recorded_band
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
-from dppo_oat.mixed_precision import check_compute_dtype
+from dppo_oat.learner.mixed_precision import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.run_dir import CHECKPOINT_FILE, OVERWRITTEN_PREFIX, TOKEN_EXPORT_DIR, RunDir, RunLock
-from dppo_oat.runlog import (PROVENANCE, check_can_write, check_run_name, check_tensorboard, check_wandb,
-                             config_differences, settings_hash, temporary_prefix)
-from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
-from dppo_oat.token_export import check_export_folder
+from dppo_oat.run.directory import CHECKPOINT_FILE, OVERWRITTEN_PREFIX, TOKEN_EXPORT_DIR, RunDir, RunLock
+from dppo_oat.run.log import (PROVENANCE, check_run_name, check_tensorboard, check_wandb, config_differences,
+                              settings_hash)
+from dppo_oat.run.safe_io import check_can_write, temporary_prefix
+from dppo_oat.run.token_export import check_export_folder
+from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:

@@ -1,7 +1,7 @@
 """The oat engine: DPPO on oat's distributed actor/learner program (one GPU node, vLLM actors, DeepSpeed learners).
 
 - :mod:`~dppo_oat.engines.oat.args`: :class:`DPPOOatArgs`, oat's ``PPOArgs`` plus DPPO's flags, mapped onto the
-  core's :class:`~dppo_oat.spec.RunSpec`;
+  core's :class:`~dppo_oat.settings.spec.RunSpec`;
 - :mod:`~dppo_oat.engines.oat.plan`: what a run does on its node, worked out from the arguments (``--dry_run``);
 - :mod:`~dppo_oat.engines.oat.price`: what it costs: time per learning round and for the run, and the learner's
   memory per GPU, from committed GPU measurements and stated models;

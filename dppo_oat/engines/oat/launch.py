@@ -36,9 +36,9 @@ def parse_args(argv: Sequence[str]):
     """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``); ``--help`` shows
     oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
     from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
-    from dppo_oat.grouped_cli import parse_grouped
-    from dppo_oat.spec import plain
-    from dppo_oat.usage import one_line_usage_errors
+    from dppo_oat.settings.grouped_cli import parse_grouped
+    from dppo_oat.settings.spec import plain
+    from dppo_oat.settings.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
@@ -157,7 +157,7 @@ def run_lock(args):
         yield
         return
     from dppo_oat.engines.oat.resume import run_directory_of
-    from dppo_oat.run_dir import RunLock
+    from dppo_oat.run.directory import RunLock
 
     try:
         lock = RunLock(run_directory_of(args.resume_dir))
@@ -225,7 +225,7 @@ def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) ->
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
     from dppo_oat.engines.oat.resume import complete_checkpoints
-    from dppo_oat.run_dir import RunDir
+    from dppo_oat.run.directory import RunDir
 
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if run_dir is None:

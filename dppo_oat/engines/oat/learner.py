@@ -3,18 +3,19 @@
 oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
 MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
 :class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
-:func:`~dppo_oat.update.learn_from_rollout` (fp32 log-probs from :func:`~dppo_oat.learner_forward.causal_lm_forward`)
-with oat's DeepSpeed strategy as backward and optimizer step, and returns the core's metrics beside oat's usual names.
-Everything else (process topology, buffers, DeepSpeed set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also
-writes the run directory the notebooks read (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``,
-``tokens.jsonl`` included (a sample of rank 0's share of each learning round's tokens,
-:mod:`~dppo_oat.token_samples`).
+:func:`~dppo_oat.learner.update.learn_from_rollout` (fp32 log-probs from
+:func:`~dppo_oat.learner.forward.causal_lm_forward`) with oat's DeepSpeed strategy as backward and optimizer step,
+and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
+set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
+(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a sample of rank
+0's share of each learning round's tokens, :mod:`~dppo_oat.run.token_samples`).
 
 Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries advantages
 and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out
 evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line). Every step, skip and
-stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.guard.AnyLearner`), and after each
-learning round every learner's shard of the weights is checked finite before oat may save them or send them to vLLM.
+stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and
+after each learning round every learner's shard of the weights is checked finite before oat may save them or send them
+to vLLM.
 Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
 normalised here, over every learner's batch (Gem's ``norm_return``).
 """
@@ -46,14 +47,14 @@ from dppo_oat.engines.oat.resume import (
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_failure, report_run_dir
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
-from dppo_oat.run_dir import RunDir
-from dppo_oat.runlog import code_commit
-from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
-                            one_learner)
-from dppo_oat.spec import UpdateSettings, split_ids
-from dppo_oat.token_export import TokenExporter, TokenObservers
-from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
+from dppo_oat.learner.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
+                                    one_learner)
+from dppo_oat.learner.update import EngineSteps, learn_from_rollout, summarize_steps
+from dppo_oat.run.directory import RunDir
+from dppo_oat.run.log import code_commit
+from dppo_oat.run.token_export import TokenExporter, TokenObservers
+from dppo_oat.run.token_samples import TokenSampler, decode_each
+from dppo_oat.settings.spec import UpdateSettings, split_ids
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -439,7 +440,7 @@ class DPPOLearner(PPOLearner):
         return {}
 
     def _any_learner(self, state: int) -> int:
-        """The worst ``state`` over the learners (:data:`~dppo_oat.guard.AnyLearner`): a non-finite μ or π_θ
+        """The worst ``state`` over the learners (:data:`~dppo_oat.learner.guard.AnyLearner`): a non-finite μ or π_θ
         usually reaches one learner's batch only, and ZeRO's collectives must line up on all of them."""
         flag = torch.tensor([float(state)], device=model_device(self.model))
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -13,7 +13,7 @@ weights. A DPPO checkpoint of learning round r is one folder, ``<run>/checkpoint
 It is written as ``round_<r>.partial/`` and renamed once every learner has finished writing, so a kill at any moment
 leaves the previous checkpoint whole; the next resume removes a ``.partial`` folder. The newest
 ``--keep_checkpoints`` are kept. A checkpoint is taken only after the round's metrics and evaluation were logged
-and its weights broadcast, so on resume the logs are cut back to the round (:class:`~dppo_oat.runlog.RunLog`), the
+and its weights broadcast, so on resume the logs are cut back to the round (:class:`~dppo_oat.run.log.RunLog`), the
 actors receive the checkpoint's weights and continue at the next actor step (their seeds derive from it), and the
 run goes on as an uninterrupted one would. Imports nothing of oat or launchpad.
 """
@@ -31,8 +31,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from dppo_oat.run_dir import CHECKPOINTS_DIR, RunDir
-from dppo_oat.safe_io import atomic_torch_save, atomic_write_bytes
+from dppo_oat.run.directory import CHECKPOINTS_DIR, RunDir
+from dppo_oat.run.safe_io import atomic_torch_save, atomic_write_bytes
 
 PARTIAL_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
@@ -256,7 +256,7 @@ checked to be PPO; ``learner_gpus_per_group`` and ``local_rank`` are set by oat'
 def check_resume_settings(stored: dict, current: dict) -> None:
     """Refuse, in one line naming them, the settings that differ from the run's ``config.json`` (a resume continues
     the run it names, with its own settings) beyond :data:`MAY_CHANGE_ON_RESUME`."""
-    from dppo_oat.runlog import config_differences
+    from dppo_oat.run.log import config_differences
 
     if not stored:
         raise ValueError("--resume_dir: the run has no config.json: it cannot be told what it trained with")

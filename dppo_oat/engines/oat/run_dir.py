@@ -1,6 +1,6 @@
 """The oat engine's run directory: the same ``config.json`` / ``metrics.jsonl`` / ``eval.jsonl`` as the local engine
-writes (:class:`~dppo_oat.runlog.RunLog` into a :class:`~dppo_oat.run_dir.RunDir`), inside oat's own ``save_path/<run>``, so the notebooks and ``python -m dppo_oat.plot``
-read GPU runs too.
+writes (:class:`~dppo_oat.run.log.RunLog` into a :class:`~dppo_oat.run.directory.RunDir`), inside oat's own
+``save_path/<run>``, so the notebooks and ``python -m dppo_oat.plot`` read GPU runs too.
 
 oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``log(logs)`` after every learning round
 and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from dppo_oat.runlog import RunLog
+from dppo_oat.run.log import RunLog
 
 DPPO_PREFIX, ACTOR_PREFIX, ROUND_KEY = "train/dppo/", "actor/", "train/learning_round"
 EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/seeds"}

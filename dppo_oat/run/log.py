@@ -2,11 +2,14 @@
 identity, its provenance, the wandb and TensorBoard mirrors), for the local and oat engines.
 
 The directory's layout and the rules its files keep (the paths, the lock, temporaries of killed saves, moving an
-earlier run aside, cutting logs back on resume) are :class:`dppo_oat.run_dir.RunDir`'s, re-exported here with the
-free functions older code imports. Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when written, and
-checkpoints are written to a temporary file and renamed, so a crash or a kill loses at most the step in progress.
-Resuming drops log lines past the checkpoint's step (they are recomputed identically). wandb and TensorBoard mirror
-the same numbers when asked. The writes and reads themselves are :mod:`dppo_oat.safe_io`'s (re-exported here).
+earlier run aside, cutting logs back on resume) are :class:`~dppo_oat.run.directory.RunDir`'s; the writes and reads
+themselves are :mod:`dppo_oat.run.safe_io`'s. Every line of ``metrics.jsonl`` / ``eval.jsonl`` is flushed when
+written, and checkpoints are written to a temporary file and renamed, so a crash or a kill loses at most the step in
+progress. Resuming drops log lines past the checkpoint's step (they are recomputed identically). wandb and
+TensorBoard mirror the same numbers when asked.
+
+This module was ``dppo_oat.runlog``, which still imports it: the names that module held (the run files' names, the
+lock, the IO helpers, :func:`read_config`, :func:`temporaries`) are re-exported here for the code that imports them.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from dppo_oat.run_dir import (  # noqa: F401  (re-exported: the run directory's layout lives in run_dir)
+from dppo_oat.run.directory import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
     CHECKPOINT_FILE, CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, TOKENS_FILE, RunDir, RunLock,
 )
-from dppo_oat.safe_io import (  # noqa: F401  (re-exported: the run directory's IO helpers live in safe_io)
+from dppo_oat.run.safe_io import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
     to_jsonable, check_can_write, make_writable_dir, current_umask, honour_umask, temporary_prefix,
     atomic_write_bytes, atomic_write_lines, append_text, nonfinite_tensors, atomic_torch_save, read_jsonl,
 )
@@ -138,11 +141,12 @@ def code_commit() -> str:
     set (:data:`COMMIT_VARIABLE`)."""
     import subprocess
 
+    import dppo_oat
     from dppo_oat import __version__
 
     if os.environ.get(COMMIT_VARIABLE):
         return os.environ[COMMIT_VARIABLE]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(dppo_oat.__file__).resolve().parents[1]  # the checkout: the folder that holds the package
     if not (root / ".git").exists():
         return f"dppo_oat {__version__}"
     try:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.divergence import binary_tv
+from dppo_oat.divergence.estimates import binary_tv
 from dppo_oat.trust_region import (
     MAX_LOG_RATIO,
     SHADOW_CLIP_RANGES,

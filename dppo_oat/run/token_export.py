@@ -1,6 +1,6 @@
 """Every trained token of a step, written to disk off the hot path (``--token-export all``).
 
-``tokens.jsonl`` holds a sample (:mod:`dppo_oat.token_samples`); this holds them all: one JSONL file per RL step,
+``tokens.jsonl`` holds a sample (:mod:`dppo_oat.run.token_samples`); this holds them all: one JSONL file per RL step,
 ``<run>/token_exports/step_<step>.jsonl``, one record per response (a row of the loss: one turn), its fields aligned
 per-token arrays named as prime-rl's token export names them (``prime_rl/trainer/rl/token_export.py``, schema 1):
 ``token_ids``, ``loss_mask``, ``advantages``, ``inference_logprobs`` (log μ), ``trainer_logprobs`` (log π_θ of the
@@ -32,14 +32,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.run_dir import TOKEN_EXPORT_DIR, RunDir
-from dppo_oat.safe_io import atomic_write_lines
+from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
+from dppo_oat.run.safe_io import atomic_write_lines
 from dppo_oat.trust_region import MAX_LOG_RATIO, PolicyLossOutput
 
 SCHEMA_VERSION = 1
 """prime-rl's token-export schema version whose field names the records use."""
 EXPORT_DIR = TOKEN_EXPORT_DIR
-"""The run directory's folder of exports, a file per step (:meth:`~dppo_oat.run_dir.RunDir.export`)."""
+"""The run directory's folder of exports, a file per step (:meth:`~dppo_oat.run.directory.RunDir.export`)."""
 TOKEN_EXPORT_MODES = ("none", "all")
 """``--token-export``: ``none`` (the default: nothing) or ``all`` (every trained token of every step)."""
 FLOAT_COLUMNS = ("advantages", "inference_logprobs", "trainer_logprobs", "importance_ratio", "entropy")
@@ -53,7 +53,7 @@ PROBE_TIMEOUT_S = 30.0
 
 def export_path(run_dir: Path, step: int) -> Path:
     """The export file of ``step``: ``<run_dir>/token_exports/step_<step, 6 digits>.jsonl``
-    (:meth:`~dppo_oat.run_dir.RunDir.export`)."""
+    (:meth:`~dppo_oat.run.directory.RunDir.export`)."""
     return RunDir(run_dir).export(step)
 
 
@@ -98,7 +98,7 @@ def _finite(value: float) -> float | None:
 
 def write_records(path: Path, records: list[dict]) -> None:
     """The records as JSON lines, written to a temporary file, flushed to disk and renamed
-    (:func:`~dppo_oat.safe_io.atomic_write_lines`): a reader never sees half a step, and a full disk is an
+    (:func:`~dppo_oat.run.safe_io.atomic_write_lines`): a reader never sees half a step, and a full disk is an
     ``OSError`` naming ``path`` that leaves no temporary file."""
     lines = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n" for record in records)
     atomic_write_lines(path, lines)

@@ -4,9 +4,9 @@
     <run>/metrics.jsonl   one JSON object per RL step (``step`` and every metric)
     <run>/eval.jsonl      one JSON object per evaluation (``step``, ``eval/success``, ``eval/return``, ...)
     <run>/tokens.jsonl    a sample of each step's response tokens and what every rule did with them
-                          (:mod:`dppo_oat.token_samples`; read by :mod:`dppo_oat.analysis.tokens`)
+                          (:mod:`dppo_oat.run.token_samples`; read by :mod:`dppo_oat.analysis.tokens`)
     <run>/token_exports/  with ``--token-export all``: every trained token, ``step_<step>.jsonl`` per step
-                          (:mod:`dppo_oat.token_export`; read by its ``read_token_export``)
+                          (:mod:`dppo_oat.run.token_export`; read by its ``read_token_export``)
     <run>/checkpoint.pt   the local engine's model and optimizer (atomic)
     <run>/checkpoints/    the oat engine's resumable checkpoints, ``round_<r>/`` per learning round
                           (:mod:`dppo_oat.engines.oat.resume`)
@@ -15,7 +15,7 @@
 :class:`RunDir` names those paths and keeps the rules of the folder: which files a new run may not find (the logs are
 append-only: a new run never starts over another's), which temporaries a killed save leaves and their removal under
 the lock, how ``--overwrite`` moves an earlier run aside, and how a resume cuts the logs back to its checkpoint.
-Writing the logs is :class:`dppo_oat.runlog.RunLog`'s; the writes themselves are :mod:`dppo_oat.safe_io`'s.
+Writing the logs is :class:`dppo_oat.run.log.RunLog`'s; the writes themselves are :mod:`dppo_oat.run.safe_io`'s.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dppo_oat.safe_io import atomic_write_bytes, honour_umask, make_writable_dir, read_jsonl, temporary_prefix
+from dppo_oat.run.safe_io import atomic_write_bytes, honour_umask, make_writable_dir, read_jsonl, temporary_prefix
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 TOKENS_FILE = "tokens.jsonl"
 TOKEN_EXPORT_DIR = "token_exports"
-"""``--token-export all``'s folder: every trained token, a file per step (:mod:`dppo_oat.token_export`)."""
+"""``--token-export all``'s folder: every trained token, a file per step (:mod:`dppo_oat.run.token_export`)."""
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINTS_DIR = "checkpoints"
 """The oat engine's folder of resumable checkpoints, ``round_<r>/`` each (:mod:`dppo_oat.engines.oat.resume`)."""
@@ -53,8 +53,8 @@ OVERWRITTEN_PREFIX = "overwritten-"
 EXPORT_FILE = re.compile(r"step_(\d+)\.jsonl")
 """A step's file in ``token_exports/`` (:meth:`RunDir.export`)."""
 EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
-"""The temporary of a step's export: an atomic write's (:func:`~dppo_oat.safe_io.temporary_prefix`), or a ``.partial``
-file (which exporters that wrote in place left)."""
+"""The temporary of a step's export: an atomic write's (:func:`~dppo_oat.run.safe_io.temporary_prefix`), or a
+``.partial`` file (which exporters that wrote in place left)."""
 
 
 def missing_steps(rows: list[dict], last: int) -> list[int]:
@@ -165,9 +165,9 @@ class RunDir:
         return [step for step in range(1, last + 1) if step not in exported]
 
     def temporaries(self) -> list[Path]:
-        """The temporary files that atomic writes of run files left here (:func:`~dppo_oat.safe_io.temporary_prefix`),
-        and those of step exports in ``token_exports/`` (:data:`EXPORT_TEMPORARY`, whatever their kind: a FIFO
-        too)."""
+        """The temporary files that atomic writes of run files left here
+        (:func:`~dppo_oat.run.safe_io.temporary_prefix`), and those of step exports in ``token_exports/``
+        (:data:`EXPORT_TEMPORARY`, whatever their kind: a FIFO too)."""
         if not self.path.is_dir():
             return []
         prefixes = tuple(temporary_prefix(name) for name in RUN_FILES)
