@@ -1,4 +1,4 @@
-"""The modules that moved into the core's folders, under their old import paths.
+"""The modules that moved into the core's folders or took clearer names, under their old import paths.
 
 ``import dppo_oat.update`` (or ``from dppo_oat import runlog``) gives the module itself, :mod:`dppo_oat.learner.update`
 (:mod:`dppo_oat.run.log`), not a copy of its names: what code sets on it, a test's ``monkeypatch`` included, is set
@@ -18,7 +18,7 @@ MOVED = {
     "dppo_oat.learner_forward": "dppo_oat.learner.forward",
     "dppo_oat.fused_head": "dppo_oat.learner.fused_head",
     "dppo_oat.guard": "dppo_oat.learner.guard",
-    "dppo_oat.mixed_precision": "dppo_oat.learner.mixed_precision",
+    "dppo_oat.mixed_precision": "dppo_oat.learner.autocast",
     "dppo_oat.logprobs": "dppo_oat.divergence.logprobs",
     "dppo_oat.divergence_probe": "dppo_oat.divergence.probe",
     "dppo_oat.runlog": "dppo_oat.run.log",
@@ -29,6 +29,9 @@ MOVED = {
     "dppo_oat.docstrings": "dppo_oat.settings.docstrings",
     "dppo_oat.usage": "dppo_oat.settings.usage",
     "dppo_oat.grouped_cli": "dppo_oat.settings.grouped_cli",
+    "dppo_oat.samples": "dppo_oat.update_batch",
+    "dppo_oat.rollout.precision": "dppo_oat.rollout.rollout_copy",
+    "dppo_oat.engines.oat.toolkit": "dppo_oat.engines.oat.preflight",
 }
 """Old import path → the module's path now."""
 

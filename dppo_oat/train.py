@@ -209,16 +209,12 @@ def _parse(argv: list[str]) -> TrainConfig:
     import inspect
 
     from dppo_oat.engines.local.config import TrainConfig, parse_config
+    from dppo_oat.settings.grouped_cli import as_help
     from dppo_oat.settings.usage import one_line_usage_errors
 
-    description = plain_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
+    description = as_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
     with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
         return parse_config(argv, prog=PROG, description=description)
-
-
-def plain_help(text: str) -> str:
-    """A docstring as ``--help`` shows it: reST's double backticks as single ones."""
-    return text.replace("``", "`")
 
 
 if __name__ == "__main__":

@@ -83,11 +83,13 @@ class Run:
 
     @property
     def algo(self) -> str:
-        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key,
-        else ``custom``."""
+        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key, else
+        ``custom``. An oat run's ``algo`` is not read: there it is oat's algorithm (PPO), not a preset (the oat engine
+        records that as ``oat_algo``; earlier oat runs as ``algo``)."""
         trust_region = self.config.get("trust_region")
         name = trust_region.get("name") if isinstance(trust_region, dict) else None
-        return str(name or self.config.get("algo") or "custom")
+        preset_key = None if self.config.get("engine") == "oat" else self.config.get("algo")
+        return str(name or preset_key or "custom")
 
     @property
     def env(self) -> str:

@@ -6,5 +6,5 @@
 - :mod:`~dppo_oat.learner.fused_head`: π_θ and the loss's gradients from the hidden states (never the ``[N, V]``
   logits);
 - :mod:`~dppo_oat.learner.guard`: the blow-up guard (non-finite log-probs, losses, gradients);
-- :mod:`~dppo_oat.learner.mixed_precision`: ``--dtype``'s autocast over fp32 master weights.
+- :mod:`~dppo_oat.learner.autocast`: ``--dtype``'s autocast over fp32 master weights.
 """

@@ -19,8 +19,8 @@ import torch
 
 from dppo_oat.divergence.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
 from dppo_oat.learner.fused_head import FusedHeadUnsupported, fused_head_logprobs, head_of, last_hidden_states
-from dppo_oat.samples import UpdateBatch
 from dppo_oat.settings.spec import UpdateSettings
+from dppo_oat.update_batch import UpdateBatch
 
 
 @dataclass

@@ -21,8 +21,8 @@ import torch
 from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.learner.forward import ForwardFn
 from dppo_oat.run.safe_io import nonfinite_tensors
-from dppo_oat.samples import UpdateBatch
 from dppo_oat.trust_region import TopK
+from dppo_oat.update_batch import UpdateBatch
 
 
 SKIPPED = "guard/skipped"

@@ -33,9 +33,9 @@ from dppo_oat.learner.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINI
                                     STOPPING_CAUSES, AnyLearner, BlowUpGuard, check_policy_finite, diverged_error,
                                     minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
 from dppo_oat.run.token_samples import TokenSampler
-from dppo_oat.samples import UpdateBatch
 from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, masked_mean, policy_loss
+from dppo_oat.update_batch import UpdateBatch
 
 
 BackwardFn = Callable[[torch.Tensor], None]
@@ -59,7 +59,7 @@ def clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.opt
 
 def scaled_clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                          scaler: torch.amp.GradScaler, max_grad_norm: float) -> dict[str, float]:
-    """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.learner.mixed_precision`): unscale,
+    """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.learner.autocast`): unscale,
     clip the norm, step, and let the scaler adapt its scale. A non-finite gradient at a scale above 1 is an overflow
     of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.learner.guard.LOSS_SCALE_SKIPS` (never a
     reason to stop), and the scale halves; it reports no gradient norm. At a scale of 1 or below the gradient itself

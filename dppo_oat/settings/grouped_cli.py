@@ -47,7 +47,7 @@ def flag_help(cls: type) -> dict[str, str]:
     return docs
 
 
-def plain(text: str) -> str:
+def as_help(text: str) -> str:
     """A help text as ``--help`` shows it: reST's double backticks as single ones."""
     return text.replace("``", "`")
 
@@ -84,7 +84,7 @@ def described_fields(cls: type, names: Sequence[str]) -> list[tuple]:
     its help as one line (tyro keeps a docstring's line breaks, mid-sentence)."""
     hints, docs = typing.get_type_hints(cls, include_extras=True), flag_help(cls)
     fields = {field.name: field for field in dataclasses.fields(cls)}
-    return [(name, Annotated[hints[name], tyro.conf.arg(help=plain(docs[name]))], default_of(fields[name]))
+    return [(name, Annotated[hints[name], tyro.conf.arg(help=as_help(docs[name]))], default_of(fields[name]))
             for name in names]
 
 

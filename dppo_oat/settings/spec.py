@@ -246,8 +246,8 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
                          f"{sampling.temperature}: π_θ and μ would be different distributions")
 
 
-def plain(text: str) -> str:
-    """A docstring as a command line's help shows it: no Sphinx roles, no reST double backticks."""
+def without_markup(text: str) -> str:
+    """A docstring as a flag's help shows it: no Sphinx roles, no reST double backticks."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
 
@@ -261,7 +261,7 @@ def override_help(name: str, doc: str) -> str:
     flags' section, :data:`OVERRIDES_ABOUT`, says that each overrides the preset's number)."""
     readers = [preset for preset in PRESETS if name in TrustRegion.preset(preset).fields_read]
     named = f" Read by {', '.join(readers)}." if len(readers) <= MAX_NAMED_READERS else ""
-    text = plain(doc)
+    text = without_markup(doc)
     if text[:1].isascii():  # "divergence threshold δ" → "Divergence …", but "τ of the penalty" stays as it is
         text = text[:1].upper() + text[1:]
     return f"{text}{named}"

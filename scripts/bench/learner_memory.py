@@ -42,9 +42,9 @@ from dppo_oat.divergence.logprobs import topk_of_logprobs
 from dppo_oat.learner.forward import causal_lm_forward
 from dppo_oat.learner.fused_head import fused_head_logprobs
 from dppo_oat.learner.update import minibatch_step
-from dppo_oat.samples import UpdateBatch
 from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update_batch import UpdateBatch
 
 TARGETS = {"peak_mem_ratio": (">=", 5.0), "time_ratio": ("<=", 1.1), "max_grad_abs_diff": ("<=", 1e-3)}
 """What the fused head should reach against the logits path."""

@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from machine import matmul_flops, synchronize
 from qwen3_shapes import SHAPES, random_qwen3
 
+from dppo_oat.learner.autocast import autocast_forward
 from dppo_oat.learner.guard import BlowUpGuard
-from dppo_oat.learner.mixed_precision import autocast_forward
 from dppo_oat.learner.update import EngineSteps, clip_and_step, learn_from_rollout
-from dppo_oat.samples import UpdateBatch
 from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
+from dppo_oat.update_batch import UpdateBatch
 
 
 def rollout_batch(sequences: int, prompt: int, response: int, vocab: int, device: str) -> UpdateBatch:

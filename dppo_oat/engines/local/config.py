@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Tuple
 
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.learner.mixed_precision import ComputeDtype
+from dppo_oat.learner.autocast import ComputeDtype
 from dppo_oat.models.shapes import PolicyShape
-from dppo_oat.rollout.precision import RolloutPrecision
+from dppo_oat.rollout.rollout_copy import RolloutPrecision
 from dppo_oat.run.directory import RunDir
 from dppo_oat.settings import spec
 from dppo_oat.settings.grouped_cli import FlagGroup, parse_grouped

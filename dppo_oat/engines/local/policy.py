@@ -29,8 +29,8 @@ from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_i
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
 from dppo_oat.run.safe_io import honour_umask
-from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.settings.spec import RunSpec
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 CACHE_FORMAT = 3
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""

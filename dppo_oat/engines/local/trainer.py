@@ -36,22 +36,22 @@ from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
+from dppo_oat.learner.autocast import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
+                                       use_shape_agnostic_attention)
 from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
-from dppo_oat.learner.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                              use_shape_agnostic_attention)
 from dppo_oat.learner.update import (EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step,
                                      summarize_steps)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
+from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
 from dppo_oat.run.directory import RunLock
 from dppo_oat.run.log import RunLog, settings_hash
 from dppo_oat.run.safe_io import atomic_torch_save, read_jsonl
 from dppo_oat.run.token_export import TokenExporter, TokenObservers
 from dppo_oat.run.token_samples import TokenSampler, decode_each
-from dppo_oat.samples import build_update_batch
 from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
+from dppo_oat.update_batch import build_update_batch
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -108,7 +108,7 @@ class LocalTrainer:
         self._warn_of_unseeded_envs()
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
-        self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
+        self.model.to(config.device)  # fp32 master weights whatever --dtype (learner.autocast)
         use_shape_agnostic_attention(config.device)  # minibatches and decode steps differ in length
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=True if torch.device(config.device).type == "cuda" else None)

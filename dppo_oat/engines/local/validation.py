@@ -15,7 +15,7 @@ from pathlib import Path
 from dppo_oat.calibrate import recorded_band
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
-from dppo_oat.learner.mixed_precision import check_compute_dtype
+from dppo_oat.learner.autocast import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics

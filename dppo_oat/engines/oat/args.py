@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Literal, Optional, Tuple
 
 import tyro
@@ -213,6 +213,20 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
             eval_sampling=eval_sampling,
             advantages=AdvantageSettings(args.advantage_mode, args.gamma, args.turn_baseline), update=update,
         )
+
+
+OAT_ALGO = "oat_algo"
+"""The key under which ``config.json`` records oat's ``--algo`` (always PPO here). Not ``algo``: in the analysis a run's
+``algo`` is its trust-region preset (:attr:`dppo_oat.analysis.Run.algo`), which oat's algorithm is not. Earlier runs
+recorded it as ``algo``; the analysis takes their preset from their trust region all the same."""
+
+
+def logged_config(args: DPPOOatArgs, spec: RunSpec) -> dict:
+    """What the learner's ``config.json`` records: every flag as parsed (``--algo`` as :data:`OAT_ALGO`), the engine,
+    the run name and the trust region."""
+    flags = {name: value for name, value in vars(args).items() if name != "algo"}
+    return {**flags, OAT_ALGO: "PPO", "engine": "oat", "run_name": args.wb_run_name,
+            "trust_region": asdict(spec.trust_region)}
 
 
 @contextlib.contextmanager

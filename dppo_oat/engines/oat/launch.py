@@ -7,7 +7,7 @@ the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` 
 checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
 
 A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
-(:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
+(:mod:`~dppo_oat.engines.oat.preflight`), ends the program with one line on stderr and exit status 2; a run whose
 training diverged or whose checkpoint could not be written (every learner stops together,
 :mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1; Ctrl-C or SIGTERM (launchpad stops every
 worker), with one line giving the command that resumes the run from its newest checkpoint
@@ -37,13 +37,13 @@ def parse_args(argv: Sequence[str]):
     oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
     from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
     from dppo_oat.settings.grouped_cli import parse_grouped
-    from dppo_oat.settings.spec import plain
+    from dppo_oat.settings.spec import without_markup
     from dppo_oat.settings.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
         with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
-            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=plain(__doc__))
+            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=without_markup(__doc__))
 
 
 def build_program(args):
@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         stand_in_for_missing_launchpad()
     try:
         from dppo_oat.engines.oat.plan import render_plan
-        from dppo_oat.engines.oat.toolkit import optimizer_toolkit, toolkit_line, toolkit_problem
+        from dppo_oat.engines.oat.preflight import optimizer_toolkit, toolkit_line, toolkit_problem
 
         args, plan = checked_plan(argv)
     except ImportError as error:

@@ -2,7 +2,7 @@
 
 oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
 MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
-:class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
+:class:`~dppo_oat.update_batch.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
 :func:`~dppo_oat.learner.update.learn_from_rollout` (fp32 log-probs from
 :func:`~dppo_oat.learner.forward.causal_lm_forward`) with oat's DeepSpeed strategy as backward and optimizer step,
 and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
@@ -23,7 +23,6 @@ normalised here, over every learner's batch (Gem's ``norm_return``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import shutil
@@ -36,7 +35,7 @@ from oat.algorithms.ppo import PPOLearner
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
-from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
+from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, logged_config, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
@@ -214,11 +213,9 @@ class DPPOLearner(PPOLearner):
         self.run_dir = RunDir(self.save_path)  # oat's save_path/<run>_<time>, or the resumed run's
         if self.strategy.is_rank_0():
             report_run_dir(self.run_dir)
-            config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
-                      "trust_region": dataclasses.asdict(self.trust_region)}
             resumed_round = None if self.resume_point is None else self.resume_point.learning_round
-            self._wandb = RunDirectoryLogger(self.run_dir, config, mirror=self._wandb, eval_n=args.eval_n,
-                                             resume_round=resumed_round)
+            self._wandb = RunDirectoryLogger(self.run_dir, logged_config(args, self.spec), mirror=self._wandb,
+                                             eval_n=args.eval_n, resume_round=resumed_round)
         self.exporter = (TokenExporter(self.run_dir) if args.token_export == "all" and self.strategy.is_rank_0()
                          else None)  # rank 0's share of each learning round, as tokens.jsonl
 

@@ -249,8 +249,9 @@ MAY_CHANGE_ON_RESUME = (
     "save_path", "checkpoint_every", "keep_checkpoints", "max_save_num", "max_save_mem", "launch_type",
     "learner_gpus_per_group", "local_rank", "algo",
 )
-"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo`` is
-checked to be PPO; ``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
+"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo``, oat's
+algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``, an earlier run's as ``algo``;
+``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
 
 
 def check_resume_settings(stored: dict, current: dict) -> None:

@@ -1,4 +1,5 @@
-"""The learner's and the rollout's compute precision: fp32 master weights, each forward pass under autocast.
+"""``--dtype``: the compute dtype of the learner's and the rollout's forward passes, under autocast over fp32 master
+weights (the rollout copy's own precision, ``--rollout-dtype``, is :mod:`dppo_oat.rollout.rollout_copy`'s).
 
 The weights, the gradients and the optimizer state stay fp32 whatever the compute dtype: an AdamW step at a small
 learning rate changes a weight by far less than a bfloat16 ulp (2^-8 of its size), so updates applied to bfloat16
