@@ -16,7 +16,7 @@ import numpy as np
 from dppo_oat.errors import RunError
 
 if TYPE_CHECKING:
-    from dppo_oat.samples import TurnSample
+    from dppo_oat.update_batch import TurnSample
 
 ESTIMATORS = ("drgrpo", "grpo", "rloo")
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -26,8 +26,9 @@ from typing import Annotated, Literal, Optional, Sequence
 import torch
 import tyro
 
-from dppo_oat.runlog import read_config, to_jsonable
-from dppo_oat.token_export import EXPORT_DIR, export_path, read_token_export
+from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
+from dppo_oat.run.safe_io import to_jsonable
+from dppo_oat.run.token_export import read_token_export
 from dppo_oat.trust_region import (PRESETS, REAL_FIELDS, RULE_TABLE, UNITS, CalibrationBatch,
                                    CalibrationReport, PolicyLossOutput, TrustRegion, band_of, calibrate)
 from dppo_oat.trust_region.calibrate import check_target
@@ -39,7 +40,7 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 class BatchCollector:
-    """A token observer (as :class:`~dppo_oat.token_export.TokenExporter`) that keeps every loss call of a rollout
+    """A token observer (as :class:`~dppo_oat.run.token_export.TokenExporter`) that keeps every loss call of a rollout
     batch's first epoch as a :class:`~dppo_oat.trust_region.CalibrationBatch`: π_θ of its forward pass, μ, A, the
     response mask, π_θ' where the trust region recomputes it, and its top-K divergence where it reads one."""
 
@@ -73,17 +74,11 @@ def recorded_band(record, tr: TrustRegion) -> TrustRegion:
 # --------------------------------------------------------------------------------------------- from a token export
 
 
-def exported_steps(run_dir: Path) -> list[int]:
-    """The steps a run's token export holds, in order."""
-    paths = (Path(run_dir) / EXPORT_DIR).glob("step_*.jsonl")
-    return sorted(int(path.stem.removeprefix("step_")) for path in paths if path.stem.removeprefix("step_").isdigit())
-
-
 def export_step(run_dir: Path, step: int | None) -> int:
     """``step``, or the first exported one; a run without an export, or without that step, is one line."""
-    steps = exported_steps(run_dir)
+    steps = RunDir(run_dir).exported_steps()
     if not steps:
-        raise ValueError(f"{run_dir} has no token export ({EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
+        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
     if step is None:
         return steps[0]
     if step not in steps:
@@ -95,7 +90,7 @@ def export_step(run_dir: Path, step: int | None) -> int:
 def export_batch(run_dir: Path, step: int) -> CalibrationBatch:
     """One step's token export as one loss call: a row per record, π_θ (``trainer_logprobs``; a null one counts as
     non-finite, left out as the loss leaves it out), μ (``inference_logprobs``), A and the response mask."""
-    path = export_path(run_dir, step)
+    path = RunDir(run_dir).export(step)
     try:
         frame = read_token_export(run_dir, step)
         rows = torch.tensor(frame.groupby(["row"], sort=True).ngroup().to_numpy(copy=True))
@@ -135,7 +130,7 @@ def check_export_serves(tr: TrustRegion, flag: str) -> None:
 
 def run_trust_region(run_dir: Path) -> TrustRegion:
     """The trust region a run trained (its ``config.json``'s ``trust_region``)."""
-    recorded = read_config(run_dir).get("trust_region")
+    recorded = RunDir(run_dir).read_config().get("trust_region")
     if not isinstance(recorded, dict):
         raise ValueError(f"{run_dir} has no config.json with its trust region: give --trust-region")
     try:

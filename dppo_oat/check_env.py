@@ -32,7 +32,7 @@ import tyro
 from gem.envs.registration import ENV_REGISTRY
 
 import envs
-from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings
+from dppo_oat.settings.spec import FORMAT_ERROR_PENALTY, RolloutSettings
 from envs.contract import INVALID_ACTION
 from envs.oracles import oracle_action, oracle_for_env_id, play_oracle_episode
 

@@ -32,7 +32,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from dppo_oat.analysis import DEFAULT_PANELS, PANELS, curve_flags, load_runs, plot_runs, resolve_run_dirs
 from dppo_oat.analysis.figures import group_name
 from dppo_oat.analysis.panels import available_panels
-from dppo_oat.usage import one_line_usage_errors
+from dppo_oat.settings.usage import one_line_usage_errors
 
 
 @dataclass
@@ -67,7 +67,7 @@ DESCRIPTION = (
 
 def parse_args(argv: Sequence[str] | None = None) -> PlotArgs:
     """The command line as :class:`PlotArgs` (exits with status 2 and one ``dppo-plot: error:`` line when it does
-    not parse, :mod:`dppo_oat.usage`)."""
+    not parse, :mod:`dppo_oat.settings.usage`)."""
     with one_line_usage_errors("dppo-plot", prefix="dppo-plot: error: "):
         return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
 

@@ -153,7 +153,7 @@ def _checkpointed_step(trainer, config: TrainConfig) -> int | None:
     if config.resume:
         from dppo_oat.engines.local.validation import checkpointed_step
 
-        return checkpointed_step(config.run_path())
+        return checkpointed_step(config.run_directory())
     return None
 
 
@@ -161,7 +161,7 @@ def _resume_hint(trainer, config: TrainConfig) -> str:
     step = _checkpointed_step(trainer, config)
     if step is None:
         return "nothing was checkpointed yet: run the same command again to start over"
-    return f"step {step} is checkpointed in {config.run_path()}: the same command with --resume continues"
+    return f"step {step} is checkpointed in {config.run_directory()}: the same command with --resume continues"
 
 
 def _interrupted(trainer, config: TrainConfig, interrupt: KeyboardInterrupt) -> str:
@@ -204,20 +204,17 @@ PROG = "python -m dppo_oat.train"
 
 def _parse(argv: list[str]) -> TrainConfig:
     """The local engine's flags (tyro: ``--help`` in sections, or a usage error as one ``error:`` line on stderr with
-    exit 2, :mod:`dppo_oat.usage`). Help piped into a reader that stops early (``--help | head``) ends quietly."""
+    exit 2, :mod:`dppo_oat.settings.usage`). Help piped into a reader that stops early (``--help | head``) ends
+    quietly."""
     import inspect
 
     from dppo_oat.engines.local.config import TrainConfig, parse_config
-    from dppo_oat.usage import one_line_usage_errors
+    from dppo_oat.settings.grouped_cli import as_help
+    from dppo_oat.settings.usage import one_line_usage_errors
 
-    description = plain_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
+    description = as_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
     with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
         return parse_config(argv, prog=PROG, description=description)
-
-
-def plain_help(text: str) -> str:
-    """A docstring as ``--help`` shows it: reST's double backticks as single ones."""
-    return text.replace("``", "`")
 
 
 if __name__ == "__main__":

@@ -31,11 +31,11 @@ from typing import Callable, Iterator, NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dppo_oat import spec as spec_module  # noqa: E402
 from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402
-from dppo_oat.docstrings import documented_fields  # noqa: E402
-from dppo_oat.grouped_cli import flag_help  # noqa: E402
-from dppo_oat.spec import DPPOFlags  # noqa: E402
+from dppo_oat.settings import spec as spec_module  # noqa: E402
+from dppo_oat.settings.docstrings import documented_fields  # noqa: E402
+from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402
+from dppo_oat.settings.spec import DPPOFlags  # noqa: E402
 from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402
 
 # --------------------------------------------------------------------------------- the trust-region presets
@@ -192,13 +192,14 @@ def oat_default_changes() -> dict[str, str]:
 
 
 def spec_value(node: ast.expr):
-    """A literal, or a name :mod:`dppo_oat.spec` defines (``OVERRIDES_ABOUT``), as the oat engine's module uses it."""
+    """A literal, or a name :mod:`dppo_oat.settings.spec` defines (``OVERRIDES_ABOUT``), as the oat engine's module
+    uses it."""
     return getattr(spec_module, node.id) if isinstance(node, ast.Name) else ast.literal_eval(node)
 
 
 def oat_help_groups() -> list[tuple[str, str, tuple[str, ...]]]:
     """The oat engine's ``HELP_GROUPS``, read from its source: ``(title, about, fields)`` per ``FlagGroup(...)``,
-    a ``*NAME`` among the fields being a tuple of :mod:`dppo_oat.spec`."""
+    a ``*NAME`` among the fields being a tuple of :mod:`dppo_oat.settings.spec`."""
     groups = []
     for call in constant_node(oat_args_module(), "HELP_GROUPS").elts:
         title, about, fields = call.args

@@ -33,7 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-from dppo_oat.safe_io import atomic_write_bytes
+from dppo_oat.run.safe_io import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {

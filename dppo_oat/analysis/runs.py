@@ -1,9 +1,9 @@
 """Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
 
-A run directory is what the local and oat engines write (:mod:`dppo_oat.runlog` names its files): ``config.json`` (run_name,
-engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one object per RL step:
-"step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation: "step",
-"eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
+A run directory is what the local and oat engines write (:class:`dppo_oat.run.directory.RunDir` names its files):
+``config.json`` (run_name, engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one
+object per RL step: "step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation:
+"step", "eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
 ``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table. A damaged run, or
@@ -25,7 +25,6 @@ from typing import Iterable, Union
 import numpy as np
 import pandas as pd
 
-from dppo_oat import runlog
 from dppo_oat.analysis.run_checks import (
     CHOICE_FIELDS,
     DamagedRun,
@@ -36,7 +35,8 @@ from dppo_oat.analysis.run_checks import (
     skipped_message,
     step_numbers,
 )
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.trust_region import CHOICE_FIELDS as TR_CHOICE_FIELDS
 from dppo_oat.trust_region import NUMBER_FIELDS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
@@ -83,11 +83,13 @@ class Run:
 
     @property
     def algo(self) -> str:
-        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key,
-        else ``custom``."""
+        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key, else
+        ``custom``. An oat run's ``algo`` is not read: there it is oat's algorithm (PPO), not a preset (the oat engine
+        records that as ``oat_algo``; earlier oat runs as ``algo``)."""
         trust_region = self.config.get("trust_region")
         name = trust_region.get("name") if isinstance(trust_region, dict) else None
-        return str(name or self.config.get("algo") or "custom")
+        preset_key = None if self.config.get("engine") == "oat" else self.config.get("algo")
+        return str(name or preset_key or "custom")
 
     @property
     def env(self) -> str:
@@ -110,8 +112,8 @@ class Run:
 
 def is_run_dir(path: PathLike) -> bool:
     """True for a directory holding a run's ``config.json`` or ``metrics.jsonl``."""
-    path = Path(path)
-    return path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file())
+    run_dir = RunDir(path)
+    return run_dir.path.is_dir() and (run_dir.config.is_file() or run_dir.metrics.is_file())
 
 
 def not_a_run_dir_message(path: PathLike) -> str:
@@ -159,10 +161,10 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
 
 
 def read_table(path: PathLike) -> pd.DataFrame:
-    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.runlog.read_jsonl` for what is
+    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.run.safe_io.read_jsonl` for what is
     skipped); rows without a ``step`` that is a finite number within int64 are dropped
     (:func:`~dppo_oat.analysis.run_checks.step_numbers`)."""
-    table = pd.DataFrame(runlog.read_jsonl(Path(path)))
+    table = pd.DataFrame(read_jsonl(Path(path)))
     table["step"] = step_numbers(table["step"]) if "step" in table else pd.Series(dtype=float)
     table = table.dropna(subset=["step"]).astype({"step": "int64"})
     return table.sort_values("step", kind="stable").reset_index(drop=True)
@@ -198,19 +200,21 @@ def load_run(path: PathLike) -> Run:
     config = read_config(path)
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
-    return Run(path=path, config=config, metrics=read_log(path, METRICS_FILE), eval=read_log(path, EVAL_FILE))
+    run_dir = RunDir(path)
+    return Run(path=path, config=config, metrics=read_log(run_dir.metrics), eval=read_log(run_dir.eval))
 
 
-def read_log(path: Path, name: str) -> pd.DataFrame:
-    """:func:`read_table` of the log ``name`` of run directory ``path``, a step logged twice kept once
-    (:func:`without_repeated_steps`); ``DamagedRun`` when it cannot be read."""
+def read_log(log: Path) -> pd.DataFrame:
+    """:func:`read_table` of a run directory's log (``metrics.jsonl``, ``eval.jsonl``), a step logged twice kept
+    once (:func:`without_repeated_steps`); ``DamagedRun`` when it cannot be read."""
     try:
-        table = read_table(path / name)
+        table = read_table(log)
     except (OSError, EOFError, zlib.error) as error:  # unreadable, or a damaged gzip copy
-        packed = (path / name).with_name(name + ".gz")
-        shown = name if (path / name).is_file() or not packed.is_file() else packed.name
-        raise DamagedRun(path, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") from None
-    return without_repeated_steps(table, path / name)
+        packed = log.with_name(log.name + ".gz")
+        shown = log.name if log.is_file() or not packed.is_file() else packed.name
+        raise DamagedRun(log.parent, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") \
+            from None
+    return without_repeated_steps(table, log)
 
 
 def without_repeated_steps(table: pd.DataFrame, log: Path) -> pd.DataFrame:

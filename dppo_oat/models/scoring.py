@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from dppo_oat.samples import TOPK_PAD_ID
+from dppo_oat.update_batch import TOPK_PAD_ID
 
 
 def nucleus_log_softmax(logits: torch.Tensor, top_p: float) -> torch.Tensor:

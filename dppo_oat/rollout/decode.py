@@ -1,4 +1,4 @@
-"""A plain sampling loop over a Hugging Face causal LM with its KV cache: the fast path of the HF generator.
+"""The HF generator's own sampling loop over a Hugging Face causal LM with its KV cache: its fast path.
 
 ``model.generate`` spends a good part of each step of a small model on machinery a rollout does not use (logits
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training

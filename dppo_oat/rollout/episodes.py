@@ -2,8 +2,8 @@
 
 A batch of ``num_groups × group_size`` environment slots is stepped in lock-step through a ``gem.make_vec`` vector
 env: every turn, the observations of the running episodes are rendered into prompts, one generator call samples all
-actions, and each action's tokens become a :class:`~dppo_oat.samples.TurnSample` with μ's log-probs (and top-K set).
-The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
+actions, and each action's tokens become a :class:`~dppo_oat.update_batch.TurnSample` with μ's log-probs (and top-K
+set). The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
 one-turn episodes. A prompt longer than the context or an env exception ends that episode with Gem's format-error
 penalty and is counted (an env's first exception is also shown, with its id, and :data:`BROKEN_ENV_EPISODES` errors in
 a row stop the run: the env is broken, not the policy); a non-finite reward stops the run, naming the env. So does an
@@ -37,8 +37,8 @@ from gem.vector.vector_env import AutoresetMode
 from dppo_oat.errors import RunError
 from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
-from dppo_oat.samples import TurnSample
-from dppo_oat.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.settings.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.update_batch import TurnSample
 from envs.contract import INVALID_ACTION, BrokenEnvError, checked_reset, checked_step, observation_text
 from envs.plugins import env_label
 

@@ -12,7 +12,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 @dataclass
 class Completion:

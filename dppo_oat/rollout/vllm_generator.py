@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dppo_oat.rollout.generation import Completion, check_logprob_semantics
-from dppo_oat.samples import TOPK_PAD_ID
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
+from dppo_oat.update_batch import TOPK_PAD_ID
 
 VLLM_DEFAULT_MAX_LOGPROBS = 20
 """vLLM's default ``max_logprobs``: the largest K a generator returns unless the engine is built with more."""

@@ -70,7 +70,8 @@ def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavi
 @dataclass(frozen=True)
 class TrustRegion:
     """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`. Each field's
-    docstring is also the help of its command-line override (``--tr-<field>``, :class:`~dppo_oat.spec.DPPOFlags`)."""
+    docstring is also the help of its command-line override (``--tr-<field>``,
+    :class:`~dppo_oat.settings.spec.DPPOFlags`)."""
 
     rule: str = "binary_tv"
     """Which mask M_t: a name of :data:`RULE_TABLE`."""

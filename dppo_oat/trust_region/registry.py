@@ -28,7 +28,7 @@ class TopK:
     top-K divergences read.
 
     ``K' = K + 1``: the last slot holds a_t when it is outside μ's top K, and is invalid otherwise.
-    ``logp`` holds π_θ's log-probs at ``ids`` (see :func:`dppo_oat.logprobs.gather_logprobs_chunked`).
+    ``logp`` holds π_θ's log-probs at ``ids`` (see :func:`dppo_oat.divergence.logprobs.gather_logprobs_chunked`).
     """
 
     ids: torch.Tensor

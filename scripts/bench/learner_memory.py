@@ -38,13 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dppo_oat.fused_head import fused_head_logprobs
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.logprobs import topk_of_logprobs
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.divergence.logprobs import topk_of_logprobs
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.fused_head import fused_head_logprobs
+from dppo_oat.learner.update import minibatch_step
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import minibatch_step
+from dppo_oat.update_batch import UpdateBatch
 
 TARGETS = {"peak_mem_ratio": (">=", 5.0), "time_ratio": ("<=", 1.1), "max_grad_abs_diff": ("<=", 1e-3)}
 """What the fused head should reach against the logits path."""

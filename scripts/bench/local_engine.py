@@ -34,9 +34,9 @@ from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.seeds import train_group_seeds
 from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.learner.update import minibatch_indices
 from dppo_oat.rollout.decode import sample_with_cache
 from dppo_oat.rollout.hf_generator import completion_lengths, left_pad
-from dppo_oat.update import minibatch_indices
 
 
 RAW_REPEATS = 3
@@ -101,7 +101,7 @@ def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
 def last_update_batch(trainer: LocalTrainer):
     """The update batch of a fresh rollout of the current policy (for the raw-update comparison)."""
     from dppo_oat.advantages import sample_advantages
-    from dppo_oat.samples import build_update_batch
+    from dppo_oat.update_batch import build_update_batch
 
     seeds = train_group_seeds(trainer.config.seed, 20_000 + trainer.step, trainer.config.groups_per_step)
     samples = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds).samples

@@ -295,19 +295,19 @@ class Counters:
     and without grad)."""
 
     def __init__(self, learner) -> None:
-        import dppo_oat.learner_forward
+        import dppo_oat.learner.forward
 
         module = learner.model.model.module
         self.values = {}
         module.model.register_forward_hook(self._decoder)
         module.get_output_embeddings().register_forward_hook(self._head)
-        fused = dppo_oat.learner_forward.fused_head_logprobs
+        fused = dppo_oat.learner.forward.fused_head_logprobs
 
         def counted(hidden, *rest, **kwargs):  # DPPO's fused head reads the weight, not the module
             self.add_head_rows(hidden.shape[0])
             return fused(hidden, *rest, **kwargs)
 
-        dppo_oat.learner_forward.fused_head_logprobs = counted
+        dppo_oat.learner.forward.fused_head_logprobs = counted
 
     def add(self, key: str, value: int) -> None:
         self.values[key] = self.values.get(key, 0) + int(value)

@@ -48,9 +48,9 @@ from machine import copy_bandwidth
 from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model
 
 from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
-from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS
 from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad
+from dppo_oat.settings.spec import SamplingSettings
 
 TARGET_RATIO = 0.9
 """The single-turn target of the tiny policy (``hf.meets_target``)."""

@@ -34,7 +34,7 @@ import tyro
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.token_export import TokenExporter, export_path
+from dppo_oat.run.token_export import TokenExporter
 
 
 class TimedExporter(TokenExporter):
@@ -66,7 +66,7 @@ def trainer(run_dir: str, name: str, cache_dir: str | None, export: bool) -> Loc
     config = tyro.cli(TrainConfig, args=args + (["--cache-dir", cache_dir] if cache_dir else []))
     built = LocalTrainer(config)
     if export:
-        built.exporter = TimedExporter(config.run_path())
+        built.exporter = TimedExporter(built.run_dir)
     return built
 
 
@@ -93,8 +93,8 @@ def main() -> None:
                 times.append(timed_step(run))
             on.exporter.wait()
         on.exporter.close()
-        sizes = [export_path(on.config.run_path(), step).stat().st_size for step in range(1, args.steps + 1)]
-        exported = not (off.config.run_path() / "token_exports").exists()
+        sizes = [on.run_dir.export(step).stat().st_size for step in range(1, args.steps + 1)]
+        exported = not off.run_dir.token_exports.exists()
         main_seconds = statistics.median(on.exporter.main_seconds[:-1])
         writer = statistics.median(on.exporter.writer_seconds)
         off_step = statistics.median(w for w, _ in off_steps)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from dppo_oat.logprobs import topk_of_logprobs
+from dppo_oat.divergence.logprobs import topk_of_logprobs
 from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
 
 VOCAB = 151_936

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/mismatch_pilot.py): the root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.runlog import code_commit, read_jsonl  # noqa: E402
+from dppo_oat.run.log import code_commit  # noqa: E402
+from dppo_oat.run.safe_io import read_jsonl  # noqa: E402
 
 BINDS = {"abs_diff_mean": 5e-3, "mask_fraction": 5e-3}
 """The levels a mismatch arm must reach at one minibatch per rollout (the study's design)."""

@@ -3,7 +3,7 @@
 For every finished run of ``--study`` (``python -m studies.cpu.run``'s output), writes ``config.json``,
 ``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``studies/cpu/data`` by default), in the same
 ``<task>/<run>/`` layout; checkpoints, token samples and logs stay behind. The gzip files carry no timestamp, so
-packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
+packing the same runs twice gives the same bytes. :func:`dppo_oat.run.log.read_jsonl` reads ``*.jsonl.gz`` where the
 plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
 
 With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in that page (between the
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/pack.py): the checkout's root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
+from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
 from studies.cpu.page import rewrite_page  # noqa: E402
 
 MAX_BYTES = 40 * 2**20

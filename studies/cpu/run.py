@@ -48,7 +48,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from dppo_oat.engines.local.progress import line_console
-from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
+from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
+from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
 
 @dataclass(frozen=True)
 class Condition:

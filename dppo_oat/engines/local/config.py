@@ -1,5 +1,6 @@
 """The local engine's configuration (a tyro CLI whose ``--help`` comes in sections, :data:`HELP_GROUPS`), validated
-before any model is built, and its one mapping onto the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`)."""
+before any model is built, and its one mapping onto the run's :class:`~dppo_oat.settings.spec.RunSpec`
+(:func:`run_spec`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Tuple
 
-from dppo_oat import spec
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.grouped_cli import FlagGroup, parse_grouped
-from dppo_oat.mixed_precision import ComputeDtype
+from dppo_oat.learner.autocast import ComputeDtype
 from dppo_oat.models.shapes import PolicyShape
-from dppo_oat.rollout.precision import RolloutPrecision
+from dppo_oat.rollout.rollout_copy import RolloutPrecision
+from dppo_oat.run.directory import RunDir
+from dppo_oat.settings import spec
+from dppo_oat.settings.grouped_cli import FlagGroup, parse_grouped
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
@@ -213,8 +215,9 @@ class TrainConfig(spec.DPPOFlags):
             return self.run_name
         return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
-    def run_path(self) -> Path:
-        return Path(self.run_dir) / self.resolved_run_name()
+    def run_directory(self) -> RunDir:
+        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs."""
+        return RunDir(Path(self.run_dir) / self.resolved_run_name())
 
     @property
     def warm_start_seed(self) -> int:
@@ -247,7 +250,8 @@ HELP_GROUPS = (
               "oracle demonstrations.", ("warm_start",)),
 )
 """The sections of ``python -m dppo_oat.train --help``, in order (every :class:`TrainConfig` field in one): the flags
-a first run changes, then one section per part of a run. The flags keep their names (:mod:`dppo_oat.grouped_cli`)."""
+a first run changes, then one section per part of a run. The flags keep their names
+(:mod:`dppo_oat.settings.grouped_cli`)."""
 
 
 def parse_config(args: Sequence[str], **tyro_options: Any) -> TrainConfig:

@@ -1,8 +1,8 @@
 """The local engine's RL loop, cleanrl-style: validate → build → (rollout → advantages → update → log)*.
 
 Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with the generator (μ), compute per-turn
-advantages, run the core's :func:`~dppo_oat.update.learn_from_rollout` with a plain torch optimizer, sync the generator,
-log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
+advantages, run the core's :func:`~dppo_oat.learner.update.learn_from_rollout` with a plain torch optimizer, sync the
+generator, log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
 ``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
 
 With ``--max-staleness k > 0`` the rollout of step ``t + 1`` is sampled in a background thread while step ``t``
@@ -18,7 +18,6 @@ import math
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,30 +27,31 @@ from envs import ensure_registered, unseeded_plugin_envs
 
 from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
-from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
+from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
-from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
+from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
-from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                      use_shape_agnostic_attention)
+from dppo_oat.learner.autocast import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
+                                       use_shape_agnostic_attention)
+from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
+from dppo_oat.learner.update import (EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step,
+                                     summarize_steps)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, RunLock, RunLog,
-                             atomic_torch_save, exported_steps, missing_steps, move_run_aside, read_config, read_jsonl,
-                             settings_hash)
-from dppo_oat.samples import build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
-from dppo_oat.token_export import TokenExporter, TokenObservers
-from dppo_oat.token_samples import TokenSampler, decode_each
+from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
+from dppo_oat.run.directory import RunLock
+from dppo_oat.run.log import RunLog, settings_hash
+from dppo_oat.run.safe_io import atomic_torch_save, read_jsonl
+from dppo_oat.run.token_export import TokenExporter, TokenObservers
+from dppo_oat.run.token_samples import TokenSampler, decode_each
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
-from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
+from dppo_oat.update_batch import build_update_batch
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -87,7 +87,8 @@ class LocalTrainer:
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or line_console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
-        self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
+        self.run_dir = config.run_directory()  # this run's files (config.run_dir is the folder of runs)
+        self.lock = RunLock(self.run_dir)  # a second run writing the same directory is refused here
         if self.lock.removed:
             self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "
                                f"({self.lock.removed[0].relative_to(self.lock.directory)} first)", soft_wrap=True)
@@ -107,7 +108,7 @@ class LocalTrainer:
         self._warn_of_unseeded_envs()
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
-        self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
+        self.model.to(config.device)  # fp32 master weights whatever --dtype (learner.autocast)
         use_shape_agnostic_attention(config.device)  # minibatches and decode steps differ in length
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=True if torch.device(config.device).type == "cuda" else None)
@@ -124,7 +125,7 @@ class LocalTrainer:
         self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
-        self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
+        self.exporter = TokenExporter(self.run_dir) if config.token_export == "all" else None
         self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
         self._check_prompts_fit()
         self._open_log()
@@ -148,7 +149,7 @@ class LocalTrainer:
         """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
         checkpoint's); the checkpoint carries it and the hash of the settings it was trained under."""
         c, resuming = self.config, self.resume_step is not None
-        stored = read_config(c.run_path()) if resuming else {}
+        stored = self.run_dir.read_config() if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
         self.calibration = stored.get("calibration") if self.spec.calibration is not None else None
@@ -163,15 +164,14 @@ class LocalTrainer:
             self._warn_of_export_gap()
         elif c.overwrite:
             self._move_earlier_run_aside()
-        self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
+        self.log = RunLog(self.run_dir, written, resume_step=self.resume_step, wandb=c.wandb,
                           tensorboard=c.tensorboard)
 
     def _warn_of_metrics_gap(self) -> None:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
-        path = self.config.run_path() / METRICS_FILE
-        missing = missing_steps(read_jsonl(path), self.resume_step)
+        missing = self.run_dir.steps_missing_from_metrics(self.resume_step)
         if missing:
-            self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
+            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
                                f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
 
     def _warn_of_export_gap(self) -> None:
@@ -179,16 +179,15 @@ class LocalTrainer:
         they cannot be exported again, their rollouts are gone."""
         if self.exporter is None:
             return
-        exported = set(exported_steps(self.config.run_path()))
-        missing = [step for step in range(1, self.resume_step + 1) if step not in exported]
+        missing = self.run_dir.steps_missing_from_exports(self.resume_step)
         if missing:
-            self.console.print(f"warning: {self.config.run_path() / TOKEN_EXPORT_DIR} lacks {len(missing)} of the "
+            self.console.print(f"warning: {self.run_dir.token_exports} lacks {len(missing)} of the "
                                f"{self.resume_step} checkpointed steps (step {missing[0]} first: trained without "
                                "--token-export all); the steps from here on are exported", soft_wrap=True)
 
     def _move_earlier_run_aside(self) -> None:
         """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
-        aside = move_run_aside(self.config.run_path())
+        aside = self.run_dir.move_aside()
         if aside is not None:
             self.console.print(f"--overwrite: the earlier run's files are in {aside}", soft_wrap=True)
 
@@ -199,7 +198,7 @@ class LocalTrainer:
     def _load_policy(self):
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
-        return load_or_build_tiny_policy(self.config, self.console)
+        return load_or_build_tiny_policy(self.config, self.console, self.spec)
 
     def _make_generator(self):
         c = self.config
@@ -413,9 +412,6 @@ class LocalTrainer:
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_path(self) -> Path:
-        return self.config.run_path() / CHECKPOINT_FILE
-
     def save_checkpoint(self) -> None:
         weights = self.model.state_dict()
         state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
@@ -423,11 +419,11 @@ class LocalTrainer:
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
         state.update(self.rollouts.checkpoint_state(self.step))  # stale rollouts: the older weights they sample with
-        atomic_torch_save(state, self._checkpoint_path(), weights=weights)
+        atomic_torch_save(state, self.run_dir.checkpoint, weights=weights)
         self.checkpointed_step = self.step
 
     def _load_checkpoint(self) -> None:
-        path = self._checkpoint_path()
+        path = self.run_dir.checkpoint
         try:
             state = torch.load(path, map_location=self.config.device, weights_only=True)
             self.model.load_state_dict(state["model"])
@@ -442,7 +438,7 @@ class LocalTrainer:
         self.step = self.checkpointed_step = int(state["step"])
         if self.generator.model is not self.model:
             self._sync_generator()
-        self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
+        self.console.print(f"resumed {self.run_dir} at step {self.step}")
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, float]:
@@ -495,7 +491,7 @@ class LocalTrainer:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
 
     def _evaluate_if_missing(self) -> None:
-        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / EVAL_FILE)}
+        evaluated = {row["step"] for row in read_jsonl(self.run_dir.eval)}
         if self._eval_due(self.step) and self.step not in evaluated:
             result = self.evaluate()
             self.log.log_eval(result)
@@ -503,11 +499,11 @@ class LocalTrainer:
                 self.console.print(f"held-out success before RL: {result['eval/success']:.3f}")
 
     def _summary(self) -> dict[str, float]:
-        evals = read_jsonl(self.config.run_path() / EVAL_FILE)
+        evals = read_jsonl(self.run_dir.eval)
         before = evals[0]["eval/success"] if evals else float("nan")
         after = evals[-1]["eval/success"] if evals else float("nan")
         self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "
-                           f"({self.config.eval_episodes} episodes; run in {self.config.run_path()})")
+                           f"({self.config.eval_episodes} episodes; run in {self.run_dir})")
         self.close()
         return {"success_before": before, "success_after": after, "steps": self.step}
 

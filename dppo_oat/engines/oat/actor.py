@@ -47,8 +47,8 @@ from dppo_oat.rollout.vllm_generator import (
     VLLMGenerator,
     running_on_cpu,
 )
-from dppo_oat.samples import TurnSample
-from dppo_oat.spec import split_ids
+from dppo_oat.settings.spec import split_ids
+from dppo_oat.update_batch import TurnSample
 
 
 def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:

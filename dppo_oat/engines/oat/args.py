@@ -1,8 +1,9 @@
 """Command-line arguments of the oat engine: oat's ``PPOArgs`` (every oat flag keeps working) plus DPPO's own, and
-their one mapping onto the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`).
+their one mapping onto the run's :class:`~dppo_oat.settings.spec.RunSpec` (:func:`run_spec`).
 
-DPPO's flags are :class:`~dppo_oat.spec.DPPOFlags` (the trust region, the Gem tasks and how episodes are played, the
-advantage estimator: the same names as the local engine's), plus the oat-specific ones below. What changes meaning:
+DPPO's flags are :class:`~dppo_oat.settings.spec.DPPOFlags` (the trust region, the Gem tasks and how episodes are
+played, the advantage estimator: the same names as the local engine's), plus the oat-specific ones below. What
+changes meaning:
 
 - ``num_samples`` is the GRPO group size: episodes started from the same seed;
 - ``max_train`` counts training turn-samples (oat's placeholder prompt set has that many entries, one per sample);
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Literal, Optional, Tuple
 
 import tyro
@@ -28,7 +29,6 @@ from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.grouped_cli import FlagGroup
 from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the actor reads it here)
     check_group_size,
     check_plan,
@@ -39,9 +39,9 @@ from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the acto
 )
 from dppo_oat.engines.oat.price import check_price_flags
 from dppo_oat.ranges import check_float32_fields
-from dppo_oat.runlog import check_run_name, check_wandb
-from dppo_oat.trust_region import UNITS
-from dppo_oat.spec import (
+from dppo_oat.run.log import check_run_name, check_wandb
+from dppo_oat.settings.grouped_cli import FlagGroup
+from dppo_oat.settings.spec import (
     CALIBRATION_FLAGS,
     OVERRIDE_FLAGS,
     OVERRIDES_ABOUT,
@@ -55,6 +55,7 @@ from dppo_oat.spec import (
     split_ids,
     topk_logprobs_of,
 )
+from dppo_oat.trust_region import UNITS
 
 OAT_AGGREGATION = {"drgrpo": "seq-mean-token-sum-norm", "grpo": "seq-mean-token-mean"}
 """oat's loss aggregation per ``critic_type``: ``masked_sum / generate_max_length`` or ``masked_mean``, then a mean
@@ -177,7 +178,7 @@ HELP_GROUPS = (
     FlagGroup("dppo plan", "", ("dry_run", "price_gpu", "price_model", "price_decode_efficiency")),
 )
 """The sections of DPPO's flags in ``--engine oat --help``, after oat's own flags (the first section, as oat shows
-them); the flags keep their names (:mod:`dppo_oat.grouped_cli`)."""
+them); the flags keep their names (:mod:`dppo_oat.settings.grouped_cli`)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:
@@ -212,6 +213,20 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
             eval_sampling=eval_sampling,
             advantages=AdvantageSettings(args.advantage_mode, args.gamma, args.turn_baseline), update=update,
         )
+
+
+OAT_ALGO = "oat_algo"
+"""The key under which ``config.json`` records oat's ``--algo`` (always PPO here). Not ``algo``: in the analysis a run's
+``algo`` is its trust-region preset (:attr:`dppo_oat.analysis.Run.algo`), which oat's algorithm is not. Earlier runs
+recorded it as ``algo``; the analysis takes their preset from their trust region all the same."""
+
+
+def logged_config(args: DPPOOatArgs, spec: RunSpec) -> dict:
+    """What the learner's ``config.json`` records: every flag as parsed (``--algo`` as :data:`OAT_ALGO`), the engine,
+    the run name and the trust region."""
+    flags = {name: value for name, value in vars(args).items() if name != "algo"}
+    return {**flags, OAT_ALGO: "PPO", "engine": "oat", "run_name": args.wb_run_name,
+            "trust_region": asdict(spec.trust_region)}
 
 
 @contextlib.contextmanager
@@ -282,7 +297,7 @@ ASYNCHRONOUS_REFUSED = (
 
 FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
 """Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step); the
-temperatures are the spec's to check (:func:`~dppo_oat.spec.check_temperature`)."""
+temperatures are the spec's to check (:func:`~dppo_oat.settings.spec.check_temperature`)."""
 
 
 def _check_finite(args: DPPOOatArgs) -> None:
@@ -325,7 +340,7 @@ CALIBRATION_REFUSED = (
     "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
     "--tr_eps_high, ...)"
 )
-"""Why the calibration flags of :class:`~dppo_oat.spec.DPPOFlags` are refused here."""
+"""Why the calibration flags of :class:`~dppo_oat.settings.spec.DPPOFlags` are refused here."""
 
 
 def _check_calibration(args: DPPOOatArgs) -> None:
@@ -352,13 +367,13 @@ def check_resume(args: DPPOOatArgs, learners: int) -> None:
     """``--resume_dir``: a whole checkpoint is there, of as many learners, and the run's settings are these (but
     :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`). Raises ValueError with one line."""
     from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point
-    from dppo_oat.runlog import read_config
+    from dppo_oat.run.directory import RunDir
 
     point = find_resume_point(args.resume_dir, args.resume_tag)
     if int(point.record.get("learners", -1)) != learners:
         raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record.get('learners')} "
                          f"learner(s) and this plan has {learners}: resume on the node layout the run started on")
-    check_resume_settings(read_config(point.run_dir), vars(args))
+    check_resume_settings(RunDir(point.run_dir).read_config(), vars(args))
 
 
 def _check_replaced_flags(args: DPPOOatArgs) -> None:

@@ -7,7 +7,7 @@ the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` 
 checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
 
 A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
-(:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
+(:mod:`~dppo_oat.engines.oat.preflight`), ends the program with one line on stderr and exit status 2; a run whose
 training diverged or whose checkpoint could not be written (every learner stops together,
 :mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1; Ctrl-C or SIGTERM (launchpad stops every
 worker), with one line giving the command that resumes the run from its newest checkpoint
@@ -26,7 +26,6 @@ import signal
 import sys
 import types
 import warnings
-from pathlib import Path
 from typing import Optional, Sequence
 
 PROG = "python -m dppo_oat.train --engine oat"
@@ -37,14 +36,14 @@ def parse_args(argv: Sequence[str]):
     """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``); ``--help`` shows
     oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
     from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
-    from dppo_oat.grouped_cli import parse_grouped
-    from dppo_oat.spec import plain
-    from dppo_oat.usage import one_line_usage_errors
+    from dppo_oat.settings.grouped_cli import parse_grouped
+    from dppo_oat.settings.spec import without_markup
+    from dppo_oat.settings.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
         with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
-            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=plain(__doc__))
+            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=without_markup(__doc__))
 
 
 def build_program(args):
@@ -101,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         stand_in_for_missing_launchpad()
     try:
         from dppo_oat.engines.oat.plan import render_plan
-        from dppo_oat.engines.oat.toolkit import optimizer_toolkit, toolkit_line, toolkit_problem
+        from dppo_oat.engines.oat.preflight import optimizer_toolkit, toolkit_line, toolkit_problem
 
         args, plan = checked_plan(argv)
     except ImportError as error:
@@ -158,7 +157,7 @@ def run_lock(args):
         yield
         return
     from dppo_oat.engines.oat.resume import run_directory_of
-    from dppo_oat.runlog import RunLock
+    from dppo_oat.run.directory import RunLock
 
     try:
         lock = RunLock(run_directory_of(args.resume_dir))
@@ -225,12 +224,13 @@ def record_stop_signals(received: list) -> None:
 def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) -> str:
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
-    from dppo_oat.engines.oat.resume import CHECKPOINTS_DIR, complete_checkpoints
+    from dppo_oat.engines.oat.resume import complete_checkpoints
+    from dppo_oat.run.directory import RunDir
 
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if run_dir is None:
         return f"{what} before the learner made its run directory: nothing to resume; start the run again"
-    newest = complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR)
+    newest = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if not newest:
         return (f"{what}: launchpad stopped every worker before the first checkpoint (every --checkpoint_every "
                 f"learning rounds) of {run_dir}: start the run again")

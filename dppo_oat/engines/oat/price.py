@@ -150,7 +150,8 @@ a GPU in this project); this project's own decode reached 0.026 of it (docs/benc
 CUDA graphs)."""
 
 CHECK_ROWS = 4
-"""Sequences of the learner's no-grad check of π_θ after each update (``dppo_oat.guard.check_policy_finite``)."""
+"""Sequences of the learner's no-grad check of π_θ after each update
+(``dppo_oat.learner.guard.check_policy_finite``)."""
 
 ACTIVATION_BYTES_PER_LAYER_TOKEN = 34
 """Bytes per token and unit of width of one transformer layer's activations in 16-bit with attention that keeps no

@@ -1,5 +1,5 @@
-"""Before a verl launch: compose verl's own Hydra config with the launch's overrides (no Ray, no GPU) and check that
-every worker will register the loss and anchor it as its preset says.
+"""The verl engine's preflight, before a launch: compose verl's own Hydra config with the launch's overrides (no Ray,
+no GPU) and check that every worker will register the loss and anchor it as its preset says.
 
 The actor config is built as verl's workers build it (``verl.utils.config.omega_conf_to_dataclass`` in
 ``workers/engine_workers.py``), so what is checked here is what the loss will read.

@@ -1,4 +1,5 @@
-"""What the learner's optimizer needs of a GPU node, checked before anything launches.
+"""The oat engine's preflight: what the learner's optimizer needs of a GPU node, checked before anything launches (as
+the verl engine's :mod:`~dppo_oat.engines.verl.preflight` checks verl's config before its launch).
 
 oat's learner builds DeepSpeed's ``FusedAdam`` (``DeepSpeedCPUAdam`` with ``--adam_offload``) when it starts. The
 lock's DeepSpeed 0.16.8 has no wheel: installed from source without ``DS_BUILD_FUSED_ADAM=1`` it compiles the op

@@ -23,10 +23,10 @@ import tyro
 
 from dppo_oat.advantages import ADVANTAGE_MODES, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.docstrings import field_docstrings
 from dppo_oat.ranges import check_float32
-from dppo_oat.token_export import TOKEN_EXPORT_MODES
-from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
+from dppo_oat.run.token_export import TOKEN_EXPORT_MODES
+from dppo_oat.run.token_samples import DEFAULT_TOKEN_SAMPLES
+from dppo_oat.settings.docstrings import field_docstrings
 from dppo_oat.trust_region import (INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, RULE_TABLE, UNITS, TrustRegion, band_of,
                                    check_batch_serves)
 from dppo_oat.trust_region.calibrate import check_target
@@ -146,7 +146,7 @@ def check_wrappers(names: Tuple[str, ...], template: str) -> None:
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """Knobs of the update loop (:func:`dppo_oat.update.update_policy`)."""
+    """Knobs of the update loop (:func:`dppo_oat.learner.update.update_policy`)."""
 
     num_epochs: int = 1
     minibatch_size: int = 64
@@ -246,8 +246,8 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
                          f"{sampling.temperature}: π_θ and μ would be different distributions")
 
 
-def plain(text: str) -> str:
-    """A docstring as a command line's help shows it: no Sphinx roles, no reST double backticks."""
+def without_markup(text: str) -> str:
+    """A docstring as a flag's help shows it: no Sphinx roles, no reST double backticks."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
 
@@ -261,7 +261,7 @@ def override_help(name: str, doc: str) -> str:
     flags' section, :data:`OVERRIDES_ABOUT`, says that each overrides the preset's number)."""
     readers = [preset for preset in PRESETS if name in TrustRegion.preset(preset).fields_read]
     named = f" Read by {', '.join(readers)}." if len(readers) <= MAX_NAMED_READERS else ""
-    text = plain(doc)
+    text = without_markup(doc)
     if text[:1].isascii():  # "divergence threshold δ" → "Divergence …", but "τ of the penalty" stays as it is
         text = text[:1].upper() + text[1:]
     return f"{text}{named}"
@@ -340,7 +340,8 @@ class DPPOFlags(TrustRegionFlags):
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
         override that neither the preset's rule nor the engine (``also_read``, e.g. the local engine's divergence
         probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded, and so is
-        one whose value does not fit float32 (``--tr-tau-pos 1e300``, :func:`~dppo_oat.ranges.check_float32`)."""
+        one whose value does not fit float32 (``--tr-tau-pos 1e300``,
+        :func:`~dppo_oat.ranges.check_float32`)."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
         for name, value in overrides.items():  # TrustRegion's own checks take ranges, not float32's limits

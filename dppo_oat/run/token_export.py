@@ -1,6 +1,6 @@
 """Every trained token of a step, written to disk off the hot path (``--token-export all``).
 
-``tokens.jsonl`` holds a sample (:mod:`dppo_oat.token_samples`); this holds them all: one JSONL file per RL step,
+``tokens.jsonl`` holds a sample (:mod:`dppo_oat.run.token_samples`); this holds them all: one JSONL file per RL step,
 ``<run>/token_exports/step_<step>.jsonl``, one record per response (a row of the loss: one turn), its fields aligned
 per-token arrays named as prime-rl's token export names them (``prime_rl/trainer/rl/token_export.py``, schema 1):
 ``token_ids``, ``loss_mask``, ``advantages``, ``inference_logprobs`` (log μ), ``trainer_logprobs`` (log π_θ of the
@@ -32,14 +32,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.runlog import TOKEN_EXPORT_DIR, exported_steps
-from dppo_oat.safe_io import atomic_write_lines
+from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
+from dppo_oat.run.safe_io import atomic_write_lines
 from dppo_oat.trust_region import MAX_LOG_RATIO, PolicyLossOutput
 
 SCHEMA_VERSION = 1
 """prime-rl's token-export schema version whose field names the records use."""
 EXPORT_DIR = TOKEN_EXPORT_DIR
-"""The run directory's folder of exports, a file per step (:func:`export_path`)."""
+"""The run directory's folder of exports, a file per step (:meth:`~dppo_oat.run.directory.RunDir.export`)."""
 TOKEN_EXPORT_MODES = ("none", "all")
 """``--token-export``: ``none`` (the default: nothing) or ``all`` (every trained token of every step)."""
 FLOAT_COLUMNS = ("advantages", "inference_logprobs", "trainer_logprobs", "importance_ratio", "entropy")
@@ -52,8 +52,9 @@ PROBE_TIMEOUT_S = 30.0
 
 
 def export_path(run_dir: Path, step: int) -> Path:
-    """The export file of ``step``: ``<run_dir>/token_exports/step_<step, 6 digits>.jsonl``."""
-    return Path(run_dir) / EXPORT_DIR / f"step_{step:06d}.jsonl"
+    """The export file of ``step``: ``<run_dir>/token_exports/step_<step, 6 digits>.jsonl``
+    (:meth:`~dppo_oat.run.directory.RunDir.export`)."""
+    return RunDir(run_dir).export(step)
 
 
 def export_columns(micro, logp: torch.Tensor, entropy: torch.Tensor | None,
@@ -97,7 +98,7 @@ def _finite(value: float) -> float | None:
 
 def write_records(path: Path, records: list[dict]) -> None:
     """The records as JSON lines, written to a temporary file, flushed to disk and renamed
-    (:func:`~dppo_oat.safe_io.atomic_write_lines`): a reader never sees half a step, and a full disk is an
+    (:func:`~dppo_oat.run.safe_io.atomic_write_lines`): a reader never sees half a step, and a full disk is an
     ``OSError`` naming ``path`` that leaves no temporary file."""
     lines = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n" for record in records)
     atomic_write_lines(path, lines)
@@ -135,7 +136,7 @@ class TokenExporter:
     before it checkpoints the step, and :meth:`close` at the end of the run."""
 
     def __init__(self, run_dir: Path, timeout: float | None = None) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = RunDir(run_dir)
         self.timeout = WRITE_TIMEOUT_S if timeout is None else timeout
         self.pending: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
         self.last: BackgroundCall | None = None
@@ -151,14 +152,14 @@ class TokenExporter:
         pending, self.pending = self.pending, []
         self.wait()
         self.last = BackgroundCall(lambda: self._write_step(step, pending, turns, envs),
-                                   export_path(self.run_dir, step), f"the token export of step {step}")
+                                   self.run_dir.export(step), f"the token export of step {step}")
 
     def _write_step(self, step, pending, turns, envs) -> None:
         records = []
         for rows, columns in pending:
             host = {name: value.cpu().tolist() for name, value in columns.items()}
             records += row_records(rows.cpu(), host, step, turns, envs)
-        write_records(export_path(self.run_dir, step), records)
+        write_records(self.run_dir.export(step), records)
 
     def wait(self) -> None:
         """Return once the last step's file is on disk; raise its write's failure (an ``OSError`` naming the file),
@@ -189,8 +190,8 @@ class TokenObservers:
 
 def exported_steps_of(run_dir: Path, step: int | None) -> list[int]:
     """The exported steps :func:`read_token_export` reads: ``[step]``, or every one (see its docstring)."""
-    exported = exported_steps(run_dir)
-    folder = Path(run_dir) / EXPORT_DIR
+    exported = RunDir(run_dir).exported_steps()
+    folder = RunDir(run_dir).token_exports
     if not exported:
         raise ValueError(f"{run_dir} has no token exports (no step_*.jsonl in {folder}): it was trained without "
                          "--token-export all")
@@ -211,7 +212,7 @@ def check_export_folder(run_dir: Path, timeout: float | None = None) -> None:
     folder that cannot be written, and one whose file system does not answer a probe write within ``timeout``
     seconds (:data:`PROBE_TIMEOUT_S`: a blocked or hung file system). A folder that does not exist yet is left to
     the run directory's own check (it is created inside it)."""
-    folder = Path(run_dir) / EXPORT_DIR
+    folder = RunDir(run_dir).token_exports
     probe = BackgroundCall(lambda: _probe_folder(folder), folder, "a probe write")
     try:
         probe.wait(PROBE_TIMEOUT_S if timeout is None else timeout)
@@ -246,7 +247,7 @@ def read_token_export(run_dir: Path, step: int | None = None):
     reading every step warns once when steps between the first and the last exported are missing."""
     import pandas as pd
 
-    paths = [export_path(run_dir, exported) for exported in exported_steps_of(run_dir, step)]
+    paths = [RunDir(run_dir).export(exported) for exported in exported_steps_of(run_dir, step)]
     frames = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():

@@ -7,8 +7,8 @@ engine whose gradient norm is non-finite skips its step and says so (:data:`SKIP
 optimizer steps in a row (:class:`BlowUpGuard`), or whose own log-probs turn non-finite (:data:`NONFINITE_PI`,
 :func:`check_policy_finite`), stops with :class:`~dppo_oat.errors.TrainingBlewUp`; :func:`check_weights_finite`
 scans the weights before they are saved or sent to the rollout engine. With several learners every decision is
-taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.update`) applies the guard to
-every minibatch.
+taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.learner.update`) applies the
+guard to every minibatch.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.learner_forward import ForwardFn
-from dppo_oat.runlog import nonfinite_tensors
-from dppo_oat.samples import UpdateBatch
+from dppo_oat.learner.forward import ForwardFn
+from dppo_oat.run.safe_io import nonfinite_tensors
 from dppo_oat.trust_region import TopK
+from dppo_oat.update_batch import UpdateBatch
 
 
 SKIPPED = "guard/skipped"
@@ -32,7 +32,7 @@ ALL_SKIPPED = "guard/all_skipped"
 from it (:func:`every_step_skipped`), else 0.0."""
 LOSS_SCALE_SKIPS = "guard/loss_scale_skips"
 """1.0 for an optimizer step that float16's loss scaler skipped because its scaled gradients overflowed (it then
-lowers the scale: :func:`~dppo_oat.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
+lowers the scale: :func:`~dppo_oat.learner.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
 steps. Not a divergence: the guard neither counts it nor stops for it."""
 NONFINITE_PI = "guard/nonfinite_pi"
 """π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
@@ -116,8 +116,8 @@ def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch
     """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs (:data:`NONFINITE_PI`)
     mean the weights themselves diverged, non-finite advantages (:data:`NONFINITE_ADVANTAGES`) that the rewards or
     their estimator did: either minibatch ends the run once every learner has finished it (see
-    :func:`~dppo_oat.update.finish_minibatch`); ``policy_loss`` would only mask such tokens. μ on the top-K set may
-    be −inf (its padding slots, an underflowed tail token), never NaN."""
+    :func:`~dppo_oat.learner.update.finish_minibatch`); ``policy_loss`` would only mask such tokens. μ on the top-K set
+    may be −inf (its padding slots, an underflowed tail token), never NaN."""
     mask = response_mask.bool()
     if not torch.isfinite(logp.detach()[mask]).all():
         return NONFINITE_PI

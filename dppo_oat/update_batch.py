@@ -2,9 +2,10 @@
 
 A rollout (:mod:`dppo_oat.rollout`) produces :class:`TurnSample` s: one turn of one episode, with the behavior
 policy μ's log-probs of the sampled tokens and, for the top-K rules, μ's top-K set (sec:method_topk). The update
-(:mod:`dppo_oat.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
+(:mod:`dppo_oat.learner.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
 second; the oat engine rebuilds the same samples from oat's transition batches and calls it too, so the two engines
-learn from the very same tensors.
+learn from the very same tensors. (A step's sample of tokens for ``tokens.jsonl`` is another thing:
+:mod:`dppo_oat.run.token_samples`.)
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from dppo_oat.logprobs import _row_chunks
+from dppo_oat.divergence.logprobs import _row_chunks
 
 OTHER_BUCKET_FLOOR = 1e-12
 """Lower clamp of the 'other' bucket mass of the top-K approximation (it is 1 − Σ p and may round below 0)."""

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Sequence, Tuple
 
 import tyro
 
-from dppo_oat.docstrings import field_docstrings
+from dppo_oat.settings.docstrings import field_docstrings
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class FlagGroup:
 def flag_help(cls: type) -> dict[str, str]:
     """The help of each field of a dataclass as one line, as tyro picks it: the ``tyro.conf.arg(help=...)`` of its
     annotation (the fields generated at run time, such as the ``--tr-*`` flags), else its docstring
-    (:func:`~dppo_oat.docstrings.field_docstrings`)."""
+    (:func:`~dppo_oat.settings.docstrings.field_docstrings`)."""
     docs = field_docstrings(cls)
     for name, hint in typing.get_type_hints(cls, include_extras=True).items():
         helps = [help_text for meta in getattr(hint, "__metadata__", ()) for help_text in [getattr(meta, "help", None)]
@@ -47,7 +47,7 @@ def flag_help(cls: type) -> dict[str, str]:
     return docs
 
 
-def plain(text: str) -> str:
+def as_help(text: str) -> str:
     """A help text as ``--help`` shows it: reST's double backticks as single ones."""
     return text.replace("``", "`")
 
@@ -84,7 +84,7 @@ def described_fields(cls: type, names: Sequence[str]) -> list[tuple]:
     its help as one line (tyro keeps a docstring's line breaks, mid-sentence)."""
     hints, docs = typing.get_type_hints(cls, include_extras=True), flag_help(cls)
     fields = {field.name: field for field in dataclasses.fields(cls)}
-    return [(name, Annotated[hints[name], tyro.conf.arg(help=plain(docs[name]))], default_of(fields[name]))
+    return [(name, Annotated[hints[name], tyro.conf.arg(help=as_help(docs[name]))], default_of(fields[name]))
             for name in names]
 
 

@@ -1,6 +1,6 @@
 """Small IO helpers every run file goes through: atomic replacement that honours the umask, appends that survive a
 kill, JSON(L) in and out (``*.jsonl.gz`` read where the plain file is absent), and the check that no non-finite
-tensor is saved. The run directory itself (its files, lock and config) is :mod:`dppo_oat.runlog`.
+tensor is saved. The run directory itself (its files, lock and config) is :class:`dppo_oat.run.directory.RunDir`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def honour_umask(path: str | Path, *, directory: bool = False) -> None:
 
 def temporary_prefix(name: str) -> str:
     """The prefix of the temporary files an atomic write of ``name`` goes through (``.checkpoint.pt.`` + 8 random
-    characters): a kill mid-write leaves one, which the next start of the run removes (:func:`remove_temporaries`)."""
+    characters): a kill mid-write leaves one, which the next start of the run removes
+    (:meth:`~dppo_oat.run.directory.RunDir.remove_temporaries`)."""
     return f".{name}."
 
 

@@ -5,7 +5,8 @@ decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the 
 the first epoch's; later minibatches of a rollout batch see the policy after the earlier ones' steps), the advantage,
 the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules
 would have decided on the same token: PPO's ratio clip (ε = 0.2), GRPO-ClipHigher's (ε_low 0.2, ε_high 0.28) and
-DPPO-Binary-TV (δ = 0.15, eq:binary_tv), all anchored on μ.
+DPPO-Binary-TV (δ = 0.15, eq:binary_tv), all anchored on μ. (The rollout's turn samples the update learns from are
+another thing: :mod:`dppo_oat.update_batch`.)
 
 Only tokens with A ≠ 0 are sampled: a token with A = 0 has no gradient, so no rule can block it. Blocked tokens are
 rare (a few in a thousand), so a uniform sample would hold almost none. The sample is *stratified*: up to half of
@@ -23,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dppo_oat.divergence import binary_tv
+from dppo_oat.divergence.estimates import binary_tv
 from dppo_oat.trust_region import (
     MAX_LOG_RATIO,
     SHADOW_CLIP_RANGES,
