@@ -26,7 +26,8 @@ if __name__ == "__main__":  # the first instruction of the command (the package'
 import contextlib  # noqa: E402
 import errno  # noqa: E402
 import threading  # noqa: E402
-from typing import TYPE_CHECKING, Sequence  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:  # imported in main(), where Ctrl-C and SIGTERM already end in one line
     from dppo_oat.engines.local.config import TrainConfig

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_faults import TINY, one_error, run
 
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, as_written, migrate_config
 from dppo_oat.engines.local.validation import settings_free_on_resume
 from dppo_oat.runlog import settings_hash
 from dppo_oat.train import main
-from test_faults import TINY, one_error, run
 
 OLD_CONFIG = Path(__file__).parent / "data" / "config_schema1.json"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import tyro
+from test_notebooks import assert_clean, execute, images, outputs, printed
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
@@ -22,11 +23,18 @@ from dppo_oat.runlog import read_jsonl
 from dppo_oat.trust_region import PRESETS, TrustRegion
 from studies.cpu import pack as pack_study
 from studies.cpu import run as cpu_study
-from studies.cpu.claims import (CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS,
-                                FRONTIER_MORE_CONTRASTS, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, THRESHOLD)
+from studies.cpu.claims import (
+    CONTRASTS,
+    FRONTIER_ARMS,
+    FRONTIER_CONTRASTS,
+    FRONTIER_MORE_ARMS,
+    FRONTIER_MORE_CONTRASTS,
+    FRONTIER_STALE_ARMS,
+    FRONTIER_STALE_CONTRASTS,
+    THRESHOLD,
+)
 from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
 from studies.cpu.report import arm_flag_table, condition_of, load_study, run_outcomes
-from test_notebooks import assert_clean, execute, images, outputs, printed
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "studies" / "cpu"

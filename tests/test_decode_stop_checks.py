@@ -4,10 +4,9 @@ checks at every step, token for token."""
 
 import pytest
 import torch
+from test_generators import small_model
 
 from dppo_oat.rollout.decode import DrawHistory, decode, first_stop_length, prefill
-
-from test_generators import small_model
 
 STOP_IDS = torch.arange(40, 50)
 """A fifth of the small models' vocabulary: rows stop after a few tokens, at different steps."""

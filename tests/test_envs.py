@@ -15,8 +15,10 @@ from gem.envs.registration import ENV_REGISTRY
 from gem.utils.constants import TERMINAL_STATE
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_data import MATH_DATA, needs_math_data
 
 import envs
+from envs import guess_compact
 from envs.example_countdown import CountdownEnv, apply_move, legal_moves, parse_move, solve
 from envs.math_local import (
     find_math_datasets,
@@ -25,7 +27,6 @@ from envs.math_local import (
     register_math_folder,
     strip_chat_template,
 )
-from envs import guess_compact
 from envs.oracles import oracle_action
 from envs.sudoku_compact import (
     CompactSudokuObservation,
@@ -34,7 +35,6 @@ from envs.sudoku_compact import (
     parse_compact_sudoku,
 )
 
-from shared_data import MATH_DATA, needs_math_data
 SHARED_SUITE_SPLITS = ("aime", "amc", "math", "minerva", "olympiad_bench")
 """The splits of the shared ``evaluation_suite`` DatasetDict: ``local-math:evaluation_suite:<split>``."""
 SHARED_TRAIN_SETS = ("gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k")
@@ -513,9 +513,9 @@ def test_a_seeded_sudoku_reset_seen_before_is_replayed_exactly(monkeypatch):
     """The group members of a rollout share a seed: the board is generated once, and a replayed reset leaves the env
     and the global RNGs exactly as Gem's own reset does."""
     import numpy as np
+    from gem.envs.game_env.sudoku import SudokuEnv
 
     from envs import sudoku_compact
-    from gem.envs.game_env.sudoku import SudokuEnv
 
     sudoku_compact.SEEDED_BOARDS.clear()
     first, second = gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID), gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID)

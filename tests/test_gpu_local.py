@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.mixed_precision import autocast_forward
+from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.models.tiny import build_shaped_policy, build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict

@@ -9,15 +9,24 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_generators import small_model
 
 from dppo_oat.models import build_tiny_policy, toy_corpus
-from dppo_oat.rollout.cuda_graphs import (MIN_CAPACITY, STOP_CHECK_EVERY, GraphCache, GraphedStep, batch_bucket,
-                                          capacity_bucket, decode_step, graph_key, stop_check_interval, storage_key)
+from dppo_oat.rollout.cuda_graphs import (
+    MIN_CAPACITY,
+    STOP_CHECK_EVERY,
+    GraphCache,
+    GraphedStep,
+    batch_bucket,
+    capacity_bucket,
+    decode_step,
+    graph_key,
+    stop_check_interval,
+    storage_key,
+)
 from dppo_oat.rollout.decode import EagerStep, decode, prefill
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.spec import SamplingSettings
-
-from test_generators import small_model
 
 
 def eager_replay(graph):

@@ -14,7 +14,7 @@ from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
 from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import RolloutSettings, RunSpec, SamplingSettings, UpdateSettings, AdvantageSettings
+from dppo_oat.spec import AdvantageSettings, RolloutSettings, RunSpec, SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion
 from dppo_oat.update import clip_and_step, minibatch_step, summarize_steps, update_policy
 

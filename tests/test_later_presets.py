@@ -422,7 +422,8 @@ def test_a_coupled_mask_needs_the_response_mask():
 def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
     """w_min, δ_b and τ_M2 are read by CPPO and M2PO only (``fields_read``); elsewhere they leave the loss, its
     gradient and the mask exactly as they were."""
-    from test_trust_region import random_batch as batch_of, random_topk
+    from test_trust_region import random_batch as batch_of
+    from test_trust_region import random_topk
 
     logp, mu, recomputed, adv, mask = batch_of(seed=9)
     base = TrustRegion.preset(preset)

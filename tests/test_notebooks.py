@@ -8,11 +8,11 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from test_analysis import write_synthetic_runs
 from traitlets.config import Config
 
 from dppo_oat.analysis import is_run_dir, load_run, notebook_runs
 from dppo_oat.analysis.tokens import read_tokens
-from test_analysis import write_synthetic_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -14,8 +14,17 @@ from types import SimpleNamespace
 import pytest
 
 from dppo_oat.engines.oat.plan import check_plan, priced_plan, render_plan
-from dppo_oat.engines.oat.price import (GPUS, MEASURED_LEARNER, MEASURED_SETTING, SHAPES, ModelShape,
-                                        check_price_flags, learner_flops, learner_seconds, resolve_gpu)
+from dppo_oat.engines.oat.price import (
+    GPUS,
+    MEASURED_LEARNER,
+    MEASURED_SETTING,
+    SHAPES,
+    ModelShape,
+    check_price_flags,
+    learner_flops,
+    learner_seconds,
+    resolve_gpu,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30

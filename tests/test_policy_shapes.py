@@ -6,15 +6,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_faults import one_error
 from transformers import Qwen3ForCausalLM
 
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
 from dppo_oat.engines.local.policy import policy_cache_key
 from dppo_oat.models.shapes import FIXED_SHAPES, PADDED_VOCAB_SIZE
-from dppo_oat.models.tiny import (RESERVED_TOKEN, build_shaped_policy, count_parameters, pad_vocabulary,
-                                  tiny_qwen3_config, toy_corpus, train_bpe_tokenizer)
-
-from test_faults import one_error
+from dppo_oat.models.tiny import (
+    RESERVED_TOKEN,
+    build_shaped_policy,
+    count_parameters,
+    pad_vocabulary,
+    tiny_qwen3_config,
+    toy_corpus,
+    train_bpe_tokenizer,
+)
 
 
 def test_qwen3_100m_has_about_100m_parameters_and_a_32k_vocabulary():

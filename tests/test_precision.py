@@ -12,8 +12,15 @@ from hypothesis.extra.numpy import arrays
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import (INT8_LEVELS, autocast_weights_copy, quantize, quantize_int8, rollout_copy,
-                                       rollout_model, rollout_state_dict)
+from dppo_oat.rollout.precision import (
+    INT8_LEVELS,
+    autocast_weights_copy,
+    quantize,
+    quantize_int8,
+    rollout_copy,
+    rollout_model,
+    rollout_state_dict,
+)
 from dppo_oat.update import summarize_steps
 
 

@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from forward_probe import recording_forward
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -13,10 +14,15 @@ from hypothesis import strategies as st
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.prefix_cache import (MAX_BUCKETS, MIN_REUSE, SPLIT_SAVING, PrefixCache, length_buckets,
-                                           padded_costs)
+from dppo_oat.rollout.prefix_cache import (
+    MAX_BUCKETS,
+    MIN_REUSE,
+    SPLIT_SAVING,
+    PrefixCache,
+    length_buckets,
+    padded_costs,
+)
 from dppo_oat.spec import SamplingSettings
-from forward_probe import recording_forward
 
 TOLERANCE = 1e-4
 

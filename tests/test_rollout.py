@@ -10,15 +10,15 @@ import pytest
 import torch
 
 import envs
-from dppo_oat.models.tiny import build_tiny_policy
-from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.advantages import discounted_returns
 from dppo_oat.errors import RunError
+from dppo_oat.models.scoring import teacher_forced_logprobs
+from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.rollout.episodes import BROKEN_ENV_EPISODES, EpisodeCollector, turn_sampling
-from envs.contract import INVALID_ACTION
 from dppo_oat.rollout.generation import Completion
-from dppo_oat.spec import RolloutSettings, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.spec import RolloutSettings, SamplingSettings
+from envs.contract import INVALID_ACTION
 from envs.oracles import oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, compact_sudoku_observation
 

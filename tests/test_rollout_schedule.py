@@ -9,12 +9,12 @@ must be the same bits. ``test_train.py`` covers k > 0 (its schedule, its checkpo
 import json
 
 import pytest
+from test_train import SHORT, TIMING_KEYS, read_jsonl
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.trainer import step_seed, train_group_seeds
 from dppo_oat.train import main
-from test_train import SHORT, TIMING_KEYS, read_jsonl
 
 
 def test_a_synchronous_schedule_collects_each_step_when_asked_and_keeps_nothing():

@@ -5,13 +5,12 @@ needs CUDA: ``tests/test_gpu_local.py``."""
 
 import pytest
 import torch
+from test_faults import one_error
+from test_generators import small_model
 
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, GraphCache, decode_step
 from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, prefill
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
-
-from test_faults import one_error
-from test_generators import small_model
 
 
 def prefilled(model, room=6):

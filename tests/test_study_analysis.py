@@ -11,8 +11,17 @@ from dppo_oat.runlog import to_jsonable
 from dppo_oat.trust_region import TrustRegion
 from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
 from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines
-from studies.cpu.report import (arm_flag_table, bad_update_drops, condition_of, contrast_table, load_study,
-                                probe_table, run_outcomes, sign_shares_by_stretch, study_table)
+from studies.cpu.report import (
+    arm_flag_table,
+    bad_update_drops,
+    condition_of,
+    contrast_table,
+    load_study,
+    probe_table,
+    run_outcomes,
+    sign_shares_by_stretch,
+    study_table,
+)
 
 STEPS = 40
 RISE = np.linspace(0.3, 0.9, STEPS)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from test_update import policy, sampled_batch  # noqa: F401  (fixture)
 
 from dppo_oat.learner_forward import PolicyOutputs
 from dppo_oat.samples import UpdateBatch
@@ -12,8 +13,6 @@ from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler, _stratum_sizes, reference_masks
 from dppo_oat.trust_region import TrustRegion, policy_loss
 from dppo_oat.update import update_policy
-
-from test_update import policy, sampled_batch  # noqa: F401  (fixture)
 
 
 def test_reference_masks_by_hand():

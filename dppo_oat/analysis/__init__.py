@@ -28,8 +28,7 @@ from dppo_oat.analysis.runs import (
     run_patterns,
     summarize_runs,
 )
-from dppo_oat.analysis.stats import (decide, holm, margin_tests, paired_difference, sample_std,
-                                     time_to_threshold)
+from dppo_oat.analysis.stats import decide, holm, margin_tests, paired_difference, sample_std, time_to_threshold
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
     disagreements,

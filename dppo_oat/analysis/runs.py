@@ -18,9 +18,10 @@ import math
 import os
 import warnings
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Union
 
 import numpy as np
 import pandas as pd

@@ -14,7 +14,6 @@ Two sources, the second optional:
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

@@ -8,5 +8,13 @@ that compares the divergences' estimates on real batches (sec:method_large_vocab
 """
 
 from dppo_oat.divergence.estimates import (  # noqa: F401
-    EXACT_CHUNK_ELEMENTS, OTHER_BUCKET_FLOOR, binary_kl, binary_tv, exact_kl, exact_tv, log1mexp, topk_kl, topk_tv,
+    EXACT_CHUNK_ELEMENTS,
+    OTHER_BUCKET_FLOOR,
+    binary_kl,
+    binary_tv,
+    exact_kl,
+    exact_tv,
+    log1mexp,
+    topk_kl,
+    topk_tv,
 )

@@ -20,8 +20,8 @@ stops with :class:`~dppo_oat.errors.TrainingBlewUp`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -29,14 +29,27 @@ import torch
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.learner.forward import ForwardFn, causal_lm_forward
-from dppo_oat.learner.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED,
-                                    STOPPING_CAUSES, AnyLearner, BlowUpGuard, check_policy_finite, diverged_error,
-                                    minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
+from dppo_oat.learner.guard import (
+    DIVERGED,
+    HEALTHY,
+    LOSS_SCALE_SKIPS,
+    NONFINITE_CAUSES,
+    NONFINITE_PI,
+    SKIPPED,
+    STOPPING_CAUSES,
+    AnyLearner,
+    BlowUpGuard,
+    check_policy_finite,
+    diverged_error,
+    minibatch_state,
+    nonfinite_cause,
+    one_learner,
+    zero_surrogate,
+)
 from dppo_oat.run.token_samples import TokenSampler
 from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, masked_mean, policy_loss
 from dppo_oat.update_batch import UpdateBatch
-
 
 BackwardFn = Callable[[torch.Tensor], None]
 OptimizerStepFn = Callable[[], "dict[str, float] | None"]

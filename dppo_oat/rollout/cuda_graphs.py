@@ -24,8 +24,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -90,7 +90,7 @@ class GraphKey:
                          for heads, size, dtype in self.layout)
         return self.batch * self.capacity * per_column
 
-    def serves(self, needed: "GraphKey") -> bool:
+    def serves(self, needed: GraphKey) -> bool:
         """Whether this graph can decode a call of ``needed``: the same layout and autocast, at least its rows and
         columns (the extra rows decode padding, the extra columns are masked)."""
         return (self.layout == needed.layout and self.autocast == needed.autocast and self.batch >= needed.batch
@@ -126,7 +126,7 @@ class DecodeGraph:
     ``replay``, which ``capture`` built from :meth:`forward` (a CUDA graph of it, :func:`capture_cuda_graph`)."""
 
     def __init__(self, model, key: GraphKey, device: torch.device,
-                 capture: Callable[["DecodeGraph"], Callable[[], torch.Tensor]]):
+                 capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]]):
         self.model, self.key = model, key
         self.buffer = KVBuffer(key.batch, key.capacity, device)
         for keys, values in zip(key.layout[0::2], key.layout[1::2]):
@@ -277,7 +277,7 @@ def default_graph_bytes(device: torch.device) -> int:
     return int(MAX_GRAPH_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory)
 
 
-def capture_cuda_graph(graph: DecodeGraph, pool=None, side: "torch.cuda.Stream | None" = None
+def capture_cuda_graph(graph: DecodeGraph, pool=None, side: torch.cuda.Stream | None = None
                        ) -> Callable[[], torch.Tensor]:
     """Record ``graph.forward()`` in a CUDA graph (after :data:`WARMUP_STEPS` eager runs on the ``side`` stream, a new
     one by default, under :func:`uncached_autocast`), its memory from ``pool`` (a ``graph_pool_handle``; default: a
@@ -303,7 +303,7 @@ def capture_cuda_graph(graph: DecodeGraph, pool=None, side: "torch.cuda.Stream |
 
 
 @contextlib.contextmanager
-def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream", pool=None) -> Iterator[None]:
+def captured_on(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, pool=None) -> Iterator[None]:
     """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`, its memory from ``pool``
     (None: a pool of its own). ``torch.cuda.graph``
     does the same after a device-wide synchronize and an ``empty_cache``, to free memory for the graph: in a

@@ -26,8 +26,9 @@ import functools
 import io
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gem
 import numpy as np

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -22,8 +22,16 @@ from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_int
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
-from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
-                                           pack_rows, weights_version, WeightsVersion)
+from dppo_oat.rollout.prefix_cache import (
+    CachedRows,
+    PrefixCache,
+    WeightsVersion,
+    concat_rows,
+    gather_past,
+    length_buckets,
+    pack_rows,
+    weights_version,
+)
 from dppo_oat.settings.spec import SamplingSettings
 from dppo_oat.update_batch import TOPK_PAD_ID
 

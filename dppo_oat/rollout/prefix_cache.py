@@ -20,8 +20,8 @@ tensor swapped in changes them): rows cached under other weights are never reuse
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

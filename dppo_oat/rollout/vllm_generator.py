@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -164,7 +165,7 @@ class VLLMGenerator:
     @classmethod
     def from_llm(
         cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS, processed_logprobs: bool = False
-    ) -> "VLLMGenerator":
+    ) -> VLLMGenerator:
         """A generator on a ``vllm.LLM`` built elsewhere (e.g. by oat's actor, which also syncs its weights).
 
         ``processed_logprobs`` must say how that engine reports log-probs: False (raw, vLLM 0.8.4's only mode) makes

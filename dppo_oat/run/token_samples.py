@@ -20,7 +20,7 @@ stratum ÷ tokens sampled from it, so weighted shares estimate shares over every
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -30,8 +30,8 @@ optimizer step, or carry a stale or mismatched μ.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 

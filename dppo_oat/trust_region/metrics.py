@@ -89,7 +89,7 @@ def shadow_mask_stats(logp, behavior_logp, advantages, response, ratio) -> dict[
     return stats
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shadow_mismatch_bands() -> dict[str, tuple[str, float, float]]:
     """``(mismatch_mask, mismatch_low, mismatch_high)`` of each of :data:`SHADOW_MISMATCH_PRESETS`."""
     presets = (TrustRegion.preset(name) for name in SHADOW_MISMATCH_PRESETS)

@@ -38,7 +38,6 @@ from dppo_oat.learner.update import minibatch_indices
 from dppo_oat.rollout.decode import sample_with_cache
 from dppo_oat.rollout.hf_generator import completion_lengths, left_pad
 
-
 RAW_REPEATS = 3
 """Raw ``generate`` and sampling-loop calls per RL step (their median is the step's raw rate)."""
 

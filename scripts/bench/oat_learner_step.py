@@ -87,8 +87,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import matmul_flops  # noqa: E402
-from oat_gpu_setup import (attention_implementation, compile_fused_adam, flash_attn_installed,  # noqa: E402
-                           use_sdpa_for_eager, use_torch_fused_adamw)
+from oat_gpu_setup import (  # noqa: E402
+    attention_implementation,
+    compile_fused_adam,
+    flash_attn_installed,
+    use_sdpa_for_eager,
+    use_torch_fused_adamw,
+)
+
 VARIANTS = ("ppo", "dppo")
 MMAP_THRESHOLD = "65536"
 """Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""
@@ -642,8 +648,9 @@ def machine(device: str) -> str:
 
 def summary(args, pairs: list[dict], facts: dict) -> dict:
     """The JSON object: ratios, medians, peaks, what each step computed, the configuration and the machine."""
-    import deepspeed
     from importlib.metadata import version
+
+    import deepspeed
 
     def median(variant: str, key: str) -> float:
         return statistics.median(pair[variant][key] for pair in pairs)

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from machine import copy_bandwidth
-from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model
+from qwen3_shapes import SHAPES
+from qwen3_shapes import random_qwen3 as random_qwen3_model
 
 from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS

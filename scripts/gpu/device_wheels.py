@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 try:
     from packaging.requirements import Requirement

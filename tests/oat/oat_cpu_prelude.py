@@ -55,8 +55,8 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 
 def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int], fp16_on_cpu: bool = False,

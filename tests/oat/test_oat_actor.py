@@ -20,8 +20,8 @@ pytest.importorskip("vllm")
 from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from dppo_oat.advantages import turn_advantages  # noqa: E402
 import envs  # noqa: E402
+from dppo_oat.advantages import turn_advantages  # noqa: E402
 from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
 from dppo_oat.engines.oat.args import validate_args  # noqa: E402
 from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402

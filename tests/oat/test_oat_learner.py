@@ -15,8 +15,8 @@ import torch
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-from oat.utils.launcher import get_free_port  # noqa: E402
 from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402
+from oat.utils.launcher import get_free_port  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from dppo_oat.advantages import group_advantages  # noqa: E402
@@ -27,9 +27,9 @@ from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402
 from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
 from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
+from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
 from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
 from dppo_oat.spec import SamplingSettings  # noqa: E402
-from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
 from dppo_oat.update import update_policy  # noqa: E402
 
 OPTIMIZERS = {

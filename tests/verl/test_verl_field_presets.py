@@ -12,6 +12,7 @@ pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
 import test_verl_equality as verl_equality  # noqa: E402
+
 from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402
 
 AGGREGATIONS = verl_equality.AGGREGATIONS

@@ -23,8 +23,6 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from envs import ensure_registered, unseeded_plugin_envs
-
 from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
 from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
@@ -36,11 +34,21 @@ from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.learner.autocast import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                       use_shape_agnostic_attention)
+from dppo_oat.learner.autocast import (
+    autocast,
+    autocast_forward,
+    loss_scaler,
+    rollout_compute_dtype,
+    use_shape_agnostic_attention,
+)
 from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
-from dppo_oat.learner.update import (EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step,
-                                     summarize_steps)
+from dppo_oat.learner.update import (
+    EngineSteps,
+    clip_and_step,
+    learn_from_rollout,
+    scaled_clip_and_step,
+    summarize_steps,
+)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
@@ -52,6 +60,7 @@ from dppo_oat.run.token_samples import TokenSampler, decode_each
 from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
 from dppo_oat.update_batch import build_update_batch
+from envs import ensure_registered, unseeded_plugin_envs
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:

@@ -21,8 +21,14 @@ from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.run.directory import CHECKPOINT_FILE, OVERWRITTEN_PREFIX, TOKEN_EXPORT_DIR, RunDir, RunLock
-from dppo_oat.run.log import (PROVENANCE, check_run_name, check_tensorboard, check_wandb, config_differences,
-                              settings_hash)
+from dppo_oat.run.log import (
+    PROVENANCE,
+    check_run_name,
+    check_tensorboard,
+    check_wandb,
+    config_differences,
+    settings_hash,
+)
 from dppo_oat.run.safe_io import check_can_write, temporary_prefix
 from dppo_oat.run.token_export import check_export_folder
 from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec

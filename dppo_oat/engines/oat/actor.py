@@ -35,7 +35,6 @@ import numpy as np
 from oat.algorithms.ppo import PPOActor
 
 import envs  # registers the project's Gem ids (compact Sudoku, DPPO_MATH_DATA's local-math sets)
-
 from dppo_oat.advantages import sample_advantages, sample_returns
 from dppo_oat.engines.oat import args as oat_args
 from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample

@@ -10,8 +10,8 @@ batch is exactly the one the local engine builds from the same samples.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ class DPPOTransitionData(TransitionData):
 
     advantage: float = 0.0
     turn: int = 0
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
     weight_version: int = 0
 
 
@@ -90,8 +90,8 @@ class LearnerRow:
     prompt_ids: list
     response_ids: list
     behavior_logprobs: list
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
 
 
 def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dppo_oat.engines.verl.mapping import (
     EXTERNAL_LIB,
