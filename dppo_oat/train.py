@@ -45,7 +45,7 @@ def engine_of(argv: Sequence[str]) -> str:
 
 def without_engine_flag(argv: Sequence[str]) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue

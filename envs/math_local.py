@@ -53,7 +53,7 @@ import os
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import pyarrow
 from datasets import Dataset, DatasetDict, load_from_disk
@@ -73,7 +73,7 @@ JSON_SUFFIXES = (".jsonl", ".json")
 CHATML_USER_START = "<|im_start|>user\n"
 CHATML_END = "<|im_end|>"
 
-PathOrDataset = Union[str, os.PathLike, Dataset, DatasetDict]
+PathOrDataset = str | os.PathLike | Dataset | DatasetDict
 
 
 def strip_chat_template(text: str) -> str:
@@ -615,7 +615,7 @@ def register_math_folder_from_environment() -> list[str]:
     if not root:
         return []
     if not os.path.isdir(root):
-        warnings.warn(f"{DATA_ENV_VAR} names a missing folder: {root}; no local math ids registered")
+        warnings.warn(f"{DATA_ENV_VAR} names a missing folder: {root}; no local math ids registered", stacklevel=1)
         return []
     return register_math_folder(root)
 

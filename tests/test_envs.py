@@ -478,7 +478,7 @@ def test_guess_oracle_is_binary_search_and_mistakes_stay_in_the_interval(env_id)
     rng = random.Random(0)
     for seed in range(60):
         observation, _ = env.reset(seed=seed)
-        for turn in range(1, 8):
+        for turn in range(1, 8):  # noqa: B007  (read after the loop: the turn that won)
             low, high = guess_compact.interval_left(*guess_compact.parse_compact_guess(observation))
             mistake = guess_compact.parse_guess(guess_compact.guess_mistake_action(env, rng))
             avoid = ((low + high) // 2, env.unwrapped.game_number)

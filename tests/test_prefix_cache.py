@@ -92,7 +92,7 @@ def test_length_buckets_change_neither_draws_nor_mu(policy, monkeypatch, layout)
         generator = HFGenerator(model, tokenizer)
         turn = next_turn(prompts, generator.generate(prompts, settings), tokenizer)
         with monkeypatch.context() as patched:
-            patched.setattr(hf_generator, "length_buckets", lambda lengths: buckets)
+            patched.setattr(hf_generator, "length_buckets", lambda lengths, buckets=buckets: buckets)
             results.append(generator.generate(turn, settings))
     assert max_logprob_error(model, turn, results[1]) <= TOLERANCE
     assert [c.token_ids for c in results[0]] == [c.token_ids for c in results[1]]

@@ -209,7 +209,7 @@ def test_episodes_that_all_err_in_a_row_stop_the_run_and_a_good_one_resets_the_c
         for call in range(BROKEN_ENV_EPISODES // 2 - 1):  # 30 errors in a row, then a good episode
             collector.collect(generator, SamplingSettings(8), [2 * call + 1, 2 * call + 3])
         collector.collect(generator, SamplingSettings(8), [1, 2])
-        for call in range(BROKEN_ENV_EPISODES // 2 - 1):
+        for _ in range(BROKEN_ENV_EPISODES // 2 - 1):
             collector.collect(generator, SamplingSettings(8), [1, 3])
         with pytest.raises(RunError, match=r"the last 32 episodes all ended in an env error; the first: "
                                            r"env test:Sometimes-v0: step\(\) raised RuntimeError: the env broke"):

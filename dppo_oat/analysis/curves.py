@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar, Union
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ BANDS = ("std", "minmax", "none")
 """Seed bands of :func:`aggregate_seeds`: mean ± standard deviation, min to max, or none (lo = hi = mean)."""
 
 SeriesLike = TypeVar("SeriesLike", pd.Series, np.ndarray)
-GroupBy = Union[str, Sequence[str]]
+GroupBy = str | Sequence[str]
 
 
 def smooth(series: SeriesLike, sigma: float = 2.0) -> SeriesLike:

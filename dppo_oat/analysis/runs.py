@@ -21,7 +21,6 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import pandas as pd
@@ -65,7 +64,7 @@ TRUST_REGION_SYMBOLS = {**FIELD_SYMBOLS, **{name: name for name in (*TR_CHOICE_F
 :data:`~dppo_oat.trust_region.NUMBER_FIELDS` and K), as a label mentions it when a run overrides its preset's
 default: its symbol (:data:`FIELD_SYMBOLS`), else its name."""
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 @dataclass(frozen=True, eq=False)

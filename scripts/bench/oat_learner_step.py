@@ -498,9 +498,9 @@ class Worker:
     def receive(self):
         try:
             kind, payload = self.conn.recv()
-        except EOFError:
+        except EOFError as error:
             self.process.join(timeout=10)
-            raise RuntimeError(f"the {self.variant} learner's process ended (exit code {self.process.exitcode})")
+            raise RuntimeError(f"the {self.variant} learner's process ended (exit code {self.process.exitcode})") from error
         if kind == "error":
             raise RuntimeError(f"the {self.variant} learner failed:\n{payload}")
         return payload

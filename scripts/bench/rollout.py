@@ -307,7 +307,8 @@ def roofline_report(model, multi: dict, args, bandwidth: float) -> dict:
 
 def random_move() -> str:
     """A well-formed Sudoku action ``\\boxed{row col digit}`` with random 1-based values."""
-    return "\\boxed{%d %d %d}" % (random.randint(1, 4), random.randint(1, 4), random.randint(1, 4))
+    row, col, digit = (random.randint(1, 4) for _ in range(3))
+    return f"\\boxed{{{row} {col} {digit}}}"
 
 
 def env_steps_per_second(seconds: float = 2.0, env_id: str = "game:Sudoku-v0-easy") -> float | None:

@@ -141,7 +141,8 @@ class ParseableMoves:
     def generate(self, prompts, settings):
         completions = []
         for _ in prompts:
-            text = "\\boxed{%d %d %d}" % tuple(self.rng.integers(1, 5, size=3))
+            row, col, digit = self.rng.integers(1, 5, size=3)
+            text = f"\\boxed{{{row} {col} {digit}}}"
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
             topk = np.full((len(ids), settings.top_k_logprobs + 1), TOPK_PAD_ID, dtype=np.int64)
             completions.append(Completion(ids, [-1.0] * len(ids), text, "stop", topk, np.zeros(topk.shape, np.float32)))
