@@ -135,7 +135,7 @@ def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str 
     if mode == "rebn":
         return batch_normalize(returns)
     if per_turn_baseline:
-        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices)]
+        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices, strict=True)]
     return group_advantages(returns, group_ids, mode)
 
 

@@ -153,7 +153,7 @@ def check_math_rows(source: str, questions: Sequence[Any], answers: Sequence[Any
     e.g. ``line N`` of a JSONL file) for the first row whose question or answer is unusable, or for no rows."""
     if not len(questions):
         raise ValueError(f"{source} has no rows: a math set needs at least one {QUESTION_COLUMN}/{ANSWER_COLUMN} row")
-    for index, (question, answer) in enumerate(zip(questions, answers)):
+    for index, (question, answer) in enumerate(zip(questions, answers, strict=True)):
         problem = question_problem(question) or answer_problem(answer)
         if problem:
             where = locations[index] if locations is not None else f"row {index + 1}"
@@ -250,7 +250,7 @@ def rows_dataset(path: str, rows: list[dict], locations: Sequence[str]) -> Datas
         check_math_rows(path, [row.get(question_key) for row in rows], [row.get(answer_key) for row in rows],
                         locations)
         answers = normalized_answers([row[answer_key] for row in rows])
-        rows = [{**row, answer_key: answer} for row, answer in zip(rows, answers)]
+        rows = [{**row, answer_key: answer} for row, answer in zip(rows, answers, strict=True)]
     elif not rows:
         check_math_rows(path, [], [])
     try:

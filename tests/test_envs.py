@@ -453,7 +453,7 @@ def test_compact_guess_has_gems_rewards_and_ends_and_shows_every_hint():
         assert compact.unwrapped.game_number == target
         wrong = 1 if target != 1 else 2
         actions = [f"\\boxed{{{wrong}}}", f"\\boxed{{{wrong}}}", "\\boxed{99}", f"say \\boxed{{{target}}}"]
-        for action, expected in zip(actions, play(base, actions)):
+        for action, expected in zip(actions, play(base, actions), strict=True):
             observed = compact.step(action)
             assert observed[1:4] == expected[1:4]
         assert guess_compact.parse_compact_guess(observed[0]) == (

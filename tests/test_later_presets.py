@@ -271,7 +271,7 @@ def test_cppo_bounds(row, adv, delta, w_min, delta_b):
     budget = prefix_budget(torch.tensor([d], dtype=torch.float64), mask, delta_b).item()
     weights = position_weights(mask, w_min)[0].tolist()
     s_prev = w_prev = 0.0
-    for t, (m, p) in enumerate(zip(mu, pi)):
+    for t, (m, p) in enumerate(zip(mu, pi, strict=True)):
         z = weights[t] * d[t]
         if adv * (float32(p) - float32(m)) <= 0:
             assert keep[t]
@@ -440,7 +440,7 @@ def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
     perturbation = {"w_min": 0.3, "delta_b": 0.5, "tau_m2": 0.001}
     for name in sorted(set(perturbation) - base.fields_read):
         got = loss_of(base.replace(**{name: perturbation[name]}))
-        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"{preset} reads {name} after all"
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), f"{preset} reads {name} after all"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -76,7 +76,7 @@ def learner_batch(policy, seed, n=4):
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][:10] for t in toy_corpus(n, seed=seed)]
     completions = HFGenerator(model, tokenizer).generate(prompts, SamplingSettings(6, seed=seed))
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     return build_update_batch(samples, [1.0 if i % 2 else -1.0 for i in range(n)], tokenizer.pad_token_id)
 
 

@@ -40,7 +40,7 @@ def sampled_batch(policy, compute_dtype="float32", n=6):
     completions = HFGenerator(model, tokenizer, compute_dtype=compute_dtype).generate(
         prompts, SamplingSettings(8, temperature=1.0, seed=1))
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     return build_update_batch(samples, [1.0 if i % 2 else -1.0 for i in range(n)], tokenizer.pad_token_id)
 
 
@@ -165,7 +165,7 @@ def test_a_scaled_gradient_steps_as_the_unscaled_one_would():
     """Unscaled before the clip: the step and the reported norm are those of the plain fp32 gradient."""
     scaled, plain = parameters_with_grads(0.0), parameters_with_grads(0.0)
     gen = torch.Generator().manual_seed(1)
-    for s, p in zip(scaled, plain):
+    for s, p in zip(scaled, plain, strict=True):
         p.grad = torch.randn(p.shape, generator=gen)
         s.grad = p.grad * 65536.0  # the scaler's initial scale, a power of two: unscaling is exact
     scaler = started_scaler()
@@ -173,7 +173,7 @@ def test_a_scaled_gradient_steps_as_the_unscaled_one_would():
     expected = clip_and_step(plain, torch.optim.SGD(plain, lr=0.1), 1.0)
     assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"]) and metrics[LOSS_SCALE_SKIPS] == 0.0
     assert SKIPPED not in metrics and metrics["loss_scale"] == 65536.0
-    for s, p in zip(scaled, plain):
+    for s, p in zip(scaled, plain, strict=True):
         torch.testing.assert_close(s.data, p.data)
         assert s.grad is None
 
@@ -198,7 +198,7 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
         history.append(metrics)
     assert len(history) == 16 and guard.loss_scale_skips == 16 and guard.skipped_in_a_row == 0
     assert summarize_steps(history)[LOSS_SCALE_SKIPS] == 16.0 and "grad_norm" not in summarize_steps(history)
-    assert all(torch.equal(p.data, b) for p, b in zip(parameters, before))
+    assert all(torch.equal(p.data, b) for p, b in zip(parameters, before, strict=True))
     with pytest.raises(TrainingBlewUp, match="the gradient norm non-finite in 3 optimizer steps in a row"):
         for _ in range(3):
             for parameter in parameters:

@@ -32,7 +32,7 @@ def test_int8_rounding_keeps_each_row_on_255_levels_within_half_a_step(weight):
     quantized = quantize_int8(weight)
     step = weight.abs().amax(dim=-1, keepdim=True) / INT8_LEVELS
     assert ((quantized - weight).abs() <= step / 2 + 1e-6).all()
-    for row, row_step in zip(quantized, step.squeeze(-1)):
+    for row, row_step in zip(quantized, step.squeeze(-1), strict=True):
         if row_step > 0:
             levels = torch.round(row / row_step)
             assert torch.allclose(levels * row_step, row, atol=1e-5) and levels.abs().max() <= INT8_LEVELS

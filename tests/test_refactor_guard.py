@@ -144,7 +144,7 @@ def test_the_default_run_writes_the_reference_numbers(tmp_path):
     for name in FILES:
         got, want = canonical_lines(run / name), canonical_lines(REFERENCE / name)
         assert len(got) == len(want), f"{name}: {len(got)} records, the reference has {len(want)}"
-        for index, (line, expected) in enumerate(zip(got, want)):
+        for index, (line, expected) in enumerate(zip(got, want, strict=True)):
             assert line == expected, f"{name} record {index} differs:\n{first_difference(line, expected)}"
 
 

@@ -91,7 +91,7 @@ def test_oracle_episodes_give_groups_returns_and_success(tiny_policy):
         returns = discounted_returns([s.reward for s in turns], [s.episode_id for s in turns],
                                      [s.turn for s in turns], 0.9)
         expected = 0.0
-        for sample, value in zip(reversed(turns), reversed(returns)):  # G_t = r_t + γ G_{t+1}
+        for sample, value in zip(reversed(turns), reversed(returns), strict=True):  # G_t = r_t + γ G_{t+1}
             expected = sample.reward + 0.9 * expected
             assert value == pytest.approx(expected, rel=1e-5)
         assert all(len(s.response_ids) == len(s.behavior_logprobs) > 0 for s in turns)

@@ -39,7 +39,7 @@ def test_the_static_step_samples_what_the_eager_step_samples(name):
     assert torch.equal(eager.new_ids, static.new_ids)
     torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-5, rtol=1e-5)
     assert eager_cache.width == static_cache.width == 7 + eager.fed
-    for (keys, values), (static_keys, static_values) in zip(eager_cache.filled(), static_cache.filled()):
+    for (keys, values), (static_keys, static_values) in zip(eager_cache.filled(), static_cache.filled(), strict=True):
         torch.testing.assert_close(static_keys, keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(static_values, values, atol=1e-5, rtol=1e-5)
 

@@ -205,7 +205,7 @@ def test_bad_updates_before_drops_correlate_negatively(tmp_path):
     write_run(tmp_path / "sudoku" / "pg_is-mb4-fp32-s0", "pg_is", 0, success, np.full(STEPS, 0.01))
     path = tmp_path / "sudoku" / "pg_is-mb4-fp32-s0" / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad)))
+    path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad, strict=True)))
     result = bad_update_drops(load_study(tmp_path), horizon=1).set_index("run").loc["sudoku/pg_is-mb4-fp32-s0"]
     assert result["rho"] < -0.9 and result["p"] < 1e-6 and result["steps"] == STEPS - 1
 

@@ -100,7 +100,7 @@ class GraphKey:
 def buffer_layout(buffer: KVBuffer) -> Layout:
     """``buffer``'s layers as :data:`Layout` (keys and values may differ in dtype under autocast)."""
     return tuple((tensor.shape[1], tensor.shape[3], tensor.dtype)
-                 for pair in zip(buffer.keys, buffer.values) for tensor in pair)
+                 for pair in zip(buffer.keys, buffer.values, strict=True) for tensor in pair)
 
 
 def graph_key(buffer: KVBuffer) -> GraphKey:
@@ -129,7 +129,7 @@ class DecodeGraph:
                  capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]]):
         self.model, self.key = model, key
         self.buffer = KVBuffer(key.batch, key.capacity, device)
-        for keys, values in zip(key.layout[0::2], key.layout[1::2]):
+        for keys, values in zip(key.layout[0::2], key.layout[1::2], strict=True):
             self.buffer.keys.append(self._zeros(keys, device))
             self.buffer.values.append(self._zeros(values, device))
         self.static = StaticStep(model, self.buffer)
@@ -150,7 +150,7 @@ class DecodeGraph:
         """Take a call's prefilled buffer: its filled columns into the first rows, zeros everywhere else (read
         masked, they must be finite), the same valid columns and width."""
         rows, width = source.valid.shape[0], source.width
-        for target, filled in zip([*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values]):
+        for target, filled in zip([*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values], strict=True):
             target[:rows, :, :width].copy_(filled[:, :, :width])
             target[:rows, :, width:].zero_()
             target[rows:].zero_()
@@ -162,7 +162,7 @@ class DecodeGraph:
         """Copy the columns ``[start, target.width)`` of ``target``'s rows (those the call decoded here) into
         ``target``."""
         rows, stop = target.valid.shape[0], target.width
-        for mine, theirs in zip([*self.buffer.keys, *self.buffer.values], [*target.keys, *target.values]):
+        for mine, theirs in zip([*self.buffer.keys, *self.buffer.values], [*target.keys, *target.values], strict=True):
             theirs[:, :, start:stop].copy_(mine[:rows, :, start:stop])
         target.valid[:, start:stop] = self.buffer.valid[:rows, start:stop]
 

@@ -47,7 +47,7 @@ class KVBuffer:
         (``[·, H, ·, D]``; ``values`` default to ``keys``). Under autocast the two differ: a layer that normalises its
         keys hands them back in fp32, its values in the autocast dtype."""
         buffer = cls(batch, capacity, keys[0].device)
-        for keys_like, values_like in zip(keys, keys if values is None else values):
+        for keys_like, values_like in zip(keys, keys if values is None else values, strict=True):
             buffer.keys.append(buffer._columns_like(keys_like))
             buffer.values.append(buffer._columns_like(values_like))
         return buffer
@@ -79,7 +79,7 @@ class KVBuffer:
         different widths end together, right-aligned, and decode as one."""
         view = KVBuffer.__new__(KVBuffer)
         view.keys, view.values, view.write_column = [], [], None
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             keys[start:stop, :, :first_column] = 0
             values[start:stop, :, :first_column] = 0
             view.keys.append(keys[start:stop, :, first_column:])
@@ -99,7 +99,7 @@ class KVBuffer:
 
     def filled(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer ``(keys, values)`` of the filled columns (views)."""
-        return [(keys[:, :, : self.width], values[:, :, : self.width]) for keys, values in zip(self.keys, self.values)]
+        return [(keys[:, :, : self.width], values[:, :, : self.width]) for keys, values in zip(self.keys, self.values, strict=True)]
 
     def reserve(self, columns: int) -> None:
         """Make room for ``columns`` more tokens (a copy into larger tensors, only when the room runs out)."""
@@ -114,7 +114,7 @@ class KVBuffer:
     def zero_room(self) -> None:
         """Zero the columns after the filled ones (their storage is uninitialised until written, and may hold
         non-finite values), for :func:`decode_forward`, which reads them masked."""
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             keys[:, :, self.width :].zero_()
             values[:, :, self.width :].zero_()
 

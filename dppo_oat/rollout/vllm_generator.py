@@ -190,7 +190,7 @@ class VLLMGenerator:
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         samples = [output.outputs[0] for output in self.llm.generate(requests, params, use_tqdm=False)]
         texts = completion_texts(self.tokenizer, samples)
-        return [completion_from_output(s, text, settings.top_k_logprobs) for s, text in zip(samples, texts)]
+        return [completion_from_output(s, text, settings.top_k_logprobs) for s, text in zip(samples, texts, strict=True)]
 
     def update_weights(self, state_dict: dict) -> None:
         """Load a FULL state dict (HF names) into the engine in one call, then drop KV computed with old weights.

@@ -144,7 +144,7 @@ def band_of(tr: TrustRegion, band: str | None = None) -> Band:
     chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, THRESHOLDS[name])
     values = [getattr(tr, f) for f in chosen.fields]
     if not all(math.isfinite(v) for v in values) or max(values) <= 0:
-        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values))
+        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values, strict=True))
         raise ValueError(f"trust region {tr.name}'s band is {shown}: calibration scales it, so give it a finite value "
                          "> 0 first (--tr-<field>)")
     return chosen

@@ -66,7 +66,7 @@ def trust_region_metrics(logp, behavior_logp, advantages, response, keep, diverg
     stats.update(sign_cell_stats(blocked, active, advantages, prob, mu_prob, behavior_logp, logp))
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
-    return dict(zip(stats.keys(), values))
+    return dict(zip(stats.keys(), values, strict=True))
 
 
 def shadow_mask_stats(logp, behavior_logp, advantages, response, ratio) -> dict[str, torch.Tensor]:

@@ -48,7 +48,7 @@ def first_turn_batch(trainer: LocalTrainer):
     seeds = train_group_seeds(c.seed, 10_000, c.groups_per_step)
     observations, infos = trainer.collector.vec_env.reset(seed=[s for s in seeds for _ in range(c.group_size)])
     prompts = [trainer.collector._tokenize(trainer.collector.render(trainer.collector.observation_fn(o, i)))
-               for o, i in zip(observations, infos)]
+               for o, i in zip(observations, infos, strict=True)]
     return left_pad(prompts, trainer.tokenizer.pad_token_id, trainer.generator.model.device)
 
 

@@ -165,7 +165,7 @@ def transitions(args, model) -> list:
                                response_ids=row[args.prompt_tokens:].tolist(), response_logprobs=mu[i].tolist(),
                                rewards=[0.0] * (args.response_tokens - 1) + [reward], loss_mask=True, info={},
                                advantage=float(advantage))
-            for i, (row, reward, advantage) in enumerate(zip(ids, rewards, advantages))]
+            for i, (row, reward, advantage) in enumerate(zip(ids, rewards, advantages, strict=True))]
 
 
 # ------------------------------------------------------------------------------------------- learners (workers)

@@ -157,7 +157,7 @@ def test_multi_turn_episodes_get_per_turn_group_advantages(actor, monkeypatch):
     rollout = actor.collector.collect(moves, actor.spec.sampling, [11, 12])
     assert max(e.turns for e in rollout.episodes) > 1
     samples = rollout.samples
-    transitions = actor.transitions_of(list(zip(samples, actor.advantages_of(samples))), {})
+    transitions = actor.transitions_of(list(zip(samples, actor.advantages_of(samples), strict=True)), {})
     expected = turn_advantages([s.reward for s in samples], [s.episode_id for s in samples],
                                [s.turn for s in samples], [s.group_id for s in samples], mode="drgrpo")
     np.testing.assert_allclose([t.advantage for t in transitions], expected)
@@ -182,7 +182,7 @@ def test_single_turn_tasks(task, actor, tiny_policy, math_set):
     rollout = actor.eval_collector(env_id, 1).collect(actor.generator, actor.spec.sampling, [7])
     assert [e.turns for e in rollout.episodes] == [1, 1] and len(rollout.samples) == 2
     assert all(0.0 <= s.reward <= 1.0 for s in rollout.samples)
-    for transition in actor.transitions_of(list(zip(rollout.samples, actor.advantages_of(rollout.samples))), {}):
+    for transition in actor.transitions_of(list(zip(rollout.samples, actor.advantages_of(rollout.samples), strict=True)), {}):
         check_mu_and_topk(tiny_policy[0], transition)
 
 

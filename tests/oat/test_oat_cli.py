@@ -144,7 +144,7 @@ def test_sanity_test_script_runs_every_method_of_the_figure_and_takes_oat_flags(
     """64 prompts × 8 samples per rollout, 4 gradient steps per rollout, each method with the paper's defaults."""
     commands = script_commands("sanity_test.sh")
     assert len(commands) == len(SANITY_METHODS)
-    for method, argv in zip(SANITY_METHODS, commands):
+    for method, argv in zip(SANITY_METHODS, commands, strict=True):
         with gpu_node(8):
             args = validate_args(launch.parse_args(argv))
         assert spec_of(args).trust_region == TrustRegion.preset(method)

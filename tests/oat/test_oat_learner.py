@@ -67,7 +67,7 @@ def behavior_samples(policy, n=8, group_size=4, top_k=0, seed=0):
                    done=True, truncated=False, turn=0, env_id="toy", episode_id=i, group_id=str(i // group_size),
                    finish_reason=c.finish_reason, response_text=c.text, topk_ids=c.topk_ids,
                    topk_logprobs=c.topk_logprobs)
-        for i, (p, c) in enumerate(zip(prompts, completions))
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
     ]
     return samples, group_advantages([s.reward for s in samples], [s.group_id for s in samples])
 
@@ -132,7 +132,7 @@ def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimi
     tr = learner.trust_region
     samples, advantages = behavior_samples(tiny_policy, top_k=tr.k if tr.uses_topk else 0, seed=seed)
     transitions = pickle.loads(pickle.dumps(  # oat pickles transitions from actor to learner
-        [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]))
+        [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]))
     start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
 
     learner.model.train()
@@ -163,7 +163,7 @@ def test_trajectory_batch_is_the_core_batch(tiny_policy, tiny_policy_dir, tmp_pa
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_topk_kl", ["--tr_k", "4"], 0, 0.1)
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy, top_k=4, seed=3)
-    transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages, strict=True)]
     transitions[2].loss_mask = False
     assert isinstance(learner.dataset_builder(transitions, learner.tokenizer, learner.strategy), DPPOTransitionDataset)
     got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id, with_topk=True)
@@ -178,7 +178,7 @@ def test_partial_minibatches_are_refused(tiny_policy, tiny_policy_dir, tmp_path,
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 0, 0.1)
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy, n=6, group_size=3)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     with pytest.raises(ValueError, match="minibatches of 4"):
         learner.learning_step(oat_trajectory(learner, transitions))
 
@@ -207,10 +207,10 @@ def test_a_poisoned_minibatch_is_skipped_through_deepspeed(zero_stage, tiny_poli
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], zero_stage, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    healthy = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    healthy = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     for sample in samples:
         sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
-    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
 
     learner.model.train()
@@ -235,7 +235,7 @@ def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, 
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 1, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     with torch.no_grad():
         learner.model.model.module.model.norm.weight[0] = float("nan")
     learner.model.train()
@@ -258,7 +258,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 2, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     step = learner._optimizer_step
     target = dict(learner.model.model.module.named_parameters())["model.layers.1.mlp.down_proj.weight"]
 
@@ -384,7 +384,7 @@ def test_fp16_loss_scale_overflows_are_deepspeeds_skips_not_divergence(zero_stag
     learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch, zero_stage)
     engine, optimizer = learner.model.model, learner.model.model.optimizer
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start = weights_of(learner)
     assert optimizer.loss_scale == 2.0**32
 
@@ -414,7 +414,7 @@ def test_fp16_overflow_at_the_minimum_scale_is_the_guards_skip(tiny_policy, tiny
     learner.model.model.optimizer.loss_scaler.min_scale = 2.0**32
     learner.guard.patience = 6
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
 
     learner.model.train()
     infos = learner.learning_step(oat_trajectory(learner, transitions))
@@ -434,12 +434,12 @@ def test_fp16_discarded_minibatch_leaves_weights_and_loss_scale(tiny_policy, tin
     optimizer = learner.model.model.optimizer
     optimizer.loss_scale = 2.0**8
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     learner.model.train()
     learner.learning_step(oat_trajectory(learner, transitions))  # Adam now has momentum to move weights with
     for sample in samples:
         sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
-    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start, skipped, scale = weights_of(learner), learner.model.model.skipped_steps, optimizer.loss_scale
 
     infos = learner.learning_step(oat_trajectory(learner, poisoned))
@@ -474,7 +474,7 @@ def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_polic
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
     transitions = [transition_from_sample(s, a, "", {}, weight_version=i % 2) for i, (s, a) in
-                   enumerate(zip(samples, advantages))]
+                   enumerate(zip(samples, advantages, strict=True))]
     learner.learning_rounds, learner.broadcast_rounds = 1, [1]  # round 2; broadcast 1 holds round 1's weights
     learner.model.train()
     infos = learner.learning_step(oat_trajectory(learner, transitions))

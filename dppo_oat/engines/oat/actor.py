@@ -162,7 +162,7 @@ class DPPOGemActor(PPOActor):
             seeds = rng.integers(0, self.args.eval_seed_start, size=num_groups)
             sampling = self.seeded(self.spec.sampling, int(rng.integers(2**31)))
             rollouts.append(self.collector.collect(self.generator, sampling, seeds.tolist()))
-            scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples)))
+            scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples), strict=True))
         keep = rng.choice(len(scored), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(scored)} turn samples, keeping {wanted}")
         return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts), weight_version)
@@ -188,7 +188,7 @@ class DPPOGemActor(PPOActor):
         return [
             transition_from_sample(sample, advantage, prompt, info, ignore_no_eos=self.args.ignore_no_eos,
                                    weight_version=weight_version)
-            for (sample, advantage), prompt in zip(scored, prompts)
+            for (sample, advantage), prompt in zip(scored, prompts, strict=True)
         ]
 
     def generate_and_maybe_eval(self, prompts, formatted_prompts, references=None):

@@ -74,7 +74,7 @@ class DPPOTransitionDataset(TransitionDataset):
 
     def __init__(self, buffer: Sequence[DPPOTransitionData], tokenizer, strategy, **kwargs) -> None:
         super().__init__(buffer, tokenizer, strategy, **kwargs)
-        for transition, data in zip(self.transitions, buffer):
+        for transition, data in zip(self.transitions, buffer, strict=True):
             transition.update({name: getattr(data, name) for name in DPPO_FIELDS})
 
     def collate_fn(self, item_list):
@@ -99,7 +99,7 @@ def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:
     input_ids = trajectory["input_ids"].cpu()
     lengths = trajectory["attention_mask"].cpu().sum(-1).long().tolist()
     rows = []
-    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"])):
+    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"], strict=True)):
         rows.append(
             LearnerRow(
                 prompt_ids=input_ids[i, :prompt_length].tolist(),
