@@ -89,7 +89,8 @@ def export_step(run_dir: Path, step: int | None) -> int:
     """``step``, or the first exported one; a run without an export, or without that step, is one line."""
     steps = RunDir(run_dir).exported_steps()
     if not steps:
-        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
+        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): "
+                         "train it with --token-export all")
     if step is None:
         return steps[0]
     if step not in steps:

@@ -1,4 +1,5 @@
-"""The hand-off from rollout to update, shared by the local and oat engines: per-turn samples → the padded learner batch.
+"""The hand-off from rollout to update, shared by the local and oat engines: per-turn samples → the padded learner
+batch.
 
 A rollout (:mod:`dppo_oat.rollout`) produces :class:`TurnSample` s: one turn of one episode, with the behavior
 policy μ's log-probs of the sampled tokens and, for the top-K rules, μ's top-K set (sec:method_topk). The update

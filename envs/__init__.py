@@ -100,10 +100,10 @@ def ensure_registered(env_id: str) -> str:
 
 
 def check_plugin_envs(env_ids: Sequence[str], *, env_seed: int, oracle_env_id: str | None = None) -> None:
-    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made with ``env_seed``, reset once, one
-    step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
-    ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left
-    to the contract check (``python -m dppo_oat.check_env``)."""
+    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made with ``env_seed``, reset
+    once, one step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
+    ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left to
+    the contract check (``python -m dppo_oat.check_env``)."""
     for env_id in dict.fromkeys(env_ids):
         if env_id in PLUGIN_ENV_IDS:
             try:

@@ -274,10 +274,10 @@ PROBE_SEED = 0
 
 
 def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
-    """Make ``env_id`` (with ``env_seed``, the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one step: the
-    oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`. Raises
-    :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without the
-    oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
+    """Make ``env_id`` (with ``env_seed``, the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one
+    step: the oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`.
+    Raises :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without
+    the oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
     label = env_label(env_id)
     try:
         env = gem.make(env_id, seed=env_seed)

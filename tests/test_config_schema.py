@@ -157,7 +157,8 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     calibration) and recorded; its config.json, rewritten, still matches its schema-2 checkpoint."""
     directory = schema_2_run(tmp_path, cache_dir)
     legacy_checkpoint = (directory / "checkpoint.pt").read_bytes()
-    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+            *TINY]
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text
     config = json.loads((directory / "config.json").read_text())

@@ -88,7 +88,8 @@ def test_every_preregistered_contrast_compares_arms_of_the_study():
     for contrast in CONTRASTS:
         left, right = (contrast.task, *contrast.left), (contrast.task, *contrast.right)
         assert left in arms and right in arms, contrast.claim
-        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim  # within one arm: two numbers
+        # within one arm: two numbers
+        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim
 
 
 def test_a_task_overrides_the_study_settings_it_needs(tmp_path):
@@ -472,7 +473,8 @@ def test_the_study_lies_beside_the_package_and_its_wheel_leaves_it_out():
     installed = find_packages(where=str(ROOT), include=include)
     assert "dppo_oat.analysis" in installed and "envs" in installed
     assert not [name for name in installed if name.split(".")[0] == "studies"]
-    importing = [str(path.relative_to(ROOT)) for folder in ("dppo_oat", "envs") for path in (ROOT / folder).rglob("*.py")
+    importing = [str(path.relative_to(ROOT))
+                 for folder in ("dppo_oat", "envs") for path in (ROOT / folder).rglob("*.py")
                  if re.search(r"^\s*(from|import) studies\b", path.read_text(), re.M)]
     assert not importing, f"the package imports the studies: {importing}"
     assert not (ROOT / "dppo_oat" / "analysis" / "study.py").exists()

@@ -168,7 +168,8 @@ def test_a_padded_graph_decodes_what_the_eager_step_does_and_leaves_the_keys_in_
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=1e-5)
     assert graphed_buffer.width == eager_buffer.width
     assert torch.equal(graphed_buffer.valid[:, : graphed_buffer.width], eager_buffer.valid[:, : eager_buffer.width])
-    for (keys, values), (graphed_keys, graphed_values) in zip(eager_buffer.filled(), graphed_buffer.filled(), strict=True):
+    layers = zip(eager_buffer.filled(), graphed_buffer.filled(), strict=True)
+    for (keys, values), (graphed_keys, graphed_values) in layers:
         torch.testing.assert_close(graphed_keys, keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(graphed_values, values, atol=1e-5, rtol=1e-5)
 

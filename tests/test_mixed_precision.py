@@ -148,7 +148,8 @@ def test_a_kv_buffer_keeps_the_keys_and_values_dtypes_apart():
 
 def parameters_with_grads(value: float, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    parameters = [torch.nn.Parameter(torch.randn(5, 3, generator=gen)), torch.nn.Parameter(torch.randn(4, generator=gen))]
+    parameters = [torch.nn.Parameter(torch.randn(5, 3, generator=gen)),
+                  torch.nn.Parameter(torch.randn(4, generator=gen))]
     for parameter in parameters:
         parameter.grad = torch.full_like(parameter, value)
     return parameters
@@ -180,7 +181,8 @@ def test_a_scaled_gradient_steps_as_the_unscaled_one_would():
 
 @pytest.mark.fault("a float16 run (`--dtype float16`) whose scaled gradients overflow",
                    "the loss scaler skips the step and halves its scale, counted in `guard/loss_scale_skips`: never a "
-                   "reason to stop; at a scale of 1 or below a non-finite gradient is the guard's skip (`guard/skipped`)")
+                   "reason to stop; at a scale of 1 or below a non-finite gradient is the guard's skip "
+                   "(`guard/skipped`)")
 def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
     """Overflowing steps at a scale above 1 are the scaler's: skipped, counted, the scale halved, the guard's run of
     skips untouched however long they go on. At a scale of 1 the gradient itself is non-finite: the guard's skip,
@@ -238,7 +240,8 @@ def test_a_dtype_the_device_cannot_run_is_one_clear_error(monkeypatch):
 
 
 @pytest.mark.fault("a `--dtype` the device cannot run (bfloat16 on a GPU of compute capability < 8.0, or one this "
-                   "torch cannot autocast there)", "one line naming the flag and what to pass instead, before any model")
+                   "torch cannot autocast there)",
+                   "one line naming the flag and what to pass instead, before any model")
 def test_an_unsupported_dtype_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
     monkeypatch.setattr(mixed_precision, "_autocast_computes_in", lambda device, dtype: False)
     one_error(capsys, ["--run-dir", str(tmp_path), "--dtype", "bfloat16"], 2, "--dtype bfloat16: torch",

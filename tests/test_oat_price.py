@@ -177,7 +177,8 @@ def test_the_price_reads_the_committed_learner_row():
 
 
 def test_the_other_scripts_are_priced_from_the_shape_table():
-    for script, model in (("math.sh", "OctoThinker-3B-Hybrid-Base"), ("sanity_test.sh", "DeepSeek-R1-Distill-Qwen-1.5B")):
+    for script, model in (("math.sh", "OctoThinker-3B-Hybrid-Base"),
+                          ("sanity_test.sh", "DeepSeek-R1-Distill-Qwen-1.5B")):
         text = render_plan(priced_plan(script_args(script, *(["pg_is"] if script == "sanity_test.sh" else []))))
         assert f"the shape table's {model} (--pretrain" in text and "unknown" not in text
         assert "  run: at most" in text and "  learner memory per GPU: about" in text

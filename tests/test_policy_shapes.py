@@ -79,7 +79,8 @@ def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
 
 
 @pytest.mark.fault("`--warm-start.shape qwen3-100m` with `--warm-start.hidden-size` / `--warm-start.num-layers`, "
-                   "with `--pretrain`, or with more BPE merges than its 32,768 entries hold", "one line, before any model")
+                   "with `--pretrain`, or with more BPE merges than its 32,768 entries hold",
+                   "one line, before any model")
 @pytest.mark.parametrize("flags, fragments", [
     (["--warm-start.num-layers", "4"], ["--warm-start.num-layers size the tiny shape", "leave them out"]),
     (["--pretrain", "/nonexistent"], ["--warm-start.shape qwen3-100m shapes the built-in policy"]),

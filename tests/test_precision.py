@@ -113,7 +113,8 @@ def test_coarser_weights_give_a_larger_mismatch(policy):
     ids = tokenizer("9 . 2 . 1 7 . 3 8 . . 6", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         reference = torch.log_softmax(learner(ids).logits, -1)
-        gaps = {precision: (torch.log_softmax(rollout_copy(learner, precision)(ids).logits, -1) - reference).abs().mean()
+        gaps = {precision: (torch.log_softmax(rollout_copy(learner, precision)(ids).logits, -1)
+                            - reference).abs().mean()
                 for precision in ("int8", "int6", "int4")}
     assert 0 < gaps["int8"] < gaps["int6"] < gaps["int4"]
 

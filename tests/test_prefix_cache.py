@@ -182,7 +182,8 @@ def test_padded_costs_are_the_best_cut_into_consecutive_buckets(lengths, max_buc
     ordered = sorted(lengths)
     costs = padded_costs(lengths, max_buckets)
     for buckets, (cost, ends) in enumerate(costs, start=1):
-        brute = min(sum((end - start) * ordered[end - 1] for start, end in zip((0, *cuts), (*cuts, len(ordered)), strict=True))
+        brute = min(sum((end - start) * ordered[end - 1]
+                        for start, end in zip((0, *cuts), (*cuts, len(ordered)), strict=True))
                     for k in range(buckets) for cuts in itertools.combinations(range(1, len(ordered)), k))
         assert cost == brute
         starts = [0] + ends[:-1]

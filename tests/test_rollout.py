@@ -225,7 +225,8 @@ class NonFiniteRewardEnv(ExplodingEnv):
                    "the run stops: `error: env … returned the reward nan (seed …, turn …): rewards must be finite "
                    "numbers` (exit 1), before it reaches an update")
 def test_a_non_finite_reward_stops_the_run_naming_the_env(tiny_policy):
-    """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming the learning rate)."""
+    """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming
+    the learning rate)."""
     _, tokenizer = tiny_policy
     gem.register("test:NaNReward-v0", entry_point=NonFiniteRewardEnv)
     collector = EpisodeCollector(["test:NaNReward-v0"], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))

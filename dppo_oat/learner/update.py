@@ -223,7 +223,8 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
             out.logp, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
             recomputed_logp=micro.recomputed_logp, topk=topk,
         )
-        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
+        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
+                              norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
         cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk, micro.advantages)
         if cause is not None:
@@ -273,8 +274,8 @@ engine's mismatch with no staleness from earlier minibatches in it (what verl's 
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
-    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has no
-    gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
+    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has
+    no gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
     ``rollout_corr/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}

@@ -150,7 +150,8 @@ class DecodeGraph:
         """Take a call's prefilled buffer: its filled columns into the first rows, zeros everywhere else (read
         masked, they must be finite), the same valid columns and width."""
         rows, width = source.valid.shape[0], source.width
-        for target, filled in zip([*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values], strict=True):
+        targets, sources = [*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values]
+        for target, filled in zip(targets, sources, strict=True):
             target[:rows, :, :width].copy_(filled[:, :, :width])
             target[:rows, :, width:].zero_()
             target[rows:].zero_()

@@ -99,7 +99,8 @@ class KVBuffer:
 
     def filled(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer ``(keys, values)`` of the filled columns (views)."""
-        return [(keys[:, :, : self.width], values[:, :, : self.width]) for keys, values in zip(self.keys, self.values, strict=True)]
+        return [(keys[:, :, : self.width], values[:, :, : self.width])
+                for keys, values in zip(self.keys, self.values, strict=True)]
 
     def reserve(self, columns: int) -> None:
         """Make room for ``columns`` more tokens (a copy into larger tensors, only when the room runs out)."""

@@ -381,7 +381,8 @@ class EpisodeCollector:
         board that a move left as it was) is not encoded again. The lists are shared: read, never modified."""
         missing = list(dict.fromkeys(text for text in texts if text not in self._encoded))
         if missing:
-            self._encoded.update(zip(missing, prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos), strict=True))
+            encoded = prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)
+            self._encoded.update(zip(missing, encoded, strict=True))
         return [self._encoded[text] for text in texts]
 
     def _tokenize(self, text: str) -> list[int]:

@@ -97,7 +97,8 @@ class PrefixCache:
         shared = np.where(same.all(axis=2), width, np.argmin(same, axis=2))  # length of the common prefix
         best = shared.argmax(axis=1)
         lengths = shared[np.arange(len(prompts)), best]
-        return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0) for row, length in zip(best, lengths, strict=True)]
+        return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0)
+                for row, length in zip(best, lengths, strict=True)]
 
     def lookup(self, prompt: Sequence[int], version: WeightsVersion) -> tuple[int, int]:
         """:meth:`lookup_all` for one prompt."""

@@ -1,5 +1,5 @@
-"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled, the
-advantage estimator and the update loop.
+"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled,
+the advantage estimator and the update loop.
 
 Each engine maps its own command line onto a :class:`RunSpec` exactly once (the local engine in
 ``engines/local/config.py``, the oat engine in ``engines/oat/args.py``); the trainer, the warm start, the oat actor

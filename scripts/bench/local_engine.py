@@ -72,8 +72,8 @@ def raw_sampling_loop_tokens_per_s(trainer: LocalTrainer, input_ids, attention_m
     stop_ids = torch.as_tensor([tok.eos_token_id])
     start = time.perf_counter()
     decoded = sample_with_cache(model, input_ids, attention_mask, max_new_tokens=c.max_new_tokens,
-                                temperature=trainer.spec.sampling.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
-                                keep_logprobs=False)
+                                temperature=trainer.spec.sampling.temperature, stop_ids=stop_ids,
+                                pad_id=tok.pad_token_id, keep_logprobs=False)
     lengths, _ = completion_lengths(decoded.new_ids, stop_ids)
     return int(lengths.sum()) / (time.perf_counter() - start)
 
@@ -104,7 +104,8 @@ def last_update_batch(trainer: LocalTrainer):
 
     seeds = train_group_seeds(trainer.config.seed, 20_000 + trainer.step, trainer.config.groups_per_step)
     samples = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds).samples
-    return build_update_batch(samples, sample_advantages(samples, trainer.spec.advantages), trainer.tokenizer.pad_token_id)
+    advantages = sample_advantages(samples, trainer.spec.advantages)
+    return build_update_batch(samples, advantages, trainer.tokenizer.pad_token_id)
 
 
 def measure_steps(trainer: LocalTrainer, steps: int) -> list[dict]:

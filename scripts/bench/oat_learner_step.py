@@ -409,7 +409,8 @@ def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> di
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     fingerprint = sum(p.detach().double().sum().item() for p in engine.module.parameters())
-    return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total, "optimizer_steps": engine.global_steps - steps,
+    return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total,
+            "optimizer_steps": engine.global_steps - steps,
             "skipped_steps": engine.skipped_steps - skipped, "pg_loss": float(infos["pg_loss"]),
             "weights_after": fingerprint, **counters.take()}
 
@@ -491,7 +492,8 @@ class Worker:
         context = multiprocessing.get_context("spawn")
         self.variant = variant
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(variant, args, gpu, model_dir, batch_path, child), daemon=True)
+        self.process = context.Process(target=worker, args=(variant, args, gpu, model_dir, batch_path, child),
+                                       daemon=True)
         self.process.start()
         child.close()
 
@@ -500,7 +502,8 @@ class Worker:
             kind, payload = self.conn.recv()
         except EOFError as error:
             self.process.join(timeout=10)
-            raise RuntimeError(f"the {self.variant} learner's process ended (exit code {self.process.exitcode})") from error
+            raise RuntimeError(f"the {self.variant} learner's process ended "
+                               f"(exit code {self.process.exitcode})") from error
         if kind == "error":
             raise RuntimeError(f"the {self.variant} learner failed:\n{payload}")
         return payload
@@ -542,7 +545,8 @@ def step_flops(counts: dict, shape: dict, sequence_length: int) -> float:
     """
     per_token = shape["decoder_parameters"] + shape["layers"] * shape["attention_width"] * sequence_length
     head = shape["head_parameters"]
-    return (6 * per_token * counts.get("decoder_tokens_grad", 0) + 2 * per_token * counts.get("decoder_tokens_no_grad", 0)
+    return (6 * per_token * counts.get("decoder_tokens_grad", 0)
+            + 2 * per_token * counts.get("decoder_tokens_no_grad", 0)
             + 6 * head * counts.get("lm_head_rows_grad", 0) + 2 * head * counts.get("lm_head_rows_no_grad", 0))
 
 

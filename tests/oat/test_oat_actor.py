@@ -91,7 +91,8 @@ def check_mu_and_topk(model, transition: DPPOTransitionData) -> None:
 def test_sudoku_samples_carry_aligned_mu_and_topk(actor, tiny_policy, monkeypatch):
     seeds = []
     collect = actor.collector.collect
-    monkeypatch.setattr(actor.collector, "collect", lambda g, s, group_seeds: seeds.extend(group_seeds) or collect(g, s, group_seeds))
+    monkeypatch.setattr(actor.collector, "collect",
+                        lambda g, s, group_seeds: seeds.extend(group_seeds) or collect(g, s, group_seeds))
     transitions = actor.collect_transitions(4)
     assert len(transitions) == 4 and all(isinstance(t, DPPOTransitionData) for t in transitions)
     assert actor.spec.sampling.temperature == 1.0 and actor.spec.sampling.top_k_logprobs == K
@@ -182,7 +183,8 @@ def test_single_turn_tasks(task, actor, tiny_policy, math_set):
     rollout = actor.eval_collector(env_id, 1).collect(actor.generator, actor.spec.sampling, [7])
     assert [e.turns for e in rollout.episodes] == [1, 1] and len(rollout.samples) == 2
     assert all(0.0 <= s.reward <= 1.0 for s in rollout.samples)
-    for transition in actor.transitions_of(list(zip(rollout.samples, actor.advantages_of(rollout.samples), strict=True)), {}):
+    scored = list(zip(rollout.samples, actor.advantages_of(rollout.samples), strict=True))
+    for transition in actor.transitions_of(scored, {}):
         check_mu_and_topk(tiny_policy[0], transition)
 
 

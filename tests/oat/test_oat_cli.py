@@ -39,8 +39,9 @@ PREFIX = "-m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
 )
-SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
-         "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8", "--num_samples", "4"]
+SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16",
+         "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8",
+         "--num_samples", "4"]
 def without_visible_gpus(environ) -> dict:
     return {name: value for name, value in environ.items() if name != "CUDA_VISIBLE_DEVICES"}
 
@@ -273,8 +274,8 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
 
 
 @pytest.mark.fault("oat engine: `--tr_calibrate`, `--tr_calibrate_like` or `--tr_calibrate_unit`",
-                   "refused in one line: calibrate offline from the run's token export (`python -m dppo_oat.calibrate`) "
-                   "and pass the band it prints")
+                   "refused in one line: calibrate offline from the run's token export "
+                   "(`python -m dppo_oat.calibrate`) and pass the band it prints")
 @pytest.mark.parametrize("flags", [["--tr_calibrate", "0.05"], ["--tr_calibrate_like", "dppo_binary_kl"],
                                    ["--tr_calibrate_unit", "sequence"]])
 def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
@@ -445,7 +446,8 @@ def test_the_bare_dry_run_plans_its_own_defaults():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "32 samples per learner, buffer 32" in done.stdout, done.stdout
-    without_buffer = [flag for i, flag in enumerate(SMALL) if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
+    without_buffer = [flag for i, flag in enumerate(SMALL)
+                      if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
     args = validate_args(launch.parse_args([*without_buffer, "--dry_run"]), check_gpus=False)
     assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
 

@@ -34,7 +34,8 @@ from dppo_oat.update import update_policy  # noqa: E402
 
 OPTIMIZERS = {
     "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),
-    "adamw": lambda params, lr, betas, weight_decay: torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay),
+    "adamw": lambda params, lr, betas, weight_decay: torch.optim.AdamW(params, lr=lr, betas=betas,
+                                                                       weight_decay=weight_decay),
 }
 """oat builds FusedAdam (CUDA) or DeepSpeedCPUAdam (JIT-compiled); the tests hand DeepSpeed a torch optimizer."""
 
@@ -60,8 +61,10 @@ def behavior_samples(policy, n=8, group_size=4, top_k=0, seed=0):
         torch.manual_seed(seed)
         for parameter in behavior.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter) * parameter.std())
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][: 10 + i] for i, t in enumerate(toy_corpus(n, seed=5))]
-    completions = HFGenerator(behavior, tokenizer).generate(prompts, SamplingSettings(8, top_k_logprobs=top_k, seed=seed))
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][: 10 + i]
+               for i, t in enumerate(toy_corpus(n, seed=5))]
+    settings = SamplingSettings(8, top_k_logprobs=top_k, seed=seed)
+    completions = HFGenerator(behavior, tokenizer).generate(prompts, settings)
     samples = [
         TurnSample(prompt_ids=p, response_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=float(i % 3 == 0),
                    done=True, truncated=False, turn=0, env_id="toy", episode_id=i, group_id=str(i // group_size),
@@ -152,7 +155,8 @@ def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimi
     local_fraction = sum(h["mask/fraction"] for h in history) / len(history)
     assert infos["dppo/mask/fraction"].item() == pytest.approx(local_fraction, abs=1e-6)
     assert infos["pg_loss"].item() == pytest.approx(sum(h["loss"] for h in history) / len(history), abs=1e-5)
-    for key in ("entropy", "policy_grad_norm", "adv_mean", "dppo/mismatch/abs_diff_mean", "dppo/shadow/ppo/mask_fraction"):
+    for key in ("entropy", "policy_grad_norm", "adv_mean", "dppo/mismatch/abs_diff_mean",
+                "dppo/shadow/ppo/mask_fraction"):
         assert key in infos and torch.isfinite(infos[key]), key
     if preset != "minirl_tis":
         assert 0 < local_fraction < 1, "the test batch should have both masked and kept tokens"
@@ -166,7 +170,8 @@ def test_trajectory_batch_is_the_core_batch(tiny_policy, tiny_policy_dir, tmp_pa
     transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages, strict=True)]
     transitions[2].loss_mask = False
     assert isinstance(learner.dataset_builder(transitions, learner.tokenizer, learner.strategy), DPPOTransitionDataset)
-    got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id, with_topk=True)
+    got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id,
+                                       with_topk=True)
     want = build_update_batch(samples, advantages, learner.tokenizer.pad_token_id, with_topk=True)
     want.response_mask[2] = False
     for field in ("input_ids", "attention_mask", "response_mask", "behavior_logp", "advantages", "topk_ids",

@@ -86,8 +86,8 @@ def test_a_lora_learning_step_trains_the_adapters_through_the_fused_head(tiny_po
     model = learner.strategy._unwrap_model(learner.model)
     assert isinstance(model, peft.PeftModel)
     samples, advantages = behavior_samples(tiny_policy, seed=8)
-    transitions = pickle.loads(pickle.dumps([transition_from_sample(s, a, "", {}) for s, a in zip(samples,
-                                                                                                  advantages, strict=True)]))
+    transitions = pickle.loads(pickle.dumps([transition_from_sample(s, a, "", {})
+                                             for s, a in zip(samples, advantages, strict=True)]))
     trajectory = oat_trajectory(learner, transitions)
     batch = update_batch_from_trajectory(trajectory, learner.tokenizer.pad_token_id, with_topk=False)
     with torch.no_grad(), warnings.catch_warnings():

@@ -180,8 +180,9 @@ class LocalTrainer:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
         missing = self.run_dir.steps_missing_from_metrics(self.resume_step)
         if missing:
-            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
-                               f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} "
+                               f"checkpointed steps (step {missing[0]} first): its curves will miss them",
+                               soft_wrap=True)
 
     def _warn_of_export_gap(self) -> None:
         """With --token-export all, say which checkpointed steps have no export (trained before the flag was given):
@@ -248,7 +249,8 @@ class LocalTrainer:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         k = self.spec.sampling.top_k_logprobs
         if k > vocab:
-            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): give --tr-k {vocab} or less")
+            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): "
+                             f"give --tr-k {vocab} or less")
 
     def _check_prompts_fit(self) -> None:
         """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
@@ -263,7 +265,8 @@ class LocalTrainer:
         """Success and return on the held-out seeds, sampling at the training temperature."""
         self.rollouts.wait()  # never beside a background rollout: both may seed torch's global RNG
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
-        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
+        sampling = self._sampling(EVAL_SAMPLING_SEED, evaluation=True)
+        rollout = self.eval_collector.collect(self.generator, sampling, seeds)
         stats = rollout.stats()
         row = {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
                "eval/episodes": stats["episodes"]}

@@ -99,7 +99,8 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
     if c.threads is not None and c.threads < 1:
-        raise ValueError(f"--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), got {c.threads}")
+        raise ValueError("--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), "
+                         f"got {c.threads}")
     if c.wrappers and c.pretrain is None:
         raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
                          "observations")

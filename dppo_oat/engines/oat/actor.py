@@ -77,7 +77,8 @@ def eos_ids(tokenizer) -> list[int]:
 
 def step_info(rollouts: list[Rollout]) -> dict[str, float]:
     """``actor/...`` statistics of every episode played in one actor step (not only of the kept samples')."""
-    merged = Rollout(samples=[s for r in rollouts for s in r.samples], episodes=[e for r in rollouts for e in r.episodes])
+    merged = Rollout(samples=[s for r in rollouts for s in r.samples],
+                     episodes=[e for r in rollouts for e in r.episodes])
     return {f"actor/{key}": value for key, value in merged.stats().items()}
 
 

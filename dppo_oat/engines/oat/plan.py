@@ -113,7 +113,8 @@ def plan_of(args) -> Plan:
         rollout_batch_size=args.rollout_batch_size, rollout_per_device=args.rollout_batch_size_per_device,
         decode_batch=groups_per_step(args) * args.num_samples, actor_steps_per_round=interval,
         samples_per_round=args.rollout_batch_size // learners,
-        buffer=args.pi_buffer_maxlen_per_device if args.pi_buffer_maxlen_per_device is not None else round_samples(args),
+        buffer=(args.pi_buffer_maxlen_per_device if args.pi_buffer_maxlen_per_device is not None
+                else round_samples(args)),
         buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
         train_batch_size=args.train_batch_size,
         grad_acc_step=grad_acc, minibatch=args.train_batch_size // learners, epochs=args.num_ppo_epochs,

@@ -230,8 +230,8 @@ def find_resume_point(resume_dir: str | Path, tag: str | None = None) -> ResumeP
     if tag is not None:
         checkpoints = [c for c in checkpoints if c.name == tag]
         if not checkpoints:
-            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of that "
-                             "name: leave --resume_tag out to take the newest")
+            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of "
+                             "that name: leave --resume_tag out to take the newest")
     if not checkpoints:
         raise ValueError(f"--resume_dir {resume_dir}: the run has no whole checkpoint (one is written every "
                          "--checkpoint_every learning rounds under <run>/checkpoints): start a new run")

@@ -6,8 +6,8 @@ oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``lo
 and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
 lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
 update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
-written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's token sample
-(:meth:`RunDirectoryLogger.log_tokens`). A resumed run (``resume_round``) cuts the logs back to the
+written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's
+token sample (:meth:`RunDirectoryLogger.log_tokens`). A resumed run (``resume_round``) cuts the logs back to the
 checkpoint's round and writes on from the next one. Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
 ``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``, ``eval/eval_count`` →

@@ -60,7 +60,8 @@ def check_syntax(overrides: Sequence[str]) -> None:
         try:
             parser.parse_overrides([override])
         except OverrideParseException as error:
-            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax ({first_line(error)})") from None
+            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax "
+                             f"({first_line(error)})") from None
 
 
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer"):
