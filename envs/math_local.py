@@ -136,7 +136,10 @@ def question_problem(question: Any) -> str | None:
 
 def answer_problem(answer: Any) -> str | None:
     """Why the grader cannot take ``answer`` (see :data:`ANSWER_FORMS`), or None."""
-    accepted = lambda item: is_number(item) or (isinstance(item, str) and bool(item.strip()))  # noqa: E731
+
+    def accepted(item: Any) -> bool:
+        return is_number(item) or (isinstance(item, str) and bool(item.strip()))
+
     if accepted(answer):
         return None
     if isinstance(answer, (list, tuple)) and answer:
@@ -165,7 +168,10 @@ def normalized_answers(answers: Sequence[Any]) -> list[str | list[str]]:
     single answer ``a`` becomes ``[a]``, which the grader takes alike). Numbers become their text, as the grader
     does with them."""
     as_lists = any(isinstance(answer, (list, tuple)) for answer in answers)
-    text = lambda value: value if isinstance(value, str) else str(value)  # noqa: E731
+
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else str(value)
+
     if not as_lists:
         return [text(answer) for answer in answers]
     return [[text(item) for item in answer] if isinstance(answer, (list, tuple)) else [text(answer)]
@@ -341,7 +347,7 @@ GRADING_TIMEOUT_S = 1.0
 
 def _grader_ready() -> bool:
     """Run once in a fresh grader process: import the grader before any timed grading."""
-    import gem.utils.math_grader  # noqa: F401
+    import gem.utils.math_grader  # noqa: F401  (imported to load the grader before any timed grading)
 
     return True
 

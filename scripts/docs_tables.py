@@ -32,12 +32,12 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402
-from dppo_oat.settings import spec as spec_module  # noqa: E402
-from dppo_oat.settings.docstrings import documented_fields  # noqa: E402
-from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402
-from dppo_oat.settings.spec import DPPOFlags  # noqa: E402
-from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings import spec as spec_module  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.docstrings import documented_fields  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.spec import DPPOFlags  # noqa: E402  (after the sys.path setup)
+from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402  (after the sys.path setup)
 
 # --------------------------------------------------------------------------------- the trust-region presets
 

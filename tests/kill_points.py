@@ -25,7 +25,7 @@ import sys
 import traceback
 from pathlib import Path
 
-import dppo_oat.engines.local.trainer  # noqa: F401 - imported once here, not again in every child
+import dppo_oat.engines.local.trainer  # noqa: F401  (imported once here, not again in every child)
 from dppo_oat import runlog, safe_io
 from dppo_oat.train import main
 

@@ -457,7 +457,10 @@ def test_no_nan_or_inf_at_extreme_probabilities(preset):
     if tr.uses_topk:
         from dppo_oat.trust_region import TopK
 
-        other = lambda x: torch.log(-torch.expm1(x.clamp(max=-1e-7)))  # noqa: E731
+
+        def other(x):
+            return torch.log(-torch.expm1(x.clamp(max=-1e-7)))
+
         topk = TopK(ids=torch.tensor([0, 1]).expand(2, logp.shape[1], 2),
                     behavior_logp=torch.stack([mu, other(mu)], -1), logp=torch.stack([logp, other(logp)], -1),
                     valid=torch.ones(2, logp.shape[1], 2, dtype=torch.bool))

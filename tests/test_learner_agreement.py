@@ -171,9 +171,18 @@ def test_a_weight_shard_broken_on_one_learner_stops_every_learner(policy):
 def test_finish_minibatch_acts_on_the_worst_state_of_all_learners(mine, theirs, applied, raises):
     poisoned = {SKIP: {"guard/nonfinite_mu": 1.0}, DIVERGED: {"guard/nonfinite_pi": 1.0}}.get(mine, {})
     actions = []
-    any_learner = lambda state: max(state, theirs)  # noqa: E731 - the other learner's state, reduced
-    step = lambda: actions.append("step") or {}  # noqa: E731
-    discard = lambda: actions.append("discard") or {}  # noqa: E731
+
+    def any_learner(state):  # the other learner's state, reduced
+        return max(state, theirs)
+
+    def step():
+        actions.append("step")
+        return {}
+
+    def discard():
+        actions.append("discard")
+        return {}
+
     if raises:
         with pytest.raises(TrainingBlewUp, match="diverged"):
             finish_minibatch(dict(poisoned), step, discard, any_learner)

@@ -69,7 +69,10 @@ def test_padding_to_fewer_entries_than_the_tokenizer_has_is_refused():
 
 def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
     config = TrainConfig()
-    key = lambda warm_start: policy_cache_key(config.env_ids[0], config.template, warm_start, 0)  # noqa: E731
+
+    def key(warm_start):
+        return policy_cache_key(config.env_ids[0], config.template, warm_start, 0)
+
     tiny, big = key(WarmStartConfig()), key(replace(WarmStartConfig(), shape="qwen3-100m"))
     assert tiny == "tiny-game_Sudoku-v0-easy-compact-wrong-1ed8e576263b"  # the shipped policy's folder
     assert big.startswith("qwen3-100m-game_Sudoku-v0-easy-compact-wrong-") and big.split("-")[-1] != tiny.split("-")[-1]

@@ -155,7 +155,10 @@ def test_env_exception_ends_only_that_episode(tiny_policy):
         ["test:Exploding-v0", COMPACT_ENV_ID], 2, 1, tokenizer, RolloutSettings(template="plain", max_turns=3)
     )
     sudoku = oracle_for(collector)
-    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+
+    def act(prompt):
+        return "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)
+
     with pytest.warns(UserWarning, match="env test:Exploding-v0: step"):
         rollout = collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
     broken, fine = rollout.episodes
@@ -174,7 +177,10 @@ def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
     collector = EpisodeCollector(["test:ExplodingShown-v0", COMPACT_ENV_ID], 2, 1, tokenizer,
                                  RolloutSettings(template="plain", max_turns=2))
     sudoku = oracle_for(collector)
-    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+
+    def act(prompt):
+        return "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)
+
     with pytest.warns(UserWarning, match=r"env test:ExplodingShown-v0: step\(\) raised RuntimeError: the env broke"):
         collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
     with warnings.catch_warnings():

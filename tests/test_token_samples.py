@@ -116,7 +116,7 @@ def test_zero_samples_and_negative_counts():
         TokenSampler(-1)
 
 
-def test_update_loop_feeds_first_epoch_pi_before_any_step(policy):  # noqa: F811
+def test_update_loop_feeds_first_epoch_pi_before_any_step(policy):  # noqa: F811  (the fixture imported above)
     """The sample's π is that of the forward pass whose loss first used the token (its mask was decided on it): with
     one minibatch per epoch, the weights before any optimizer step, so equal to the rollout μ on this on-policy fp32
     batch, although the second epoch (after a large SGD step) sees another π."""

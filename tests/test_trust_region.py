@@ -245,7 +245,10 @@ def test_no_nan_or_inf_at_extreme_probabilities(preset):
     adv = torch.tensor([[1.0, -1.0]]).repeat_interleave(logp.shape[1] // 2, dim=1)
     topk = None
     if tr.uses_topk:
-        other = lambda x: torch.log(-torch.expm1(x.clamp(max=-1e-7)))  # noqa: E731
+
+        def other(x):
+            return torch.log(-torch.expm1(x.clamp(max=-1e-7)))
+
         topk = TopK(
             ids=torch.tensor([0, 1]).expand(1, logp.shape[1], 2),
             behavior_logp=torch.stack([mu, other(mu)], -1), logp=torch.stack([logp, other(logp)], -1),

@@ -221,7 +221,10 @@ class EpisodeCollector:
         self.render = template_renderer(settings.template, tokenizer)
         self.with_bos = adds_bos(tokenizer)
         self.slot_env_ids = [env_ids[g % len(env_ids)] for g in range(num_groups) for _ in range(group_size)]
-        guard = lambda env: GuardedEnv(env, settings.penalty)  # noqa: E731
+
+        def guard(env):
+            return GuardedEnv(env, settings.penalty)
+
         with contextlib.redirect_stdout(io.StringIO()):  # make_vec prints a banner
             self.vec_env = gem.make_vec(
                 self.slot_env_ids,

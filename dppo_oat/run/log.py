@@ -134,7 +134,7 @@ def wandb_api_key_present(wandb) -> bool:
 def check_tensorboard(flag: str) -> None:
     """Refuse ``flag`` in one line where TensorBoard's writer cannot be imported."""
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (imported only to see that it imports)
     except ImportError:
         raise ValueError(f"{flag} needs tensorboard: pip install tensorboard (or leave {flag} out)") from None
 

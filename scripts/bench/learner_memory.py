@@ -82,7 +82,10 @@ def micro_batch(model: HiddenStatesLM, prompt: int, k: int, seed: int = 0) -> Up
     with torch.no_grad():
         logp, _, _ = fused_head_logprobs(model.hidden[:, :-1], model.lm_head.weight, ids[:, 1:], with_entropy=False)
         topk_ids, topk_mu = top_k_set(model, ids[:, 1:], k)
-    noise = lambda shape: 0.1 * torch.randn(shape, generator=gen).to(logp.device)  # noqa: E731
+
+    def noise(shape):
+        return 0.1 * torch.randn(shape, generator=gen).to(logp.device)
+
     response = torch.ones(rows, length - 1, dtype=torch.bool, device=ids.device)
     response[:, : prompt - 1] = False
     return UpdateBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=response,

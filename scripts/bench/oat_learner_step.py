@@ -86,8 +86,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import matmul_flops  # noqa: E402
-from oat_gpu_setup import (  # noqa: E402
+from machine import matmul_flops  # noqa: E402  (after the sys.path setup)
+from oat_gpu_setup import (  # noqa: E402  (after the sys.path setup)
     attention_implementation,
     compile_fused_adam,
     flash_attn_installed,

@@ -17,20 +17,20 @@ pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 pytest.importorskip("vllm")
 
-from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from torch.utils.data import DataLoader  # noqa: E402  (after pytest.importorskip)
 
-import envs  # noqa: E402
-from dppo_oat.advantages import turn_advantages  # noqa: E402
-from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
-from dppo_oat.engines.oat.args import validate_args  # noqa: E402
-from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402
-from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402
-from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402
-from dppo_oat.models import teacher_forced_logprobs  # noqa: E402
-from dppo_oat.rollout.generation import Completion  # noqa: E402
-from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402
-from dppo_oat.spec import SamplingSettings  # noqa: E402
+import envs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.advantages import turn_advantages  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import teacher_forced_logprobs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.generation import Completion  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
 
 TOLERANCE = 1e-4
 K = 5

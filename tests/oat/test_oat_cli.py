@@ -19,19 +19,19 @@ import pytest
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-import launchpad  # noqa: E402
-from oat.algorithms.ppo import PPOArgs  # noqa: E402
-from oat.types import RLAlgo  # noqa: E402
-from oat.utils.ipc import PlasmaShmServer  # noqa: E402
-from shared_data import MATH_DATA, needs_math_data  # noqa: E402
+import launchpad  # noqa: E402  (after pytest.importorskip)
+from oat.algorithms.ppo import PPOArgs  # noqa: E402  (after pytest.importorskip)
+from oat.types import RLAlgo  # noqa: E402  (after pytest.importorskip)
+from oat.utils.ipc import PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.engines.oat import args as oat_args  # noqa: E402
-from dppo_oat.engines.oat import launch  # noqa: E402
-from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
-from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402
-from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.engines.oat.plan import plan_of  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.engines.oat import args as oat_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat import launch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.plan import plan_of  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"

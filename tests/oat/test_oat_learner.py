@@ -15,22 +15,22 @@ import torch
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402
-from oat.utils.launcher import get_free_port  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402  (after pytest.importorskip)
+from oat.utils.launcher import get_free_port  # noqa: E402  (after pytest.importorskip)
+from torch.utils.data import DataLoader  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.advantages import group_advantages  # noqa: E402
-from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402
-from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
-from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
-from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
-from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
-from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
-from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
-from dppo_oat.spec import SamplingSettings  # noqa: E402
-from dppo_oat.update import update_policy  # noqa: E402
+from dppo_oat.advantages import group_advantages  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.launch import parse_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import load_policy, toy_corpus  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.update import update_policy  # noqa: E402  (after pytest.importorskip)
 
 OPTIMIZERS = {
     "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),

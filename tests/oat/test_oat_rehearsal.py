@@ -40,20 +40,20 @@ pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also find
 pytest.importorskip("vllm")
 pytest.importorskip("deepspeed")
 
-import launchpad  # noqa: E402
+import launchpad  # noqa: E402  (after pytest.importorskip)
 
 if not hasattr(launchpad, "running"):
     pytest.skip("the rehearsal runs on the launchpad stand-in (the real launchpad is installed)",
                 allow_module_level=True)
 
-import oat_cpu_prelude  # noqa: E402
-from launchpad.local_runner import LocalRunner, NodeFailed, ProgramResult  # noqa: E402
+import oat_cpu_prelude  # noqa: E402  (after pytest.importorskip)
+from launchpad.local_runner import LocalRunner, NodeFailed, ProgramResult  # noqa: E402  (after pytest.importorskip)
 
-import envs  # noqa: E402
-from dppo_oat import train  # noqa: E402
-from dppo_oat.models import load_policy, save_policy, teacher_forced_logprobs, toy_corpus  # noqa: E402
-from dppo_oat.rollout.templates import render_prompt  # noqa: E402
-from envs.contract import observation_text  # noqa: E402
+import envs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat import train  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import load_policy, save_policy, teacher_forced_logprobs, toy_corpus  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.templates import render_prompt  # noqa: E402  (after pytest.importorskip)
+from envs.contract import observation_text  # noqa: E402  (after pytest.importorskip)
 
 TOLERANCE = 1e-4
 """fp32 agreement of vLLM's log-probs with Hugging Face teacher forcing of the same weights."""

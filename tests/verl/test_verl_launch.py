@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
+from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "scripts" / "verl" / "math.sh"

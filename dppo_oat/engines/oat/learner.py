@@ -406,7 +406,10 @@ class DPPOLearner(PPOLearner):
         batch = update_batch_from_trajectory(trajectory, self.tokenizer.pad_token_id, with_topk=tr.uses_topk)
         check_whole_minibatches(len(batch), self.update_settings)
         if learners_normalise(self.spec.advantages.mode):
-            sum_over_learners = lambda value: self.strategy.all_reduce(value, op="sum")  # noqa: E731
+
+            def sum_over_learners(value):
+                return self.strategy.all_reduce(value, op="sum")
+
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
