@@ -8,8 +8,9 @@ Everything here is NumPy in, NumPy out (float32), so that any engine can call it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -134,17 +135,17 @@ def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str 
     if mode == "rebn":
         return batch_normalize(returns)
     if per_turn_baseline:
-        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices)]
+        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices, strict=True)]
     return group_advantages(returns, group_ids, mode)
 
 
-def sample_returns(samples: Sequence["TurnSample"], gamma: float) -> np.ndarray:
+def sample_returns(samples: Sequence[TurnSample], gamma: float) -> np.ndarray:
     """:func:`discounted_returns` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``)."""
     return discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
                               [s.turn for s in samples], gamma)
 
 
-def sample_advantages(samples: Sequence["TurnSample"], settings: AdvantageSettings) -> np.ndarray:
+def sample_advantages(samples: Sequence[TurnSample], settings: AdvantageSettings) -> np.ndarray:
     """:func:`turn_advantages` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``, ``group_id``)."""
     return turn_advantages(
         [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],

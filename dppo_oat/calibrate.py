@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Sequence
+from typing import Annotated, Literal
 
 import torch
 import tyro
@@ -29,8 +30,18 @@ import tyro
 from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
 from dppo_oat.run.safe_io import to_jsonable
 from dppo_oat.run.token_export import read_token_export
-from dppo_oat.trust_region import (PRESETS, REAL_FIELDS, RULE_TABLE, UNITS, CalibrationBatch,
-                                   CalibrationReport, PolicyLossOutput, TrustRegion, band_of, calibrate)
+from dppo_oat.trust_region import (
+    PRESETS,
+    REAL_FIELDS,
+    RULE_TABLE,
+    UNITS,
+    CalibrationBatch,
+    CalibrationReport,
+    PolicyLossOutput,
+    TrustRegion,
+    band_of,
+    calibrate,
+)
 from dppo_oat.trust_region.calibrate import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -78,7 +89,8 @@ def export_step(run_dir: Path, step: int | None) -> int:
     """``step``, or the first exported one; a run without an export, or without that step, is one line."""
     steps = RunDir(run_dir).exported_steps()
     if not steps:
-        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
+        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): "
+                         "train it with --token-export all")
     if step is None:
         return steps[0]
     if step not in steps:
@@ -149,17 +161,17 @@ class CalibrateArgs:
 
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """a run directory trained with --token-export all"""
-    trust_region: Optional[PresetName] = None  # type: ignore[valid-type]
+    trust_region: PresetName | None = None  # type: ignore[valid-type]
     """the preset whose band is calibrated (None: the run's own trust region, from its config.json)"""
-    target: Optional[float] = None
+    target: float | None = None
     """the fraction of the step's A ≠ 0 tokens (or sequences) the band should block, in [0, 1)"""
-    like: Optional[PresetName] = None  # type: ignore[valid-type]
+    like: PresetName | None = None  # type: ignore[valid-type]
     """block as many tokens as this preset blocks on the same step (in place of --target)"""
-    step: Optional[int] = None
+    step: int | None = None
     """the RL step whose export is read (None: the first exported one)"""
     unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token of which is blocked)"""
-    band: Optional[str] = None
+    band: str | None = None
     """which band to move where a rule has two (TRM, OPSM, VACO: delta, their sequence bound, or clip_range)"""
     json: bool = False
     """print the report as JSON instead of one line"""

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Sequence, Tuple
+from typing import Annotated, Literal
 
 import matplotlib
 
@@ -39,11 +40,11 @@ from dppo_oat.settings.usage import one_line_usage_errors
 class PlotArgs:
     """The options of ``dppo-plot``."""
 
-    runs: Annotated[Tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR...")]
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR...")]
     """run directories or glob patterns (quote the pattern to let the program expand it)"""
     output: Annotated[Path, tyro.conf.arg(aliases=("-o",))] = Path("figure.png")
     """the image to write (its suffix picks the format: png, pdf, svg)"""
-    metrics: Tuple[str, ...] = DEFAULT_PANELS
+    metrics: tuple[str, ...] = DEFAULT_PANELS
     """panels: standard panel names (see above) or raw metric names"""
     sigma: float = 2.0
     """Gaussian smoothing in logged steps (0: raw curves only)"""
@@ -51,9 +52,9 @@ class PlotArgs:
     """one curve per: method (its seeds averaged), algo (preset), label/run (every run), env, seed"""
     band: Literal["std", "minmax", "none"] = "std"
     """spread across the runs of a curve"""
-    ncols: Optional[int] = None
+    ncols: int | None = None
     """panels per row (None: up to 4)"""
-    title: Optional[str] = None
+    title: str | None = None
     """a title above the figure"""
     dpi: int = 150
     """resolution of raster images"""

@@ -23,10 +23,11 @@ if __name__ == "__main__":  # the first instruction of the command (the package'
     signal.signal(signal.SIGINT, _stopped_while_starting)
     signal.signal(signal.SIGTERM, _stopped_while_starting)
 
-import contextlib  # noqa: E402
-import errno  # noqa: E402
-import threading  # noqa: E402
-from typing import TYPE_CHECKING, Sequence  # noqa: E402
+import contextlib  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+import errno  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+import threading  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+from collections.abc import Sequence  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+from typing import TYPE_CHECKING  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
 
 if TYPE_CHECKING:  # imported in main(), where Ctrl-C and SIGTERM already end in one line
     from dppo_oat.engines.local.config import TrainConfig
@@ -44,7 +45,7 @@ def engine_of(argv: Sequence[str]) -> str:
 
 def without_engine_flag(argv: Sequence[str]) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue

@@ -18,10 +18,10 @@ import time
 import torch
 from rich.console import Console
 
+import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import policy_cache_key
 from dppo_oat.engines.local.seeds import VALIDATION_SEED
-import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.run.safe_io import read_jsonl
 
 SELECTION_SEED = VALIDATION_SEED + 100_000

@@ -25,18 +25,19 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402
-from dppo_oat.settings import spec as spec_module  # noqa: E402
-from dppo_oat.settings.docstrings import documented_fields  # noqa: E402
-from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402
-from dppo_oat.settings.spec import DPPOFlags  # noqa: E402
-from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings import spec as spec_module  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.docstrings import documented_fields  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.spec import DPPOFlags  # noqa: E402  (after the sys.path setup)
+from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402  (after the sys.path setup)
 
 # --------------------------------------------------------------------------------- the trust-region presets
 
@@ -53,7 +54,8 @@ def preset_settings(name: str) -> str:
     """What preset ``name`` sets: its rule, the categorical fields it changes, and every number its rule reads."""
     tr, default = TrustRegion.preset(name), TrustRegion()
     parts = [f"rule `{tr.rule}`"]
-    parts += [f"{field} `{getattr(tr, field)}`" for field in CATEGORICAL if getattr(tr, field) != getattr(default, field)]
+    parts += [f"{field} `{getattr(tr, field)}`" for field in CATEGORICAL
+              if getattr(tr, field) != getattr(default, field)]
     parts += [f"{field} {number(getattr(tr, field))}" for field in sorted(tr.fields_read)]
     return ", ".join(parts)
 
@@ -402,7 +404,8 @@ def gpu_result(row: dict) -> str:
         text = (f"{row['kernel_ops']:,} operations for {row['sampled_tokens']:,} tokens "
                 f"({row['kernel_ops_per_token']:.1f} per token, {row['forwards']} forwards), {row['seconds']:.2f} s")
         if row.get("device_busy_ms") is not None:
-            text += f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; {row['op_microseconds']:.0f} µs per small op)"
+            text += (f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; "
+                     f"{row['op_microseconds']:.0f} µs per small op)")
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']}"
@@ -423,7 +426,8 @@ def oat_learner_result(row: dict) -> str:
     config, learners = row["config"], row["learners"]
     optimizer = ("FusedAdam compiled" if row["fused_adam"]["compiled"]
                  else f"FusedAdam did not compile: torch's fused AdamW ({row['fused_adam']['error']})")
-    return (f"DPPO ÷ PPO step time {row['dppo_vs_ppo_step_time']:.2f} (H {config['hidden']}, {config['layers']} layers, "
+    return (f"DPPO ÷ PPO step time {row['dppo_vs_ppo_step_time']:.2f} "
+            f"(H {config['hidden']}, {config['layers']} layers, "
             f"{config['sequences']} × {config['prompt_tokens']} + {config['response_tokens']} tokens); peak "
             f"{row['peak_mem_total_gib']['ppo']:.1f} / {row['peak_mem_total_gib']['dppo']:.1f} GiB, MFU "
             f"{learners['ppo']['mfu']:.3f} / {learners['dppo']['mfu']:.3f} (PPO / DPPO); {optimizer}, DeepSpeed "

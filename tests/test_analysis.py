@@ -68,7 +68,7 @@ def synthetic_metrics(algo: str, seed: int, steps: int) -> list[dict]:
             "divergence/mean": mismatch, "divergence/max": 5 * mismatch,
         }
         for preset, scale in (("ppo", 1.2), ("grpo_clip_higher", 1.0)):
-            buckets = dict(zip(SHADOW_BUCKETS, (0.12 * scale, 0.03 * scale, 0.004 * scale)))
+            buckets = dict(zip(SHADOW_BUCKETS, (0.12 * scale, 0.03 * scale, 0.004 * scale), strict=True))
             row[f"shadow/{preset}/mask_fraction"] = 0.04 * scale
             row.update({f"shadow/{preset}/mask_fraction_{b}": v + 0.01 * rng.random() for b, v in buckets.items()})
         rows.append(row)

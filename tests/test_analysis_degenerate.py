@@ -10,10 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from test_analysis import write_run
 
 from dppo_oat.analysis import DEGENERATE, arm_flags, compare_methods, comparison_notes, curve_flags, load_runs
 from dppo_oat.analysis.degenerate import collapse_step, designed_without_trust_region, flag_text, has_collapsed
-from test_analysis import write_run
 
 STEADY = [0.3 + 0.01 * step for step in range(20)]
 DEAD_AT_ONCE = [0.4, 0.1] + [0.0] * 18

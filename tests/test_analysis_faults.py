@@ -4,18 +4,18 @@ skips each with one warning that names it and goes on with the others; the comma
 from __future__ import annotations
 
 import gzip
-import math
 import json
+import math
 import warnings
 from pathlib import Path
 
 import pytest
+from test_analysis import hand_metrics, write_run
 
 from dppo_oat.analysis import load_run, load_runs
 from dppo_oat.analysis.run_checks import DamagedRun
 from dppo_oat.plot import main
 from studies.cpu.report import load_study
-from test_analysis import hand_metrics, write_run
 
 
 @pytest.fixture

@@ -159,7 +159,8 @@ def test_aggregate_loss_refuses_a_mask_it_cannot_use(mask, fragment):
                    "a name is its preset with its defaults; anything else is one `ValueError` naming `tr`")
 def test_policy_loss_takes_a_presets_name_and_refuses_anything_else():
     logp = torch.log(torch.tensor([[0.5, 0.4, 0.3]], requires_grad=True))
-    mu, adv, mask = torch.log(torch.tensor([[0.6, 0.4, 0.2]])), torch.tensor([[1.0]]), torch.ones(1, 3, dtype=torch.bool)
+    mu, adv = torch.log(torch.tensor([[0.6, 0.4, 0.2]])), torch.tensor([[1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
     by_name = policy_loss(logp, mu, adv, mask, "sapo")
     by_value = policy_loss(logp, mu, adv, mask, TrustRegion.preset("sapo"))
     assert torch.equal(by_name.loss, by_value.loss)

@@ -194,8 +194,8 @@ def test_a_usage_error_is_one_line(args, fragment):
 
 def test_a_usage_error_of_the_plot_is_one_line():
     code, out, err = cli_error("-m", "dppo_oat.plot", "runs", "--sigmaa", "2")
-    assert code == 2 and err == "dppo-plot: error: unrecognized option --sigmaa (did you mean --sigma?) (see dppo-plot " \
-                                "--help)\n", err
+    assert code == 2 and err == "dppo-plot: error: unrecognized option --sigmaa (did you mean --sigma?) " \
+                                "(see dppo-plot --help)\n", err
 
 
 def test_an_unknown_box_is_still_one_line():

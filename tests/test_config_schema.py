@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_faults import TINY, one_error, run
 
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, as_written, migrate_config
 from dppo_oat.engines.local.validation import settings_free_on_resume
 from dppo_oat.runlog import settings_hash
 from dppo_oat.train import main
-from test_faults import TINY, one_error, run
 
 OLD_CONFIG = Path(__file__).parent / "data" / "config_schema1.json"
 
@@ -157,7 +157,8 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     calibration) and recorded; its config.json, rewritten, still matches its schema-2 checkpoint."""
     directory = schema_2_run(tmp_path, cache_dir)
     legacy_checkpoint = (directory / "checkpoint.pt").read_bytes()
-    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+            *TINY]
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text
     config = json.loads((directory / "config.json").read_text())

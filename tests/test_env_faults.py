@@ -17,15 +17,15 @@ import gem
 import pytest
 from datasets import Dataset, DatasetDict
 from gem.envs.math_env import MathEnv
+from test_faults import TINY, one_error, write_math
 
 import envs
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.rollout.episodes import EpisodeCollector
-from envs.contract import BrokenEnvError
 from dppo_oat.spec import RolloutSettings, SamplingSettings
+from envs.contract import BrokenEnvError
 from envs.math_local import load_math_dataset, math_oracle_action
-from test_faults import TINY, one_error, write_math
 
 GOOD = '{"problem": "1+1?", "answer": "2"}'
 

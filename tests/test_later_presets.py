@@ -271,7 +271,7 @@ def test_cppo_bounds(row, adv, delta, w_min, delta_b):
     budget = prefix_budget(torch.tensor([d], dtype=torch.float64), mask, delta_b).item()
     weights = position_weights(mask, w_min)[0].tolist()
     s_prev = w_prev = 0.0
-    for t, (m, p) in enumerate(zip(mu, pi)):
+    for t, (m, p) in enumerate(zip(mu, pi, strict=True)):
         z = weights[t] * d[t]
         if adv * (float32(p) - float32(m)) <= 0:
             assert keep[t]
@@ -422,7 +422,8 @@ def test_a_coupled_mask_needs_the_response_mask():
 def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
     """w_min, δ_b and τ_M2 are read by CPPO and M2PO only (``fields_read``); elsewhere they leave the loss, its
     gradient and the mask exactly as they were."""
-    from test_trust_region import random_batch as batch_of, random_topk
+    from test_trust_region import random_batch as batch_of
+    from test_trust_region import random_topk
 
     logp, mu, recomputed, adv, mask = batch_of(seed=9)
     base = TrustRegion.preset(preset)
@@ -439,7 +440,7 @@ def test_the_new_fields_change_nothing_where_they_are_not_read(preset):
     perturbation = {"w_min": 0.3, "delta_b": 0.5, "tau_m2": 0.001}
     for name in sorted(set(perturbation) - base.fields_read):
         got = loss_of(base.replace(**{name: perturbation[name]}))
-        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"{preset} reads {name} after all"
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), f"{preset} reads {name} after all"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -456,7 +457,10 @@ def test_no_nan_or_inf_at_extreme_probabilities(preset):
     if tr.uses_topk:
         from dppo_oat.trust_region import TopK
 
-        other = lambda x: torch.log(-torch.expm1(x.clamp(max=-1e-7)))  # noqa: E731
+
+        def other(x):
+            return torch.log(-torch.expm1(x.clamp(max=-1e-7)))
+
         topk = TopK(ids=torch.tensor([0, 1]).expand(2, logp.shape[1], 2),
                     behavior_logp=torch.stack([mu, other(mu)], -1), logp=torch.stack([logp, other(logp)], -1),
                     valid=torch.ones(2, logp.shape[1], 2, dtype=torch.bool))

@@ -33,7 +33,7 @@ def test_the_progress_lines_old_names_warn_and_give_the_new_ones():
     with pytest.warns(DeprecationWarning, match="use line_every"):
         assert progress.plain_every is progress.line_every
     with pytest.raises(AttributeError):
-        progress.no_such_name
+        _ = progress.no_such_name
 
 
 def write_run(folder, config):

@@ -8,11 +8,11 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from test_analysis import write_synthetic_runs
 from traitlets.config import Config
 
 from dppo_oat.analysis import is_run_dir, load_run, notebook_runs
 from dppo_oat.analysis.tokens import read_tokens
-from test_analysis import write_synthetic_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -92,7 +92,8 @@ def test_clipped_tokens_notebook_from_shadow_metrics_alone(tmp_path, monkeypatch
     write_synthetic_runs(tmp_path / "runs", tokens=False, steps=20)
     notebook = execute("clipped_tokens.ipynb", tmp_path / "runs", monkeypatch, tmp_path)
     assert_clean(notebook)
-    assert "No run here has a tokens.jsonl" in printed(notebook) and "No run here has token exports" in printed(notebook)
+    assert "No run here has a tokens.jsonl" in printed(notebook)
+    assert "No run here has token exports" in printed(notebook)
     assert images(notebook) == 1
 
 
@@ -203,7 +204,8 @@ def test_notebook_runs_order(tmp_path):
     assert notebook_runs(notebooks, {"DPPO_RUNS": "x/*"}) == ("x/*", "Reading DPPO_RUNS=x/*.")
     # make notebooks passes the folder it ran from: relative patterns start there, not in notebooks/
     spec, note = notebook_runs(notebooks, {"DPPO_RUNS": "runs/a-* /abs/b", "DPPO_RUNS_BASE": str(tmp_path)})
-    assert spec == f"{tmp_path / 'runs' / 'a-*'} /abs/b" and note == f"Reading DPPO_RUNS=runs/a-* /abs/b (relative to {tmp_path})."
+    assert spec == f"{tmp_path / 'runs' / 'a-*'} /abs/b"
+    assert note == f"Reading DPPO_RUNS=runs/a-* /abs/b (relative to {tmp_path})."
     spec, note = notebook_runs(notebooks, {})
     assert spec == str(notebooks / "example_runs") and note.startswith("Reading the example runs")
     (tmp_path / "runs").mkdir()

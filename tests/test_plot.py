@@ -11,20 +11,20 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
+from test_analysis import write_run, write_synthetic_runs
 
 from dppo_oat.analysis import (
     DEFAULT_PANELS,
     PANELS,
     TOKEN_PANELS,
+    figures,
     load_runs,
     load_tokens,
     plot_blocked_tokens,
     plot_runs,
 )
-from dppo_oat.analysis import figures
 from dppo_oat.analysis.tokens import token_step_metrics
 from dppo_oat.plot import main
-from test_analysis import write_run, write_synthetic_runs
 
 
 def visible_titles(fig: Figure) -> list[str]:

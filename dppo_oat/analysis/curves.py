@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar, Union
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,7 @@ BANDS = ("std", "minmax", "none")
 """Seed bands of :func:`aggregate_seeds`: mean ± standard deviation, min to max, or none (lo = hi = mean)."""
 
 SeriesLike = TypeVar("SeriesLike", pd.Series, np.ndarray)
-GroupBy = Union[str, Sequence[str]]
+GroupBy = str | Sequence[str]
 
 
 def smooth(series: SeriesLike, sigma: float = 2.0) -> SeriesLike:
@@ -138,7 +139,8 @@ def comparison_notes(table: pd.DataFrame) -> list[str]:
     notes = []
     rewards = table["final reward"].dropna().sort_values(ascending=False)
     if len(rewards) > 1:
-        notes.append("final reward, highest first: " + ", ".join(f"{name} {value:.3f}" for name, value in rewards.items()))
+        notes.append("final reward, highest first: "
+                     + ", ".join(f"{name} {value:.3f}" for name, value in rewards.items()))
     fell = table.index[table["drop from peak"] >= COLLAPSE_DROP].tolist()
     notes.append(f"reward fell {COLLAPSE_DROP} or more below its peak: {', '.join(map(str, fell))}" if fell else
                  f"no curve's reward fell {COLLAPSE_DROP} or more below its peak (no collapse in these runs)")
@@ -150,7 +152,8 @@ def comparison_notes(table: pd.DataFrame) -> list[str]:
                      f"|π − μ| grew less than {MISMATCH_GROWTH}× for every curve")
     masked = table["masked %"].dropna().sort_values(ascending=False)
     if len(masked) > 1:
-        notes.append("masked tokens, most first: " + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
+        notes.append("masked tokens, most first: "
+                     + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
     flagged = table["flag"][table["flag"] != ""] if "flag" in table else pd.Series(dtype=str)
     if len(flagged):
         notes.append("flagged curves (their rule cannot be read as a trust region): "

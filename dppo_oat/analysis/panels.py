@@ -7,8 +7,8 @@ and gets a panel of its own (:func:`resolve_panels`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import pandas as pd
 

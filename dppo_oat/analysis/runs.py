@@ -18,9 +18,9 @@ import math
 import os
 import warnings
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Union
 
 import numpy as np
 import pandas as pd
@@ -64,7 +64,7 @@ TRUST_REGION_SYMBOLS = {**FIELD_SYMBOLS, **{name: name for name in (*TR_CHOICE_F
 :data:`~dppo_oat.trust_region.NUMBER_FIELDS` and K), as a label mentions it when a run overrides its preset's
 default: its symbol (:data:`FIELD_SYMBOLS`), else its name."""
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 @dataclass(frozen=True, eq=False)
@@ -354,7 +354,7 @@ def load_runs(paths_or_globs: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     if not runs:
         raise ValueError(none_left_message(len(paths)))
     names = unique_run_names(runs)
-    df = label_runs(pd.concat([run_table(run, name) for run, name in zip(runs, names)], ignore_index=True))
+    df = label_runs(pd.concat([run_table(run, name) for run, name in zip(runs, names, strict=True)], ignore_index=True))
     df.attrs["nonfinite"] = nonfinite_metrics(runs, names)
     return df
 
@@ -381,7 +381,7 @@ def nonfinite_metrics(runs: list[Run], names: list[str]) -> dict[str, list[str]]
     """The metrics some run logged with no finite value (NaN or ±inf at every step, which the long table leaves
     out), each with the names of those runs: what a skipped panel's note names instead of "no run logs it"."""
     found: dict[str, list[str]] = {}
-    for run, name in zip(runs, names):
+    for run, name in zip(runs, names, strict=True):
         for table in (run.metrics, run.eval):
             for column in table.columns:
                 written = table[column][table[column].notna()]

@@ -5,15 +5,14 @@ Two sources, the second optional:
 - the *shadow-mask* metrics every run logs: what ``ppo`` and ``grpo_clip_higher`` would have clipped on the run's
   own batches, by μ bucket (:func:`shadow_summary`);
 - a run's ``tokens.jsonl``, a stratified sample of every step's response tokens (:mod:`dppo_oat.run.token_samples`,
-  the local and oat engines write it): the decoded token, μ, π, advantage, entropy, the run's own decision (``masked``) and the
-  reference rules' (``ppo_masked``, ``grpo_clip_higher_masked``, ``dppo_masked``), and a ``weight`` (tokens its
+  the local and oat engines write it): the decoded token, μ, π, advantage, entropy, the run's own decision (``masked``)
+  and the reference rules' (``ppo_masked``, ``grpo_clip_higher_masked``, ``dppo_masked``), and a ``weight`` (tokens its
   stratum stands for). Shares are weighted, so they estimate shares over all tokens although blocked tokens are
   over-sampled (:func:`load_tokens`): which tokens were blocked by μ bucket and entropy, the most frequently clipped
   ones in positive and negative samples, and where ratio clipping and DPPO disagree (:func:`disagreements`).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import pandas as pd

@@ -7,6 +7,14 @@ that compares the divergences' estimates on real batches (sec:method_large_vocab
 - :mod:`~dppo_oat.divergence.probe`: ``--probe-every``'s binary vs top-K vs exact divergence on a step's batch.
 """
 
-from dppo_oat.divergence.estimates import (  # noqa: F401
-    EXACT_CHUNK_ELEMENTS, OTHER_BUCKET_FLOOR, binary_kl, binary_tv, exact_kl, exact_tv, log1mexp, topk_kl, topk_tv,
+from dppo_oat.divergence.estimates import (  # noqa: F401  (re-exported: the package's names)
+    EXACT_CHUNK_ELEMENTS,
+    OTHER_BUCKET_FLOOR,
+    binary_kl,
+    binary_tv,
+    exact_kl,
+    exact_tv,
+    log1mexp,
+    topk_kl,
+    topk_tv,
 )

@@ -14,8 +14,7 @@ import torch
 
 from dppo_oat.divergence.estimates import binary_kl, binary_tv, exact_kl, exact_tv, topk_kl, topk_tv
 from dppo_oat.divergence.logprobs import topk_of_logprobs
-from dppo_oat.update_batch import TOPK_PAD_ID
-from dppo_oat.update_batch import UpdateBatch
+from dppo_oat.update_batch import TOPK_PAD_ID, UpdateBatch
 
 
 @torch.no_grad()

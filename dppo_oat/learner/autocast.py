@@ -63,7 +63,7 @@ def use_shape_agnostic_attention(device: torch.device | str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def autocast_forward(forward: "ForwardFn", device: torch.device | str, dtype: str) -> "ForwardFn":
+def autocast_forward(forward: ForwardFn, device: torch.device | str, dtype: str) -> ForwardFn:
     """``forward`` run under :func:`autocast`, one context per call: autocast caches its low-precision copies of
     the weights for the length of a context, so a context that outlived an optimizer step would compute with the
     weights before it. The log-probs it returns are fp32 either way (:mod:`dppo_oat.learner.forward`)."""

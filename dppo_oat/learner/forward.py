@@ -12,8 +12,8 @@ logits, in the forward pass or the backward (eq:unified_grad); the head runs on 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -260,7 +259,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
-AutocastState = Tuple[str, bool, Optional[torch.dtype]]
+AutocastState = tuple[str, bool, torch.dtype | None]
 """``(device type, enabled, dtype)`` of an autocast (dtype None when it is off)."""
 
 

@@ -13,8 +13,8 @@ guard to every minibatch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -23,7 +23,6 @@ from dppo_oat.learner.forward import ForwardFn
 from dppo_oat.run.safe_io import nonfinite_tensors
 from dppo_oat.trust_region import TopK
 from dppo_oat.update_batch import UpdateBatch
-
 
 SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""

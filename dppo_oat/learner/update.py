@@ -20,8 +20,8 @@ stops with :class:`~dppo_oat.errors.TrainingBlewUp`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -29,14 +29,27 @@ import torch
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.learner.forward import ForwardFn, causal_lm_forward
-from dppo_oat.learner.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED,
-                                    STOPPING_CAUSES, AnyLearner, BlowUpGuard, check_policy_finite, diverged_error,
-                                    minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
+from dppo_oat.learner.guard import (
+    DIVERGED,
+    HEALTHY,
+    LOSS_SCALE_SKIPS,
+    NONFINITE_CAUSES,
+    NONFINITE_PI,
+    SKIPPED,
+    STOPPING_CAUSES,
+    AnyLearner,
+    BlowUpGuard,
+    check_policy_finite,
+    diverged_error,
+    minibatch_state,
+    nonfinite_cause,
+    one_learner,
+    zero_surrogate,
+)
 from dppo_oat.run.token_samples import TokenSampler
 from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, masked_mean, policy_loss
 from dppo_oat.update_batch import UpdateBatch
-
 
 BackwardFn = Callable[[torch.Tensor], None]
 OptimizerStepFn = Callable[[], "dict[str, float] | None"]
@@ -210,7 +223,8 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
             out.logp, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
             recomputed_logp=micro.recomputed_logp, topk=topk,
         )
-        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
+        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
+                              norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
         cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk, micro.advantages)
         if cause is not None:
@@ -260,8 +274,8 @@ engine's mismatch with no staleness from earlier minibatches in it (what verl's 
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
-    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has no
-    gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
+    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has
+    no gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
     ``rollout_corr/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}

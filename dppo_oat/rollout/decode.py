@@ -20,8 +20,9 @@ its own rows, and decode together. Every function here needs a model that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

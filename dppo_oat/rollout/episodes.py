@@ -26,8 +26,9 @@ import functools
 import io
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gem
 import numpy as np
@@ -220,7 +221,10 @@ class EpisodeCollector:
         self.render = template_renderer(settings.template, tokenizer)
         self.with_bos = adds_bos(tokenizer)
         self.slot_env_ids = [env_ids[g % len(env_ids)] for g in range(num_groups) for _ in range(group_size)]
-        guard = lambda env: GuardedEnv(env, settings.penalty)  # noqa: E731
+
+        def guard(env):
+            return GuardedEnv(env, settings.penalty)
+
         with contextlib.redirect_stdout(io.StringIO()):  # make_vec prints a banner
             self.vec_env = gem.make_vec(
                 self.slot_env_ids,
@@ -277,7 +281,7 @@ class EpisodeCollector:
         """The token count of each env's first prompt from reset ``seed`` (the longest over its slots)."""
         observations, infos = self.vec_env.reset(seed=[seed] * self.num_slots)
         lengths: dict[str, int] = {}
-        for env_id, observation, info in zip(self.slot_env_ids, observations, infos):
+        for env_id, observation, info in zip(self.slot_env_ids, observations, infos, strict=True):
             length = len(self._tokenize(self.render(self.observation_fn(observation, info))))
             lengths[env_id] = max(length, lengths.get(env_id, 0))
         return lengths
@@ -291,7 +295,7 @@ class EpisodeCollector:
     def _play_turn(self, generator, sampling, slots: list[_Slot], turn: int) -> None:
         """One generator call for every running episode, then one vector-env step."""
         running = [i for i, slot in enumerate(slots) if slot.running]
-        prompt_ids = dict(zip(running, self._prompts_ids([slots[i].prompt for i in running])))
+        prompt_ids = dict(zip(running, self._prompts_ids([slots[i].prompt for i in running]), strict=True))
         for i in running:
             if len(prompt_ids[i]) > self.settings.max_prompt_tokens:
                 self._end(slots[i], "prompt_too_long", penalty=self.settings.penalty)
@@ -299,9 +303,9 @@ class EpisodeCollector:
         if not playable:
             return
         completions = generator.generate([prompt_ids[i] for i in playable], turn_sampling(sampling, turn))
-        actions = {i: env_action(completion) for i, completion in zip(playable, completions)}
+        actions = {i: env_action(completion) for i, completion in zip(playable, completions, strict=True)}
         observations, rewards, terminated, truncated, infos = self.vec_env.step(actions)
-        for k, (i, completion) in enumerate(zip(playable, completions)):
+        for k, (i, completion) in enumerate(zip(playable, completions, strict=True)):
             step = (observations[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
             self._record_turn(slots[i], prompt_ids[i], completion, step, turn)
 
@@ -364,7 +368,7 @@ class EpisodeCollector:
     def _stop_at_turn_caps(self, slots: list[_Slot], caps: list[tuple[int, bool]], turn: int) -> None:
         """End the running episodes that played their turn cap (:meth:`turn_cap`); say once per env id when the
         default cap bound (its env has no limit of its own)."""
-        for slot, (cap, by_default) in zip(slots, caps):
+        for slot, (cap, by_default) in zip(slots, caps, strict=True):
             if not slot.running or turn < cap:
                 continue
             self._end(slot, "max_turns")
@@ -380,7 +384,8 @@ class EpisodeCollector:
         board that a move left as it was) is not encoded again. The lists are shared: read, never modified."""
         missing = list(dict.fromkeys(text for text in texts if text not in self._encoded))
         if missing:
-            self._encoded.update(zip(missing, prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)))
+            encoded = prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)
+            self._encoded.update(zip(missing, encoded, strict=True))
         return [self._encoded[text] for text in texts]
 
     def _tokenize(self, text: str) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -22,8 +22,16 @@ from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_int
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
-from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
-                                           pack_rows, weights_version, WeightsVersion)
+from dppo_oat.rollout.prefix_cache import (
+    CachedRows,
+    PrefixCache,
+    WeightsVersion,
+    concat_rows,
+    gather_past,
+    length_buckets,
+    pack_rows,
+    weights_version,
+)
 from dppo_oat.settings.spec import SamplingSettings
 from dppo_oat.update_batch import TOPK_PAD_ID
 
@@ -114,7 +122,7 @@ def build_completions(
     text_tokens = [tokens[:-1] if stopped[row] else tokens for row, tokens in enumerate(token_lists)]
     texts = tokenizer.batch_decode(text_tokens, skip_special_tokens=True)
     completions = []
-    for row, (tokens, text) in enumerate(zip(token_lists, texts)):
+    for row, (tokens, text) in enumerate(zip(token_lists, texts, strict=True)):
         n = len(tokens)
         completions.append(
             Completion(
@@ -292,14 +300,14 @@ class HFGenerator:
         host, as the cache's own does; the keys and values never leave the device."""
         sources = torch.as_tensor([row for row, _ in found], device="cpu")
         reuse = torch.as_tensor([length for _, length in found], device="cpu")
-        suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found)]
+        suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found, strict=True)]
         buckets = length_buckets([len(suffix) for suffix in suffixes])
         spans = [int(reuse[bucket].max()) + max(len(suffixes[i]) for i in bucket) for bucket in buckets]
         width = max(spans)
         cached = self.prefix_cache.rows
         buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys, cached.values)
         parts, start = [], 0
-        for bucket, span in zip(buckets, spans):
+        for bucket, span in zip(buckets, spans, strict=True):
             index = torch.as_tensor(bucket, device="cpu")
             part = buffer.rows(start, start + len(bucket), width - span)
             part.fill(*gather_past(cached, sources[index], reuse[index]))

@@ -23,7 +23,8 @@ bit what the fp32 weights do, and the engine refreshes it in place after each up
 from __future__ import annotations
 
 import copy
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import torch
 

@@ -7,7 +7,7 @@ tokenizer's own chat template.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from dppo_oat.settings.spec import TEMPLATES
 

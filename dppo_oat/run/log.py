@@ -20,16 +20,34 @@ import json
 import netrc
 import os
 import urllib.parse
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from dppo_oat.run.directory import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
-    CHECKPOINT_FILE, CONFIG_FILE, EVAL_FILE, METRICS_FILE, TOKEN_EXPORT_DIR, TOKENS_FILE, RunDir, RunLock,
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    EVAL_FILE,
+    METRICS_FILE,
+    TOKEN_EXPORT_DIR,
+    TOKENS_FILE,
+    RunDir,
+    RunLock,
 )
 from dppo_oat.run.safe_io import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
-    to_jsonable, check_can_write, make_writable_dir, current_umask, honour_umask, temporary_prefix,
-    atomic_write_bytes, atomic_write_lines, append_text, nonfinite_tensors, atomic_torch_save, read_jsonl,
+    append_text,
+    atomic_torch_save,
+    atomic_write_bytes,
+    atomic_write_lines,
+    check_can_write,
+    current_umask,
+    honour_umask,
+    make_writable_dir,
+    nonfinite_tensors,
+    read_jsonl,
+    temporary_prefix,
+    to_jsonable,
 )
 
 
@@ -116,7 +134,7 @@ def wandb_api_key_present(wandb) -> bool:
 def check_tensorboard(flag: str) -> None:
     """Refuse ``flag`` in one line where TensorBoard's writer cannot be imported."""
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (imported only to see that it imports)
     except ImportError:
         raise ValueError(f"{flag} needs tensorboard: pip install tensorboard (or leave {flag} out)") from None
 

@@ -13,8 +13,9 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 

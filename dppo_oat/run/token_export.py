@@ -27,8 +27,8 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 

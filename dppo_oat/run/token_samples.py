@@ -1,10 +1,10 @@
 """Per-token samples of the update, for the clipped-token analysis (app:clipped_tokens, sec:training_efficiency).
 
-Every RL step, the local and oat engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each token
-decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the token (the π its mask was decided on:
+Every RL step, the local and oat engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each
+token decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the token (the π its mask was decided on:
 the first epoch's; later minibatches of a rollout batch see the policy after the earlier ones' steps), the advantage,
-the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules
-would have decided on the same token: PPO's ratio clip (ε = 0.2), GRPO-ClipHigher's (ε_low 0.2, ε_high 0.28) and
+the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules would
+have decided on the same token: PPO's ratio clip (ε = 0.2), GRPO-ClipHigher's (ε_low 0.2, ε_high 0.28) and
 DPPO-Binary-TV (δ = 0.15, eq:binary_tv), all anchored on μ. (The rollout's turn samples the update learns from are
 another thing: :mod:`dppo_oat.update_batch`.)
 
@@ -20,7 +20,7 @@ stratum ÷ tokens sampled from it, so weighted shares estimate shares over every
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

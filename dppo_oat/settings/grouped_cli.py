@@ -15,8 +15,9 @@ import dataclasses
 import os
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Sequence, Tuple
+from typing import Annotated, Any
 
 import tyro
 
@@ -31,7 +32,7 @@ class FlagGroup:
 
     title: str
     about: str
-    fields: Tuple[str, ...]
+    fields: tuple[str, ...]
 
 
 def flag_help(cls: type) -> dict[str, str]:

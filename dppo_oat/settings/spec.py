@@ -1,5 +1,5 @@
-"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled, the
-advantage estimator and the update loop.
+"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled,
+the advantage estimator and the update loop.
 
 Each engine maps its own command line onto a :class:`RunSpec` exactly once (the local engine in
 ``engines/local/config.py``, the oat engine in ``engines/oat/args.py``); the trainer, the warm start, the oat actor
@@ -16,8 +16,9 @@ import dataclasses
 import math
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Iterable, Literal, Optional, Tuple
+from typing import Annotated, Literal
 
 import tyro
 
@@ -27,8 +28,16 @@ from dppo_oat.ranges import check_float32
 from dppo_oat.run.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.run.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.settings.docstrings import field_docstrings
-from dppo_oat.trust_region import (INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, RULE_TABLE, UNITS, TrustRegion, band_of,
-                                   check_batch_serves)
+from dppo_oat.trust_region import (
+    INTEGER_FIELDS,
+    NUMBER_FIELDS,
+    PRESETS,
+    RULE_TABLE,
+    UNITS,
+    TrustRegion,
+    band_of,
+    check_batch_serves,
+)
 from dppo_oat.trust_region.calibrate import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -117,7 +126,7 @@ class RolloutSettings:
     penalty: float = FORMAT_ERROR_PENALTY
     env_seed: int = 42
     """Constructor seed of every slot (reasoning-gym builds its puzzle set from it; puzzles come from reset seeds)."""
-    wrappers: Tuple[str, ...] = ()
+    wrappers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.template not in TEMPLATES:
@@ -129,7 +138,7 @@ class RolloutSettings:
         check_wrappers(self.wrappers, self.template)
 
 
-def check_wrappers(names: Tuple[str, ...], template: str) -> None:
+def check_wrappers(names: tuple[str, ...], template: str) -> None:
     """Every name is one of Gem's wrappers; the chat-template ones render the prompt themselves (template plain)."""
     if not names:
         return
@@ -272,7 +281,7 @@ def trust_region_override_fields() -> list[tuple]:
     an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None (not shown:
     :data:`OVERRIDES_ABOUT` says it for them all), its help from the field's docstring."""
     docs = field_docstrings(TrustRegion)
-    return [(f"tr_{name}", Annotated[Optional[int if name in INTEGER_FIELDS else float],
+    return [(f"tr_{name}", Annotated[(int if name in INTEGER_FIELDS else float) | None,
                                      tyro.conf.arg(help=override_help(name, docs[name]), help_behavior_hint="")],
              dataclasses.field(default=None)) for name in TRUST_REGION_OVERRIDES]
 
@@ -296,16 +305,16 @@ class DPPOFlags(TrustRegionFlags):
     docstrings below as help; the trust region's, :class:`TrustRegionFlags`, are generated from its fields). Engines
     override a default by declaring the field again."""
 
-    env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
+    env_ids: tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
-    env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """A module (my_lab.envs) or file (path/to/my_envs.py) to import first, so that --env-ids can name the envs (and
     oracles) it registers (envs/README.md)."""
-    prompt_template: Optional[str] = None
+    prompt_template: str | None = None
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat (see each engine's default)."""
-    wrappers: Tuple[str, ...] = ()
+    wrappers: tuple[str, ...] = ()
     """Gem observation wrappers by name, applied to every env (e.g. concat: the episode's history in each prompt)."""
-    max_turns: Optional[int] = None
+    max_turns: int | None = None
     """Turn limit on top of the env's own. None: the env's own, else 100 turns for an env without one (a warning
     says so when it binds)."""
     advantage_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
@@ -313,7 +322,7 @@ class DPPOFlags(TrustRegionFlags):
     returns, Gem's norm_return)."""
     turn_baseline: bool = False
     """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
-    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated (see each engine's default)."""
     token_samples: int = DEFAULT_TOKEN_SAMPLES
     """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
@@ -321,10 +330,10 @@ class DPPOFlags(TrustRegionFlags):
     token_export: Literal[TOKEN_EXPORT_MODES] = "none"  # type: ignore[valid-type]
     """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
     in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
-    tr_calibrate: Optional[float] = None
+    tr_calibrate: float | None = None
     """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
     first RL step's batch, and train with it from the second step on (docs/trust-region.md, Calibrating a band)."""
-    tr_calibrate_like: Annotated[Optional[PresetName],  # type: ignore[valid-type]
+    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
                                  tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
     that batch."""
@@ -381,7 +390,7 @@ def topk_logprobs_of(trust_region: TrustRegion) -> int:
     return trust_region.k if trust_region.uses_topk else 0
 
 
-def split_ids(ids: Tuple[str, ...]) -> Tuple[str, ...]:
+def split_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
     """``ids`` without blanks, split at commas (``("a,b", "c")`` → ``("a", "b", "c")``)."""
     return tuple(part.strip() for item in ids for part in str(item).split(",") if part.strip())
 

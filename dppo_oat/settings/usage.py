@@ -13,7 +13,7 @@ import contextlib
 import io
 import re
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 VALUE_ERROR = re.compile(r"Error parsing (?P<flag>\S+): no type matching (?P<kind>.+?) could be instantiated from "
                          r"\[(?P<value>.*)\]\.?$")

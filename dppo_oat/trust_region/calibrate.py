@@ -30,8 +30,8 @@ optimizer step, or carry a stale or mismatched μ.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -140,11 +140,12 @@ def band_of(tr: TrustRegion, band: str | None = None) -> Band:
                          "whose mask has a band (δ, ε or τ_M2), e.g. dppo_binary_tv")
     name = choices[0] if band is None else band
     if name not in choices:
-        raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: choose one of {', '.join(choices)}")
+        raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: "
+                         f"choose one of {', '.join(choices)}")
     chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, THRESHOLDS[name])
     values = [getattr(tr, f) for f in chosen.fields]
     if not all(math.isfinite(v) for v in values) or max(values) <= 0:
-        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values))
+        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values, strict=True))
         raise ValueError(f"trust region {tr.name}'s band is {shown}: calibration scales it, so give it a finite value "
                          "> 0 first (--tr-<field>)")
     return chosen

@@ -186,7 +186,8 @@ class TrustRegion:
         if not self.tau_m2 >= 0:
             raise ValueError(f"tau_m2 (τ_M2) must be >= 0 (math.inf: no mask), got {self.tau_m2}")
         if not (0 < self.tau_pos < math.inf and 0 < self.tau_neg < math.inf):
-            raise ValueError(f"tau_pos and tau_neg (SAPO's τ) must be finite and > 0, got {self.tau_pos}, {self.tau_neg}")
+            raise ValueError(f"tau_pos and tau_neg (SAPO's τ) must be finite and > 0, "
+                             f"got {self.tau_pos}, {self.tau_neg}")
 
     @property
     def uses_topk(self) -> bool:
@@ -235,7 +236,8 @@ class TrustRegion:
     def calibrate(self, batch, target: float | None = None, *, like: TrustRegion | None = None, unit: str = "token",
                   band: str | None = None):
         """A copy whose band blocks ``target`` of ``batch``'s A ≠ 0 tokens (or as many as ``like`` does), and the
-        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport` (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
+        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport`
+        (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
         from dppo_oat.trust_region.calibrate import calibrate
 
         return calibrate(self, batch, target, like=like, unit=unit, band=band)

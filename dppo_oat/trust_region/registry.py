@@ -13,8 +13,8 @@ declaration.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -113,7 +113,8 @@ DIVERGENCES = {
     "topk_kl": Divergence(lambda logp, anchor_logp, topk: div.topk_kl(topk.behavior_logp, topk.logp, topk.valid),
                           needs_topk=True),
     "prob_drop": Divergence(lambda logp, anchor_logp, topk: anchor_logp.exp() - logp.exp()),
-    "ratio": Divergence(lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs()),
+    "ratio": Divergence(
+        lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs()),
     "log_ratio_sq": Divergence(
         lambda logp, anchor_logp, topk: (logp - anchor_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square()),
     "k2": Divergence(lambda logp, anchor_logp, topk: k2_divergence(logp - anchor_logp)),
@@ -164,8 +165,9 @@ class Rule:
     """For a top-K rule: the same mask on a binary divergence, registered before it, which an engine without μ's
     top-K set runs instead."""
     weight: Callable[..., torch.Tensor] | None = None
-    """w_t of its own, of ``(x, tr)`` (detached ``[B, T]``), in place of the IS weight of the trust region's ``is_weight`` (which it
-    then ignores, C included): GSPO's sequence ratio, SAPO's gate slope, MinPRO's prefix minimum."""
+    """w_t of its own, of ``(x, tr)`` (detached ``[B, T]``), in place of the IS weight of the trust region's
+    ``is_weight`` (which it then ignores, C included): GSPO's sequence ratio, SAPO's gate slope, MinPRO's prefix
+    minimum."""
     reads_mask_side: bool = False
     """True when ``TrustRegion.mask_side`` picks one half of its mask (DPPO's, eq:dppo_obj); other rules refuse a
     ``mask_side`` but ``both``."""

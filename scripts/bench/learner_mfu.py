@@ -3,7 +3,8 @@
 One update is the local engine's: the core's :func:`~dppo_oat.learner.update.learn_from_rollout` (DPPO-Binary-TV, the
 fused head, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
 ``qwen3_shapes.SHAPES`` with random weights (throughput only) and random token ids; weights and AdamW states in fp32
-and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are ``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
+and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are
+``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
 
 - ``tokens_per_s``: tokens (prompt and response) of the rollout batch ÷ the median seconds of one update.
 - ``mfu``: the update's model FLOPs per second ÷ ``peak_flops``, the rate of one large matrix product in ``--dtype``

@@ -19,19 +19,19 @@ import pytest
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-import launchpad  # noqa: E402
-from oat.algorithms.ppo import PPOArgs  # noqa: E402
-from oat.types import RLAlgo  # noqa: E402
-from oat.utils.ipc import PlasmaShmServer  # noqa: E402
+import launchpad  # noqa: E402  (after pytest.importorskip)
+from oat.algorithms.ppo import PPOArgs  # noqa: E402  (after pytest.importorskip)
+from oat.types import RLAlgo  # noqa: E402  (after pytest.importorskip)
+from oat.utils.ipc import PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.engines.oat import launch  # noqa: E402
-from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
-from dppo_oat.engines.oat import args as oat_args  # noqa: E402
-from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402
-from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.engines.oat.plan import plan_of  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
-from shared_data import MATH_DATA, needs_math_data  # noqa: E402
+from dppo_oat.engines.oat import args as oat_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat import launch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.plan import plan_of  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"
@@ -39,8 +39,9 @@ PREFIX = "-m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
 )
-SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
-         "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8", "--num_samples", "4"]
+SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16",
+         "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8",
+         "--num_samples", "4"]
 def without_visible_gpus(environ) -> dict:
     return {name: value for name, value in environ.items() if name != "CUDA_VISIBLE_DEVICES"}
 
@@ -144,7 +145,7 @@ def test_sanity_test_script_runs_every_method_of_the_figure_and_takes_oat_flags(
     """64 prompts × 8 samples per rollout, 4 gradient steps per rollout, each method with the paper's defaults."""
     commands = script_commands("sanity_test.sh")
     assert len(commands) == len(SANITY_METHODS)
-    for method, argv in zip(SANITY_METHODS, commands):
+    for method, argv in zip(SANITY_METHODS, commands, strict=True):
         with gpu_node(8):
             args = validate_args(launch.parse_args(argv))
         assert spec_of(args).trust_region == TrustRegion.preset(method)
@@ -273,8 +274,8 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
 
 
 @pytest.mark.fault("oat engine: `--tr_calibrate`, `--tr_calibrate_like` or `--tr_calibrate_unit`",
-                   "refused in one line: calibrate offline from the run's token export (`python -m dppo_oat.calibrate`) "
-                   "and pass the band it prints")
+                   "refused in one line: calibrate offline from the run's token export "
+                   "(`python -m dppo_oat.calibrate`) and pass the band it prints")
 @pytest.mark.parametrize("flags", [["--tr_calibrate", "0.05"], ["--tr_calibrate_like", "dppo_binary_kl"],
                                    ["--tr_calibrate_unit", "sequence"]])
 def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
@@ -445,7 +446,8 @@ def test_the_bare_dry_run_plans_its_own_defaults():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "32 samples per learner, buffer 32" in done.stdout, done.stdout
-    without_buffer = [flag for i, flag in enumerate(SMALL) if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
+    without_buffer = [flag for i, flag in enumerate(SMALL)
+                      if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
     args = validate_args(launch.parse_args([*without_buffer, "--dry_run"]), check_gpus=False)
     assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
 

@@ -11,8 +11,9 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-import test_verl_equality as verl_equality  # noqa: E402
-from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402
+import test_verl_equality as verl_equality  # noqa: E402  (after pytest.importorskip)
+
+from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402  (after pytest.importorskip)
 
 AGGREGATIONS = verl_equality.AGGREGATIONS
 

@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
+from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "scripts" / "verl" / "math.sh"
@@ -183,8 +183,10 @@ def test_check_says_success_only_when_every_check_passes(verl_adapter):
     assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("dppo_oat.dppo_binary_tv: "), done.stdout
 
 
-@pytest.mark.parametrize("override, name", [("actor_rollout_ref.actor.tau_pos=1e300", "actor_rollout_ref.actor.tau_pos"),
-                                            (f"{TRM_THRESHOLD}=1e39", TRM_THRESHOLD)])
+@pytest.mark.parametrize("override, name", [
+    ("actor_rollout_ref.actor.tau_pos=1e300", "actor_rollout_ref.actor.tau_pos"),
+    (f"{TRM_THRESHOLD}=1e39", TRM_THRESHOLD),
+])
 def test_check_refuses_a_number_past_float32(verl_adapter, override, name):
     from dppo_oat.engines.verl.preflight import check, compose
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, Tuple
+from typing import Any, Literal
 
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.learner.autocast import ComputeDtype
@@ -55,7 +56,7 @@ class WarmStartConfig:
     """Hidden size of the tiny shape."""
     num_layers: int = 2
     """Transformer layers of the tiny shape."""
-    seed: Optional[int] = 0
+    seed: int | None = 0
     """Seed of the tokenizer, model and demonstrations: every RL --seed starts from this one policy, as the paper's
     seeds share one initial model. None: the run's --seed."""
 
@@ -91,15 +92,15 @@ class TrainConfig(spec.DPPOFlags):
 
     engine: Literal["local", "oat"] = "local"
     """local: this process (CPU or one GPU). oat: oat + vLLM + DeepSpeed on a GPU node (other flags: --help there)."""
-    env_ids: Tuple[str, ...] = (DEFAULT_ENV,)
+    env_ids: tuple[str, ...] = (DEFAULT_ENV,)
     """Gem env ids, assigned to groups round-robin."""
-    prompt_template: Optional[str] = None
+    prompt_template: str | None = None
     """How an observation becomes a prompt: qwen3_game (Gem's game prompt in Qwen3 markup), qwen3_general
     (single-turn questions), plain, or chat (the model's own chat template). None: plain for the tiny policy, else
     qwen3_game."""
     loss_aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
     """How per-token losses are aggregated (seq-mean-token-sum-norm: Dr.GRPO's, over --max-new-tokens)."""
-    pretrain: Optional[str] = None
+    pretrain: str | None = None
     """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: a tiny policy warm-started
     on the oracle moves of the first --env-ids, built once and cached."""
     generator: Literal["hf", "vllm"] = "hf"
@@ -117,10 +118,10 @@ class TrainConfig(spec.DPPOFlags):
     """Episodes per group (same seed): the GRPO group."""
     minibatch_size: int = 256
     """Turn samples per optimizer step (a rollout batch gives several: the trust region matters)."""
-    minibatches_per_rollout: Optional[int] = None
+    minibatches_per_rollout: int | None = None
     """Split every rollout batch into this many minibatches, whatever its size (the paper's sanity test: 4 gradient
     steps per rollout); overrides --minibatch-size."""
-    micro_batch_size: Optional[int] = None
+    micro_batch_size: int | None = None
     """Turn samples per forward/backward pass (gradients accumulate to the same optimizer step). None: the whole
     minibatch."""
     num_epochs: int = 1
@@ -146,7 +147,7 @@ class TrainConfig(spec.DPPOFlags):
     max_prompt_tokens: int = 256
     """Longest prompt (rendered observation) in tokens; an env whose first prompt is longer is refused before
     training."""
-    train_pool: Optional[int] = None
+    train_pool: int | None = None
     """Draw training puzzles from a fixed pool of this many seeds, as the paper's sanity test trains on a fixed
     problem set. None: fresh puzzles every step."""
     seed: int = 0
@@ -172,7 +173,7 @@ class TrainConfig(spec.DPPOFlags):
     """Add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
     """Directory of the run directories (metrics.jsonl, config.json, checkpoint)."""
-    run_name: Optional[str] = None
+    run_name: str | None = None
     """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
     """Continue <run-dir>/<run-name> from its last checkpoint."""
@@ -182,14 +183,14 @@ class TrainConfig(spec.DPPOFlags):
     allow_metrics_gap: bool = False
     """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (they stay missing from its
     curves). Without it such a resume is refused."""
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     """Where the tiny policy is cached. None: $DPPO_CACHE, else ~/.cache/dppo_oat."""
     device: str = "cpu"
     """Torch device of the policy, rollouts, update and warm start: cpu, cuda, cuda:1, ..."""
     cuda_graphs: bool = False
     """On a CUDA device, decode rollouts by replaying CUDA graphs of the decode step (one launch per token in place
     of hundreds of kernels): the eager decode's distribution, up to float rounding."""
-    threads: Optional[int] = None
+    threads: int | None = None
     """CPU threads torch may use. None: half the CPUs this process may use, at least 1, so that work beside the run
     does not stall it. Each count sums floats in its own order, so draws other tokens."""
     wandb: bool = False

@@ -15,7 +15,8 @@ still told from an edited config (:func:`as_written` from the checkpoint's schem
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 CONFIG_SCHEMA = 3
 """The schema a run of this version writes."""

@@ -9,6 +9,7 @@ import warnings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+
 def line_console(stderr: bool = False) -> Console:
     """The command line's console (stdout, or stderr): it never breaks a line (``soft_wrap``), so a path or a command
     it prints stays whole in a log, a pipe or a narrow terminal, where rich would otherwise wrap at the terminal's
@@ -52,7 +53,7 @@ class StepProgress:
             self.bar = Progress(*columns, console=console)
         self.start = time.monotonic()
 
-    def __enter__(self) -> "StepProgress":
+    def __enter__(self) -> StepProgress:
         if self.bar is not None:
             self.bar.__enter__()
             self.task = self.bar.add_task("RL steps", total=self.total, completed=self.completed)

@@ -23,8 +23,6 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from envs import ensure_registered, unseeded_plugin_envs
-
 from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
 from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
@@ -36,11 +34,21 @@ from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.learner.autocast import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                       use_shape_agnostic_attention)
+from dppo_oat.learner.autocast import (
+    autocast,
+    autocast_forward,
+    loss_scaler,
+    rollout_compute_dtype,
+    use_shape_agnostic_attention,
+)
 from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
-from dppo_oat.learner.update import (EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step,
-                                     summarize_steps)
+from dppo_oat.learner.update import (
+    EngineSteps,
+    clip_and_step,
+    learn_from_rollout,
+    scaled_clip_and_step,
+    summarize_steps,
+)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
@@ -52,6 +60,7 @@ from dppo_oat.run.token_samples import TokenSampler, decode_each
 from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
 from dppo_oat.update_batch import build_update_batch
+from envs import ensure_registered, unseeded_plugin_envs
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -171,8 +180,9 @@ class LocalTrainer:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
         missing = self.run_dir.steps_missing_from_metrics(self.resume_step)
         if missing:
-            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
-                               f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} "
+                               f"checkpointed steps (step {missing[0]} first): its curves will miss them",
+                               soft_wrap=True)
 
     def _warn_of_export_gap(self) -> None:
         """With --token-export all, say which checkpointed steps have no export (trained before the flag was given):
@@ -239,7 +249,8 @@ class LocalTrainer:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         k = self.spec.sampling.top_k_logprobs
         if k > vocab:
-            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): give --tr-k {vocab} or less")
+            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): "
+                             f"give --tr-k {vocab} or less")
 
     def _check_prompts_fit(self) -> None:
         """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
@@ -254,7 +265,8 @@ class LocalTrainer:
         """Success and return on the held-out seeds, sampling at the training temperature."""
         self.rollouts.wait()  # never beside a background rollout: both may seed torch's global RNG
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
-        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
+        sampling = self._sampling(EVAL_SAMPLING_SEED, evaluation=True)
+        rollout = self.eval_collector.collect(self.generator, sampling, seeds)
         stats = rollout.stats()
         row = {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
                "eval/episodes": stats["episodes"]}

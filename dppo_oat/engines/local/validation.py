@@ -21,8 +21,14 @@ from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
 from dppo_oat.run.directory import CHECKPOINT_FILE, OVERWRITTEN_PREFIX, TOKEN_EXPORT_DIR, RunDir, RunLock
-from dppo_oat.run.log import (PROVENANCE, check_run_name, check_tensorboard, check_wandb, config_differences,
-                              settings_hash)
+from dppo_oat.run.log import (
+    PROVENANCE,
+    check_run_name,
+    check_tensorboard,
+    check_wandb,
+    config_differences,
+    settings_hash,
+)
 from dppo_oat.run.safe_io import check_can_write, temporary_prefix
 from dppo_oat.run.token_export import check_export_folder
 from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec
@@ -93,7 +99,8 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
     if c.threads is not None and c.threads < 1:
-        raise ValueError(f"--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), got {c.threads}")
+        raise ValueError("--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), "
+                         f"got {c.threads}")
     if c.wrappers and c.pretrain is None:
         raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
                          "observations")

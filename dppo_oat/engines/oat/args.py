@@ -21,10 +21,9 @@ import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Annotated, Literal, Optional, Tuple
+from typing import Annotated, Literal
 
 import tyro
-
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
@@ -96,7 +95,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
 
     prompt_template: str = "qwen3_game"
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat."""
-    groups_per_step: Optional[int] = None
+    groups_per_step: int | None = None
     """Groups played per actor step (default: enough single-turn episodes for rollout_batch_size_per_device)."""
     env_seed: int = 42
     """Constructor seed of the training envs (reasoning-gym builds its puzzle set from it)."""
@@ -107,11 +106,11 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     logprob_chunk_size: int = 1024
     """Token rows per chunk of the logits path's fp32 log-softmax, whose logits memory grows with it (the fused head
     sizes its chunks itself)."""
-    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated. None: oat's, from critic_type (drgrpo: seq-mean-token-sum-norm, each
     response's token sum over generate_max_length; grpo: seq-mean-token-mean)."""
 
-    eval_env_ids: Tuple[str, ...] = ()
+    eval_env_ids: tuple[str, ...] = ()
     """Gem ids to evaluate on (default: env_ids)."""
     eval_seed_start: int = 1_000_000_000
     """First evaluation seed; training seeds are drawn below it (a local-math set maps seed s to problem s mod N)."""
@@ -133,20 +132,20 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Give every vLLM request a seed drawn from the run's seed and actor step, so that two runs with the same --seed
     (and a run and its resume) draw the same samples; vLLM then draws each request's noise from its own generator
     (one small kernel per request and decode step). Off: vLLM's noise is seeded by oat with the time."""
-    price_gpu: Optional[str] = None
+    price_gpu: str | None = None
     """The GPU the plan's price is worked out for: h100, h200 or a100 (default: the one nvidia-smi names, else h200,
     where the learner was measured)."""
-    price_model: Optional[str] = None
+    price_model: str | None = None
     """The model shape the price and the logits memory are worked out for: Qwen3-1.7B, Qwen3-1.7B-Base,
     OctoThinker-3B-Hybrid-Base, DeepSeek-R1-Distill-Qwen-1.5B or a config.json (default: --pretrain's config.json
     where readable here, else its name)."""
     price_decode_efficiency: float = 0.5
     """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
 
-    tr_calibrate: Optional[float] = None
+    tr_calibrate: float | None = None
     """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
     export (python -m dppo_oat.calibrate) and pass the band it prints."""
-    tr_calibrate_like: Annotated[Optional[PresetName],  # type: ignore[valid-type]
+    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
                                  tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Refused here, as --tr_calibrate."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
@@ -155,13 +154,13 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
     beta: float = 0.0
-    tis_c: Optional[float] = None
+    tis_c: float | None = None
     use_fused_lm_head: bool = False
     oracle: str = ""
     prompt_data: str = ""
     eval_temperature: float = 0.6
     eval_top_p: float = 0.95
-    pi_buffer_maxlen_per_device: Optional[int] = None
+    pi_buffer_maxlen_per_device: int | None = None
     """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
     rollout_batch_size / learners, as the plan needs (oat's 16 holds a round only where 8 learners share its
     rollout_batch_size 128: --collocate on 8 GPUs)."""

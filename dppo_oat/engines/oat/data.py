@@ -10,8 +10,8 @@ batch is exactly the one the local engine builds from the same samples.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ class DPPOTransitionData(TransitionData):
 
     advantage: float = 0.0
     turn: int = 0
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
     weight_version: int = 0
 
 
@@ -74,7 +74,7 @@ class DPPOTransitionDataset(TransitionDataset):
 
     def __init__(self, buffer: Sequence[DPPOTransitionData], tokenizer, strategy, **kwargs) -> None:
         super().__init__(buffer, tokenizer, strategy, **kwargs)
-        for transition, data in zip(self.transitions, buffer):
+        for transition, data in zip(self.transitions, buffer, strict=True):
             transition.update({name: getattr(data, name) for name in DPPO_FIELDS})
 
     def collate_fn(self, item_list):
@@ -90,8 +90,8 @@ class LearnerRow:
     prompt_ids: list
     response_ids: list
     behavior_logprobs: list
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
 
 
 def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:
@@ -99,7 +99,7 @@ def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:
     input_ids = trajectory["input_ids"].cpu()
     lengths = trajectory["attention_mask"].cpu().sum(-1).long().tolist()
     rows = []
-    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"])):
+    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"], strict=True)):
         rows.append(
             LearnerRow(
                 prompt_ids=input_ids[i, :prompt_length].tolist(),

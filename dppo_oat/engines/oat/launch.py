@@ -26,7 +26,7 @@ import signal
 import sys
 import types
 import warnings
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 PROG = "python -m dppo_oat.train --engine oat"
 DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
@@ -93,7 +93,7 @@ def checked_plan(argv: Sequence[str]):
     return args, priced_plan(args)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Parse, check (DPPO's checks, the plan's, then oat's) and print the plan; launch unless ``--dry_run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if launches_nothing(argv):
@@ -175,9 +175,9 @@ class Outcome:
     """How a launched program ended: the one line a learner reported (a divergence, a failed checkpoint), the
     run directory it wrote, and the signal that stopped it (None for each when there was none)."""
 
-    failure: Optional[str]
-    run_dir: Optional[str]
-    stopped_by: Optional[int]
+    failure: str | None
+    run_dir: str | None
+    stopped_by: int | None
 
 
 def launch_and_wait(args) -> Outcome:
@@ -221,7 +221,7 @@ def record_stop_signals(received: list) -> None:
         signal.signal(sig, record)
 
 
-def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) -> str:
+def stopped_message(argv: Sequence[str], run_dir: str | None, signum: int) -> str:
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
     from dppo_oat.engines.oat.resume import complete_checkpoints

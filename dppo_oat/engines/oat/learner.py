@@ -27,8 +27,8 @@ import itertools
 import math
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import torch
 from oat.algorithms.ppo import PPOLearner
@@ -39,15 +39,33 @@ from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, logged_co
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
-    ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
-    learner_state, partial_path, prune_checkpoints, read_learner_state, remove_unfinished, restore_learner_state,
-    set_random_states, write_learner_state, write_resume_record,
+    ResumePoint,
+    checkpoint_failure,
+    checkpoint_tag,
+    commit_checkpoint,
+    find_resume_point,
+    learner_state,
+    partial_path,
+    prune_checkpoints,
+    read_learner_state,
+    remove_unfinished,
+    restore_learner_state,
+    set_random_states,
+    write_learner_state,
+    write_resume_record,
 )
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_failure, report_run_dir
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
-from dppo_oat.learner.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
-                                    one_learner)
+from dppo_oat.learner.guard import (
+    HEALTHY,
+    LOSS_SCALE_SKIPS,
+    SKIPPED,
+    AnyLearner,
+    BlowUpGuard,
+    check_weights_finite,
+    one_learner,
+)
 from dppo_oat.learner.update import EngineSteps, learn_from_rollout, summarize_steps
 from dppo_oat.run.directory import RunDir
 from dppo_oat.run.log import code_commit
@@ -290,7 +308,7 @@ class DPPOLearner(PPOLearner):
                 self.prompts_dataloader.sampler.set_epoch(epoch)
             yield epoch, (steps_done - epoch * per_epoch if epoch == steps_done // per_epoch else 0)
 
-    def actor_step(self, processed_prompts, raw_prompts, refs) -> Optional[dict]:
+    def actor_step(self, processed_prompts, raw_prompts, refs) -> dict | None:
         """One actor step of oat's loop; its learning round's train info when the step ends one, else None."""
         feedback_data, self.actor_info = self.collector.collect_feedback(
             raw_prompts, processed_prompts, refs, self._same_actor_group)
@@ -388,7 +406,10 @@ class DPPOLearner(PPOLearner):
         batch = update_batch_from_trajectory(trajectory, self.tokenizer.pad_token_id, with_topk=tr.uses_topk)
         check_whole_minibatches(len(batch), self.update_settings)
         if learners_normalise(self.spec.advantages.mode):
-            sum_over_learners = lambda value: self.strategy.all_reduce(value, op="sum")  # noqa: E731
+
+            def sum_over_learners(value):
+                return self.strategy.all_reduce(value, op="sum")
+
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None

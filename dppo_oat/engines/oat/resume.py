@@ -26,7 +26,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ class LearnerState:
     prompt_consumed: int
     prompt_epoch: int
     broadcast_rounds: list
-    last_eval_query_step: Optional[int]
+    last_eval_query_step: int | None
     pending_eval: bool
     guard: dict
     random_states: dict
@@ -217,7 +217,7 @@ def run_directory_of(resume_dir: str | Path) -> Path:
     return path
 
 
-def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> ResumePoint:
+def find_resume_point(resume_dir: str | Path, tag: str | None = None) -> ResumePoint:
     """The checkpoint to resume from: ``tag`` (``round_NNNNNN``, or the folder ``--resume_dir`` names), else the
     newest whole one. Raises ValueError with one line that says what to do."""
     path = Path(resume_dir).expanduser()
@@ -230,8 +230,8 @@ def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> Resu
     if tag is not None:
         checkpoints = [c for c in checkpoints if c.name == tag]
         if not checkpoints:
-            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of that "
-                             "name: leave --resume_tag out to take the newest")
+            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of "
+                             "that name: leave --resume_tag out to take the newest")
     if not checkpoints:
         raise ValueError(f"--resume_dir {resume_dir}: the run has no whole checkpoint (one is written every "
                          "--checkpoint_every learning rounds under <run>/checkpoints): start a new run")
@@ -268,7 +268,7 @@ def check_resume_settings(stored: dict, current: dict) -> None:
                          "resume with the command that started the run, plus --resume_dir")
 
 
-def checkpoint_failure(root: Path, tag: str, error: Optional[BaseException]) -> str:
+def checkpoint_failure(root: Path, tag: str, error: BaseException | None) -> str:
     """The one line a run ends on when its checkpoint ``tag`` could not be written."""
     newest = complete_checkpoints(root)
     kept = f"the newest whole checkpoint is {newest[-1].name}" if newest else "no whole checkpoint was written yet"

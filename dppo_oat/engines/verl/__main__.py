@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dppo_oat.engines.verl import INSTALL_HINT, VERL_INSTALLED
 from dppo_oat.engines.verl.mapping import hydra_overrides, loss_name, supported_presets

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dppo_oat.engines.verl.mapping import (
     EXTERNAL_LIB,
@@ -59,7 +60,8 @@ def check_syntax(overrides: Sequence[str]) -> None:
         try:
             parser.parse_overrides([override])
         except OverrideParseException as error:
-            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax ({first_line(error)})") from None
+            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax "
+                             f"({first_line(error)})") from None
 
 
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer"):
