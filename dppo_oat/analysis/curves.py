@@ -1,38 +1,21 @@
-"""Curves from the long table: Gaussian smoothing (the paper's σ = 2) and mean ± band across seeds."""
+"""Curves from the long table: smoothed (:func:`~dppo_oat.analysis.smoothing.smooth`, the paper's σ = 2), mean ± band
+across seeds, and what each method's curve did."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
 
 import numpy as np
 import pandas as pd
-from scipy.ndimage import gaussian_filter1d
 
+from dppo_oat.analysis.degenerate import curve_flags
 from dppo_oat.analysis.runs import RUN_COLUMNS
+from dppo_oat.analysis.smoothing import smooth
 
 BANDS = ("std", "minmax", "none")
 """Seed bands of :func:`aggregate_seeds`: mean ± standard deviation, min to max, or none (lo = hi = mean)."""
 
-SeriesLike = TypeVar("SeriesLike", pd.Series, np.ndarray)
 GroupBy = str | Sequence[str]
-
-
-def smooth(series: SeriesLike, sigma: float = 2.0) -> SeriesLike:
-    """Gaussian smoothing along the points of ``series`` (``scipy.ndimage.gaussian_filter1d``, reflected ends).
-
-    ``sigma`` is in points (logged steps), as in the paper's figures; ``sigma <= 0`` returns the values unchanged.
-    A pandas Series keeps its index and name. NaNs are left in place and do not spread: the other points are
-    smoothed as one curve.
-    """
-    values = np.asarray(series, dtype=float)
-    finite = np.isfinite(values)
-    smoothed = values.copy()
-    if sigma > 0 and finite.any():
-        smoothed[finite] = gaussian_filter1d(values[finite], sigma)
-    if isinstance(series, pd.Series):
-        return pd.Series(smoothed, index=series.index, name=series.name)
-    return smoothed
 
 
 def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -113,7 +96,6 @@ def compare_methods(df: pd.DataFrame, by: str = "method", sigma: float = 2.0) ->
     of the last tenth), its peak and the drop from it, |π − μ| over the first and last tenth, and the mean share of
     bad updates and of masked tokens (%). NaN where its runs do not log the metric. ``flag``: why the curve cannot
     be read as a trust region (:func:`~dppo_oat.analysis.degenerate.curve_flags`), empty when it can."""
-    from dppo_oat.analysis.degenerate import curve_flags  # it smooths with this module's smooth
 
     flags = curve_flags(df, by)
     means = {metric: aggregate_seeds(df, metric, by=by) for metric in COMPARED}

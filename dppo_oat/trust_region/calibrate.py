@@ -32,14 +32,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from dppo_oat.trust_region.config import FIELD_SYMBOLS, TrustRegion
-from dppo_oat.trust_region.loss import finite_tokens
 from dppo_oat.trust_region.masks import ROLLOUT_CORR_LOG_BOUND, mismatch_keep
-from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, THRESHOLDS, MaskInputs, TopK
+from dppo_oat.trust_region.registry import (
+    DIVERGENCES,
+    FIELD_SYMBOLS,
+    RULE_TABLE,
+    THRESHOLDS,
+    MaskInputs,
+    TopK,
+    finite_tokens,
+)
 from dppo_oat.trust_region.weights import sapo_gate_slope
+
+if TYPE_CHECKING:
+    from dppo_oat.trust_region.config import TrustRegion
 
 UNITS = ("token", "sequence")
 """What a target fraction counts: A ≠ 0 response tokens, or rows (one response, one turn) with such a token."""

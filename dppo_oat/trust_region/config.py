@@ -42,10 +42,6 @@ REAL_FIELDS = tuple(name for name in NUMBER_FIELDS if name not in INTEGER_FIELDS
 """Of :data:`NUMBER_FIELDS`, the real numbers."""
 CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask", "mask_side")
 """The :class:`TrustRegion` fields that name one of a few choices."""
-FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
-                 "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
-                 "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
-"""How the docs write each of :data:`NUMBER_FIELDS`."""
 
 
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",

@@ -20,7 +20,7 @@ from dppo_oat.trust_region.config import TrustRegion
 from dppo_oat.trust_region.masks import MAX_LOG_RATIO, mismatch_keep
 from dppo_oat.trust_region.metrics import mismatch_diagnostics, trust_region_metrics
 from dppo_oat.trust_region.reductions import row_sum
-from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, MaskInputs, Rule, TopK
+from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, MaskInputs, Rule, TopK, finite_tokens
 from dppo_oat.trust_region.weights import kl_penalty
 
 LOGPROB_TOLERANCE = 1e-4
@@ -158,18 +158,6 @@ def importance_weight(tr: TrustRegion, logp, behavior_logp, recomputed_logp,
     log_weight = log_truncated.clamp(max=log_cap) + log_untruncated
     return log_weight.clamp(max=MAX_LOG_RATIO).exp(), log_truncated > log_cap
 
-
-
-def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
-    """``[B, T]``: True where every input of the token is finite (its log-probs, its advantage, its top-K log-probs
-    but for the padding slots, where μ may be −∞). :func:`policy_loss` leaves the others out and counts them in its
-    ``nonfinite`` metric."""
-    finite = torch.isfinite(logp) & torch.isfinite(behavior_logp) & torch.isfinite(advantages).expand_as(logp)
-    if recomputed_logp is not None:
-        finite &= torch.isfinite(recomputed_logp)
-    if topk is not None:
-        finite &= ~(topk.valid & (torch.isnan(topk.behavior_logp) | torch.isnan(topk.logp))).any(-1)
-    return finite
 
 
 def _check_logprobs_at_most_zero(response: torch.Tensor, **logprobs: torch.Tensor | None) -> None:

@@ -127,6 +127,22 @@ THRESHOLDS = {"delta": ("delta",), "clip_range": ("eps_low", "eps_high"), "tau_m
 """What a rule's mask may threshold (:attr:`Rule.threshold`), by name, with the
 :class:`~dppo_oat.trust_region.config.TrustRegion` fields that hold it: the divergence bound δ, PPO's clip range
 ``[1 − ε_low, 1 + ε_high]`` (and α when relaxed) or M2PO's τ_M2."""
+FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
+                 "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
+                 "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
+"""How the docs write each of :data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`."""
+
+
+def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
+    """``[B, T]``: True where every input of the token is finite (its log-probs, its advantage, its top-K log-probs
+    but for the padding slots, where μ may be −∞). :func:`~dppo_oat.trust_region.loss.policy_loss` leaves the others
+    out and counts them in its ``nonfinite`` metric."""
+    finite = torch.isfinite(logp) & torch.isfinite(behavior_logp) & torch.isfinite(advantages).expand_as(logp)
+    if recomputed_logp is not None:
+        finite &= torch.isfinite(recomputed_logp)
+    if topk is not None:
+        finite &= ~(topk.valid & (torch.isnan(topk.behavior_logp) | torch.isnan(topk.logp))).any(-1)
+    return finite
 
 
 # --------------------------------------------------------------------------------------------- rules
