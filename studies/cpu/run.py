@@ -49,6 +49,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
+from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS
+from studies.cpu.placebo import PLACEBO_PRESETS
 
 @dataclass(frozen=True)
 class Condition:
@@ -106,6 +108,8 @@ CONDITIONS: Dict[str, Condition] = {
     "mech-int4-redraw": Condition(precision="int4", redraw=True),
     "mech-noise": Condition(logprob_noise=MATCHED_NOISE),
     "field-mb4": Condition(minibatches=4),
+    "v5-fp32": Condition(),
+    "v5-int4": Condition(precision="int4"),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -130,7 +134,9 @@ own so that their claims score only runs played after them: ``mech-int4`` repeat
 ``mech-int4-redraw`` rounds the int4 copy on a grid redrawn at every re-sync (as large an error, not the same one
 twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`.
 ``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the v4
-policy, under a name of its own so that its claims score only runs played after them."""
+policy, under a name of its own so that its claims score only runs played after them.
+``v5-fp32``: the flags of ``mb1-fp32`` for the mechanism's cell-matched placebo (``placebo``), and ``v5-int4`` those
+of ``mech-int4`` for the sign claim's new seeds (``signs``), each under a name of its own."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,21 @@ EXPERIMENTS: Dict[str, Experiment] = {
                                  "seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
+    "matched": Experiment(tuple(method for method, _ in MATCHED_ARMS), ("mech-int4",),
+                          "GSPO, VACO, DPPO-Binary-TV and GRPO-ClipHigher at DPPO-Binary-KL's strength under the int4 "
+                          "condition (each band calibrated per run on step 1 to block as many tokens), against the "
+                          "mechanism experiment's DPPO-Binary-KL and PG-IS runs; eight seeds"),
+    "matched_more": Experiment(tuple(method for method, _ in MATCHED_MORE_ARMS), ("mech-int4",),
+                               "the symmetric band, TRM-Max, TRM-Avg and DeepSeek-V3.2's mask the same way; eight "
+                               "seeds"),
+    "matched_stale": Experiment(tuple(method for method, _ in MATCHED_ARMS + MATCHED_MORE_ARMS), ("field-mb4",),
+                                "the eight calibrated rules under staleness alone, against frontier_stale's "
+                                "DPPO-Binary-KL and PG-IS runs; eight seeds"),
+    "placebo": Experiment(("placebo_neg", "placebo_pos", "pg_is"), ("v5-fp32",),
+                          "the mechanism's cell-matched placebo: an fp32 sampler, a random set of one half's tokens "
+                          "blocked at the rate int4's mask blocked that half, against PG-IS; eight seeds"),
+    "signs": Experiment(("pg_is",), ("v5-int4",),
+                        "the sign claim on new data: PG-IS under the int4 condition on seeds 8-15"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
@@ -354,6 +375,12 @@ def prepare_policies(config: StudyConfig, console: Console) -> None:
         load_or_build_tiny_policy(train_config, console)
 
 
+def trainer_module(method: str) -> str:
+    """The module that trains ``method``: ``dppo_oat.train``, or for the study's own placebo presets
+    ``studies.cpu.placebo`` (the same trainer with them registered)."""
+    return "studies.cpu.placebo" if method.partition("@")[0] in PLACEBO_PRESETS else "dppo_oat.train"
+
+
 def play(run: StudyRun, config: StudyConfig) -> dict:
     """Train ``run`` in its own process (resuming it if it was interrupted); its output goes to a log file."""
     run_dir = run.run_dir(config)
@@ -363,7 +390,7 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
     if state == "new" and run_dir.exists():  # killed before its first checkpoint: nothing to resume from
         shutil.rmtree(run_dir)
     resume = state == "partial"
-    command = [sys.executable, "-m", "dppo_oat.train", *train_args(run, config, resume)]
+    command = [sys.executable, "-m", trainer_module(run.method), *train_args(run, config, resume)]
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
     with open(log_path, "a") as log:
