@@ -252,6 +252,9 @@ def matched_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contras
                  heading: tuple[str, str], evidence: ScaleEvidence | None) -> str:
     """A matched experiment's line (:func:`frontier_line`), and with ``evidence``, once its arms have run, what each
     blocked over its runs beside DPPO-Binary-KL (a match on step 1 drifts after it)."""
+    verdicts = table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"]
+    if (verdicts == "not run").all():
+        return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
     line = frontier_line(table, arms, contrasts, heading)
     blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
     condition = contrasts[0].left[1]

@@ -478,3 +478,30 @@ def calibration_table(df: pd.DataFrame, outcomes: pd.DataFrame, conditions: tupl
     own = outcomes[outcomes["arm_method"] == reference].groupby("condition")["masked"].mean()
     table[f"{reference} over the run %"] = 100 * table.index.get_level_values("condition").map(own)
     return table
+
+
+def placebo_table(df: pd.DataFrame, condition: str = "v5-fp32") -> pd.DataFrame:
+    """Per arm of ``condition``: the share of the A ≠ 0 tokens it blocked (``mask/fraction``) and, per sign of Â and
+    μ bucket, the blocked tokens on either side of μ − π summed (with an fp32 sampler the side is rounding), in %:
+    means over steps and seeds; beside them, the rates the placebo was set to
+    (:data:`~studies.cpu.placebo.PLACEBO_RATES`)."""
+    from dppo_oat.trust_region.metrics import MU_BUCKETS
+    from studies.cpu.placebo import PLACEBO_RATES
+
+    rows = df[df["condition"] == condition]
+    if rows.empty:
+        return pd.DataFrame()
+    columns = {"all": ["mask/fraction"]}
+    for adv, side in (("neg_adv", "negative"), ("pos_adv", "positive")):
+        for _, _, bucket in MU_BUCKETS:
+            columns[f"{adv} {bucket}"] = [f"mask_cell/{adv}_{d}_{bucket}" for d in ("mu_above", "mu_below")]
+    per_step = rows.pivot_table(index=["arm_method", "run", "step"], columns="metric", values="value")
+    table = pd.DataFrame({name: per_step[[m for m in metrics if m in per_step]].sum(axis=1)
+                          for name, metrics in columns.items()})
+    table = 100 * table.groupby(level="arm_method").mean()
+    rates = {f"{adv} {bucket}": 100 * rate for adv, side in (("neg_adv", "negative"), ("pos_adv", "positive"))
+             for bucket, rate in PLACEBO_RATES[side].items()}
+    set_to = pd.DataFrame([{"all": sum(rate for name, rate in rates.items() if name.startswith(adv)),
+                            **{k: (v if k.startswith(adv) else 0.0) for k, v in rates.items()}}
+                           for adv in ("neg_adv", "pos_adv")], index=["set: placebo_neg", "set: placebo_pos"])
+    return pd.concat([table, set_to])
