@@ -31,7 +31,7 @@ train: $(VENV)/.runtime
 test: setup
 	$(PY) -m pytest -q -m "not vllm and not oat and not verl and not lock" $(ARGS)
 
-## lint: pyflakes and pycodestyle's errors (the rules in pyproject.toml's [tool.ruff]); CI runs it
+## lint: ruff with the rules in pyproject.toml's [tool.ruff.lint] (pyflakes, pycodestyle errors, line length, bugbear, pyupgrade, isort); CI runs it
 lint: setup
 	$(VENV)/bin/ruff check .
 

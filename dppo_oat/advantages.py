@@ -8,15 +8,36 @@ Everything here is NumPy in, NumPy out (float32), so that any engine can call it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dppo_oat.errors import RunError
+
 if TYPE_CHECKING:
-    from dppo_oat.samples import TurnSample
+    from dppo_oat.update_batch import TurnSample
 
 ESTIMATORS = ("drgrpo", "grpo", "rloo")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest return advantages can be computed from: they are float32 (about 3.4e38)."""
+
+
+class RewardOverflow(RunError):
+    """The env's rewards give a return that is not finite, or past :data:`FLOAT32_MAX`: no advantage can be formed
+    from it (the run would stop later as "advantages non-finite", after numpy's overflow warnings)."""
+
+
+def check_returns(returns: np.ndarray) -> None:
+    """Raise :class:`RewardOverflow` (one line) when a return (float64) is NaN, infinite or past float32's range."""
+    if not np.isnan(returns).any() and not (np.abs(returns) > FLOAT32_MAX).any():
+        return
+    if np.isnan(returns).any():
+        raise RewardOverflow("the env's rewards are NaN (a turn's return is NaN): fix the env's rewards")
+    largest = float(np.abs(returns).max())
+    raise RewardOverflow(f"the env's rewards overflow: a turn's return reaches {largest:.3g}, past the float32 range "
+                         f"(±{FLOAT32_MAX:.3g}) advantages are computed in: scale the env's rewards down")
 
 
 def group_advantages(rewards, group_ids, estimator: str = "drgrpo", *, eps: float = 1e-6) -> np.ndarray:
@@ -44,7 +65,8 @@ def group_advantages(rewards, group_ids, estimator: str = "drgrpo", *, eps: floa
 
 
 def discounted_returns(rewards, episode_ids, turn_indices, gamma: float) -> np.ndarray:
-    """``G_t = r_t + γ G_{t+1}`` within each episode, for per-turn samples in any order."""
+    """``G_t = r_t + γ G_{t+1}`` within each episode, for per-turn samples in any order; :class:`RewardOverflow`
+    when a return is NaN or past float32's range."""
     if not 0 <= gamma <= 1:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     rewards = np.asarray(rewards, dtype=np.float64)
@@ -52,11 +74,13 @@ def discounted_returns(rewards, episode_ids, turn_indices, gamma: float) -> np.n
     order = np.lexsort((-turn_indices, episode_ids))  # each episode from its last turn back to its first
     returns = np.zeros_like(rewards)
     running, current_episode = 0.0, None
-    for i in order:
-        if episode_ids[i] != current_episode:
-            running, current_episode = 0.0, episode_ids[i]
-        running = rewards[i] + gamma * running
-        returns[i] = running
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is said in one line below
+        for i in order:
+            if episode_ids[i] != current_episode:
+                running, current_episode = 0.0, episode_ids[i]
+            running = rewards[i] + gamma * running
+            returns[i] = running
+    check_returns(returns)
     return returns.astype(np.float32)
 
 
@@ -111,17 +135,17 @@ def turn_advantages(rewards, episode_ids, turn_indices, group_ids, *, mode: str 
     if mode == "rebn":
         return batch_normalize(returns)
     if per_turn_baseline:
-        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices)]
+        group_ids = [f"{group}@{turn}" for group, turn in zip(group_ids, turn_indices, strict=True)]
     return group_advantages(returns, group_ids, mode)
 
 
-def sample_returns(samples: Sequence["TurnSample"], gamma: float) -> np.ndarray:
+def sample_returns(samples: Sequence[TurnSample], gamma: float) -> np.ndarray:
     """:func:`discounted_returns` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``)."""
     return discounted_returns([s.reward for s in samples], [s.episode_id for s in samples],
                               [s.turn for s in samples], gamma)
 
 
-def sample_advantages(samples: Sequence["TurnSample"], settings: AdvantageSettings) -> np.ndarray:
+def sample_advantages(samples: Sequence[TurnSample], settings: AdvantageSettings) -> np.ndarray:
     """:func:`turn_advantages` of per-turn samples (each with ``reward``, ``episode_id``, ``turn``, ``group_id``)."""
     return turn_advantages(
         [s.reward for s in samples], [s.episode_id for s in samples], [s.turn for s in samples],

@@ -12,6 +12,18 @@ import torch
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def check_mask(loss: torch.Tensor, mask: torch.Tensor) -> None:
+    """``mask`` is a ``[B, T]`` mask of ``loss [B, T]``: the same shape, and boolean or only 0s and 1s (a non-boolean
+    mask's values are read on the host: the engines pass booleans, which need no look)."""
+    if loss.dim() != 2 or tuple(mask.shape) != tuple(loss.shape):
+        raise ValueError(f"aggregate_loss takes a loss [B, T] and a mask of the same shape, got the loss "
+                         f"{list(loss.shape)} and the mask {list(mask.shape)}")
+    if mask.dtype != torch.bool and ((mask != 0) & (mask != 1)).any():
+        odd = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(f"aggregate_loss: the mask holds {odd!r}: a mask is boolean or 0/1 (its values would weigh "
+                         "the tokens), pass mask.bool() or weigh the loss itself")
+
+
 def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_constant: float | None = None):
     """Reduce ``loss [B, T]`` over the True entries of ``mask [B, T]``.
 
@@ -20,8 +32,11 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_co
     - ``seq-mean-token-mean``: mean over sequences of the per-sequence token mean (GRPO's original).
     - ``seq-mean-token-sum-norm``: mean over sequences of Σ_t loss / ``norm_constant`` (Dr.GRPO).
 
-    Sequences without any True token are left out of sequence means.
+    Sequences without any True token are left out of sequence means. A mask of another shape than the loss, or one
+    holding values other than 0 and 1 (a mask of 2s would weigh its tokens twice), is a ``ValueError``
+    (:func:`check_mask`).
     """
+    check_mask(loss, mask)
     mask = mask.to(loss.dtype)
     loss = loss * mask
     if mode == "token-mean":

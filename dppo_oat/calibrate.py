@@ -19,17 +19,29 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Sequence
+from typing import Annotated, Literal
 
 import torch
 import tyro
 
-from dppo_oat.runlog import read_config, to_jsonable
-from dppo_oat.token_export import EXPORT_DIR, export_path, read_token_export
-from dppo_oat.trust_region import (PRESETS, REAL_FIELDS, RULE_TABLE, UNITS, CalibrationBatch,
-                                   CalibrationReport, PolicyLossOutput, TrustRegion, band_of, calibrate)
+from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
+from dppo_oat.run.safe_io import to_jsonable
+from dppo_oat.run.token_export import read_token_export
+from dppo_oat.trust_region import (
+    PRESETS,
+    REAL_FIELDS,
+    RULE_TABLE,
+    UNITS,
+    CalibrationBatch,
+    CalibrationReport,
+    PolicyLossOutput,
+    TrustRegion,
+    band_of,
+    calibrate,
+)
 from dppo_oat.trust_region.calibrate import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -39,7 +51,7 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
 
 class BatchCollector:
-    """A token observer (as :class:`~dppo_oat.token_export.TokenExporter`) that keeps every loss call of a rollout
+    """A token observer (as :class:`~dppo_oat.run.token_export.TokenExporter`) that keeps every loss call of a rollout
     batch's first epoch as a :class:`~dppo_oat.trust_region.CalibrationBatch`: π_θ of its forward pass, μ, A, the
     response mask, π_θ' where the trust region recomputes it, and its top-K divergence where it reads one."""
 
@@ -73,17 +85,12 @@ def recorded_band(record, tr: TrustRegion) -> TrustRegion:
 # --------------------------------------------------------------------------------------------- from a token export
 
 
-def exported_steps(run_dir: Path) -> list[int]:
-    """The steps a run's token export holds, in order."""
-    paths = (Path(run_dir) / EXPORT_DIR).glob("step_*.jsonl")
-    return sorted(int(path.stem.removeprefix("step_")) for path in paths if path.stem.removeprefix("step_").isdigit())
-
-
 def export_step(run_dir: Path, step: int | None) -> int:
     """``step``, or the first exported one; a run without an export, or without that step, is one line."""
-    steps = exported_steps(run_dir)
+    steps = RunDir(run_dir).exported_steps()
     if not steps:
-        raise ValueError(f"{run_dir} has no token export ({EXPORT_DIR}/step_*.jsonl): train it with --token-export all")
+        raise ValueError(f"{run_dir} has no token export ({TOKEN_EXPORT_DIR}/step_*.jsonl): "
+                         "train it with --token-export all")
     if step is None:
         return steps[0]
     if step not in steps:
@@ -95,7 +102,7 @@ def export_step(run_dir: Path, step: int | None) -> int:
 def export_batch(run_dir: Path, step: int) -> CalibrationBatch:
     """One step's token export as one loss call: a row per record, π_θ (``trainer_logprobs``; a null one counts as
     non-finite, left out as the loss leaves it out), μ (``inference_logprobs``), A and the response mask."""
-    path = export_path(run_dir, step)
+    path = RunDir(run_dir).export(step)
     try:
         frame = read_token_export(run_dir, step)
         rows = torch.tensor(frame.groupby(["row"], sort=True).ngroup().to_numpy(copy=True))
@@ -135,7 +142,7 @@ def check_export_serves(tr: TrustRegion, flag: str) -> None:
 
 def run_trust_region(run_dir: Path) -> TrustRegion:
     """The trust region a run trained (its ``config.json``'s ``trust_region``)."""
-    recorded = read_config(run_dir).get("trust_region")
+    recorded = RunDir(run_dir).read_config().get("trust_region")
     if not isinstance(recorded, dict):
         raise ValueError(f"{run_dir} has no config.json with its trust region: give --trust-region")
     try:
@@ -154,17 +161,17 @@ class CalibrateArgs:
 
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """a run directory trained with --token-export all"""
-    trust_region: Optional[PresetName] = None  # type: ignore[valid-type]
+    trust_region: PresetName | None = None  # type: ignore[valid-type]
     """the preset whose band is calibrated (None: the run's own trust region, from its config.json)"""
-    target: Optional[float] = None
+    target: float | None = None
     """the fraction of the step's A ≠ 0 tokens (or sequences) the band should block, in [0, 1)"""
-    like: Optional[PresetName] = None  # type: ignore[valid-type]
+    like: PresetName | None = None  # type: ignore[valid-type]
     """block as many tokens as this preset blocks on the same step (in place of --target)"""
-    step: Optional[int] = None
+    step: int | None = None
     """the RL step whose export is read (None: the first exported one)"""
     unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token of which is blocked)"""
-    band: Optional[str] = None
+    band: str | None = None
     """which band to move where a rule has two (TRM, OPSM, VACO: delta, their sequence bound, or clip_range)"""
     json: bool = False
     """print the report as JSON instead of one line"""

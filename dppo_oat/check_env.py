@@ -24,15 +24,16 @@ import io
 import math
 import random
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Callable, List, Optional, Sequence, Tuple
+from typing import Annotated
 
 import gem
 import tyro
 from gem.envs.registration import ENV_REGISTRY
 
 import envs
-from dppo_oat.spec import FORMAT_ERROR_PENALTY, RolloutSettings
+from dppo_oat.settings.spec import FORMAT_ERROR_PENALTY, RolloutSettings
 from envs.contract import INVALID_ACTION
 from envs.oracles import oracle_action, oracle_for_env_id, play_oracle_episode
 
@@ -157,7 +158,7 @@ CHECKS = (check_makes_resets_and_steps, check_group_slots_play_the_same_episode,
 # --- the command ----------------------------------------------------------------------------------------------------
 
 
-def contract_checks(min_win_rate: float) -> List[Tuple[str, Callable[[str], None]]]:
+def contract_checks(min_win_rate: float) -> list[tuple[str, Callable[[str], None]]]:
     """``(name, check)`` of every check, in the order they run (the oracle first: the others play it)."""
     return [("has an oracle", check_has_an_oracle), ("makes, resets and steps", check_makes_resets_and_steps),
             ("group slots play the same episode", check_group_slots_play_the_same_episode),
@@ -166,7 +167,7 @@ def contract_checks(min_win_rate: float) -> List[Tuple[str, Callable[[str], None
             ("an unreadable reply ends the episode", check_unreadable_reply_ends_the_episode)]
 
 
-def failures(env_id: str, min_win_rate: float = 1.0) -> List[str]:
+def failures(env_id: str, min_win_rate: float = 1.0) -> list[str]:
     """One line per check ``env_id`` fails (``<check>: <why>``); after a missing oracle nothing else is played. An
     error the env's or oracle's own code raised counts as a failure of the check that met it."""
     found = []
@@ -186,17 +187,17 @@ def failures(env_id: str, min_win_rate: float = 1.0) -> List[str]:
 class CheckEnvArgs:
     """Check env ids against Gem's env contract as the trainer relies on it (see the module's docstring)."""
 
-    env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """A module (my_lab.envs) or file (path/to/my_envs.py) to import, as the trainer's --env-module: every env id it
     registers is checked; repeat the flag for several."""
-    env_ids: Tuple[str, ...] = ()
+    env_ids: tuple[str, ...] = ()
     """Env ids registered some other way, checked too. With neither flag: every id of the project and the paper's
     tasks."""
     min_win_rate: float = 1.0
     """The share of its episodes the oracle must win."""
 
 
-def ids_to_check(args: CheckEnvArgs) -> Tuple[List[str], List[str]]:
+def ids_to_check(args: CheckEnvArgs) -> tuple[list[str], list[str]]:
     """``(every id to check, the ids the flags named)``, after importing ``--env-module``; a plugin that fails to
     import or an unknown id raises one ``ValueError`` line."""
     if not 0 <= args.min_win_rate <= 1:
@@ -213,7 +214,7 @@ def ids_to_check(args: CheckEnvArgs) -> Tuple[List[str], List[str]]:
     return list(dict.fromkeys(every)), list(dict.fromkeys(named))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = tyro.cli(CheckEnvArgs, args=argv, prog="python -m dppo_oat.check_env",
                     description=__doc__.split("\n\n")[0].replace("``", "`"))
     try:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Sequence, Tuple
+from typing import Annotated, Literal
 
 import matplotlib
 
@@ -32,17 +33,18 @@ from matplotlib.backend_bases import FigureCanvasBase
 from dppo_oat.analysis import DEFAULT_PANELS, PANELS, curve_flags, load_runs, plot_runs, resolve_run_dirs
 from dppo_oat.analysis.figures import group_name
 from dppo_oat.analysis.panels import available_panels
+from dppo_oat.settings.usage import one_line_usage_errors
 
 
 @dataclass
 class PlotArgs:
     """The options of ``dppo-plot``."""
 
-    runs: Annotated[Tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR...")]
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR...")]
     """run directories or glob patterns (quote the pattern to let the program expand it)"""
     output: Annotated[Path, tyro.conf.arg(aliases=("-o",))] = Path("figure.png")
     """the image to write (its suffix picks the format: png, pdf, svg)"""
-    metrics: Tuple[str, ...] = DEFAULT_PANELS
+    metrics: tuple[str, ...] = DEFAULT_PANELS
     """panels: standard panel names (see above) or raw metric names"""
     sigma: float = 2.0
     """Gaussian smoothing in logged steps (0: raw curves only)"""
@@ -50,9 +52,9 @@ class PlotArgs:
     """one curve per: method (its seeds averaged), algo (preset), label/run (every run), env, seed"""
     band: Literal["std", "minmax", "none"] = "std"
     """spread across the runs of a curve"""
-    ncols: Optional[int] = None
+    ncols: int | None = None
     """panels per row (None: up to 4)"""
-    title: Optional[str] = None
+    title: str | None = None
     """a title above the figure"""
     dpi: int = 150
     """resolution of raster images"""
@@ -65,8 +67,10 @@ DESCRIPTION = (
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PlotArgs:
-    """The command line as :class:`PlotArgs` (exits with a usage message when it does not parse)."""
-    return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
+    """The command line as :class:`PlotArgs` (exits with status 2 and one ``dppo-plot: error:`` line when it does
+    not parse, :mod:`dppo_oat.settings.usage`)."""
+    with one_line_usage_errors("dppo-plot", prefix="dppo-plot: error: "):
+        return tyro.cli(PlotArgs, args=argv, prog="dppo-plot", description=DESCRIPTION)
 
 
 class OutputError(ValueError):
@@ -141,7 +145,8 @@ def one_line_warnings():
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``dppo-plot``: exit status 0 with the image written; 2 for an ``-o`` that cannot name it
-    (before any run is read); else 1. Each error and warning is one line on stderr."""
+    (before any run is read); else 1. Each error, warning and skipped panel is one line on stderr; stdout says only
+    which file was written."""
     args = parse_args(argv)
     try:
         with one_line_warnings():
@@ -153,9 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"dppo-plot: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     for note in skipped:
-        print(f"skipped panel {note}")
+        print(f"dppo-plot: skipped panel {note}", file=sys.stderr)
     for note in flagged:
-        print(f"flagged curve {note}")
+        print(f"dppo-plot: flagged curve {note}", file=sys.stderr)
     print(f"wrote {output_file(args.output)}")
 
 

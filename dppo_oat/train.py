@@ -8,7 +8,6 @@ DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-
 from __future__ import annotations
 
 import signal
-import os
 import sys
 
 
@@ -24,10 +23,11 @@ if __name__ == "__main__":  # the first instruction of the command (the package'
     signal.signal(signal.SIGINT, _stopped_while_starting)
     signal.signal(signal.SIGTERM, _stopped_while_starting)
 
-import contextlib  # noqa: E402
-import errno  # noqa: E402
-import threading  # noqa: E402
-from typing import TYPE_CHECKING, Sequence  # noqa: E402
+import contextlib  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+import errno  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+import threading  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+from collections.abc import Sequence  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
+from typing import TYPE_CHECKING  # noqa: E402  (after the signal handlers: Ctrl-C while importing is one line)
 
 if TYPE_CHECKING:  # imported in main(), where Ctrl-C and SIGTERM already end in one line
     from dppo_oat.engines.local.config import TrainConfig
@@ -45,7 +45,7 @@ def engine_of(argv: Sequence[str]) -> str:
 
 def without_engine_flag(argv: Sequence[str]) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue
@@ -154,7 +154,7 @@ def _checkpointed_step(trainer, config: TrainConfig) -> int | None:
     if config.resume:
         from dppo_oat.engines.local.validation import checkpointed_step
 
-        return checkpointed_step(config.run_path())
+        return checkpointed_step(config.run_directory())
     return None
 
 
@@ -162,7 +162,7 @@ def _resume_hint(trainer, config: TrainConfig) -> str:
     step = _checkpointed_step(trainer, config)
     if step is None:
         return "nothing was checkpointed yet: run the same command again to start over"
-    return f"step {step} is checkpointed in {config.run_path()}: the same command with --resume continues"
+    return f"step {step} is checkpointed in {config.run_directory()}: the same command with --resume continues"
 
 
 def _interrupted(trainer, config: TrainConfig, interrupt: KeyboardInterrupt) -> str:
@@ -204,23 +204,18 @@ PROG = "python -m dppo_oat.train"
 
 
 def _parse(argv: list[str]) -> TrainConfig:
-    """The local engine's flags (tyro: ``--help``, or a usage error on stderr with exit 2). Help piped into a reader
-    that stops early (``--help | head``) ends quietly."""
-    import tyro
+    """The local engine's flags (tyro: ``--help`` in sections, or a usage error as one ``error:`` line on stderr with
+    exit 2, :mod:`dppo_oat.settings.usage`). Help piped into a reader that stops early (``--help | head``) ends
+    quietly."""
+    import inspect
 
-    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.engines.local.config import TrainConfig, parse_config
+    from dppo_oat.settings.grouped_cli import as_help
+    from dppo_oat.settings.usage import one_line_usage_errors
 
-    description = plain_help(f"{__doc__}\n{TrainConfig.__doc__}")
-    try:
-        return tyro.cli(TrainConfig, args=argv, prog=PROG, description=description)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        raise SystemExit(0) from None
-
-
-def plain_help(text: str) -> str:
-    """A docstring as ``--help`` shows it: reST's double backticks as single ones."""
-    return text.replace("``", "`")
+    description = as_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
+    with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+        return parse_config(argv, prog=PROG, description=description)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,15 @@ registers it (and its oracle, :func:`register_oracle`) when imported: the engine
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gem
 from gem.core import Env
 from gem.envs.registration import ENV_REGISTRY
 
 from envs import example_countdown, guess_compact, sudoku_compact
+from envs.contract import BrokenEnvError
 from envs.example_countdown import CountdownEnv
 from envs.math_local import (
     LOCAL_MATH_PREFIX,
@@ -38,8 +40,15 @@ from envs.math_local import (
     register_math_folder,
     register_math_folder_from_environment,
 )
-from envs.contract import BrokenEnvError
-from envs.oracles import ORACLES, demonstrations, oracle_action, oracle_for_env_id, probe_env, register_oracle
+from envs.oracles import (
+    ORACLES,
+    demonstrations,
+    oracle_action,
+    oracle_for_env_id,
+    probe_env,
+    register_oracle,
+    reset_seed_problem,
+)
 from envs.plugins import ENTRY_POINT_GROUP, PLUGIN_ENV_IDS, import_env_module, import_env_modules
 from envs.sudoku_compact import CompactSudokuObservation, compact_sudoku_observation, parse_compact_sudoku
 
@@ -90,17 +99,25 @@ def ensure_registered(env_id: str) -> str:
     return register_math_dataset(env_id, env_id[len(LOCAL_MATH_PREFIX) + 1:])
 
 
-def check_plugin_envs(env_ids: Sequence[str], *, env_seed: int, oracle_env_id: Optional[str] = None) -> None:
-    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made with ``env_seed``, reset once, one
-    step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
-    ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left
-    to the contract check (``python -m dppo_oat.check_env``)."""
+def check_plugin_envs(env_ids: Sequence[str], *, env_seed: int, oracle_env_id: str | None = None) -> None:
+    """Probe each of ``env_ids`` that a plugin registered (:func:`envs.oracles.probe_env`: made with ``env_seed``, reset
+    once, one step; the oracle's move for ``oracle_env_id``, whose oracle warm-starts the tiny policy). Raises one
+    ``ValueError`` line when an env or that oracle breaks Gem's contract. The project's and Gem's own ids are left to
+    the contract check (``python -m dppo_oat.check_env``)."""
     for env_id in dict.fromkeys(env_ids):
         if env_id in PLUGIN_ENV_IDS:
             try:
                 probe_env(env_id, play_oracle=env_id == oracle_env_id, env_seed=env_seed)
             except BrokenEnvError as error:
                 raise ValueError(str(error)) from error
+
+
+def unseeded_plugin_envs(env_ids: Sequence[str], *, env_seed: int, seeds: Sequence[int]) -> list[str]:
+    """One line for each plugin env of ``env_ids`` whose ``reset(seed)`` does not fix its episode, checked on the
+    first two of ``seeds`` (:func:`envs.oracles.reset_seed_problem`); the project's and Gem's own ids are left to the
+    contract test."""
+    return [problem for env_id in dict.fromkeys(env_ids) if env_id in PLUGIN_ENV_IDS
+            for problem in [reset_seed_problem(env_id, env_seed, seeds)] if problem]
 
 
 def make_env(env_id: str, **kwargs: Any) -> Env:
@@ -131,5 +148,6 @@ __all__ = [
     "parse_compact_sudoku",
     "register_math_dataset",
     "register_math_folder",
+    "unseeded_plugin_envs",
     "register_oracle",
 ]

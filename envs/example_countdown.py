@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from gem.core import Env
 from gem.envs.registration import ENV_REGISTRY, register
@@ -34,10 +35,10 @@ ENV_ID = "example:Countdown-v0"
 OPERATORS = ("+", "-", "*", "/")
 MOVE_PATTERN = re.compile(r"\\boxed\{\s*(\d+)\s*([-+*/])\s*(\d+)\s*\}")
 
-Move = Tuple[int, str, int]
+Move = tuple[int, str, int]
 
 
-def apply_operator(left: int, operator: str, right: int) -> Optional[int]:
+def apply_operator(left: int, operator: str, right: int) -> int | None:
     """Result of ``left operator right``, or None when it is not a positive whole number."""
     if operator == "+":
         result = left + right
@@ -52,7 +53,7 @@ def apply_operator(left: int, operator: str, right: int) -> Optional[int]:
     return result if result > 0 else None
 
 
-def apply_move(numbers: Sequence[int], move: Move) -> Optional[List[int]]:
+def apply_move(numbers: Sequence[int], move: Move) -> list[int] | None:
     """The numbers after ``move`` (sorted), or None when the move is illegal for ``numbers``."""
     left, operator, right = move
     needed = Counter([left, right])
@@ -66,7 +67,7 @@ def apply_move(numbers: Sequence[int], move: Move) -> Optional[List[int]]:
     return sorted(remaining + [result])
 
 
-def legal_moves(numbers: Sequence[int]) -> List[Move]:
+def legal_moves(numbers: Sequence[int]) -> list[Move]:
     """Every legal move on ``numbers`` (each ordered pair of positions, each operator), without repeats."""
     moves = []
     for i, left in enumerate(numbers):
@@ -78,7 +79,7 @@ def legal_moves(numbers: Sequence[int]) -> List[Move]:
     return moves
 
 
-def solve(numbers: Sequence[int], target: int, rng: Optional[random.Random] = None) -> Optional[List[Move]]:
+def solve(numbers: Sequence[int], target: int, rng: random.Random | None = None) -> list[Move] | None:
     """A depth-first solution (a list of moves) reaching ``target``, or None if there is none.
 
     ``rng`` shuffles the order in which moves are tried, so different solutions come out for different seeds.
@@ -99,7 +100,7 @@ def solve(numbers: Sequence[int], target: int, rng: Optional[random.Random] = No
     return None
 
 
-def parse_move(action: str) -> Optional[Move]:
+def parse_move(action: str) -> Move | None:
     """The last ``\\boxed{a op b}`` in ``action`` as ``(a, op, b)``, or None when there is none."""
     matches = MOVE_PATTERN.findall(action)
     if not matches:
@@ -114,7 +115,7 @@ def format_move(move: Move) -> str:
     return f"\\boxed{{{left} {operator} {right}}}"
 
 
-def generate_puzzle(rng: random.Random, num_numbers: int, max_number: int, max_target: int) -> Tuple[List[int], int]:
+def generate_puzzle(rng: random.Random, num_numbers: int, max_number: int, max_target: int) -> tuple[list[int], int]:
     """Numbers and a target reachable from them: the target is where a random sequence of legal moves ends."""
     while True:
         numbers = sorted(rng.randint(1, max_number) for _ in range(num_numbers))
@@ -135,7 +136,7 @@ class CountdownEnv(Env):
         max_number: int = 9,
         max_target: int = 100,
         max_turns: int = 6,
-        seed: Optional[int] = None,
+        seed: int | None = None,
         **_: Any,
     ):
         super().__init__()
@@ -160,7 +161,7 @@ class CountdownEnv(Env):
         numbers = " ".join(str(n) for n in self.numbers)
         return f"Numbers: {numbers}\nTarget: {self.target}\nTurns left: {self.max_turns - self.turn_count}\n"
 
-    def reset(self, seed: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """Start a new puzzle; ``seed`` makes it reproducible (None continues the env's own random stream)."""
         super().reset(seed)
         if seed is not None:
@@ -169,7 +170,7 @@ class CountdownEnv(Env):
         self.turn_count = 0
         return self.instructions() + self.state_text(), {}
 
-    def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play one move; see the module docstring for the rewards."""
         self.turn_count += 1
         move = parse_move(action)

@@ -15,7 +15,7 @@ import inspect
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from gem.envs.registration import ENV_REGISTRY
 
@@ -41,7 +41,7 @@ def hash_path(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def is_user_code(path: Optional[Path]) -> bool:
+def is_user_code(path: Path | None) -> bool:
     """True for a source file outside this package and outside installed packages (a plugin, a lab's module)."""
     if path is None:
         return False
@@ -49,7 +49,7 @@ def is_user_code(path: Optional[Path]) -> bool:
     return not installed and PACKAGE_DIR not in path.parents
 
 
-def source_file(obj: Any) -> Optional[Path]:
+def source_file(obj: Any) -> Path | None:
     """The file that defines ``obj`` (a class, a function, or a ``module:Class`` string), when there is one."""
     if isinstance(obj, str):
         module_name = obj.split(":")[0]
@@ -66,7 +66,7 @@ def source_file(obj: Any) -> Optional[Path]:
         return None
 
 
-def _data_hashes(kwargs: Dict[str, Any]) -> Dict[str, str]:
+def _data_hashes(kwargs: dict[str, Any]) -> dict[str, str]:
     """Hashes of the data a registration names: existing paths, and data sets with a ``_fingerprint``."""
     hashes = {}
     for name, value in sorted(kwargs.items()):
@@ -77,7 +77,7 @@ def _data_hashes(kwargs: Dict[str, Any]) -> Dict[str, str]:
     return hashes
 
 
-def env_content(env_id: str) -> Dict[str, str]:
+def env_content(env_id: str) -> dict[str, str]:
     """The hashes of what ``env_id``'s warm start depends on beyond its id (see the module docstring); ``{}`` for
     an unregistered id or the package's and Gem's own envs."""
     from envs.oracles import oracle_for_env_id

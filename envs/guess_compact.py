@@ -30,7 +30,7 @@ rate (0.37 → 0.1-0.2 in 50 steps). ``partial_credit=True`` keeps Gem's reward.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from gem.core import Env, EnvWrapper
 from gem.envs.registration import ENV_REGISTRY, make, register
@@ -46,18 +46,18 @@ GUESS_PROMPT = "Guess:"
 # Gem's Guess The Number reads the last \boxed{<digits>}; the wrapper reads guesses the same way.
 GUESS_PATTERN = re.compile(r"\\boxed{(\d+)}")
 
-Hint = Tuple[int, str]
+Hint = tuple[int, str]
 """A played guess and what it told: ``lower``/``higher`` (than the guess), ``outside`` the range, ``again``,
 ``right``."""
 
 
-def parse_guess(action: str) -> Optional[int]:
+def parse_guess(action: str) -> int | None:
     """The guess Gem's Guess The Number would read from ``action`` (its last ``\\boxed{n}``), or None."""
     matches = GUESS_PATTERN.findall(action)
     return int(matches[-1]) if matches else None
 
 
-def hint_for(guess: int, target: int, low: int, high: int, played: List[int]) -> str:
+def hint_for(guess: int, target: int, low: int, high: int, played: list[int]) -> str:
     """What Gem tells of ``guess`` (it checks range, then repetition, then compares; a right guess ends the game)."""
     if not low <= guess <= high:
         return "outside"
@@ -68,12 +68,12 @@ def hint_for(guess: int, target: int, low: int, high: int, played: List[int]) ->
     return "lower" if guess > target else "higher"
 
 
-def compact_guess_text(low: int, high: int, hints: List[Hint]) -> str:
+def compact_guess_text(low: int, high: int, hints: list[Hint]) -> str:
     """The compact observation: the range, one ``<guess> <hint>`` line per guess so far, then ``Guess:``."""
     return "\n".join([f"Guess {low}-{high}", *(f"{guess} {hint}" for guess, hint in hints), GUESS_PROMPT])
 
 
-def parse_compact_guess(text: str) -> Tuple[int, int, List[Hint]]:
+def parse_compact_guess(text: str) -> tuple[int, int, list[Hint]]:
     """The range and hints written in a compact observation; inverse of :func:`compact_guess_text`."""
     lines = text.strip().splitlines()
     header = re.fullmatch(r"Guess (\d+)-(\d+)", lines[0]) if lines else None
@@ -83,7 +83,7 @@ def parse_compact_guess(text: str) -> Tuple[int, int, List[Hint]]:
     return int(header.group(1)), int(header.group(2)), hints
 
 
-def interval_left(low: int, high: int, hints: List[Hint]) -> Tuple[int, int]:
+def interval_left(low: int, high: int, hints: list[Hint]) -> tuple[int, int]:
     """The numbers the hints still allow, as an inclusive ``(low, high)``."""
     for guess, hint in hints:
         if hint == "lower":
@@ -102,19 +102,19 @@ class CompactGuessObservation(EnvWrapper):
     def __init__(self, env: Env, partial_credit: bool = False):
         super().__init__(env)
         self.partial_credit = partial_credit
-        self.hints: List[Hint] = []
+        self.hints: list[Hint] = []
 
     def observation(self) -> str:
         game = self.env.unwrapped
         return compact_guess_text(game.min_number, game.max_number, self.hints)
 
-    def reset(self, seed: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """Reset the wrapped env (a new hidden number) and return the observation of an empty history."""
         _, info = self.env.reset(seed=seed)
         self.hints = []
         return self.observation(), without_suffix(info)
 
-    def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Step the wrapped env; add the guess and its hint to the history (Gem ends the game on no guess); a game
         lost at the turn limit scores 0 unless ``partial_credit``."""
         game = self.env.unwrapped
@@ -129,7 +129,7 @@ class CompactGuessObservation(EnvWrapper):
         return self.observation(), reward, terminated, truncated, without_suffix(info)
 
 
-def interval_told(env: Env) -> Tuple[int, int]:
+def interval_told(env: Env) -> tuple[int, int]:
     """The interval the hints given so far allow (only what the player was told: every valid guess was a miss)."""
     game = env.unwrapped
     hints = [(guess, "lower" if guess > game.game_number else "higher") for guess in sorted(game.previous_guesses)]

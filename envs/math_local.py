@@ -52,7 +52,8 @@ import multiprocessing
 import os
 import threading
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow
 from datasets import Dataset, DatasetDict, load_from_disk
@@ -72,7 +73,7 @@ JSON_SUFFIXES = (".jsonl", ".json")
 CHATML_USER_START = "<|im_start|>user\n"
 CHATML_END = "<|im_end|>"
 
-PathOrDataset = Union[str, os.PathLike, Dataset, DatasetDict]
+PathOrDataset = str | os.PathLike | Dataset | DatasetDict
 
 
 def strip_chat_template(text: str) -> str:
@@ -126,16 +127,19 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def question_problem(question: Any) -> Optional[str]:
+def question_problem(question: Any) -> str | None:
     """Why ``question`` is no usable problem (it must be a non-empty string), or None."""
     if isinstance(question, str) and question.strip():
         return None
     return f"the {QUESTION_COLUMN} must be a non-empty string, got {described(question)}"
 
 
-def answer_problem(answer: Any) -> Optional[str]:
+def answer_problem(answer: Any) -> str | None:
     """Why the grader cannot take ``answer`` (see :data:`ANSWER_FORMS`), or None."""
-    accepted = lambda item: is_number(item) or (isinstance(item, str) and bool(item.strip()))  # noqa: E731
+
+    def accepted(item: Any) -> bool:
+        return is_number(item) or (isinstance(item, str) and bool(item.strip()))
+
     if accepted(answer):
         return None
     if isinstance(answer, (list, tuple)) and answer:
@@ -147,24 +151,27 @@ def answer_problem(answer: Any) -> Optional[str]:
 
 
 def check_math_rows(source: str, questions: Sequence[Any], answers: Sequence[Any],
-                    locations: Optional[Sequence[str]] = None) -> None:
+                    locations: Sequence[str] | None = None) -> None:
     """Raise a one-line ValueError naming ``source`` and the row's location (``row N`` unless ``locations`` says,
     e.g. ``line N`` of a JSONL file) for the first row whose question or answer is unusable, or for no rows."""
     if not len(questions):
         raise ValueError(f"{source} has no rows: a math set needs at least one {QUESTION_COLUMN}/{ANSWER_COLUMN} row")
-    for index, (question, answer) in enumerate(zip(questions, answers)):
+    for index, (question, answer) in enumerate(zip(questions, answers, strict=True)):
         problem = question_problem(question) or answer_problem(answer)
         if problem:
             where = locations[index] if locations is not None else f"row {index + 1}"
             raise ValueError(f"{source}, {where}: {problem}")
 
 
-def normalized_answers(answers: Sequence[Any]) -> List[Union[str, List[str]]]:
+def normalized_answers(answers: Sequence[Any]) -> list[str | list[str]]:
     """Answers in one form, for one Arrow column: all strings, or all lists of strings when any answer is a list (a
     single answer ``a`` becomes ``[a]``, which the grader takes alike). Numbers become their text, as the grader
     does with them."""
     as_lists = any(isinstance(answer, (list, tuple)) for answer in answers)
-    text = lambda value: value if isinstance(value, str) else str(value)  # noqa: E731
+
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else str(value)
+
     if not as_lists:
         return [text(answer) for answer in answers]
     return [[text(item) for item in answer] if isinstance(answer, (list, tuple)) else [text(answer)]
@@ -185,7 +192,7 @@ def split_names(source: str, splits: Sequence[str]) -> str:
     return ", ".join(f"{source}{SPLIT_SEPARATOR}{split}" for split in splits)
 
 
-def choose_split(splits: Sequence[str], split: Optional[str], source: str) -> str:
+def choose_split(splits: Sequence[str], split: str | None, source: str) -> str:
     """The split of a ``DatasetDict`` with ``splits`` that ``split`` names; None names its ``train`` split.
 
     Raises a one-line ValueError listing ``<source>:<split>`` for every split when ``split`` is not one of them, or
@@ -201,7 +208,7 @@ def choose_split(splits: Sequence[str], split: Optional[str], source: str) -> st
     return split
 
 
-def select_split(dataset: Union[Dataset, DatasetDict], split: Optional[str], source: str) -> Dataset:
+def select_split(dataset: Dataset | DatasetDict, split: str | None, source: str) -> Dataset:
     """The ``split`` of a ``DatasetDict`` (see :func:`choose_split`), or the ``Dataset`` itself (no split to name)."""
     if isinstance(dataset, Dataset):
         if split is not None:
@@ -210,7 +217,7 @@ def select_split(dataset: Union[Dataset, DatasetDict], split: Optional[str], sou
     return dataset[choose_split(list(dataset.keys()), split, source)]
 
 
-def parse_math_source(spec: Union[str, os.PathLike]) -> Tuple[str, Optional[str]]:
+def parse_math_source(spec: str | os.PathLike) -> tuple[str, str | None]:
     """``(path, split)`` of ``PATH`` or ``PATH:SPLIT`` (a split of a saved ``DatasetDict``).
 
     A ``spec`` that exists as written is a path (a colon in a file name is kept); otherwise the text after its last
@@ -241,7 +248,7 @@ def read_json_rows(path: str) -> Dataset:
     return rows_dataset(path, rows, locations)
 
 
-def rows_dataset(path: str, rows: List[dict], locations: Sequence[str]) -> Dataset:
+def rows_dataset(path: str, rows: list[dict], locations: Sequence[str]) -> Dataset:
     """The Dataset of a file's ``rows``, checked and with answers in one form; columns other than the question and
     the answer are kept. A file without a question or answer column is left to :func:`normalize_math_columns`."""
     question_key, answer_key = row_key(rows, QUESTION_COLUMN), row_key(rows, ANSWER_COLUMN)
@@ -249,7 +256,7 @@ def rows_dataset(path: str, rows: List[dict], locations: Sequence[str]) -> Datas
         check_math_rows(path, [row.get(question_key) for row in rows], [row.get(answer_key) for row in rows],
                         locations)
         answers = normalized_answers([row[answer_key] for row in rows])
-        rows = [{**row, answer_key: answer} for row, answer in zip(rows, answers)]
+        rows = [{**row, answer_key: answer} for row, answer in zip(rows, answers, strict=True)]
     elif not rows:
         check_math_rows(path, [], [])
     try:
@@ -259,7 +266,7 @@ def rows_dataset(path: str, rows: List[dict], locations: Sequence[str]) -> Datas
                          f"({' '.join(str(error).split())}): give it one type, or drop it") from None
 
 
-def mixed_column(rows: Sequence[dict]) -> Optional[str]:
+def mixed_column(rows: Sequence[dict]) -> str | None:
     """The first column of ``rows`` that Arrow cannot hold as one type, or None."""
     for key in dict.fromkeys(key for row in rows for key in row):
         try:
@@ -269,7 +276,7 @@ def mixed_column(rows: Sequence[dict]) -> Optional[str]:
     return None
 
 
-def _json_list(path: str, text: str) -> List[dict]:
+def _json_list(path: str, text: str) -> list[dict]:
     try:
         rows = json.loads(text) if text.strip() else []
     except json.JSONDecodeError as error:
@@ -292,7 +299,7 @@ def _json_line(path: str, number: int, line: str) -> dict:
     return row
 
 
-def load_math_dataset(path: Union[str, os.PathLike], split: Optional[str] = None) -> Dataset:
+def load_math_dataset(path: str | os.PathLike, split: str | None = None) -> Dataset:
     """Load a math set from a ``save_to_disk`` folder or a JSON(L) file, with ``problem``/``answer`` columns.
 
     ``path`` may be ``PATH:SPLIT`` when ``split`` is None (:func:`parse_math_source`); a ``DatasetDict`` without a
@@ -340,7 +347,7 @@ GRADING_TIMEOUT_S = 1.0
 
 def _grader_ready() -> bool:
     """Run once in a fresh grader process: import the grader before any timed grading."""
-    import gem.utils.math_grader  # noqa: F401
+    import gem.utils.math_grader  # noqa: F401  (imported to load the grader before any timed grading)
 
     return True
 
@@ -410,18 +417,18 @@ class LocalMathEnv(MathEnv):
         kwargs["use_mp"] = False  # no pool per env: answers go to the SharedGrader
         super().__init__(dataset=dataset, **kwargs)
 
-    def reset(self, seed: Optional[int] = None, idx: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
+    def reset(self, seed: int | None = None, idx: int | None = None) -> tuple[str, dict[str, Any]]:
         if idx is None and seed is not None:
             idx = int(seed) % len(self.dataset)
         return super().reset(seed=seed, idx=idx)
 
-    def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         correct = SharedGrader.check(action, self.answer)
         return TERMINAL_STATE, 1.0 if correct else 0.0, True, True, {"correct": correct}
 
 
 def make_local_math_env(
-    data_path: Optional[str] = None, split: Optional[str] = None, dataset: Optional[Dataset] = None, **kwargs: Any
+    data_path: str | None = None, split: str | None = None, dataset: Dataset | None = None, **kwargs: Any
 ) -> LocalMathEnv:
     """:class:`LocalMathEnv` over ``dataset`` or over the set at ``data_path`` (a gem entry point).
 
@@ -434,7 +441,7 @@ def make_local_math_env(
     return LocalMathEnv(dataset=dataset, **kwargs)
 
 
-def math_dataset_size(env_id: str) -> Optional[int]:
+def math_dataset_size(env_id: str) -> int | None:
     """The number of problems of a registered local math env, or None for an env without a local data set."""
     spec = ENV_REGISTRY.get(env_id)
     kwargs = getattr(spec, "kwargs", None) or {}
@@ -446,7 +453,7 @@ def math_dataset_size(env_id: str) -> Optional[int]:
 
 
 def register_math_dataset(
-    env_id: str, path_or_dataset: PathOrDataset, split: Optional[str] = None, overwrite: bool = False, **env_kwargs: Any
+    env_id: str, path_or_dataset: PathOrDataset, split: str | None = None, overwrite: bool = False, **env_kwargs: Any
 ) -> str:
     """Register ``env_id`` as Gem's MathEnv over a local set; returns ``env_id``.
 
@@ -473,7 +480,7 @@ def register_math_dataset(
     return env_id
 
 
-def dataset_dict_splits(folder: str) -> Optional[List[str]]:
+def dataset_dict_splits(folder: str) -> list[str] | None:
     """The split names of a ``DatasetDict.save_to_disk`` folder, or None when ``folder`` is not one."""
     marker = os.path.join(folder, "dataset_dict.json")
     if not os.path.isfile(marker):
@@ -482,7 +489,7 @@ def dataset_dict_splits(folder: str) -> Optional[List[str]]:
         return list(json.load(handle)["splits"])
 
 
-def path_split(path: str, split: Optional[str], source: str) -> Optional[str]:
+def path_split(path: str, split: str | None, source: str) -> str | None:
     """The split to load from the set at ``path`` (existing): :func:`choose_split` among a ``DatasetDict`` folder's
     splits, None for any other set. Raises a one-line ValueError, naming ``source``, for a split it lacks."""
     splits = dataset_dict_splits(path)
@@ -495,14 +502,14 @@ def path_split(path: str, split: Optional[str], source: str) -> Optional[str]:
 
 def dataset_dict_names(
     name: str, qualified: str, folder: str, splits: Sequence[str]
-) -> List[Tuple[str, str, str, Optional[str]]]:
+) -> list[tuple[str, str, str, str | None]]:
     """``(name, qualified_name, path, split)`` of a ``DatasetDict`` folder: the bare name for its ``train`` split
     (none without one, see the module's docstring), then ``<name>:<split>`` for every split, in saved order."""
     bare = [(name, qualified, folder, TRAIN_SPLIT)] if TRAIN_SPLIT in splits else []
     return bare + [(f"{name}{SPLIT_SEPARATOR}{s}", f"{qualified}{SPLIT_SEPARATOR}{s}", folder, s) for s in splits]
 
 
-def scan_math_folder(folder: str, relative: str = "") -> List[Tuple[str, str, str, Optional[str]]]:
+def scan_math_folder(folder: str, relative: str = "") -> list[tuple[str, str, str, str | None]]:
     """``(name, qualified_name, path, split)`` for every set at or below ``folder``, in sorted order; the qualified
     name is the set's path relative to the scan's root (with ``:<split>`` for a split of a ``DatasetDict``)."""
     splits = dataset_dict_splits(folder)
@@ -523,7 +530,7 @@ def scan_math_folder(folder: str, relative: str = "") -> List[Tuple[str, str, st
     return found
 
 
-def find_math_datasets(root: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Optional[str]]]:
+def find_math_datasets(root: str | os.PathLike) -> dict[str, tuple[str, str | None]]:
     """``{name: (path, split)}`` for every set under ``root``.
 
     A set is named by its folder or file stem; a ``DatasetDict``'s splits by ``<folder>:<split>``, and its bare
@@ -534,15 +541,15 @@ def find_math_datasets(root: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Op
     if not os.path.isdir(root):
         raise FileNotFoundError(f"math data folder not found: {root}")
     found = scan_math_folder(root)
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     for name, *_ in found:
         counts[name] = counts.get(name, 0) + 1
     return {(name if counts[name] == 1 else qualified): (path, split) for name, qualified, path, split in found}
 
 
 def register_math_folder(
-    root: Union[str, os.PathLike], prefix: str = LOCAL_MATH_PREFIX, **env_kwargs: Any
-) -> List[str]:
+    root: str | os.PathLike, prefix: str = LOCAL_MATH_PREFIX, **env_kwargs: Any
+) -> list[str]:
     """Register ``<prefix>:<name>`` for every set under ``root`` (replacing earlier registrations); returns ids."""
     env_ids = []
     for name, (path, split) in find_math_datasets(root).items():
@@ -554,7 +561,7 @@ MAX_LISTED_IDS = 40
 """An unknown-id error lists at most this many registered ``local-math`` ids."""
 
 
-def registered_math_ids(prefix: str = LOCAL_MATH_PREFIX) -> List[str]:
+def registered_math_ids(prefix: str = LOCAL_MATH_PREFIX) -> list[str]:
     """The registered ids that start with ``<prefix>:``, in registration order."""
     return [env_id for env_id in ENV_REGISTRY if env_id.startswith(f"{prefix}{SPLIT_SEPARATOR}")]
 
@@ -567,7 +574,7 @@ def listed_ids(env_ids: Sequence[str]) -> str:
     return ", ".join(env_ids[:MAX_LISTED_IDS]) + (f", … ({more} more)" if more > 0 else "")
 
 
-def registered_split_problem(env_id: str, registered: Sequence[str]) -> Optional[str]:
+def registered_split_problem(env_id: str, registered: Sequence[str]) -> str | None:
     """Why ``env_id``, unregistered, names no set, when registered ids are splits of it or of the name before its
     last colon: a ``DatasetDict`` without a ``train`` split named bare, or a split it lacks; else None."""
     for name in (env_id, env_id.rpartition(SPLIT_SEPARATOR)[0]):
@@ -583,7 +590,7 @@ def registered_split_problem(env_id: str, registered: Sequence[str]) -> Optional
     return None
 
 
-def local_math_id_problem(env_id: str, prefix: str = LOCAL_MATH_PREFIX) -> Optional[str]:
+def local_math_id_problem(env_id: str, prefix: str = LOCAL_MATH_PREFIX) -> str | None:
     """Why ``<prefix>:<name or path>`` names no math set, in one line; None when it names one.
 
     A registered id names one; so does an existing path, or ``PATH:SPLIT``, whose split exists (a ``DatasetDict``
@@ -608,13 +615,13 @@ def local_math_id_problem(env_id: str, prefix: str = LOCAL_MATH_PREFIX) -> Optio
         f"registered; registered: {listed_ids(registered)}")
 
 
-def register_math_folder_from_environment() -> List[str]:
+def register_math_folder_from_environment() -> list[str]:
     """Register the sets under the folder named by ``DPPO_MATH_DATA`` (nothing when it is unset; warn if missing)."""
     root = os.environ.get(DATA_ENV_VAR)
     if not root:
         return []
     if not os.path.isdir(root):
-        warnings.warn(f"{DATA_ENV_VAR} names a missing folder: {root}; no local math ids registered")
+        warnings.warn(f"{DATA_ENV_VAR} names a missing folder: {root}; no local math ids registered", stacklevel=1)
         return []
     return register_math_folder(root)
 

@@ -26,16 +26,17 @@ from __future__ import annotations
 import contextlib
 import importlib
 import random
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gem
 from gem.core import Env
 from gem.envs.game_env.guess_the_number import GuessTheNumberEnv
 from gem.envs.game_env.sudoku import SudokuEnv
-from gem.envs.registration import ENV_REGISTRY
 from gem.envs.math_env import MathEnv
+from gem.envs.registration import ENV_REGISTRY
 
-from envs.contract import (INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step, returned)
+from envs.contract import INVALID_ACTION, BrokenEnvError, check_step_result, checked_reset, checked_step, returned
 from envs.contract import observation_text as observation_with_suffix
 from envs.guess_compact import COMPACT_ENV_ID as GUESS_ENV_ID
 from envs.guess_compact import EASY_COMPACT_ENV_ID as GUESS_EASY_ENV_ID
@@ -45,8 +46,8 @@ from envs.plugins import env_label, raised
 from envs.sudoku_compact import COMPACT_ENV_ID, COMPACT_WRONG_ENV_ID
 
 Oracle = Callable[[Env, Any], str]
-Turn = Tuple[str, str]
-ObservationFn = Callable[[str, Dict[str, Any]], str]
+Turn = tuple[str, str]
+ObservationFn = Callable[[str, dict[str, Any]], str]
 MAX_EPISODE_TURNS = 1000
 
 
@@ -57,7 +58,7 @@ def choose_index(rng: Any, size: int) -> int:
     return rng.randrange(size)
 
 
-def sudoku_candidates(board: List[List[int]], row: int, col: int) -> set:
+def sudoku_candidates(board: list[list[int]], row: int, col: int) -> set:
     """The digits not yet in the row, column or box of cell ``(row, col)`` (0-based; boxes of √scale × √scale)."""
     scale = len(board)
     box = int(round(scale ** 0.5))
@@ -67,7 +68,7 @@ def sudoku_candidates(board: List[List[int]], row: int, col: int) -> set:
     return set(range(1, scale + 1)) - seen
 
 
-def most_constrained_cells(board: List[List[int]]) -> List[Tuple[int, int]]:
+def most_constrained_cells(board: list[list[int]]) -> list[tuple[int, int]]:
     """The empty cells with the fewest candidates (:func:`sudoku_candidates`), in reading order."""
     counts = {(r, c): len(sudoku_candidates(board, r, c))
               for r, row in enumerate(board) for c, cell in enumerate(row) if cell == 0}
@@ -101,7 +102,7 @@ def reasoning_gym_oracle_action(env: Env, rng: Any = None) -> str:
     return f"\\boxed{{{env.unwrapped.data['answer']}}}"
 
 
-ORACLES: Dict[str, Oracle] = {
+ORACLES: dict[str, Oracle] = {
     "game:Sudoku-v0-easy": sudoku_oracle_action,
     "game:Sudoku-v0-hard": sudoku_oracle_action,
     "game:Sudoku-v0-random": sudoku_oracle_action,
@@ -115,12 +116,12 @@ ORACLES: Dict[str, Oracle] = {
 }
 """Oracles by env id; a key ``<prefix>:*`` covers every id with that prefix."""
 
-MISTAKES: Dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUESS_ENV_ID: guess_mistake_action,
+MISTAKES: dict[str, Oracle] = {COMPACT_WRONG_ENV_ID: sudoku_mistake_action, GUESS_ENV_ID: guess_mistake_action,
                                GUESS_EASY_ENV_ID: guess_mistake_action}
 """Mistake makers, for envs whose observation shows a failed move: demonstrations with ``mistake_rate > 0`` then
 also show the oracle recovering from one (the mistake itself is played, never recorded as a turn)."""
 
-ORACLES_BY_ENV_CLASS: List[Tuple[type, Oracle]] = [
+ORACLES_BY_ENV_CLASS: list[tuple[type, Oracle]] = [
     (SudokuEnv, sudoku_oracle_action),
     (MathEnv, math_oracle_action),
     (GuessTheNumberEnv, guess_oracle_action),
@@ -129,7 +130,7 @@ ORACLES_BY_ENV_CLASS: List[Tuple[type, Oracle]] = [
 :func:`register_oracle`'s ``env_class``."""
 
 
-def register_oracle(env_id: str, oracle: Oracle, env_class: Optional[type] = None) -> None:
+def register_oracle(env_id: str, oracle: Oracle, env_class: type | None = None) -> None:
     """Make ``oracle`` the oracle of ``env_id`` (or of every ``<prefix>:...`` id when given ``<prefix>:*``), and with
     ``env_class``, of every env of that class (or a subclass) whose id has none."""
     ORACLES[env_id] = oracle
@@ -137,7 +138,7 @@ def register_oracle(env_id: str, oracle: Oracle, env_class: Optional[type] = Non
         ORACLES_BY_ENV_CLASS.append((env_class, oracle))
 
 
-def oracle_for_id(env_id: Optional[str]) -> Optional[Oracle]:
+def oracle_for_id(env_id: str | None) -> Oracle | None:
     """The oracle registered for ``env_id`` exactly, else for its ``<prefix>:*``, else None."""
     if not env_id:
         return None
@@ -147,7 +148,7 @@ def oracle_for_id(env_id: Optional[str]) -> Optional[Oracle]:
     return ORACLES.get(f"{prefix}:*")
 
 
-def oracle_for_class(env_class: Any) -> Optional[Oracle]:
+def oracle_for_class(env_class: Any) -> Oracle | None:
     """The fallback oracle of an env class (:data:`ORACLES_BY_ENV_CLASS`), or None."""
     for base, oracle in ORACLES_BY_ENV_CLASS:
         if isinstance(env_class, type) and issubclass(env_class, base):
@@ -168,7 +169,7 @@ def registered_env_class(env_id: str) -> Any:
         return None
 
 
-def oracle_for_env_id(env_id: str) -> Optional[Oracle]:
+def oracle_for_env_id(env_id: str) -> Oracle | None:
     """The oracle :func:`find_oracle` would pick for an env made from ``env_id``: by id, else by the class Gem's
     registry names for it; an id registered with a factory function is made once to see its class. None when it
     has none."""
@@ -202,15 +203,15 @@ def oracle_action(env: Env, rng: Any = None) -> str:
     return find_oracle(env)(env, random.Random(0) if rng is None else rng)
 
 
-def raw_observation(observation: str, info: Dict[str, Any]) -> str:
+def raw_observation(observation: str, info: dict[str, Any]) -> str:
     """The observation as the env returned it (use with wrappers that already render ``info``)."""
     return observation
 
 
 def play_oracle_episode(
-    env: Env, seed: Optional[int], rng: Any, observation_fn: ObservationFn = observation_with_suffix,
-    mistake: Optional[Oracle] = None, mistake_rate: float = 0.0,
-) -> Tuple[List[Turn], float]:
+    env: Env, seed: int | None, rng: Any, observation_fn: ObservationFn = observation_with_suffix,
+    mistake: Oracle | None = None, mistake_rate: float = 0.0,
+) -> tuple[list[Turn], float]:
     """One episode of the oracle from ``env.reset(seed)``: its (observation, action) turns and its return.
 
     With a ``mistake`` maker, each oracle turn is preceded with probability ``mistake_rate`` by a mistake that is
@@ -218,7 +219,7 @@ def play_oracle_episode(
     """
     oracle, label = find_oracle(env), env_label(getattr(env, "env_id", type(env.unwrapped).__name__))
     observation, info = checked_reset(env, seed, label)
-    turns: List[Turn] = []
+    turns: list[Turn] = []
     episode_return = 0.0
     for _ in range(MAX_EPISODE_TURNS):
         if mistake is not None and rng.random() < mistake_rate:
@@ -256,7 +257,7 @@ def oracle_move(oracle: Oracle, env: Env, rng: Any, label: str) -> str:
     return action
 
 
-def oracle_step(env: Env, action: str, label: str, seed: Optional[int]) -> tuple:
+def oracle_step(env: Env, action: str, label: str, seed: int | None) -> tuple:
     """``env.step(action)`` checked (:func:`checked_step`); an exception is a :class:`BrokenEnvError`: an oracle's
     episode is a demonstration, which an env error cannot end."""
     try:
@@ -273,10 +274,10 @@ PROBE_SEED = 0
 
 
 def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
-    """Make ``env_id`` (with ``env_seed``, the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one step: the
-    oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`. Raises
-    :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without the
-    oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
+    """Make ``env_id`` (with ``env_seed``, the trainer's constructor seed), reset it on :data:`PROBE_SEED` and take one
+    step: the oracle's move when ``play_oracle`` (checked as in :func:`oracle_move`), else :data:`INVALID_ACTION`.
+    Raises :class:`BrokenEnvError` when the env or the oracle breaks the contract, or the env cannot be made. Without
+    the oracle an exception inside ``step()`` is let be: the trainer counts such episodes."""
     label = env_label(env_id)
     try:
         env = gem.make(env_id, seed=env_seed)
@@ -299,6 +300,43 @@ def probe_env(env_id: str, play_oracle: bool, env_seed: int) -> None:
             close_env(env)
 
 
+def seeded_play(env: Env, env_id: str, seed: int) -> list:
+    """What ``env`` shows from ``reset(seed)``: the oracle's episode (its turns and return) when ``env_id`` has an
+    oracle, else the first observation and what one invalid action returns."""
+    oracle = oracle_for_env_id(env_id)
+    if oracle is not None:
+        return list(play_oracle_episode(env, seed, random.Random(seed)))
+    observation, info = checked_reset(env, seed, env_label(env_id))
+    result = env.step(INVALID_ACTION)
+    return [observation_with_suffix(observation, info), observation_with_suffix(result[0], result[4]), *result[1:4]]
+
+
+def reset_seed_problem(env_id: str, env_seed: int, seeds: Sequence[int]) -> str | None:
+    """Whether ``reset(seed)`` fixes the episode of ``env_id`` (made with ``env_seed``, as the trainer makes it):
+    ``seeds[0]`` is played on a fresh env and again after ``seeds[1]`` on another; a different episode (one line
+    saying so) means the env draws from a generator that ``reset``'s seed does not set, so a run cannot be repeated
+    and a group's samples play different episodes. None when they agree, or when the env cannot be played here (the
+    probe and the run report that)."""
+    first, other = seeds[0], seeds[1]
+    envs_made = []
+    try:
+        envs_made = [gem.make(env_id, seed=env_seed), gem.make(env_id, seed=env_seed)]
+        fresh = seeded_play(envs_made[0], env_id, first)
+        seeded_play(envs_made[1], env_id, other)
+        again = seeded_play(envs_made[1], env_id, first)
+    except Exception:
+        return None
+    finally:
+        for env in envs_made:
+            with contextlib.suppress(Exception):
+                close_env(env)
+    if fresh == again:
+        return None
+    return (f"{env_label(env_id)}: reset(seed={first}) played another episode after reset(seed={other}) than on a "
+            "fresh env: its reset() ignores the seed, so the run cannot be repeated and a group's samples play "
+            "different episodes; draw its puzzle from reset's seed (envs/README.md)")
+
+
 def close_env(env: Env) -> None:
     """Close ``env`` when it can be closed (Gem's MathEnv holds a process pool).
 
@@ -319,7 +357,7 @@ def demonstrations(
     wrappers: Sequence[Callable[[Env], Env]] = (),
     mistake_rate: float = 0.0,
     **make_kwargs: Any,
-) -> List[List[Turn]]:
+) -> list[list[Turn]]:
     """``n_episodes`` oracle episodes of ``env_id``, each a list of (observation_text, action_text) turns.
 
     Episode ``i`` starts from ``reset(seed + i)``; the oracle's own choices come from ``random.Random(seed)``, so

@@ -26,10 +26,11 @@ import importlib.util
 import os
 import sys
 import traceback
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any
 
 from gem.envs.registration import ENV_REGISTRY
 
@@ -65,7 +66,7 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
-def plugin_source(name: str) -> Optional[Path]:
+def plugin_source(name: str) -> Path | None:
     """The file a plugin's code is in (None when a dotted name cannot be found)."""
     if is_file_path(name):
         return Path(name).expanduser().resolve()
@@ -76,7 +77,7 @@ def plugin_source(name: str) -> Optional[Path]:
     return Path(spec.origin).resolve() if spec is not None and spec.origin else None
 
 
-def error_location(error: BaseException, source: Optional[Path]) -> str:
+def error_location(error: BaseException, source: Path | None) -> str:
     """``file:line`` of the innermost frame of ``error``'s traceback in the plugin's own file, or ``""`` (a
     ``SyntaxError`` names its line in its message)."""
     own = [frame for frame in traceback.extract_tb(error.__traceback__)
@@ -84,7 +85,7 @@ def error_location(error: BaseException, source: Optional[Path]) -> str:
     return f"{source.name}:{own[-1].lineno}" if own else ""
 
 
-def one_line(error: BaseException, source: Optional[Path]) -> str:
+def one_line(error: BaseException, source: Path | None) -> str:
     """``Type: message (file:line)`` on one line."""
     message = " ".join(str(error).split())
     location = error_location(error, source)
@@ -135,7 +136,7 @@ def import_env_module(name: str) -> ModuleType:
     return module
 
 
-PLUGIN_ENV_IDS: Dict[str, str] = {}
+PLUGIN_ENV_IDS: dict[str, str] = {}
 """The plugin (as given to :func:`import_env_module`) that registered each env id, noted when it was imported."""
 
 
@@ -145,12 +146,12 @@ def env_label(env_id: str) -> str:
     return f"env {env_id}" + (f" (plugin {plugin})" if plugin else "")
 
 
-def installed_env_modules() -> List[str]:
+def installed_env_modules() -> list[str]:
     """The modules installed packages declare in the entry-point group :data:`ENTRY_POINT_GROUP`, by entry name."""
     return [entry.module for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
 
 
-def import_env_modules(names: Iterable[str] = ()) -> List[ModuleType]:
+def import_env_modules(names: Iterable[str] = ()) -> list[ModuleType]:
     """Import the installed plugins, then ``names`` in order (see the module docstring); each import happens once
     per process. Raises one :class:`ValueError` line for the first plugin that fails."""
     return [import_env_module(name) for name in [*installed_env_modules(), *names]]

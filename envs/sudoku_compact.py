@@ -28,7 +28,7 @@ import copy
 import random
 import re
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from gem.core import Env, EnvWrapper
 from gem.envs.game_env.sudoku import SudokuEnv
@@ -43,8 +43,8 @@ WRONG_PREFIX = "Wrong:"
 # Gem's Sudoku reads the last \boxed{row col num} with single spaces; the wrapper reads moves the same way.
 SUDOKU_MOVE_PATTERN = re.compile(r"\\boxed{(\d+)\s(\d+)\s(\d+)}")
 
-Board = List[List[int]]
-SudokuMove = Tuple[int, int, int]
+Board = list[list[int]]
+SudokuMove = tuple[int, int, int]
 
 
 def compact_header(scale: int) -> str:
@@ -52,12 +52,12 @@ def compact_header(scale: int) -> str:
     return f"Sudoku {scale}x{scale}"
 
 
-def board_rows(board: Board) -> List[str]:
+def board_rows(board: Board) -> list[str]:
     """One line per row: cells separated by single spaces, ``.`` for an empty (0) cell."""
     return [" ".join(str(cell) if cell else "." for cell in row) for row in board]
 
 
-def compact_sudoku_text(board: Board, last_wrong_move: Optional[SudokuMove] = None) -> str:
+def compact_sudoku_text(board: Board, last_wrong_move: SudokuMove | None = None) -> str:
     """The compact observation of ``board``, with a ``Wrong: r c n`` line when ``last_wrong_move`` is given."""
     lines = [compact_header(len(board))] + board_rows(board)
     if last_wrong_move is not None:
@@ -66,7 +66,7 @@ def compact_sudoku_text(board: Board, last_wrong_move: Optional[SudokuMove] = No
     return "\n".join(lines)
 
 
-def compact_sudoku_observation(env: Env, last_wrong_move: Optional[SudokuMove] = None) -> str:
+def compact_sudoku_observation(env: Env, last_wrong_move: SudokuMove | None = None) -> str:
     """The compact observation of a (possibly wrapped) Gem Sudoku env's current board."""
     return compact_sudoku_text(env.unwrapped.board, last_wrong_move)
 
@@ -80,7 +80,7 @@ def parse_compact_sudoku(text: str) -> Board:
     return [[0 if cell == "." else int(cell) for cell in row.split()] for row in rows]
 
 
-def parse_sudoku_move(action: str) -> Optional[SudokuMove]:
+def parse_sudoku_move(action: str) -> SudokuMove | None:
     """The move Gem's Sudoku would read from ``action`` (its last ``\\boxed{r c n}``), or None."""
     matches = SUDOKU_MOVE_PATTERN.findall(action)
     if not matches:
@@ -99,25 +99,25 @@ class CompactSudokuObservation(EnvWrapper):
     def __init__(self, env: Env, show_last_wrong_move: bool = False):
         super().__init__(env)
         self.show_last_wrong_move = show_last_wrong_move
-        self.last_wrong_move: Optional[SudokuMove] = None
+        self.last_wrong_move: SudokuMove | None = None
 
     def observation(self) -> str:
         """The compact observation of the current board (with the last wrong move when enabled)."""
         wrong = self.last_wrong_move if self.show_last_wrong_move else None
         return compact_sudoku_observation(self.env, wrong)
 
-    def reset(self, seed: Optional[int] = None) -> Tuple[str, Dict[str, Any]]:
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """Reset the wrapped env and return the compact observation of the new board (a seeded reset of Gem's
         Sudoku that was done before, by any env of this process, is replayed: :func:`replay_sudoku_reset`)."""
         if replay_sudoku_reset(self.env, seed):
-            info: Dict[str, Any] = {}
+            info: dict[str, Any] = {}
         else:
             _, info = self.env.reset(seed=seed)
             remember_sudoku_reset(self.env, seed)
         self.last_wrong_move = None
         return self.observation(), without_suffix(info)
 
-    def step(self, action: str) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Step the wrapped env; remember the move when it was readable but left the board unchanged."""
         board_before = [list(row) for row in self.env.unwrapped.board]  # a board is a list of lists of ints
         _, reward, terminated, truncated, info = self.env.step(action)
@@ -128,20 +128,20 @@ class CompactSudokuObservation(EnvWrapper):
         return self.observation(), reward, terminated, truncated, without_suffix(info)
 
 
-SEEDED_BOARDS: "OrderedDict[tuple, tuple]" = OrderedDict()
+SEEDED_BOARDS: OrderedDict[tuple, tuple] = OrderedDict()
 """What a seeded reset of Gem's Sudoku left behind (solution, board, ``random``'s state), by settings and seed."""
 SEEDED_BOARDS_KEPT = 4096
 """The most recent resets kept (a rollout's groups share their seed; evaluation repeats its puzzles)."""
 
 
-def _seeded_board_key(env: Env, seed: Optional[int]) -> Optional[tuple]:
+def _seeded_board_key(env: Env, seed: int | None) -> tuple | None:
     """The memo key of a seeded reset of exactly Gem's fixed-size Sudoku, else None (never replayed)."""
     if seed is None or type(env) is not SudokuEnv or env._is_random:
         return None
     return env.scale, env.clues, env.max_turns, int(seed)
 
 
-def remember_sudoku_reset(env: Env, seed: Optional[int]) -> None:
+def remember_sudoku_reset(env: Env, seed: int | None) -> None:
     """Record the state Gem's ``reset(seed)`` just left in ``env``, for :func:`replay_sudoku_reset`."""
     key = _seeded_board_key(env, seed)
     if key is not None:
@@ -150,7 +150,7 @@ def remember_sudoku_reset(env: Env, seed: Optional[int]) -> None:
             SEEDED_BOARDS.popitem(last=False)
 
 
-def replay_sudoku_reset(env: Env, seed: Optional[int]) -> bool:
+def replay_sudoku_reset(env: Env, seed: int | None) -> bool:
     """Put ``env`` in the state Gem's ``reset(seed)`` would, without generating the board again (Gem's Sudoku
     builds it by randomized search: the group members of a rollout share a seed, evaluation repeats its puzzles).
     The global RNGs end where the real reset leaves them: seeded as Gem seeds them, then ``random`` advanced past
@@ -168,7 +168,7 @@ def replay_sudoku_reset(env: Env, seed: Optional[int]) -> bool:
     return True
 
 
-def without_suffix(info: Dict[str, Any]) -> Dict[str, Any]:
+def without_suffix(info: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``info`` without its ``suffix`` entry."""
     return {key: value for key, value in info.items() if key != "suffix"}
 

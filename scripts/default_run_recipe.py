@@ -22,7 +22,7 @@ import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import policy_cache_key
 from dppo_oat.engines.local.seeds import VALIDATION_SEED
-from dppo_oat.runlog import EVAL_FILE, read_jsonl
+from dppo_oat.run.safe_io import read_jsonl
 
 SELECTION_SEED = VALIDATION_SEED + 100_000
 """Selection puzzles: seeds [SELECTION_SEED, SELECTION_SEED + 200), apart from held-out and warm-start checks."""
@@ -62,7 +62,7 @@ def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
         trainer = trainer_module.LocalTrainer(config, Console(stderr=True, quiet=True))
         trainer.run()
         seconds = time.perf_counter() - started
-        curve = [(row["step"], row["eval/success"]) for row in read_jsonl(config.run_path() / EVAL_FILE)]
+        curve = [(row["step"], row["eval/success"]) for row in read_jsonl(config.run_directory().eval)]
     policy = policy_cache_key(config.env_ids[0], config.template, config.warm_start, config.warm_start_seed)
     return {"trial": name, "overrides": TRIALS[name], "policy": policy, "seed": seed, "steps": steps,
             "seconds": seconds, "threads": torch.get_num_threads(), "selection_success": curve}

@@ -25,16 +25,19 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dppo_oat.engines.local.config import TrainConfig  # noqa: E402
-from dppo_oat.docstrings import documented_fields, field_docstrings  # noqa: E402
-from dppo_oat.spec import DPPOFlags  # noqa: E402
-from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings import spec as spec_module  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.docstrings import documented_fields  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.grouped_cli import flag_help  # noqa: E402  (after the sys.path setup)
+from dppo_oat.settings.spec import DPPOFlags  # noqa: E402  (after the sys.path setup)
+from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion  # noqa: E402  (after the sys.path setup)
 
 # --------------------------------------------------------------------------------- the trust-region presets
 
@@ -51,7 +54,8 @@ def preset_settings(name: str) -> str:
     """What preset ``name`` sets: its rule, the categorical fields it changes, and every number its rule reads."""
     tr, default = TrustRegion.preset(name), TrustRegion()
     parts = [f"rule `{tr.rule}`"]
-    parts += [f"{field} `{getattr(tr, field)}`" for field in CATEGORICAL if getattr(tr, field) != getattr(default, field)]
+    parts += [f"{field} `{getattr(tr, field)}`" for field in CATEGORICAL
+              if getattr(tr, field) != getattr(default, field)]
     parts += [f"{field} {number(getattr(tr, field))}" for field in sorted(tr.fields_read)]
     return ", ".join(parts)
 
@@ -79,19 +83,6 @@ def readme_presets_table() -> str:
 # --------------------------------------------------------------------------------- flags, from their dataclasses
 
 
-def flag_help(cls: type) -> dict[str, str]:
-    """The help of each field of a dataclass: its docstring (:func:`~dppo_oat.docstrings.field_docstrings`), else the
-    ``tyro.conf.arg(help=...)`` of its annotation (the fields generated at run time, such as the ``--tr-*`` flags)."""
-    import typing
-
-    docs = field_docstrings(cls)
-    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
-        helps = [getattr(meta, "help", None) for meta in getattr(hint, "__metadata__", ())]
-        if name not in docs and any(helps):
-            docs[name] = " ".join(next(h for h in helps if h).split())
-    return docs
-
-
 def cell(text: str) -> str:
     """``text`` inside a Markdown table cell (its ``|`` escaped)."""
     return text.replace("|", "\\|")
@@ -102,24 +93,42 @@ def flag_row(flag: str, default: str, help_text: str) -> str:
     return f"| `--{flag}` | `{default}` | {cell(help_text)} |"
 
 
-def flag_rows(cls: type, prefix: str = "") -> Iterator[str]:
-    """One row per flag of ``cls`` (nested dataclasses as ``--outer.inner``): the flag, its default and its help."""
-    docs = flag_help(cls)
-    for field in dataclasses.fields(cls):
-        flag = prefix + field.name.replace("_", "-")
+def flag_rows(cls: type, prefix: str = "", names: tuple[str, ...] | None = None) -> Iterator[str]:
+    """One row per flag of ``cls`` (nested dataclasses as ``--outer.inner``), or of its fields ``names`` in that
+    order: the flag, its default and its help."""
+    docs, fields = flag_help(cls), {field.name: field for field in dataclasses.fields(cls)}
+    for name in fields if names is None else names:
+        field, flag = fields[name], prefix + name.replace("_", "-")
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         if dataclasses.is_dataclass(default):
             yield from flag_rows(type(default), prefix=f"{flag}.")
             continue
-        yield flag_row(flag, repr(default), docs.get(field.name, ""))
+        yield flag_row(flag, repr(default), docs.get(name, ""))
 
 
 FLAGS_HEADER = ["| flag | default | what |", "|---|---|---|"]
 
 
+def section_row(title: str, about: str) -> str:
+    """The row that opens a section of a flags table: its title (``--help``'s heading) and what it says."""
+    return f"| **{title}** | | {cell(about)} |" if about else f"| **{title}** | | |"
+
+
+def check_sections(names, sections: list[tuple[str, ...]], what: str) -> None:
+    """Every flag of ``names`` is in one of the sections (else its table would leave it out)."""
+    left_out = sorted(set(names) - {name for section in sections for name in section})
+    if left_out:
+        raise ValueError(f"{what}: no help section holds {left_out}: add them to HELP_GROUPS")
+
+
 def local_flags_table() -> str:
-    """Every flag of ``python -m dppo_oat.train`` (the local engine)."""
-    return "\n".join([*FLAGS_HEADER, *flag_rows(TrainConfig)])
+    """Every flag of ``python -m dppo_oat.train`` (the local engine), in the sections of its ``--help``
+    (``HELP_GROUPS``)."""
+    check_sections([field.name for field in dataclasses.fields(TrainConfig)], [g.fields for g in HELP_GROUPS],
+                   "TrainConfig")
+    rows = [row for group in HELP_GROUPS
+            for row in [section_row(group.title, group.about), *flag_rows(TrainConfig, names=group.fields)]]
+    return "\n".join([*FLAGS_HEADER, *rows])
 
 
 # --------------------------------------------------------------------------------- the oat engine (read, not run)
@@ -136,11 +145,16 @@ def class_node(module: ast.Module, name: str) -> ast.ClassDef:
     return next(node for node in module.body if isinstance(node, ast.ClassDef) and node.name == name)
 
 
-def constant(module: ast.Module, name: str):
-    """The literal value assigned to ``name`` at the top of ``module``."""
+def constant_node(module: ast.Module, name: str) -> ast.expr:
+    """The expression assigned to ``name`` at the top of ``module``."""
     assignment = next(node for node in module.body if isinstance(node, ast.Assign)
                       and any(isinstance(target, ast.Name) and target.id == name for target in node.targets))
-    return ast.literal_eval(assignment.value)
+    return assignment.value
+
+
+def constant(module: ast.Module, name: str):
+    """The literal value assigned to ``name`` at the top of ``module``."""
+    return ast.literal_eval(constant_node(module, name))
 
 
 def declared_defaults(klass: ast.ClassDef) -> dict[str, str]:
@@ -179,9 +193,31 @@ def oat_default_changes() -> dict[str, str]:
             if name not in documented and name not in refused}
 
 
+def spec_value(node: ast.expr):
+    """A literal, or a name :mod:`dppo_oat.settings.spec` defines (``OVERRIDES_ABOUT``), as the oat engine's module
+    uses it."""
+    return getattr(spec_module, node.id) if isinstance(node, ast.Name) else ast.literal_eval(node)
+
+
+def oat_help_groups() -> list[tuple[str, str, tuple[str, ...]]]:
+    """The oat engine's ``HELP_GROUPS``, read from its source: ``(title, about, fields)`` per ``FlagGroup(...)``,
+    a ``*NAME`` among the fields being a tuple of :mod:`dppo_oat.settings.spec`."""
+    groups = []
+    for call in constant_node(oat_args_module(), "HELP_GROUPS").elts:
+        title, about, fields = call.args
+        names = [name for elt in fields.elts
+                 for name in (spec_value(elt.value) if isinstance(elt, ast.Starred) else (spec_value(elt),))]
+        groups.append((spec_value(title), spec_value(about), tuple(names)))
+    return groups
+
+
 def oat_flags_table() -> str:
-    """Every flag the oat engine adds to oat's (``DPPOOatArgs`` and the ``DPPOFlags`` it holds)."""
-    rows = [flag_row(name, default, help_text) for name, (default, help_text) in oat_engine_flags().items()]
+    """Every flag the oat engine adds to oat's (``DPPOOatArgs`` and the ``DPPOFlags`` it holds), in the sections of
+    its ``--help`` (``HELP_GROUPS``)."""
+    flags, groups = oat_engine_flags(), oat_help_groups()
+    check_sections(flags, [names for _, _, names in groups], "DPPOOatArgs")
+    rows = [row for title, about, names in groups
+            for row in [section_row(title, about), *(flag_row(name, *flags[name]) for name in names)]]
     return "\n".join([*FLAGS_HEADER, *rows])
 
 
@@ -368,7 +404,8 @@ def gpu_result(row: dict) -> str:
         text = (f"{row['kernel_ops']:,} operations for {row['sampled_tokens']:,} tokens "
                 f"({row['kernel_ops_per_token']:.1f} per token, {row['forwards']} forwards), {row['seconds']:.2f} s")
         if row.get("device_busy_ms") is not None:
-            text += f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; {row['op_microseconds']:.0f} µs per small op)"
+            text += (f" (the GPU busy {row['device_busy_ms']:.0f} ms of it; "
+                     f"{row['op_microseconds']:.0f} µs per small op)")
     elif bench == "rollout":
         text = (f"{row['multi_turn']['generator_tokens_per_s']:,.0f} tokens/s: {row['multi_turn']['ratio']:.2f}× "
                 f"generate, {row['roofline']['generator_vs_roofline']:.3f} of the roofline (batch {row['batch']}"
@@ -389,7 +426,8 @@ def oat_learner_result(row: dict) -> str:
     config, learners = row["config"], row["learners"]
     optimizer = ("FusedAdam compiled" if row["fused_adam"]["compiled"]
                  else f"FusedAdam did not compile: torch's fused AdamW ({row['fused_adam']['error']})")
-    return (f"DPPO ÷ PPO step time {row['dppo_vs_ppo_step_time']:.2f} (H {config['hidden']}, {config['layers']} layers, "
+    return (f"DPPO ÷ PPO step time {row['dppo_vs_ppo_step_time']:.2f} "
+            f"(H {config['hidden']}, {config['layers']} layers, "
             f"{config['sequences']} × {config['prompt_tokens']} + {config['response_tokens']} tokens); peak "
             f"{row['peak_mem_total_gib']['ppo']:.1f} / {row['peak_mem_total_gib']['dppo']:.1f} GiB, MFU "
             f"{learners['ppo']['mfu']:.3f} / {learners['dppo']['mfu']:.3f} (PPO / DPPO); {optimizer}, DeepSpeed "

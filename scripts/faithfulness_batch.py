@@ -28,8 +28,8 @@ from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.models.tiny import load_policy
 from dppo_oat.rollout.episodes import EpisodeCollector
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_copy
-from dppo_oat.samples import build_update_batch
+from dppo_oat.rollout.rollout_copy import rollout_copy
+from dppo_oat.update_batch import build_update_batch
 from envs import ensure_registered
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "int4_batch.pt"

@@ -33,7 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-from dppo_oat.safe_io import atomic_write_bytes
+from dppo_oat.run.safe_io import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {
@@ -52,12 +52,13 @@ METADATA_KEY = "dppo_oat"
 
 def input_files(inputs: tuple[str, ...], root: Path | None = None) -> list[Path]:
     """Every file of ``inputs`` (files and folders, from ``root``: the repository's by default), sorted, without
-    Python's caches."""
+    Python's caches and hidden files (a run directory's ``.lock``, which a run leaves and git ignores)."""
     root, files = root or ROOT, []
     for name in inputs:
         path = root / name
         found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts)]
     return files
 
 

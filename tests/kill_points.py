@@ -2,14 +2,14 @@
 
 Used by ``tests/test_kill_points.py``. Every write of a run file goes through :mod:`dppo_oat.safe_io`, and each
 gives two *write points*: an atomic write after its content is written to its temporary file but before the
-rename, and after the rename; an append after half its text (a torn line), and after all of it. This process imports the package once and
-forks a child per run (it runs no torch operation itself, so the children fork safely):
+rename, and after the rename; an append after half its text (a torn line), and after all of it. This process imports the
+package once and forks a child per run (it runs no torch operation itself, so the children fork safely):
 
 - ``straight`` (for ``POINTS`` ``all`` or ``none``): the uninterrupted run, which also counts its write points
   (``OUT/points``);
-- for each point ``N`` of ``POINTS`` (``all``, ``none``, or ``N,M,...``): ``kill<N>``, SIGKILLed at its N-th write point, then
-  the command its user would run next: ``--resume`` where a checkpoint was written, else ``--overwrite`` (nothing
-  was checkpointed; the earlier files are moved aside).
+- for each point ``N`` of ``POINTS`` (``all``, ``none``, or ``N,M,...``): ``kill<N>``, SIGKILLed at its N-th write
+  point, then the command its user would run next: ``--resume`` where a checkpoint was written, else ``--overwrite``
+  (nothing was checkpointed; the earlier files are moved aside).
 
 ``OUT/outcomes.json`` records each child's exit status (``OUT/logs/`` its output); the test compares the run
 directories.
@@ -25,13 +25,14 @@ import sys
 import traceback
 from pathlib import Path
 
-import dppo_oat.engines.local.trainer  # noqa: F401 - imported once here, not again in every child
+import dppo_oat.engines.local.trainer  # noqa: F401  (imported once here, not again in every child)
 from dppo_oat import runlog, safe_io
 from dppo_oat.train import main
 
 
 class WritePoints:
-    """Counts the write points of run files under ``runs`` and SIGKILLs this process at the ``kill_at``-th (0: never)."""
+    """Counts the write points of run files under ``runs`` and SIGKILLs this process at the ``kill_at``-th
+    (0: never)."""
 
     def __init__(self, runs: Path, kill_at: int = 0):
         self.runs, self.kill_at, self.count = runs.resolve(), kill_at, 0

@@ -68,7 +68,7 @@ def synthetic_metrics(algo: str, seed: int, steps: int) -> list[dict]:
             "divergence/mean": mismatch, "divergence/max": 5 * mismatch,
         }
         for preset, scale in (("ppo", 1.2), ("grpo_clip_higher", 1.0)):
-            buckets = dict(zip(SHADOW_BUCKETS, (0.12 * scale, 0.03 * scale, 0.004 * scale)))
+            buckets = dict(zip(SHADOW_BUCKETS, (0.12 * scale, 0.03 * scale, 0.004 * scale), strict=True))
             row[f"shadow/{preset}/mask_fraction"] = 0.04 * scale
             row.update({f"shadow/{preset}/mask_fraction_{b}": v + 0.01 * rng.random() for b, v in buckets.items()})
         rows.append(row)
@@ -206,7 +206,8 @@ def test_bad_paths_raise_clear_errors(tmp_path):
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(ValueError, match="not a run directory"):
         load_runs([tmp_path / "other"])
-    with pytest.warns(UserWarning, match="empty directory"), pytest.raises(ValueError, match="no run directories"):
+    with pytest.warns(UserWarning, match="empty directory"), \
+            pytest.raises(ValueError, match="empty is an empty directory"):
         load_runs([tmp_path / "empty"])
     with pytest.raises(ValueError, match="not a directory"):
         load_run(tmp_path / "file.txt")
@@ -255,7 +256,7 @@ def test_aggregate_seeds_by_hand(tmp_path):
     np.testing.assert_allclose(dppo["mean"], [2.0, 3.0, 3.0])
     np.testing.assert_allclose(dppo["std"], [math.sqrt(2), math.sqrt(2), 0.0])  # sample std of (1, 3), (2, 4)
     np.testing.assert_allclose(dppo["lo"], [2 - math.sqrt(2), 3 - math.sqrt(2), 3.0])
-    np.testing.assert_allclose(dppo["hi"], [2 + math.sqrt(2), 3 + math.sqrt(2), 3.0])
+    np.testing.assert_allclose(dppo["hi"], [2 + math.sqrt(2), 4.0, 3.0])  # no run's reward passed 4: clipped there
     minmax = aggregate_seeds(df, "reward", by="algo", band="minmax")
     np.testing.assert_allclose(minmax.loc[minmax["algo"] == "dppo_binary_tv", "lo"], [1.0, 2.0, 3.0])
     np.testing.assert_allclose(minmax.loc[minmax["algo"] == "dppo_binary_tv", "hi"], [3.0, 4.0, 3.0])

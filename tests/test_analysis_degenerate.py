@@ -10,18 +10,19 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from test_analysis import write_run
 
 from dppo_oat.analysis import DEGENERATE, arm_flags, compare_methods, comparison_notes, curve_flags, load_runs
 from dppo_oat.analysis.degenerate import collapse_step, designed_without_trust_region, flag_text, has_collapsed
-from test_analysis import write_run
 
 STEADY = [0.3 + 0.01 * step for step in range(20)]
 DEAD_AT_ONCE = [0.4, 0.1] + [0.0] * 18
 
 
-def rows(success: list[float], masked: float) -> list[dict]:
-    """Metric rows with a training success curve and a constant blocked share."""
-    return [{"step": step, "reward": value, "success": value, "mask/fraction": masked}
+def rows(success: list[float], masked: float, jitter: float = 0.0) -> list[dict]:
+    """Metric rows with a training success curve (moved by ``jitter``: runs of other seeds or arms are not copies
+    of each other, which the analysis would skip) and a constant blocked share."""
+    return [{"step": step, "reward": value + jitter, "success": value + jitter, "mask/fraction": masked}
             for step, value in enumerate(success, start=1)]
 
 
@@ -29,13 +30,14 @@ def write_arms(root, seeds=(0, 1)):
     """SAPO blocking nothing, PG-IS blocking nothing by design, GSPO blocking 60% and dead from its second step,
     DPPO-Binary-TV blocking 2% and learning."""
     for seed in seeds:
-        write_run(root, f"sapo-s{seed}", algo="sapo", seed=seed, metrics=rows(STEADY, 0.0),
+        jitter = 1e-4 * seed
+        write_run(root, f"sapo-s{seed}", algo="sapo", seed=seed, metrics=rows(STEADY, 0.0, jitter),
                   trust_region={"rule": "sapo"})
-        write_run(root, f"pg_is-s{seed}", algo="pg_is", seed=seed, metrics=rows(STEADY, 0.0),
+        write_run(root, f"pg_is-s{seed}", algo="pg_is", seed=seed, metrics=rows(STEADY, 0.0, jitter + 5e-5),
                   trust_region={"rule": "none"})
-        write_run(root, f"gspo-s{seed}", algo="gspo", seed=seed, metrics=rows(DEAD_AT_ONCE, 0.6),
+        write_run(root, f"gspo-s{seed}", algo="gspo", seed=seed, metrics=rows(DEAD_AT_ONCE, 0.6, jitter),
                   trust_region={"rule": "gspo", "eps_low": 3e-4, "eps_high": 4e-4})
-        write_run(root, f"dppo-s{seed}", seed=seed, metrics=rows(STEADY, 0.02))
+        write_run(root, f"dppo-s{seed}", seed=seed, metrics=rows(STEADY, 0.02, jitter))
     return root
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import warnings
 from pathlib import Path
 
 import pytest
+from test_analysis import hand_metrics, write_run
 
 from dppo_oat.analysis import load_run, load_runs
 from dppo_oat.analysis.run_checks import DamagedRun
 from dppo_oat.plot import main
 from studies.cpu.report import load_study
-from test_analysis import hand_metrics, write_run
 
 
 @pytest.fixture
@@ -332,3 +333,123 @@ def test_plot_refuses_options_out_of_range(flag, value, tmp_path, good, capsys, 
     assert exit_info.value.code == 2
     assert one_line(capsys.readouterr().err).startswith(f"dppo-plot: error: {flag} must be")
     assert not (tmp_path / "figure.png").exists()
+
+
+# --------------------------------------------------------------------------------------------- runs counted once
+
+
+@pytest.mark.fault("`dppo_oat.plot \"runs/x*\"` over a run and its backup copy (`cp -r runs/x runs/x-backup`: the same "
+                   "run id, or the same `metrics.jsonl`)",
+                   "the copy is skipped with one warning naming both (a copy is not another seed); the curve is the "
+                   "run's own")
+@pytest.mark.parametrize("same", ["run id", "metrics"])
+def test_a_copy_of_a_run_is_not_another_seed(tmp_path, same):
+    import shutil
+
+    from dppo_oat.analysis import aggregate_seeds
+
+    original = write_run(tmp_path, "x", metrics=hand_metrics([0.1, 0.5, 0.9]))
+    if same == "run id":
+        config = json.loads((original / "config.json").read_text())
+        (original / "config.json").write_text(json.dumps({**config, "run_id": "abc123"}))
+    copy = Path(shutil.copytree(original, tmp_path / "x-backup"))
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "run_name": "x-backup"}))
+    with pytest.warns(UserWarning, match=rf"{copy}: skipped, the same run as {original}"):
+        df = load_runs(str(tmp_path / "x*"))
+    assert set(df["run"]) == {"x"}
+    assert list(aggregate_seeds(df, "reward")["n"]) == [1, 1, 1]
+
+
+@pytest.mark.fault("a run whose `metrics.jsonl` logs a step twice (two logs appended together)",
+                   "one warning naming the log and the first repeated step; the last line of each step is kept, so "
+                   "no curve draws a step twice")
+def test_a_step_logged_twice_is_drawn_once(tmp_path):
+    run = write_run(tmp_path, "a", metrics=hand_metrics([0.1, 0.2]) + hand_metrics([0.3, 0.4]))
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: step 1 is logged more than once \(2 step\(s\) repeated\)"):
+        df = load_runs([run])
+    rewards = df[df["metric"] == "reward"]
+    assert list(rewards["step"]) == [1, 2] and list(rewards["value"]) == [0.3, 0.4]
+
+
+@pytest.mark.fault("a std band across seeds that would leave a metric's range (two seeds of success 0 and 1: "
+                   "mean ± std is −0.21 to 1.21)",
+                   "the band is clipped to the smallest and largest value the metric took (a success rate's stays in "
+                   "[0, 1])")
+def test_a_std_band_stays_in_the_metrics_range(tmp_path):
+    from dppo_oat.analysis import aggregate_seeds
+
+    for seed, success in ((0, 0.0), (1, 1.0)):
+        write_run(tmp_path, f"s{seed}", seed=seed, metrics=[{"step": 1, "success": success}])
+    stats = aggregate_seeds(load_runs(str(tmp_path / "*")), "success")
+    assert stats["std"].iloc[0] == pytest.approx(math.sqrt(0.5))
+    assert (stats["lo"].iloc[0], stats["hi"].iloc[0]) == (0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------- what is missing
+
+
+@pytest.mark.fault("`read_token_export(run)` of a run trained without `--token-export all`, a step it did not "
+                   "export, or a run whose exports miss steps",
+                   "a `ValueError` naming the run and the steps it has (never an empty table or a FileNotFoundError); "
+                   "missing steps between the first and last are one warning")
+def test_token_exports_that_are_missing_are_said(tmp_path):
+    from dppo_oat.token_export import read_token_export
+
+    run = write_run(tmp_path, "a", metrics=hand_metrics([0.1, 0.2, 0.3]))
+    with pytest.raises(ValueError, match="has no token exports .* trained without --token-export all"):
+        read_token_export(run)
+    (run / "token_exports").mkdir()
+    record = {"schema_version": 1, "row": 0, "turn": 0, "env_name": "e", "token_ids": [5], "loss_mask": [True],
+              "is_masked": [False], "is_masked_high": [False], "is_masked_low": [False], "advantages": [1.0],
+              "inference_logprobs": [-0.1], "trainer_logprobs": [-0.1], "importance_ratio": [1.0], "entropy": [None]}
+    for step in (1, 3):
+        (run / "token_exports" / f"step_{step:06d}.jsonl").write_text(json.dumps({**record, "step": step}) + "\n")
+    with pytest.raises(ValueError, match=r"no token export of step 2 \(2 exported, steps 1–3\)"):
+        read_token_export(run, 2)
+    with pytest.warns(UserWarning, match="lacks 1 of steps 1–3 \\(step 2 first\\)"):
+        assert list(read_token_export(run)["step"]) == [1, 3]
+
+
+@pytest.mark.fault("`dppo_oat.plot` given only an empty directory",
+                   "`error: no run directory to read: DIR is an empty directory (a run directory holds config.json "
+                   "and metrics.jsonl)` (exit 1), never \"no run directories given\"")
+def test_plot_of_an_empty_directory_says_what_it_found(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "empty"), "-o", str(tmp_path / "f.png")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and f"{tmp_path / 'empty'} is an empty directory" in err, err
+
+
+@pytest.mark.fault("`dppo_oat.plot` of a run whose rewards are all NaN (or infinite)",
+                   "the reward panel is skipped with a note on stderr that says every value of `reward` is NaN or "
+                   "infinite in that run (not \"no run logs reward\"); every note and warning goes to stderr, stdout "
+                   "names only the image")
+def test_a_panel_of_nan_values_says_nan(tmp_path, capsys):
+    run = write_run(tmp_path, "nan", metrics=[{"step": step, "reward": "nan", "success": 0.5} for step in (1, 2)])
+    main([str(run), "-o", str(tmp_path / "f.png"), "--metrics", "reward", "success"])
+    out = capsys.readouterr()
+    assert "skipped panel reward (every value of reward is NaN or infinite, in nan)" in out.err, out.err
+    assert out.out.strip() == f"wrote {tmp_path / 'f.png'}"
+
+
+# --------------------------------------------------------------------------------------------- labels
+
+
+@pytest.mark.fault("a run of a preset the analysis has no name for, or one that changes a trust-region field the "
+                   "labels do not know (SAPO's `tau_pos`/`tau_neg`, `mask_side`)",
+                   "every preset of the registry has its legend name and every field its symbol (a test fails while "
+                   "one lacks it), so SAPO runs with other temperatures are a curve of their own, never pooled with "
+                   "the default's")
+def test_every_preset_and_field_of_the_registry_has_a_label(tmp_path):
+    from dppo_oat.analysis.runs import FIELD_SYMBOLS, PRESET_NAMES
+    from dppo_oat.trust_region import CHOICE_FIELDS, NUMBER_FIELDS, PRESETS, TrustRegion
+
+    assert sorted(set(PRESETS) - set(PRESET_NAMES)) == [], "presets without a legend name"
+    assert sorted({*CHOICE_FIELDS, *NUMBER_FIELDS, "k"} - set(FIELD_SYMBOLS)) == [], "fields without a symbol"
+    sapo = vars(TrustRegion.preset("sapo"))
+    write_run(tmp_path, "default", algo="sapo", trust_region=sapo, metrics=hand_metrics([0.1]))
+    write_run(tmp_path, "warm", algo="sapo", trust_region={**sapo, "tau_pos": 2.0}, metrics=hand_metrics([0.2]))
+    methods = load_runs(str(tmp_path / "*")).drop_duplicates("run").set_index("run")["method"]
+    assert methods["default"] == "SAPO" and methods["warm"] == "SAPO (τ_pos=2)"

@@ -30,6 +30,34 @@ def test_a_trust_region_of_a_wrong_type_is_a_value_error_naming_the_field(build,
         build()
 
 
+@pytest.mark.fault("`TrustRegion.preset(\"sapo\", tau_pos=1e300)` (or `TrustRegion(...)` with a number float32 cannot "
+                   "hold)", "`ValueError` naming the field: the loss computes in float32 (never an overflow after a "
+                   "model loaded)")
+@pytest.mark.parametrize("build, message", [
+    (lambda: TrustRegion.preset("sapo", tau_pos=1e300), "tau_pos 1e+300 overflows float32"),
+    (lambda: TrustRegion.preset("drpo", delta=1e-300), "delta 1e-300 underflows float32"),
+    (lambda: TrustRegion(eps_high=-1e39), "eps_high -1e+39 overflows float32"),
+])
+def test_a_number_float32_cannot_hold_is_refused_by_the_trust_region_itself(build, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        build()
+    assert TrustRegion.preset("pg_is").is_cap == math.inf  # ∞ keeps its meaning (no truncation)
+
+
+@pytest.mark.fault("`TrustRegion.preset(\"sapo\", name=\"gspo\")`, `preset(\"ipo\", rule=\"ratio\")`: a preset whose "
+                   "name or defining choice is changed", "another preset's name is refused in one `ValueError`; a "
+                   "changed choice names the variant (`ipo+rule=ratio`), so the analysis labels it apart")
+def test_a_preset_with_another_rule_says_so_in_its_name():
+    with pytest.raises(ValueError, match="name='gspo' is another preset's"):
+        TrustRegion.preset("sapo", name="gspo")
+    assert TrustRegion.preset("ipo", rule="ratio").name == "ipo+rule=ratio"
+    assert TrustRegion.preset("dppo_binary_kl_neg", mask_side="both").name == "dppo_binary_kl_neg+mask_side=both"
+    assert TrustRegion.preset("dppo_binary_tv", mismatch_mask="token").name == "dppo_binary_tv+mismatch_mask=token"
+    assert TrustRegion.preset("dppo_binary_tv", delta=0.2).name == "dppo_binary_tv"  # a number is a setting
+    assert TrustRegion.preset("dppo_binary_tv", anchor="behavior").name == "dppo_binary_tv"  # unchanged choice
+    assert TrustRegion.preset("sapo", name="my_sapo").name == "my_sapo"
+
+
 @pytest.mark.fault("`TrustRegion.preset(\"ppo\", delta=0.2)`: a field the preset's rule never reads",
                    "`ValueError` naming the field and what the rule reads, as the command line refuses "
                    "`--tr-delta` there")
@@ -105,3 +133,38 @@ def test_any_non_finite_input_gives_a_finite_loss_and_is_counted(noise, preset):
     out = policy_loss(logp + damage, mu, adv, mask, TrustRegion.preset(preset))
     assert torch.isfinite(out.loss).all()
     assert out.metrics["nonfinite"] == int((~torch.isfinite(damage)).sum())
+
+
+@pytest.mark.fault("`aggregate_loss` with a mask of 2s (or any value but 0 and 1), or a mask of another shape than "
+                   "the loss",
+                   "one `ValueError` naming the value or both shapes; never a loss whose tokens weigh twice, nor a "
+                   "raw torch broadcasting error")
+@pytest.mark.parametrize("mask, fragment", [
+    (torch.full((2, 3), 2.0), "the mask holds 2.0"),
+    (torch.tensor([[1, 0, -1], [1, 1, 1]]), "the mask holds -1"),
+    (torch.ones(2, 4, dtype=torch.bool), "the loss [2, 3] and the mask [2, 4]"),
+    (torch.ones(3, dtype=torch.bool), "the mask [3]"),
+])
+def test_aggregate_loss_refuses_a_mask_it_cannot_use(mask, fragment):
+    from dppo_oat.aggregation import AGGREGATIONS, aggregate_loss
+
+    for mode in AGGREGATIONS:
+        with pytest.raises(ValueError) as excinfo:
+            aggregate_loss(torch.ones(2, 3), mask, mode, norm_constant=4.0)
+        assert fragment in str(excinfo.value) and "\n" not in str(excinfo.value)
+    assert aggregate_loss(torch.ones(2, 3), torch.tensor([[1.0, 0.0, 1.0]] * 2), "token-mean").item() == 1.0
+
+
+@pytest.mark.fault("`policy_loss(..., tr=\"sapo\")` (a preset's name) or `tr=None`",
+                   "a name is its preset with its defaults; anything else is one `ValueError` naming `tr`")
+def test_policy_loss_takes_a_presets_name_and_refuses_anything_else():
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.3]], requires_grad=True))
+    mu, adv = torch.log(torch.tensor([[0.6, 0.4, 0.2]])), torch.tensor([[1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    by_name = policy_loss(logp, mu, adv, mask, "sapo")
+    by_value = policy_loss(logp, mu, adv, mask, TrustRegion.preset("sapo"))
+    assert torch.equal(by_name.loss, by_value.loss)
+    with pytest.raises(ValueError, match="^tr must be a TrustRegion or a preset's name, got NoneType"):
+        policy_loss(logp, mu, adv, mask, None)
+    with pytest.raises(ValueError, match="unknown trust-region preset 'sapoo'"):
+        policy_loss(logp, mu, adv, mask, "sapoo")

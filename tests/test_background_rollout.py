@@ -6,8 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, RolloutCancelled,
-                                         behavior_version, staleness_metrics, versions_to_keep)
+from dppo_oat.rollout.background import (
+    BackgroundRollout,
+    CancellableGenerator,
+    RolloutCancelled,
+    behavior_version,
+    staleness_metrics,
+    versions_to_keep,
+)
 
 
 @given(step=st.integers(1, 10_000), k=st.integers(0, 50))

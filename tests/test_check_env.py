@@ -4,9 +4,9 @@ that breaks it, and bad input (tests/test_envs_quickstart.py runs it as envs/REA
 from __future__ import annotations
 
 import pytest
+from test_env_plugins import write_guess_plugin
 
 from dppo_oat.check_env import main
-from test_env_plugins import write_guess_plugin
 
 
 def test_a_plugin_that_meets_the_contract_passes(tmp_path, capsys):

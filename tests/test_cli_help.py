@@ -1,27 +1,48 @@
 """``python -m dppo_oat.train --help`` describes every option: tyro renders a field without a docstring as its
-default alone, so each option's first description line must be more than ``(default: ...)``."""
+default alone, so each option's first description line must be more than ``(default: ...)``. It comes in sections,
+the flags a first run changes first, with every flag's name as the flat configuration has it."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import tyro
 
-from dppo_oat.engines.local.config import TrainConfig
+from dppo_oat.engines.local.config import HELP_GROUPS, TrainConfig, logged_config, parse_config, run_spec
 
 OPTION = re.compile(r"--?[a-z]")
+HEADING = re.compile(r"╭─ (.+?) ─")
+FLAG = re.compile(r"^(?:│ | {2})(--[\w.-]+)(?:, (--[\w.-]+))?", re.MULTILINE)
+"""An option's flags at the start of its help line (``--resume, --no-resume``), boxed or plain."""
+HELP_LINES_BOUND = 340
+"""``--help``'s lines at 80 columns are fewer than this (371 before it came in sections)."""
 
 
-def help_text(monkeypatch) -> str:
-    """tyro's help for TrainConfig, wide enough that no option line wraps into its description."""
-    monkeypatch.setenv("COLUMNS", "400")
+def help_text(monkeypatch, parse=parse_config) -> str:
+    """The command's help (its sections one under another, plain when printed into a string); ``parse``: how the
+    command line is read."""
+    monkeypatch.setenv("COLUMNS", "100")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        tyro.cli(TrainConfig, args=["--help"])
+        parse(["--help"])
     return out.getvalue()
+
+
+def sections(text: str) -> dict[str, str]:
+    """Each box of the help by its heading."""
+    parts = re.split(r"(?m)^(?=╭)", text)[1:]
+    return {HEADING.match(part)[1]: part for part in parts}
+
+
+def flags_in(text: str) -> set[str]:
+    return {flag for match in FLAG.finditer(text) for flag in match.groups() if flag}
 
 
 def undescribed_options(text: str) -> list[str]:
@@ -48,6 +69,50 @@ def test_every_option_of_the_local_engine_has_help_text(monkeypatch):
     text = help_text(monkeypatch)
     assert "--warm-start.max-steps" in text and "--tr-delta" in text  # the parse below saw the options
     assert undescribed_options(text) == []
+
+
+def test_help_comes_in_sections_the_common_flags_first():
+    """One section per part of a run, in ``HELP_GROUPS``' order after tyro's own (``-h``); the first holds what a
+    first run changes; the help, on an 80-column terminal, fits in fewer lines than it did as one list."""
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "80"})
+    text = done.stdout
+    boxes = sections(text)
+    assert list(boxes) == ["options", *(f"{group.title} options" for group in HELP_GROUPS)]
+    assert "--help" in boxes["options"] and not flags_in(boxes["options"])  # tyro's -h alone
+    common = flags_in(boxes["common options"])
+    for flag in ("--steps", "--trust-region", "--env-ids", "--env-module", "--seed", "--lr", "--device", "--dtype",
+                 "--run-dir", "--run-name", "--resume", "--eval-every"):
+        assert flag in common, flag
+    assert "--tr-delta" in flags_in(boxes["trust-region options"]) and "--tr-delta" not in common
+    assert "--warm-start.lr" in flags_in(boxes["warm-start options"])
+    assert len(text.splitlines()) < HELP_LINES_BOUND, len(text.splitlines())
+
+
+def test_every_field_is_in_one_section():
+    names = [name for group in HELP_GROUPS for name in group.fields]
+    assert sorted(names) == sorted(field.name for field in dataclasses.fields(TrainConfig))
+
+
+def test_the_sections_keep_every_flag_name(monkeypatch):
+    """The sections change where a flag is shown, not its name: the flags are those of the flat ``TrainConfig``."""
+    grouped = flags_in(help_text(monkeypatch))
+    flat = flags_in(help_text(monkeypatch, parse=lambda args: tyro.cli(TrainConfig, args=args)))
+    assert grouped == flat and len(flat) > 80 and {"--tr-delta", "--warm-start.seed", "--no-resume"} <= flat
+
+
+def test_the_command_line_parses_as_the_flat_configuration():
+    """Any flag, in either spelling, gives the same ``TrainConfig`` as before, so config.json has the same keys."""
+    args = ["--steps", "3", "--tr-delta", "0.2", "--tr_calibrate", "0.05", "--tr_calibrate_unit", "sequence",
+            "--groups_per_step", "2", "--gamma", "0.5", "--num-epochs", "2", "--eval-episodes", "4", "--overwrite",
+            "--rollout-dtype", "bfloat16", "--threads", "1", "--warm-start.lr", "0.01", "--warm_start.seed", "None",
+            "--env-module", "a", "--env-module", "b", "--env-ids", "x", "y", "--trust-region", "dppo_binary_kl",
+            "--engine", "local"]
+    grouped, flat = parse_config(args), tyro.cli(TrainConfig, args=args)
+    assert type(grouped) is TrainConfig and type(grouped.warm_start) is type(flat.warm_start)
+    assert grouped == flat and grouped.warm_start.seed is None and grouped.env_module == ("a", "b")
+    assert parse_config([]) == TrainConfig()
+    assert logged_config(grouped, run_spec(grouped)) == logged_config(flat, run_spec(flat))
 
 
 def test_the_check_sees_an_undescribed_option():
@@ -102,3 +167,40 @@ def test_help_names_the_command_shows_no_rest_markup_and_ends_quietly_into_a_clo
     reader_gone.stdout.close()  # the reader stops before the first line
     _, errors = reader_gone.communicate(timeout=120)
     assert reader_gone.returncode == 0 and b"Traceback" not in errors and b"BrokenPipe" not in errors, errors[-2000:]
+
+
+def cli_error(*argv: str) -> tuple[int, str, str]:
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.fault("a mistyped value or flag on the command line (`--tr-delta abc`, `--tr-delat 0.2`, `--steps 1.5`, "
+                   "`--steps` with no value, `--trust-region dppo`), of `dppo_oat.train` (both engines) or "
+                   "`dppo_oat.plot`",
+                   "one `error:` line on stderr (exit 2) in place of tyro's framed box, keeping its suggestion: "
+                   "`error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?) (see … --help)`")
+@pytest.mark.parametrize("args, fragment", [
+    (["--tr-delta", "abc"], "error: --tr-delta takes {None}|FLOAT, got 'abc'"),
+    (["--tr-delat", "0.2"], "error: unrecognized option --tr-delat (did you mean --tr-delta or --tr-delta-b?)"),
+    (["--steps", "1.5"], "error: --steps: invalid literal for int() with base 10: '1.5'"),
+    (["--steps"], "error: Missing value for argument '--steps'"),
+    (["--trust-region", "dppo"], "error: invalid choice 'dppo' for argument '--trust-region'"),
+])
+def test_a_usage_error_is_one_line(args, fragment):
+    code, out, err = cli_error("-m", "dppo_oat.train", *args)
+    assert code == 2 and not out and err.count("\n") == 1 and "╭" not in err, err
+    assert err.startswith(fragment) and err.rstrip().endswith("(see python -m dppo_oat.train --help)"), err
+
+
+def test_a_usage_error_of_the_plot_is_one_line():
+    code, out, err = cli_error("-m", "dppo_oat.plot", "runs", "--sigmaa", "2")
+    assert code == 2 and err == "dppo-plot: error: unrecognized option --sigmaa (did you mean --sigma?) " \
+                                "(see dppo-plot --help)\n", err
+
+
+def test_an_unknown_box_is_still_one_line():
+    from dppo_oat.usage import usage_line
+
+    box = ("╭─ Something new ──────╮\n│ a first line that    │\n│ goes on here.        │\n│ ──────────────────── │\n"
+           "│ For full helptext    │\n╰──────────────────────╯\n")
+    assert usage_line(box, "prog") == "a first line that goes on here. (see prog --help)"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_faults import TINY, one_error, run
 
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, as_written, migrate_config
 from dppo_oat.engines.local.validation import settings_free_on_resume
 from dppo_oat.runlog import settings_hash
 from dppo_oat.train import main
-from test_faults import TINY, one_error, run
 
 OLD_CONFIG = Path(__file__).parent / "data" / "config_schema1.json"
 
@@ -63,7 +63,8 @@ def test_a_schema_this_version_cannot_read_is_one_line(schema, fragment):
         migrate_config({**current_defaults(), "schema": schema}, current_defaults())
 
 
-@pytest.mark.parametrize("migrations", [3, [1], [{"from": 1, "filled": "lr_schedule"}]])
+@pytest.mark.parametrize("migrations", [3, [1], [{"from": 1, "filled": "lr_schedule"}], [{"filled": [5]}],
+                                        [{"filled": [None, "lr_schedule"]}]])
 def test_a_damaged_record_of_migrations_is_one_line(migrations):
     with pytest.raises(ValueError, match="schema_migrations is .* not a list of the migrations"):
         migrate_config({**current_defaults(), "schema_migrations": migrations}, current_defaults())
@@ -156,7 +157,8 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     calibration) and recorded; its config.json, rewritten, still matches its schema-2 checkpoint."""
     directory = schema_2_run(tmp_path, cache_dir)
     legacy_checkpoint = (directory / "checkpoint.pt").read_bytes()
-    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+            *TINY]
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text
     config = json.loads((directory / "config.json").read_text())
@@ -166,3 +168,14 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     (directory / "checkpoint.pt").write_bytes(legacy_checkpoint)  # killed before the next checkpoint
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text
+
+
+@pytest.mark.fault("`--resume` of an old run whose `config.json` holds a damaged record of its schema migrations "
+                   "(`\"schema_migrations\": [{\"filled\": [5]}]`)",
+                   "one line naming `schema_migrations`: restore the file, or another `--run-name`; before any model")
+def test_a_damaged_migration_record_of_an_old_run_is_one_line(old_run, tmp_path, capsys, cache_dir, no_model):
+    runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
+    config = json.loads((runs / "one" / "config.json").read_text())
+    (runs / "one" / "config.json").write_text(json.dumps({**config, "schema_migrations": [{"filled": [5]}]}))
+    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+                       "2", *TINY], 2, "schema_migrations", "restore the file")

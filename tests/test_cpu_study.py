@@ -16,6 +16,7 @@ import nbformat
 import pytest
 import torch
 import tyro
+from test_notebooks import assert_clean, execute, images, outputs, printed
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
@@ -23,14 +24,28 @@ from dppo_oat.runlog import read_jsonl
 from dppo_oat.trust_region import PRESETS, TrustRegion
 from studies.cpu import pack as pack_study
 from studies.cpu import run as cpu_study
-from studies.cpu.claims import (CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS,
-                                FRONTIER_MORE_CONTRASTS, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, MATCHED_ARMS,
-                                MATCHED_MORE_ARMS, THRESHOLD)
+from studies.cpu.claims import (
+    CONTRASTS,
+    FRONTIER_ARMS,
+    FRONTIER_CONTRASTS,
+    FRONTIER_MORE_ARMS,
+    FRONTIER_MORE_CONTRASTS,
+    FRONTIER_STALE_ARMS,
+    FRONTIER_STALE_CONTRASTS,
+    MATCHED_ARMS,
+    MATCHED_MORE_ARMS,
+    THRESHOLD,
+)
 from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
 from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, placebo_keep
-from studies.cpu.report import (arm_flag_table, condition_of, load_study, run_outcomes, sign_shares_by_stretch,
-                                study_variant)
-from test_notebooks import assert_clean, execute, images, outputs, printed
+from studies.cpu.report import (
+    arm_flag_table,
+    condition_of,
+    load_study,
+    run_outcomes,
+    sign_shares_by_stretch,
+    study_variant,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "studies" / "cpu"
@@ -185,7 +200,8 @@ def test_every_preregistered_contrast_compares_arms_of_the_study():
     for contrast in CONTRASTS:
         left, right = (contrast.task, *contrast.left), (contrast.task, *contrast.right)
         assert left in arms and right in arms, contrast.claim
-        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim  # within one arm: two numbers
+        # within one arm: two numbers
+        assert left != right or contrast.right_metric not in ("", contrast.metric), contrast.claim
 
 
 def test_a_task_overrides_the_study_settings_it_needs(tmp_path):
@@ -297,7 +313,7 @@ def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study
                             (FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS)):
         experiment = contrasts[0].experiment
         line = next(line for line in opening if f"(`{experiment}`," in line)
-        for (method, label), contrast in zip(arms, contrasts):
+        for (method, label), contrast in zip(arms, contrasts, strict=True):
             flag = flags.get((contrast.task, contrast.left[1], method), "")
             if flag:
                 flagged.add((experiment, method))
@@ -569,7 +585,8 @@ def test_the_study_lies_beside_the_package_and_its_wheel_leaves_it_out():
     installed = find_packages(where=str(ROOT), include=include)
     assert "dppo_oat.analysis" in installed and "envs" in installed
     assert not [name for name in installed if name.split(".")[0] == "studies"]
-    importing = [str(path.relative_to(ROOT)) for folder in ("dppo_oat", "envs") for path in (ROOT / folder).rglob("*.py")
+    importing = [str(path.relative_to(ROOT))
+                 for folder in ("dppo_oat", "envs") for path in (ROOT / folder).rglob("*.py")
                  if re.search(r"^\s*(from|import) studies\b", path.read_text(), re.M)]
     assert not importing, f"the package imports the studies: {importing}"
     assert not (ROOT / "dppo_oat" / "analysis" / "study.py").exists()

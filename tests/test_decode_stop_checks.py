@@ -4,10 +4,9 @@ checks at every step, token for token."""
 
 import pytest
 import torch
+from test_generators import small_model
 
 from dppo_oat.rollout.decode import DrawHistory, decode, first_stop_length, prefill
-
-from test_generators import small_model
 
 STOP_IDS = torch.arange(40, 50)
 """A fifth of the small models' vocabulary: rows stop after a few tokens, at different steps."""
@@ -46,7 +45,7 @@ def test_checking_every_few_steps_returns_what_checking_every_step_does(every, s
             outcomes.append(decoded_batches(model, interval, generator))
     (per_step, per_step_rng), (batched, batched_rng) = outcomes
     lengths = []
-    for (expected, width, valid), (decoded, batched_width, batched_valid) in zip(per_step, batched):
+    for (expected, width, valid), (decoded, batched_width, batched_valid) in zip(per_step, batched, strict=True):
         assert torch.equal(decoded.new_ids, expected.new_ids)
         assert torch.equal(decoded.action_logprobs, expected.action_logprobs)
         assert torch.equal(decoded.logprobs, expected.logprobs)

@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVENANCE = {"bench", "gpu", "torch", "cuda", "commit", "date", "smoke"}
-STEPS = ("oat-lora", "oat-learner", "tests", "rollout-ops", "rollout", "learner", "fused-head", "default-run", "shaped-run")
+STEPS = ("oat-lora", "oat-learner", "tests", "rollout-ops", "rollout", "learner", "fused-head", "default-run",
+         "shaped-run")
 """device_check.sh's steps, in the order it runs them."""
 
 

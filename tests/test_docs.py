@@ -266,7 +266,8 @@ def cited_labels() -> dict[str, str]:
 
 
 def test_every_cited_paper_label_is_on_the_labels_page():
-    listed = set(re.findall(r"^\| <a id=\"[^\"]+\"></a>`([a-z]+:[^`]+)` \|", (REPO / "docs/paper.md").read_text(), re.M))
+    labels_page = (REPO / "docs/paper.md").read_text()
+    listed = set(re.findall(r"^\| <a id=\"[^\"]+\"></a>`([a-z]+:[^`]+)` \|", labels_page, re.M))
     missing = {label: path for label, path in cited_labels().items() if label not in listed}
     assert not missing, f"labels cited but not on docs/paper.md (is each the paper's own?): {missing}"
     anchors = re.findall(r'<a id="([^"]+)"></a>`([a-z]+:[^`]+)`', (REPO / "docs/paper.md").read_text())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import List
 
 import pytest
 from gem.envs.registration import ENV_REGISTRY
@@ -24,8 +23,8 @@ from gem.envs.registration import ENV_REGISTRY
 import envs
 from dppo_oat.check_env import (  # noqa: F401  (tests of one's own import the checks from here too)
     CHECKS,
-    check_has_an_oracle,
     check_group_slots_play_the_same_episode,
+    check_has_an_oracle,
     check_makes_resets_and_steps,
     check_oracle_wins,
     check_reset_seed_fixes_the_episode,
@@ -40,12 +39,12 @@ ENV_IDS_VARIABLE = "DPPO_CONTRACT_ENV_IDS"
 MIN_WIN_RATE_VARIABLE = "DPPO_CONTRACT_MIN_WIN_RATE"
 
 
-def listed(variable: str) -> List[str]:
+def listed(variable: str) -> list[str]:
     """The comma-separated items of an environment variable (none when unset)."""
     return [item.strip() for item in os.environ.get(variable, "").split(",") if item.strip()]
 
 
-def user_env_ids() -> List[str]:
+def user_env_ids() -> list[str]:
     """Ids registered by importing the ``DPPO_ENV_MODULES`` plugins (and installed ones), then the listed ids."""
     before = set(ENV_REGISTRY)
     envs.import_env_modules(listed(ENV_MODULES_VARIABLE))

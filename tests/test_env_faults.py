@@ -17,15 +17,15 @@ import gem
 import pytest
 from datasets import Dataset, DatasetDict
 from gem.envs.math_env import MathEnv
+from test_faults import TINY, one_error, write_math
 
 import envs
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.rollout.episodes import EpisodeCollector
-from envs.contract import BrokenEnvError
 from dppo_oat.spec import RolloutSettings, SamplingSettings
+from envs.contract import BrokenEnvError
 from envs.math_local import load_math_dataset, math_oracle_action
-from test_faults import TINY, one_error, write_math
 
 GOOD = '{"problem": "1+1?", "answer": "2"}'
 
@@ -403,3 +403,117 @@ def test_ctrl_c_while_a_plugin_imports_is_not_a_plugin_error(tmp_path):
     plugin.write_text("raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt):
         envs.import_env_modules([str(plugin)])
+
+
+# --- envs that train without an error but not as meant ---------------------------------------------------------------
+
+PLAIN = r'''
+import random
+
+from gem.core import Env
+from gem.envs.registration import ENV_REGISTRY, register
+
+FLAW = "__FLAW__"
+
+
+class Puzzle(Env):
+    """Three turns on a numbered puzzle; reset(seed) picks the puzzle (unless FLAW says otherwise)."""
+
+    def __init__(self, seed=None, **_):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def reset(self, seed=None):
+        super().reset(seed)
+        if seed is not None and FLAW != "reset ignores the seed":
+            self.rng = random.Random(seed)
+        self.puzzle, self.turn = self.rng.randint(1, 10**6), 0
+        return f"Puzzle {self.puzzle}: say anything.", {}
+
+    def step(self, action):
+        self.turn += 1
+        more = " more" * 600 if FLAW == "observations grow" else ""
+        return f"Puzzle {self.puzzle}, turn {self.turn}:{more}", 0.0, self.turn >= 3, False, {}
+
+
+if "__ENV_ID__" not in ENV_REGISTRY:
+    register("__ENV_ID__", Puzzle)
+'''
+SHIPPED = ["--groups-per-step", "2", "--group-size", "4", "--minibatch-size", "32", "--eval-episodes", "2",
+           "--eval-every", "5", "--token-samples", "4", "--steps", "1"]
+"""One step of the shipped tiny Sudoku policy; the plugin env gets the second group (ids are assigned round-robin)."""
+
+
+def run_beside_sudoku(tmp_path, capsys, flaw, name):
+    """One step on Sudoku and a plugin env ``mine:<name>`` with ``flaw``: its output, and the metrics line."""
+    from dppo_oat.engines.local.config import DEFAULT_ENV
+    from dppo_oat.runlog import read_jsonl
+    from dppo_oat.train import main
+
+    tmp_path.mkdir(exist_ok=True)
+    plugin = tmp_path / f"{name.lower().replace('-', '_')}.py"
+    plugin.write_text(PLAIN.replace("__ENV_ID__", f"mine:{name}").replace("__FLAW__", flaw))
+    main(["--run-dir", str(tmp_path / "runs"), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
+          "--env-ids", DEFAULT_ENV, f"mine:{name}", "--env-module", str(plugin), *SHIPPED])
+    out = capsys.readouterr()
+    return " ".join((out.out + out.err).split()), read_jsonl(tmp_path / "runs" / "one" / "metrics.jsonl")[0]
+
+
+@pytest.mark.fault("an env whose later observations outgrow `--max-prompt-tokens` (its first prompt fits)",
+                   "the run trains, and says once in a warning line how many of a step's episodes ended when a later "
+                   "prompt outgrew it (metric `rollout/end/prompt_too_long`): raise `--max-prompt-tokens`")
+def test_prompts_that_outgrow_the_limit_are_said_once(tmp_path, capsys):
+    text, metrics = run_beside_sudoku(tmp_path, capsys, "observations grow", "Grows-v0")
+    assert metrics["rollout/end/prompt_too_long"] == 4, metrics
+    assert "warning: step 1: 4 of 8 episodes ended when a later turn's prompt outgrew --max-prompt-tokens 256" in text
+    assert "raise --max-prompt-tokens" in text
+
+
+@pytest.mark.fault("a plugin env whose `reset(seed)` ignores the seed (it draws its puzzle from a generator of its "
+                   "own)",
+                   "one warning line at the start, from the first training seeds: the run cannot be repeated and a "
+                   "group's samples play different episodes; draw the puzzle from reset's seed")
+def test_an_env_that_ignores_the_reset_seed_is_warned_of_at_the_start(tmp_path, capsys):
+    text, _ = run_beside_sudoku(tmp_path, capsys, "reset ignores the seed", "Unseeded-v0")
+    assert "warning: env mine:Unseeded-v0" in text and "ignores the seed" in text, text
+    clean, _ = run_beside_sudoku(tmp_path / "seeded", capsys, "", "Seeded-v0")
+    assert "warning" not in clean, clean
+
+
+@pytest.mark.fault("an env whose rewards overflow (a reward of 1e300: past float32, in which advantages are "
+                   "computed)",
+                   "`error: step N: the env's rewards overflow: a turn's return reaches 1e+300, past the float32 "
+                   "range … scale the env's rewards down` (exit 1), with no numpy warning before it (never \"training "
+                   "diverged … advantages non-finite\")")
+def test_rewards_that_overflow_are_one_line(tmp_path, capsys):
+    """(A NaN reward is refused by the rollout's contract check: ``tests/test_rollout.py``.)"""
+    from dppo_oat.engines.local.config import DEFAULT_ENV
+
+    plugin = tmp_path / "huge.py"
+    plugin.write_text(PLAIN.replace("__ENV_ID__", "mine:Huge-v0").replace("__FLAW__", "")
+                      + "\n_step = Puzzle.step\nPuzzle.step = lambda self, action: (_step(self, action)[0], 1e300, "
+                        "True, False, {})\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's overflow warnings
+        line = one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+                                  "--env-ids", DEFAULT_ENV, "mine:Huge-v0", "--env-module", str(plugin), *SHIPPED],
+                         1, "step 1:", "rewards overflow: a turn's return reaches 1e+300")
+    assert "diverged" not in line and "scale the env's rewards down" in line
+
+
+@pytest.mark.fault("every optimizer step of an RL step skipped by the blow-up guard (`--trust-region ipo --tr-kl-tau "
+                   "1e30`: the penalty's gradient overflows)",
+                   "the run goes on, and one warning line says the guard skipped every update of step N and why "
+                   "(metric `guard/all_skipped`); never an exit 0 without a word")
+def test_a_step_whose_every_update_is_skipped_is_said_once(tmp_path, capsys):
+    """``--trust-region ipo --tr-kl-tau 1e30``: the penalty's gradient overflows, the guard skips every optimizer step
+    and the run would end with exit 0 and no word."""
+    from dppo_oat.runlog import read_jsonl
+    from dppo_oat.train import main
+
+    main(["--run-dir", str(tmp_path / "runs"), "--run-name", "ipo", "--cache-dir", str(tmp_path / "cache"),
+          *SHIPPED, "--steps", "2", "--trust-region", "ipo", "--tr-kl-tau", "1e30"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert [row["guard/all_skipped"] for row in read_jsonl(tmp_path / "runs" / "ipo" / "metrics.jsonl")] == [1.0, 1.0]
+    assert text.count("warning:") == 1 and "step 1: the guard skipped every optimizer step" in text, text
+    assert "the gradient norm non-finite" in text and "guard/all_skipped" in text, text

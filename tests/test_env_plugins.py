@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_env_contract as contract
 import tyro
 from gem.envs.registration import ENV_REGISTRY
 
 import dppo_oat.engines.local.trainer as trainer_module
 import envs
-import test_env_contract as contract
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.train import main

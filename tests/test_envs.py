@@ -15,8 +15,10 @@ from gem.envs.registration import ENV_REGISTRY
 from gem.utils.constants import TERMINAL_STATE
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_data import MATH_DATA, needs_math_data
 
 import envs
+from envs import guess_compact
 from envs.example_countdown import CountdownEnv, apply_move, legal_moves, parse_move, solve
 from envs.math_local import (
     find_math_datasets,
@@ -25,7 +27,6 @@ from envs.math_local import (
     register_math_folder,
     strip_chat_template,
 )
-from envs import guess_compact
 from envs.oracles import oracle_action
 from envs.sudoku_compact import (
     CompactSudokuObservation,
@@ -34,7 +35,6 @@ from envs.sudoku_compact import (
     parse_compact_sudoku,
 )
 
-from shared_data import MATH_DATA, needs_math_data
 SHARED_SUITE_SPLITS = ("aime", "amc", "math", "minerva", "olympiad_bench")
 """The splits of the shared ``evaluation_suite`` DatasetDict: ``local-math:evaluation_suite:<split>``."""
 SHARED_TRAIN_SETS = ("gsm_8k", "asdiv_2k", "aime_975", "math_lvl3to5_8k")
@@ -453,7 +453,7 @@ def test_compact_guess_has_gems_rewards_and_ends_and_shows_every_hint():
         assert compact.unwrapped.game_number == target
         wrong = 1 if target != 1 else 2
         actions = [f"\\boxed{{{wrong}}}", f"\\boxed{{{wrong}}}", "\\boxed{99}", f"say \\boxed{{{target}}}"]
-        for action, expected in zip(actions, play(base, actions)):
+        for action, expected in zip(actions, play(base, actions), strict=True):
             observed = compact.step(action)
             assert observed[1:4] == expected[1:4]
         assert guess_compact.parse_compact_guess(observed[0]) == (
@@ -478,7 +478,7 @@ def test_guess_oracle_is_binary_search_and_mistakes_stay_in_the_interval(env_id)
     rng = random.Random(0)
     for seed in range(60):
         observation, _ = env.reset(seed=seed)
-        for turn in range(1, 8):
+        for turn in range(1, 8):  # noqa: B007  (read after the loop: the turn that won)
             low, high = guess_compact.interval_left(*guess_compact.parse_compact_guess(observation))
             mistake = guess_compact.parse_guess(guess_compact.guess_mistake_action(env, rng))
             avoid = ((low + high) // 2, env.unwrapped.game_number)
@@ -513,9 +513,9 @@ def test_a_seeded_sudoku_reset_seen_before_is_replayed_exactly(monkeypatch):
     """The group members of a rollout share a seed: the board is generated once, and a replayed reset leaves the env
     and the global RNGs exactly as Gem's own reset does."""
     import numpy as np
+    from gem.envs.game_env.sudoku import SudokuEnv
 
     from envs import sudoku_compact
-    from gem.envs.game_env.sudoku import SudokuEnv
 
     sudoku_compact.SEEDED_BOARDS.clear()
     first, second = gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID), gem.make(sudoku_compact.COMPACT_WRONG_ENV_ID)

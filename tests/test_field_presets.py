@@ -18,9 +18,9 @@ turns of one episode are masked, weighted and minimised over separately (``test_
 import math
 
 import pytest
+import test_later_presets as later_presets
 import torch
 
-import test_later_presets as later_presets
 from dppo_oat.trust_region import PRESETS, RULE_TABLE, TrustRegion, policy_loss, sapo_gate_slope
 
 FIELD = ("ipo", "trm_max", "trm_avg", "opsm", "vaco", "gspo", "sapo", "minpro")

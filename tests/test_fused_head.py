@@ -78,7 +78,7 @@ def test_forward_values_equal_the_logits_path(temperature):
                              topk_ids=batch.topk_ids)
     fused = fused_head_logprobs(hidden, weight, batch.input_ids[:, 1:], temperature=temperature,
                                 topk_ids=batch.topk_ids, chunk_size=5)
-    for got, expected in zip(fused, logits):
+    for got, expected in zip(fused, logits, strict=True):
         assert got.dtype == torch.float32 and got.shape == expected.shape
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # -inf padding of the top-K set included
 
@@ -106,7 +106,7 @@ def test_the_backward_covers_the_vocabulary_in_chunks_and_each_sampled_token_in_
     expected = gradients_of_weighted_logp("logits", hidden, weight, ids, g)
     assert fused_head.vocab_rows_per_chunk(5, 10, 8, chunk_size=1) == 2  # 5 rows with g ≠ 0: chunks of 2 ids
     got = gradients_of_weighted_logp("fused", hidden, weight, ids, g, chunk_size=1)
-    for actual, reference in zip(got, expected):
+    for actual, reference in zip(got, expected, strict=True):
         torch.testing.assert_close(actual, reference, rtol=1e-12, atol=1e-12)
     assert (got[0][3] == 0).all(), "a token with g = 0 gets no gradient"
 
@@ -119,7 +119,7 @@ def test_a_backward_with_no_gradient_to_pass_is_zeros(requires):
     h, w = hidden.clone().requires_grad_(requires[0]), weight.clone().requires_grad_(requires[1])
     logp = fused_head_logprobs(h, w, batch.input_ids[:, 1:], chunk_size=7)[0]
     (0.0 * logp).sum().backward()
-    for leaf, wanted in zip((h, w), requires):
+    for leaf, wanted in zip((h, w), requires, strict=True):
         assert (leaf.grad is not None) == wanted
         if wanted:
             assert leaf.grad.dtype == torch.bfloat16 and leaf.grad.shape == leaf.shape and not leaf.grad.any()

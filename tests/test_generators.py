@@ -5,13 +5,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from forward_probe import recording_forward
 
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_forced_logprobs
 from dppo_oat.rollout.generation import Generator
-from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
-from forward_probe import recording_forward
+from dppo_oat.spec import SamplingSettings
 
 TOLERANCE = 1e-4
 
@@ -55,7 +55,7 @@ def test_topk_set_is_topk_of_mu_plus_action(policy, prompts):
     k = 5
     settings = SamplingSettings(max_new_tokens=12, temperature=1.3, top_k_logprobs=k, seed=3)
     outside = 0
-    for prompt, completion in zip(prompts, HFGenerator(model, tokenizer).generate(prompts, settings)):
+    for prompt, completion in zip(prompts, HFGenerator(model, tokenizer).generate(prompts, settings), strict=True):
         reference = teacher_forced_logprobs(model, prompt, completion.token_ids, temperature=1.3)
         outside += check_topk_set(reference, completion, k, atol=TOLERANCE)
     assert outside > 0  # the a_t-outside-top-K branch was exercised
@@ -118,7 +118,7 @@ def test_batched_equals_unbatched(policy, prompts):
     batched = HFGenerator(model, tokenizer, batch_size=len(prompts)).generate(prompts, settings)
     single = HFGenerator(model, tokenizer, batch_size=1).generate(prompts, settings)
     assert [c.token_ids for c in batched] == [c.token_ids for c in single]
-    for a, b in zip(batched, single):
+    for a, b in zip(batched, single, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOLERANCE)
     sampled = HFGenerator(model, tokenizer, batch_size=len(prompts)).generate(prompts, SamplingSettings(10, seed=9))
     assert max_logprob_error(model, prompts, sampled) <= TOLERANCE  # left-padded batch == unpadded forward
@@ -180,7 +180,7 @@ def test_sampling_loop_draws_from_mu(policy):
     completions = HFGenerator(model, tokenizer, batch_size=512).generate(
         [prompt] * 4000, SamplingSettings(max_new_tokens=1, temperature=1.5, seed=3))
     first = np.array([c.token_ids[0] for c in completions])
-    mu = {token: np.exp(c.logprobs[0]) for token, c in zip(first, completions)}
+    mu = {token: np.exp(c.logprobs[0]) for token, c in zip(first, completions, strict=True)}
     for token, probability in sorted(mu.items(), key=lambda item: -item[1])[:5]:
         assert abs((first == token).mean() - probability) < 4 * np.sqrt(probability * (1 - probability) / 4000)
 
@@ -217,7 +217,7 @@ def test_a_shared_prefix_is_prefilled_once_and_changes_nothing(policy, prompts, 
     plain = generator.generate(shared, settings)
     assert widths[0][0] == len(prompts)
     assert [c.token_ids for c in with_prefix] == [c.token_ids for c in plain]
-    for a, b in zip(with_prefix, plain):
+    for a, b in zip(with_prefix, plain, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
 

@@ -9,8 +9,8 @@ pytest.importorskip("vllm")
 from dppo_oat.models import build_tiny_policy, max_logprob_error, save_policy, teacher_forced_logprobs, toy_corpus
 from dppo_oat.models.scoring import check_topk_set
 from dppo_oat.rollout.generation import Generator
-from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.vllm_generator import VLLMGenerator
+from dppo_oat.spec import SamplingSettings
 
 TOLERANCE = 1e-4
 """fp32 on CPU: vLLM's kernels and an HF forward agree to ~1e-6 on the tiny model."""
@@ -67,7 +67,7 @@ def test_topk_set_is_topk_of_mu_plus_action(generator, policy, prompts):
     k = 5
     settings = SamplingSettings(max_new_tokens=12, top_k_logprobs=k, seed=3)
     outside = 0
-    for prompt, completion in zip(prompts, generator.generate(prompts, settings)):
+    for prompt, completion in zip(prompts, generator.generate(prompts, settings), strict=True):
         reference = teacher_forced_logprobs(policy[0], prompt, completion.token_ids)
         outside += check_topk_set(reference, completion, k, atol=TOLERANCE)
     assert outside > 0
@@ -88,7 +88,7 @@ def perturbed(model, scale: float = 0.05, seed: int = 0):
     copy, _ = build_tiny_policy(toy_corpus(), seed=0)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for (_, target), (_, source) in zip(copy.named_parameters(), model.named_parameters()):
+        for (_, target), (_, source) in zip(copy.named_parameters(), model.named_parameters(), strict=True):
             target.copy_(source + scale * torch.randn(source.shape, generator=generator))
     return copy
 

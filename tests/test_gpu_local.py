@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.mixed_precision import autocast_forward
+from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.models.tiny import build_shaped_policy, build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
@@ -61,7 +61,7 @@ def sampled_batch(model, tokenizer, compute_dtype, n=16):
     assert generator.runs_direct
     completions = generator.generate(prompts, SamplingSettings(8, temperature=1.0, seed=1))
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     return build_update_batch(samples, [1.0 if i % 2 else -1.0 for i in range(n)],
                               tokenizer.pad_token_id).to("cuda")
 
@@ -150,8 +150,8 @@ def test_graphs_kept_across_calls_sample_the_eager_decodes_mu_to_bf16_rounding(s
         bound = max(2 * mu_error(model, eager_prompts, eager), 1e-2)
         assert mu_error(model, graphed_prompts, graphed) <= bound
         # each generator's next turn continues its own tokens, so the graphed one reads its copied-back columns
-        eager_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(eager_prompts, eager)]
-        graphed_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(graphed_prompts, graphed)]
+        eager_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(eager_prompts, eager, strict=True)]
+        graphed_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(graphed_prompts, graphed, strict=True)]
     assert eager_generator.decode_steps == {"EagerStep": 2} and generator.decode_steps == {"GraphedStep": 2}
 
 

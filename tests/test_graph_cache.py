@@ -9,15 +9,24 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_generators import small_model
 
 from dppo_oat.models import build_tiny_policy, toy_corpus
-from dppo_oat.rollout.cuda_graphs import (MIN_CAPACITY, STOP_CHECK_EVERY, GraphCache, GraphedStep, batch_bucket,
-                                          capacity_bucket, decode_step, graph_key, stop_check_interval, storage_key)
+from dppo_oat.rollout.cuda_graphs import (
+    MIN_CAPACITY,
+    STOP_CHECK_EVERY,
+    GraphCache,
+    GraphedStep,
+    batch_bucket,
+    capacity_bucket,
+    decode_step,
+    graph_key,
+    stop_check_interval,
+    storage_key,
+)
 from dppo_oat.rollout.decode import EagerStep, decode, prefill
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.spec import SamplingSettings
-
-from test_generators import small_model
 
 
 def eager_replay(graph):
@@ -159,7 +168,8 @@ def test_a_padded_graph_decodes_what_the_eager_step_does_and_leaves_the_keys_in_
     torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-5, rtol=1e-5)
     assert graphed_buffer.width == eager_buffer.width
     assert torch.equal(graphed_buffer.valid[:, : graphed_buffer.width], eager_buffer.valid[:, : eager_buffer.width])
-    for (keys, values), (graphed_keys, graphed_values) in zip(eager_buffer.filled(), graphed_buffer.filled()):
+    layers = zip(eager_buffer.filled(), graphed_buffer.filled(), strict=True)
+    for (keys, values), (graphed_keys, graphed_values) in layers:
         torch.testing.assert_close(graphed_keys, keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(graphed_values, values, atol=1e-5, rtol=1e-5)
 
@@ -222,13 +232,13 @@ def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_
         for seed in range(3):
             completions = generator.generate(prompts, SamplingSettings(max_new_tokens=12, seed=seed))
             calls.append(completions)
-            prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(prompts, completions)]
+            prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(prompts, completions, strict=True)]
         results.append((calls, generator))
     (eager_calls, eager), (graphed_calls, graphed) = results
-    for eager_call, graphed_call in zip(eager_calls, graphed_calls):
+    for eager_call, graphed_call in zip(eager_calls, graphed_calls, strict=True):
         assert [c.token_ids for c in graphed_call] == [c.token_ids for c in eager_call]
-        for e, g in zip(eager_call, graphed_call):
-            assert max((abs(a - b) for a, b in zip(e.logprobs, g.logprobs)), default=0.0) < 1e-4
+        for e, g in zip(eager_call, graphed_call, strict=True):
+            assert max((abs(a - b) for a, b in zip(e.logprobs, g.logprobs, strict=True)), default=0.0) < 1e-4
     assert eager.decode_steps == {"EagerStep": 9} and graphed.decode_steps == {"GraphedStep": 9}
     assert graphed.graph_captures == 1 and eager.graph_captures == 0  # batches of 4 and 1 row: the 4-row graph
     assert any(len(c.token_ids) < 12 for call in graphed_calls for c in call)

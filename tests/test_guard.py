@@ -14,7 +14,7 @@ from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
 from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import RolloutSettings, RunSpec, SamplingSettings, UpdateSettings, AdvantageSettings
+from dppo_oat.spec import AdvantageSettings, RolloutSettings, RunSpec, SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion
 from dppo_oat.update import clip_and_step, minibatch_step, summarize_steps, update_policy
 
@@ -31,7 +31,7 @@ def on_policy_batch(policy, temperature, n=6):
     settings = SamplingSettings(8, temperature=temperature, seed=1)
     completions = HFGenerator(model, tokenizer).generate(prompts, settings)
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     advantages = [1.0 if i % 2 else -1.0 for i in range(n)]
     return build_update_batch(samples, advantages, tokenizer.pad_token_id)
 

@@ -76,7 +76,7 @@ def learner_batch(policy, seed, n=4):
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][:10] for t in toy_corpus(n, seed=seed)]
     completions = HFGenerator(model, tokenizer).generate(prompts, SamplingSettings(6, seed=seed))
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     return build_update_batch(samples, [1.0 if i % 2 else -1.0 for i in range(n)], tokenizer.pad_token_id)
 
 
@@ -171,9 +171,18 @@ def test_a_weight_shard_broken_on_one_learner_stops_every_learner(policy):
 def test_finish_minibatch_acts_on_the_worst_state_of_all_learners(mine, theirs, applied, raises):
     poisoned = {SKIP: {"guard/nonfinite_mu": 1.0}, DIVERGED: {"guard/nonfinite_pi": 1.0}}.get(mine, {})
     actions = []
-    any_learner = lambda state: max(state, theirs)  # noqa: E731 - the other learner's state, reduced
-    step = lambda: actions.append("step") or {}  # noqa: E731
-    discard = lambda: actions.append("discard") or {}  # noqa: E731
+
+    def any_learner(state):  # the other learner's state, reduced
+        return max(state, theirs)
+
+    def step():
+        actions.append("step")
+        return {}
+
+    def discard():
+        actions.append("discard")
+        return {}
+
     if raises:
         with pytest.raises(TrainingBlewUp, match="diverged"):
             finish_minibatch(dict(poisoned), step, discard, any_learner)

@@ -25,7 +25,8 @@ def test_by_hand():
     0.75²/0.625 = 0.9; |log π − log μ| = log 2, 0: mean log 2 / 2, std log 2/√2, max log 2; |π − μ| std 0.25/√2."""
     logp = torch.tensor([[0.25, 0.5]]).log()
     mu = torch.tensor([[0.5, 0.5]]).log()
-    out = policy_loss(logp, mu, torch.ones(1, 1), torch.ones(1, 2, dtype=torch.bool), TrustRegion.preset("dppo_binary_tv"))
+    out = policy_loss(logp, mu, torch.ones(1, 1), torch.ones(1, 2, dtype=torch.bool),
+                      TrustRegion.preset("dppo_binary_tv"))
     k3 = 0.5 - 1 - math.log(0.5)
     expected = {"rollout_corr/kl": math.log(2) / 2, "rollout_corr/k3_kl": k3 / 2, "rollout_corr/k3_kl_seq": k3,
                 "rollout_corr/chi2_token": -0.375, "rollout_corr/chi2_seq": -0.75,
@@ -89,8 +90,10 @@ def test_on_policy_is_zero_and_finite_when_empty():
 
 
 def test_the_first_step_of_a_rollout_batch_is_reported_apart():
-    history = [{"rollout_corr/k3_kl": 0.01, "mismatch/abs_diff_mean": 0.1, "policy/rollout_train_logprobs_abs_diff_max": 2.0},
-               {"rollout_corr/k3_kl": 0.03, "mismatch/abs_diff_mean": 0.3, "policy/rollout_train_logprobs_abs_diff_max": 1.0}]
+    history = [{"rollout_corr/k3_kl": 0.01, "mismatch/abs_diff_mean": 0.1,
+                "policy/rollout_train_logprobs_abs_diff_max": 2.0},
+               {"rollout_corr/k3_kl": 0.03, "mismatch/abs_diff_mean": 0.3,
+                "policy/rollout_train_logprobs_abs_diff_max": 1.0}]
     summary = summarize_steps(history)
     assert summary["rollout_corr/k3_kl"] == pytest.approx(0.02) and summary["rollout_corr/first_k3_kl"] == 0.01
     assert summary["mismatch/first_abs_diff_mean"] == 0.1

@@ -17,7 +17,10 @@ MISMATCH_PRESETS = ("tis", "seq_tis", "icepop", "seq_geo_mask", "decoupled_ppo",
 
 def run(preset, mu, recomputed, pi, adv, mask=None):
     """policy_loss on ``[B, T]`` probabilities; returns its output and the gradient on log π_θ."""
-    as_log = lambda rows: torch.tensor(rows, dtype=torch.float32).log()  # noqa: E731
+
+    def as_log(rows):
+        return torch.tensor(rows, dtype=torch.float32).log()
+
     logp = as_log(pi).requires_grad_()
     mask = torch.ones_like(logp, dtype=torch.bool) if mask is None else torch.tensor(mask, dtype=torch.bool)
     out = policy_loss(logp, as_log(mu), torch.tensor(adv), mask, TrustRegion.preset(preset),

@@ -8,24 +8,22 @@ import math
 
 import pytest
 import torch
+from test_faults import one_error
 
 import dppo_oat.mixed_precision as mixed_precision
 from dppo_oat.errors import TrainingBlewUp
 from dppo_oat.fused_head import fused_head_logprobs
 from dppo_oat.guard import LOSS_SCALE_SKIPS, SKIPPED, BlowUpGuard
 from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.mixed_precision import (autocast, autocast_forward, check_compute_dtype, loss_scaler,
-                                      rollout_compute_dtype)
+from dppo_oat.mixed_precision import autocast, autocast_forward, check_compute_dtype, loss_scaler, rollout_compute_dtype
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.direct_forward import KVBuffer
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.train import main
 from dppo_oat.trust_region import TrustRegion
 from dppo_oat.update import clip_and_step, minibatch_step, scaled_clip_and_step, summarize_steps
-from dppo_oat.train import main
-
-from test_faults import one_error
 
 HALF = ["bfloat16", "float16"]
 
@@ -42,7 +40,7 @@ def sampled_batch(policy, compute_dtype="float32", n=6):
     completions = HFGenerator(model, tokenizer, compute_dtype=compute_dtype).generate(
         prompts, SamplingSettings(8, temperature=1.0, seed=1))
     samples = [TurnSample(p, c.token_ids, c.logprobs, 0.0, True, False, 0, "toy", i, str(i), c.finish_reason)
-               for i, (p, c) in enumerate(zip(prompts, completions))]
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     return build_update_batch(samples, [1.0 if i % 2 else -1.0 for i in range(n)], tokenizer.pad_token_id)
 
 
@@ -150,7 +148,8 @@ def test_a_kv_buffer_keeps_the_keys_and_values_dtypes_apart():
 
 def parameters_with_grads(value: float, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    parameters = [torch.nn.Parameter(torch.randn(5, 3, generator=gen)), torch.nn.Parameter(torch.randn(4, generator=gen))]
+    parameters = [torch.nn.Parameter(torch.randn(5, 3, generator=gen)),
+                  torch.nn.Parameter(torch.randn(4, generator=gen))]
     for parameter in parameters:
         parameter.grad = torch.full_like(parameter, value)
     return parameters
@@ -167,7 +166,7 @@ def test_a_scaled_gradient_steps_as_the_unscaled_one_would():
     """Unscaled before the clip: the step and the reported norm are those of the plain fp32 gradient."""
     scaled, plain = parameters_with_grads(0.0), parameters_with_grads(0.0)
     gen = torch.Generator().manual_seed(1)
-    for s, p in zip(scaled, plain):
+    for s, p in zip(scaled, plain, strict=True):
         p.grad = torch.randn(p.shape, generator=gen)
         s.grad = p.grad * 65536.0  # the scaler's initial scale, a power of two: unscaling is exact
     scaler = started_scaler()
@@ -175,14 +174,15 @@ def test_a_scaled_gradient_steps_as_the_unscaled_one_would():
     expected = clip_and_step(plain, torch.optim.SGD(plain, lr=0.1), 1.0)
     assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"]) and metrics[LOSS_SCALE_SKIPS] == 0.0
     assert SKIPPED not in metrics and metrics["loss_scale"] == 65536.0
-    for s, p in zip(scaled, plain):
+    for s, p in zip(scaled, plain, strict=True):
         torch.testing.assert_close(s.data, p.data)
         assert s.grad is None
 
 
 @pytest.mark.fault("a float16 run (`--dtype float16`) whose scaled gradients overflow",
                    "the loss scaler skips the step and halves its scale, counted in `guard/loss_scale_skips`: never a "
-                   "reason to stop; at a scale of 1 or below a non-finite gradient is the guard's skip (`guard/skipped`)")
+                   "reason to stop; at a scale of 1 or below a non-finite gradient is the guard's skip "
+                   "(`guard/skipped`)")
 def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
     """Overflowing steps at a scale above 1 are the scaler's: skipped, counted, the scale halved, the guard's run of
     skips untouched however long they go on. At a scale of 1 the gradient itself is non-finite: the guard's skip,
@@ -200,7 +200,7 @@ def test_loss_scale_overflows_never_stop_a_run_until_the_scale_reaches_one():
         history.append(metrics)
     assert len(history) == 16 and guard.loss_scale_skips == 16 and guard.skipped_in_a_row == 0
     assert summarize_steps(history)[LOSS_SCALE_SKIPS] == 16.0 and "grad_norm" not in summarize_steps(history)
-    assert all(torch.equal(p.data, b) for p, b in zip(parameters, before))
+    assert all(torch.equal(p.data, b) for p, b in zip(parameters, before, strict=True))
     with pytest.raises(TrainingBlewUp, match="the gradient norm non-finite in 3 optimizer steps in a row"):
         for _ in range(3):
             for parameter in parameters:
@@ -240,7 +240,8 @@ def test_a_dtype_the_device_cannot_run_is_one_clear_error(monkeypatch):
 
 
 @pytest.mark.fault("a `--dtype` the device cannot run (bfloat16 on a GPU of compute capability < 8.0, or one this "
-                   "torch cannot autocast there)", "one line naming the flag and what to pass instead, before any model")
+                   "torch cannot autocast there)",
+                   "one line naming the flag and what to pass instead, before any model")
 def test_an_unsupported_dtype_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
     monkeypatch.setattr(mixed_precision, "_autocast_computes_in", lambda device, dtype: False)
     one_error(capsys, ["--run-dir", str(tmp_path), "--dtype", "bfloat16"], 2, "--dtype bfloat16: torch",

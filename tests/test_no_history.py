@@ -9,7 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HISTORY = re.compile(
     r"earlier versions?|previous versions?|than before\b|the version before|predates|old shipped|used to give"
-    r"|earlier spellings?|old spellings?|still accepted|legacy flags?|was renamed|were renamed|no longer (?:accepted|supported)"
+    r"|earlier spellings?|old spellings?|still accepted|legacy flags?|was renamed|were renamed"
+    r"|no longer (?:accepted|supported)"
     r"|before the flag existed",
     re.I,
 )

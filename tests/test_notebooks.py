@@ -8,11 +8,11 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from test_analysis import write_synthetic_runs
 from traitlets.config import Config
 
 from dppo_oat.analysis import is_run_dir, load_run, notebook_runs
 from dppo_oat.analysis.tokens import read_tokens
-from test_analysis import write_synthetic_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -92,7 +92,8 @@ def test_clipped_tokens_notebook_from_shadow_metrics_alone(tmp_path, monkeypatch
     write_synthetic_runs(tmp_path / "runs", tokens=False, steps=20)
     notebook = execute("clipped_tokens.ipynb", tmp_path / "runs", monkeypatch, tmp_path)
     assert_clean(notebook)
-    assert "No run here has a tokens.jsonl" in printed(notebook) and "No run here has token exports" in printed(notebook)
+    assert "No run here has a tokens.jsonl" in printed(notebook)
+    assert "No run here has token exports" in printed(notebook)
     assert images(notebook) == 1
 
 
@@ -203,7 +204,8 @@ def test_notebook_runs_order(tmp_path):
     assert notebook_runs(notebooks, {"DPPO_RUNS": "x/*"}) == ("x/*", "Reading DPPO_RUNS=x/*.")
     # make notebooks passes the folder it ran from: relative patterns start there, not in notebooks/
     spec, note = notebook_runs(notebooks, {"DPPO_RUNS": "runs/a-* /abs/b", "DPPO_RUNS_BASE": str(tmp_path)})
-    assert spec == f"{tmp_path / 'runs' / 'a-*'} /abs/b" and note == f"Reading DPPO_RUNS=runs/a-* /abs/b (relative to {tmp_path})."
+    assert spec == f"{tmp_path / 'runs' / 'a-*'} /abs/b"
+    assert note == f"Reading DPPO_RUNS=runs/a-* /abs/b (relative to {tmp_path})."
     spec, note = notebook_runs(notebooks, {})
     assert spec == str(notebooks / "example_runs") and note.startswith("Reading the example runs")
     (tmp_path / "runs").mkdir()
@@ -362,3 +364,18 @@ def test_a_relative_study_folder_starts_from_the_callers_folder(tmp_path, monkey
     assert script.main([str(folder / "study.ipynb"), "--out", "out"]) == 0
     assert printed(nbformat.read(caller / "out" / "study.ipynb", as_version=4)).split() == [
         str(caller / "runs" / "my_study")]
+
+
+def test_a_runs_lock_file_is_not_an_input_of_a_notebook(tmp_path):
+    """A run leaves ``.lock`` in its folder (git ignores it): a checkout whose example runs were run again must
+    not read as a notebook whose inputs changed."""
+    script = load_run_notebooks_script()
+    runs = tmp_path / "example_runs" / "a-s0"
+    runs.mkdir(parents=True)
+    (runs / "metrics.jsonl").write_text('{"step": 1}\n')
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    before = script.inputs_digest(notebook, ("example_runs",), root=tmp_path)
+    (runs / ".lock").write_text("4242\n")
+    assert script.inputs_digest(notebook, ("example_runs",), root=tmp_path) == before
+    (runs / "metrics.jsonl").write_text('{"step": 2}\n')
+    assert script.inputs_digest(notebook, ("example_runs",), root=tmp_path) != before

@@ -14,8 +14,17 @@ from types import SimpleNamespace
 import pytest
 
 from dppo_oat.engines.oat.plan import check_plan, priced_plan, render_plan
-from dppo_oat.engines.oat.price import (GPUS, MEASURED_LEARNER, MEASURED_SETTING, SHAPES, ModelShape,
-                                        check_price_flags, learner_flops, learner_seconds, resolve_gpu)
+from dppo_oat.engines.oat.price import (
+    GPUS,
+    MEASURED_LEARNER,
+    MEASURED_SETTING,
+    SHAPES,
+    ModelShape,
+    check_price_flags,
+    learner_flops,
+    learner_seconds,
+    resolve_gpu,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -168,7 +177,8 @@ def test_the_price_reads_the_committed_learner_row():
 
 
 def test_the_other_scripts_are_priced_from_the_shape_table():
-    for script, model in (("math.sh", "OctoThinker-3B-Hybrid-Base"), ("sanity_test.sh", "DeepSeek-R1-Distill-Qwen-1.5B")):
+    for script, model in (("math.sh", "OctoThinker-3B-Hybrid-Base"),
+                          ("sanity_test.sh", "DeepSeek-R1-Distill-Qwen-1.5B")):
         text = render_plan(priced_plan(script_args(script, *(["pg_is"] if script == "sanity_test.sh" else []))))
         assert f"the shape table's {model} (--pretrain" in text and "unknown" not in text
         assert "  run: at most" in text and "  learner memory per GPU: about" in text

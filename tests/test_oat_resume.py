@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 
 from dppo_oat.engines.oat import launch, resume
-from dppo_oat.engines.oat.resume import (CHECKPOINTS_DIR, checkpoint_tag, commit_checkpoint, complete_checkpoints,
-                                         find_resume_point, partial_path, prune_checkpoints, remove_unfinished)
+from dppo_oat.engines.oat.resume import (
+    CHECKPOINTS_DIR,
+    checkpoint_tag,
+    commit_checkpoint,
+    complete_checkpoints,
+    find_resume_point,
+    partial_path,
+    prune_checkpoints,
+    remove_unfinished,
+)
 
 
 def write_checkpoint(root: Path, learning_round: int, *, commit: bool = True) -> Path:

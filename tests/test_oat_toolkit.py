@@ -8,8 +8,14 @@ import stat
 
 import pytest
 
-from dppo_oat.engines.oat.toolkit import (OptimizerToolkit, cuda_versions_compatible, nvcc_release, optimizer_toolkit,
-                                          toolkit_line, toolkit_problem)
+from dppo_oat.engines.oat.toolkit import (
+    OptimizerToolkit,
+    cuda_versions_compatible,
+    nvcc_release,
+    optimizer_toolkit,
+    toolkit_line,
+    toolkit_problem,
+)
 
 NODE = OptimizerToolkit(op="fused_adam", prebuilt=False, torch_cuda="12.4", cuda_home="/usr/local/cuda-12.4",
                         nvcc_release="12.4", ninja=True)

@@ -8,6 +8,7 @@ import gem
 import numpy as np
 import pytest
 from gem.wrappers.observation_wrapper import ObservationWrapper
+from shared_data import MATH_DATA, needs_math_data
 
 import envs
 from envs.math_local import register_math_folder
@@ -24,7 +25,6 @@ from envs.oracles import (
     sudoku_oracle_action,
 )
 
-from shared_data import MATH_DATA, needs_math_data
 SEEDS = range(40)
 
 

@@ -11,20 +11,20 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
+from test_analysis import write_run, write_synthetic_runs
 
 from dppo_oat.analysis import (
     DEFAULT_PANELS,
     PANELS,
     TOKEN_PANELS,
+    figures,
     load_runs,
     load_tokens,
     plot_blocked_tokens,
     plot_runs,
 )
-from dppo_oat.analysis import figures
 from dppo_oat.analysis.tokens import token_step_metrics
 from dppo_oat.plot import main
-from test_analysis import write_run, write_synthetic_runs
 
 
 def visible_titles(fig: Figure) -> list[str]:
@@ -111,7 +111,8 @@ def test_cli_renders_a_png(runs, tmp_path, capsys):
 def test_cli_notes_skipped_panels(tmp_path, capsys):
     run = write_run(tmp_path, "a", steps=6, drop=("is/truncated_fraction",))
     main([str(run), "-o", str(tmp_path / "f.png"), "--metrics", "reward", "is_truncated"])
-    assert "skipped panel is_truncated" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "dppo-plot: skipped panel is_truncated" in out.err and "skipped panel" not in out.out  # notes go to stderr
 
 
 def test_cli_rejects_a_path_that_is_not_a_run_before_plotting(runs, tmp_path, capsys):
@@ -232,6 +233,6 @@ def test_the_legend_and_the_cli_name_a_flagged_curve(tmp_path, capsys):
         "1–5)",
         "PG-IS", "SAPO: no trust region in effect (blocked 0.00%)"]
     main([str(tmp_path / "runs" / "*"), "-o", str(tmp_path / "f.png"), "--metrics", "success"])
-    out = capsys.readouterr().out
-    assert "flagged curve SAPO: no trust region in effect (blocked 0.00%)" in out
-    assert "flagged curve GSPO: blocks most tokens" in out and "flagged curve PG-IS" not in out
+    notes = capsys.readouterr().err  # notes go to stderr, beside the skipped panels'
+    assert "dppo-plot: flagged curve SAPO: no trust region in effect (blocked 0.00%)" in notes
+    assert "flagged curve GSPO: blocks most tokens" in notes and "flagged curve PG-IS" not in notes

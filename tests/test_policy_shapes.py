@@ -6,15 +6,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_faults import one_error
 from transformers import Qwen3ForCausalLM
 
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig
 from dppo_oat.engines.local.policy import policy_cache_key
 from dppo_oat.models.shapes import FIXED_SHAPES, PADDED_VOCAB_SIZE
-from dppo_oat.models.tiny import (RESERVED_TOKEN, build_shaped_policy, count_parameters, pad_vocabulary,
-                                  tiny_qwen3_config, toy_corpus, train_bpe_tokenizer)
-
-from test_faults import one_error
+from dppo_oat.models.tiny import (
+    RESERVED_TOKEN,
+    build_shaped_policy,
+    count_parameters,
+    pad_vocabulary,
+    tiny_qwen3_config,
+    toy_corpus,
+    train_bpe_tokenizer,
+)
 
 
 def test_qwen3_100m_has_about_100m_parameters_and_a_32k_vocabulary():
@@ -63,7 +69,10 @@ def test_padding_to_fewer_entries_than_the_tokenizer_has_is_refused():
 
 def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
     config = TrainConfig()
-    key = lambda warm_start: policy_cache_key(config.env_ids[0], config.template, warm_start, 0)  # noqa: E731
+
+    def key(warm_start):
+        return policy_cache_key(config.env_ids[0], config.template, warm_start, 0)
+
     tiny, big = key(WarmStartConfig()), key(replace(WarmStartConfig(), shape="qwen3-100m"))
     assert tiny == "tiny-game_Sudoku-v0-easy-compact-wrong-1ed8e576263b"  # the shipped policy's folder
     assert big.startswith("qwen3-100m-game_Sudoku-v0-easy-compact-wrong-") and big.split("-")[-1] != tiny.split("-")[-1]
@@ -73,7 +82,8 @@ def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
 
 
 @pytest.mark.fault("`--warm-start.shape qwen3-100m` with `--warm-start.hidden-size` / `--warm-start.num-layers`, "
-                   "with `--pretrain`, or with more BPE merges than its 32,768 entries hold", "one line, before any model")
+                   "with `--pretrain`, or with more BPE merges than its 32,768 entries hold",
+                   "one line, before any model")
 @pytest.mark.parametrize("flags, fragments", [
     (["--warm-start.num-layers", "4"], ["--warm-start.num-layers size the tiny shape", "leave them out"]),
     (["--pretrain", "/nonexistent"], ["--warm-start.shape qwen3-100m shapes the built-in policy"]),

@@ -12,8 +12,15 @@ from hypothesis.extra.numpy import arrays
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import (INT8_LEVELS, autocast_weights_copy, quantize, quantize_int8, rollout_copy,
-                                       rollout_model, rollout_state_dict)
+from dppo_oat.rollout.precision import (
+    INT8_LEVELS,
+    autocast_weights_copy,
+    quantize,
+    quantize_int8,
+    rollout_copy,
+    rollout_model,
+    rollout_state_dict,
+)
 from dppo_oat.update import summarize_steps
 
 
@@ -25,7 +32,7 @@ def test_int8_rounding_keeps_each_row_on_255_levels_within_half_a_step(weight):
     quantized = quantize_int8(weight)
     step = weight.abs().amax(dim=-1, keepdim=True) / INT8_LEVELS
     assert ((quantized - weight).abs() <= step / 2 + 1e-6).all()
-    for row, row_step in zip(quantized, step.squeeze(-1)):
+    for row, row_step in zip(quantized, step.squeeze(-1), strict=True):
         if row_step > 0:
             levels = torch.round(row / row_step)
             assert torch.allclose(levels * row_step, row, atol=1e-5) and levels.abs().max() <= INT8_LEVELS
@@ -106,7 +113,8 @@ def test_coarser_weights_give_a_larger_mismatch(policy):
     ids = tokenizer("9 . 2 . 1 7 . 3 8 . . 6", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         reference = torch.log_softmax(learner(ids).logits, -1)
-        gaps = {precision: (torch.log_softmax(rollout_copy(learner, precision)(ids).logits, -1) - reference).abs().mean()
+        gaps = {precision: (torch.log_softmax(rollout_copy(learner, precision)(ids).logits, -1)
+                            - reference).abs().mean()
                 for precision in ("int8", "int6", "int4")}
     assert 0 < gaps["int8"] < gaps["int6"] < gaps["int4"]
 

@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from forward_probe import recording_forward
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -13,10 +14,15 @@ from hypothesis import strategies as st
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.prefix_cache import (MAX_BUCKETS, MIN_REUSE, SPLIT_SAVING, PrefixCache, length_buckets,
-                                           padded_costs)
+from dppo_oat.rollout.prefix_cache import (
+    MAX_BUCKETS,
+    MIN_REUSE,
+    SPLIT_SAVING,
+    PrefixCache,
+    length_buckets,
+    padded_costs,
+)
 from dppo_oat.spec import SamplingSettings
-from forward_probe import recording_forward
 
 TOLERANCE = 1e-4
 
@@ -35,7 +41,7 @@ def next_turn(prompts, completions, tokenizer) -> list[list[int]]:
     middle (a board cell), and a prompt never seen (a new episode)."""
     observation = tokenizer.encode(toy_corpus(1, seed=9)[0])[:5]
     turn = []
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         if i % 3 == 0:
             turn.append(prompt + completion.token_ids + observation)
         elif i % 3 == 1:
@@ -61,7 +67,7 @@ def test_a_turn_prefills_only_what_its_cached_prefix_does_not_cover(policy, monk
     monkeypatch.undo()
     fresh = HFGenerator(model, tokenizer, reuse_prefixes=False).generate(turn, settings)
     assert [c.token_ids for c in reused] == [c.token_ids for c in fresh]
-    for a, b in zip(reused, fresh):
+    for a, b in zip(reused, fresh, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
 
@@ -86,11 +92,11 @@ def test_length_buckets_change_neither_draws_nor_mu(policy, monkeypatch, layout)
         generator = HFGenerator(model, tokenizer)
         turn = next_turn(prompts, generator.generate(prompts, settings), tokenizer)
         with monkeypatch.context() as patched:
-            patched.setattr(hf_generator, "length_buckets", lambda lengths: buckets)
+            patched.setattr(hf_generator, "length_buckets", lambda lengths, buckets=buckets: buckets)
             results.append(generator.generate(turn, settings))
     assert max_logprob_error(model, turn, results[1]) <= TOLERANCE
     assert [c.token_ids for c in results[0]] == [c.token_ids for c in results[1]]
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         np.testing.assert_array_equal(a.topk_ids, b.topk_ids)
 
@@ -103,7 +109,7 @@ def test_a_grown_history_reuses_the_last_prompt_and_response(policy, monkeypatch
     prompts = first_turn(tokenizer)
     completions = generator.generate(prompts, settings)
     observation = [7, 8, 9]
-    turn = [p + c.token_ids + observation for p, c in zip(prompts, completions)]
+    turn = [p + c.token_ids + observation for p, c in zip(prompts, completions, strict=True)]
     shapes = recording_forward(model, monkeypatch)
     grown = generator.generate(turn, settings)
     prefill_width = max(width for _, width in shapes[:2] if width > 1)
@@ -176,12 +182,13 @@ def test_padded_costs_are_the_best_cut_into_consecutive_buckets(lengths, max_buc
     ordered = sorted(lengths)
     costs = padded_costs(lengths, max_buckets)
     for buckets, (cost, ends) in enumerate(costs, start=1):
-        brute = min(sum((end - start) * ordered[end - 1] for start, end in zip((0, *cuts), (*cuts, len(ordered))))
+        brute = min(sum((end - start) * ordered[end - 1]
+                        for start, end in zip((0, *cuts), (*cuts, len(ordered)), strict=True))
                     for k in range(buckets) for cuts in itertools.combinations(range(1, len(ordered)), k))
         assert cost == brute
         starts = [0] + ends[:-1]
         assert ends[-1] == len(ordered)
-        assert sum((end - start) * ordered[end - 1] for start, end in zip(starts, ends)) == cost
+        assert sum((end - start) * ordered[end - 1] for start, end in zip(starts, ends, strict=True)) == cost
     buckets = length_buckets(lengths, max_buckets=max_buckets)
     assert sorted(i for bucket in buckets for i in bucket) == list(range(len(lengths))) and len(buckets) <= max_buckets
 
@@ -196,7 +203,7 @@ def test_lookup_all_finds_the_first_row_with_the_longest_shared_prefix(cached, p
     cache = PrefixCache()
     rows = CachedRows([tuple(tokens) for tokens in cached], [], [], torch.zeros(len(cached)), torch.zeros(0))
     cache.store(rows, (1,))
-    for prompt, found in zip(prompts, cache.lookup_all(prompts, (1,))):
+    for prompt, found in zip(prompts, cache.lookup_all(prompts, (1,)), strict=True):
         shared = [next((k for k in range(len(prompt) - 1) if k >= len(row) or row[k] != prompt[k]),
                        min(len(prompt) - 1, len(row))) for row in cached]
         best = max(shared)

@@ -7,8 +7,9 @@ every preset on one fixed batch gives the loss, gradient, mask, divergence and m
 
 A change that moves any number of the default run (a rule, the loss, its metrics, the rollout, the update) or of a
 preset's loss fails here; a change meant to move them regenerates the reference with
-``python tests/test_refactor_guard.py`` and says why in its commit. Floating-point kernels differ between CPUs and torch builds, so the comparison runs on the platform that
-made the reference (:data:`PLATFORM_FILE`) and is skipped, with that platform named, elsewhere."""
+``python tests/test_refactor_guard.py`` and says why in its commit. Floating-point kernels differ between CPUs and torch
+builds, so the comparison runs on the platform that made the reference (:data:`PLATFORM_FILE`) and is skipped, with that
+platform named, elsewhere."""
 
 import json
 import math
@@ -144,7 +145,7 @@ def test_the_default_run_writes_the_reference_numbers(tmp_path):
     for name in FILES:
         got, want = canonical_lines(run / name), canonical_lines(REFERENCE / name)
         assert len(got) == len(want), f"{name}: {len(got)} records, the reference has {len(want)}"
-        for index, (line, expected) in enumerate(zip(got, want)):
+        for index, (line, expected) in enumerate(zip(got, want, strict=True)):
             assert line == expected, f"{name} record {index} differs:\n{first_difference(line, expected)}"
 
 
@@ -167,7 +168,8 @@ def regenerate() -> None:
             (REFERENCE / name).write_text((run / name).read_text())
     PRESET_LOSSES.write_text(json.dumps(all_preset_losses(), indent=1) + "\n")
     PLATFORM_FILE.write_text(json.dumps(current_platform(), indent=2) + "\n")
-    print(f"wrote {', '.join(FILES)}, {PRESET_LOSSES.name} and {PLATFORM_FILE.name} under {REFERENCE.relative_to(ROOT)}")
+    print(f"wrote {', '.join(FILES)}, {PRESET_LOSSES.name} and {PLATFORM_FILE.name} "
+          f"under {REFERENCE.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

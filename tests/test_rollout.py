@@ -10,15 +10,15 @@ import pytest
 import torch
 
 import envs
-from dppo_oat.models.tiny import build_tiny_policy
-from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.advantages import discounted_returns
 from dppo_oat.errors import RunError
+from dppo_oat.models.scoring import teacher_forced_logprobs
+from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.rollout.episodes import BROKEN_ENV_EPISODES, EpisodeCollector, turn_sampling
-from envs.contract import INVALID_ACTION
 from dppo_oat.rollout.generation import Completion
-from dppo_oat.spec import RolloutSettings, SamplingSettings
 from dppo_oat.rollout.hf_generator import HFGenerator
+from dppo_oat.spec import RolloutSettings, SamplingSettings
+from envs.contract import INVALID_ACTION
 from envs.oracles import oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, compact_sudoku_observation
 
@@ -91,7 +91,7 @@ def test_oracle_episodes_give_groups_returns_and_success(tiny_policy):
         returns = discounted_returns([s.reward for s in turns], [s.episode_id for s in turns],
                                      [s.turn for s in turns], 0.9)
         expected = 0.0
-        for sample, value in zip(reversed(turns), reversed(returns)):  # G_t = r_t + γ G_{t+1}
+        for sample, value in zip(reversed(turns), reversed(returns), strict=True):  # G_t = r_t + γ G_{t+1}
             expected = sample.reward + 0.9 * expected
             assert value == pytest.approx(expected, rel=1e-5)
         assert all(len(s.response_ids) == len(s.behavior_logprobs) > 0 for s in turns)
@@ -155,7 +155,10 @@ def test_env_exception_ends_only_that_episode(tiny_policy):
         ["test:Exploding-v0", COMPACT_ENV_ID], 2, 1, tokenizer, RolloutSettings(template="plain", max_turns=3)
     )
     sudoku = oracle_for(collector)
-    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+
+    def act(prompt):
+        return "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)
+
     with pytest.warns(UserWarning, match="env test:Exploding-v0: step"):
         rollout = collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
     broken, fine = rollout.episodes
@@ -174,7 +177,10 @@ def test_an_envs_first_exception_is_shown_with_its_id_once(tiny_policy):
     collector = EpisodeCollector(["test:ExplodingShown-v0", COMPACT_ENV_ID], 2, 1, tokenizer,
                                  RolloutSettings(template="plain", max_turns=2))
     sudoku = oracle_for(collector)
-    act = lambda prompt: "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)  # noqa: E731
+
+    def act(prompt):
+        return "\\boxed{1 1 1}" if "button" in prompt else sudoku(prompt)
+
     with pytest.warns(UserWarning, match=r"env test:ExplodingShown-v0: step\(\) raised RuntimeError: the env broke"):
         collector.collect(ScriptedGenerator(tokenizer, act), SamplingSettings(8), [0, 1])
     with warnings.catch_warnings():
@@ -209,7 +215,7 @@ def test_episodes_that_all_err_in_a_row_stop_the_run_and_a_good_one_resets_the_c
         for call in range(BROKEN_ENV_EPISODES // 2 - 1):  # 30 errors in a row, then a good episode
             collector.collect(generator, SamplingSettings(8), [2 * call + 1, 2 * call + 3])
         collector.collect(generator, SamplingSettings(8), [1, 2])
-        for call in range(BROKEN_ENV_EPISODES // 2 - 1):
+        for _ in range(BROKEN_ENV_EPISODES // 2 - 1):
             collector.collect(generator, SamplingSettings(8), [1, 3])
         with pytest.raises(RunError, match=r"the last 32 episodes all ended in an env error; the first: "
                                            r"env test:Sometimes-v0: step\(\) raised RuntimeError: the env broke"):
@@ -225,7 +231,8 @@ class NonFiniteRewardEnv(ExplodingEnv):
                    "the run stops: `error: env … returned the reward nan (seed …, turn …): rewards must be finite "
                    "numbers` (exit 1), before it reaches an update")
 def test_a_non_finite_reward_stops_the_run_naming_the_env(tiny_policy):
-    """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming the learning rate)."""
+    """A NaN reward stops the run, naming the env (passed on, it would skip every update and the run would stop blaming
+    the learning rate)."""
     _, tokenizer = tiny_policy
     gem.register("test:NaNReward-v0", entry_point=NonFiniteRewardEnv)
     collector = EpisodeCollector(["test:NaNReward-v0"], 1, 2, tokenizer, RolloutSettings(template="plain", max_turns=3))

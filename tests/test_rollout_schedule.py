@@ -9,12 +9,12 @@ must be the same bits. ``test_train.py`` covers k > 0 (its schedule, its checkpo
 import json
 
 import pytest
+from test_train import SHORT, TIMING_KEYS, read_jsonl
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.trainer import step_seed, train_group_seeds
 from dppo_oat.train import main
-from test_train import SHORT, TIMING_KEYS, read_jsonl
 
 
 def test_a_synchronous_schedule_collects_each_step_when_asked_and_keeps_nothing():
@@ -92,7 +92,7 @@ def test_the_synchronous_schedule_is_the_loop_it_replaced_bit_for_bit(tmp_path, 
     main(["--run-name", "loop", *common])
     schedule, loop = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("schedule", "loop"))
     assert [row["step"] for row in schedule] == [1, 2, 3]
-    for a, b in zip(schedule, loop):
+    for a, b in zip(schedule, loop, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
             {k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}
     for name in ("tokens.jsonl", "eval.jsonl"):

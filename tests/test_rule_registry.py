@@ -133,12 +133,13 @@ def load(relative: str):
 
 def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docstrings_as_help():
     """One ``--tr-<field>`` per numeric TrustRegion field, generated (a field added there is a flag), its help the
-    field's docstring without reST markup, and ``--trust-region``'s help names every preset."""
+    field's docstring without reST markup (its section of ``--help`` says that each overrides the preset's number),
+    and ``--trust-region``'s choices are every preset."""
     import dataclasses
     import typing
 
     from dppo_oat.docstrings import field_docstrings
-    from dppo_oat.spec import DPPOFlags, TrustRegionFlags, preset_help
+    from dppo_oat.spec import DPPOFlags, TrustRegionFlags
 
     numeric = [f.name for f in dataclasses.fields(T.TrustRegion) if f.type in ("float", "int")]
     flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(TrustRegionFlags) if f.name.startswith("tr_")]
@@ -148,9 +149,11 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
     for name in numeric:
         help_text = hints[f"tr_{name}"].__metadata__[0].help
-        assert help_text.startswith("Override the preset's ") and "``" not in help_text and ":func:" not in help_text
-        assert docs[name].split("(")[0].strip().replace("``", "") in help_text, name
-    assert all(preset in preset_help() for preset in T.PRESETS)
+        assert "``" not in help_text and ":func:" not in help_text
+        first_words = docs[name].split("(")[0].strip().replace("``", "")
+        assert help_text.startswith((first_words, first_words[:1].upper() + first_words[1:])), name
+    choices = typing.get_args(typing.get_args(hints["trust_region"])[0])
+    assert set(T.PRESETS) <= set(choices)
 
 
 def test_a_rule_may_set_w_t_itself():

@@ -141,6 +141,23 @@ def test_temporaries_of_a_killed_save_go_at_the_next_start(resume, run_copy, cac
     assert not any(path.exists() for path in litter) and keep.exists()
 
 
+@pytest.mark.fault("a start (new, or `--resume`) of a run killed during its first checkpoint save (its `config.json` "
+                   "and logs are there, a `.checkpoint.pt.XXXXXXXX`, no `checkpoint.pt`)",
+                   "one line: nothing of it was checkpointed and the temporary file is removed (under the run's "
+                   "lock); `--overwrite` starts it over (its files moved aside, never deleted), another `--run-name` "
+                   "beside it")
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_killed_in_its_first_save_is_refused_with_its_litter_removed(resume, run_copy, cache_dir, capsys,
+                                                                           no_model):
+    (run_copy / "checkpoint.pt").rename(run_copy / ".checkpoint.pt.k1ll3d00")  # the kill came before the rename
+    kept = files_of(run_copy)
+    flags = ["--resume", "--steps", "3"] if resume else ["--steps", "3"]
+    error = one_error(capsys, argv_of(run_copy, cache_dir, *flags), 2, "--overwrite", "checkpoint save was killed",
+                      "1 temporary file(s) removed")
+    assert "no checkpoint" in error
+    assert files_of(run_copy) == {name: data for name, data in kept.items() if not name.startswith(".checkpoint")}
+
+
 def test_a_live_runs_temporaries_are_not_touched_by_a_refused_start(run_copy, cache_dir, capsys, no_model):
     """Only the lock's holder may remove them: a second start that is refused (the run is in use) leaves them."""
     from dppo_oat.runlog import RunLock
@@ -229,9 +246,12 @@ def signalled_while_importing(module: str, sig, tmp_path):
     lines = []
     for line in process.stderr:
         lines.append(line)
-        if line.rstrip().endswith(f"| {module}") or line.rstrip().endswith(f"|   {module}"):
+        if "import time:" in line and line.split("|")[-1].strip() == module:  # at any import depth
             process.send_signal(sig)
             break
+    else:
+        process.wait(timeout=300)
+        raise AssertionError(f"`python -m dppo_oat.train` never imported {module}: the signal was not sent")
     rest = process.communicate(timeout=300)[1]
     return process.returncode, [line for line in lines + rest.splitlines() if "import time:" not in line]
 
@@ -249,3 +269,54 @@ def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, tmp_p
     errors = [line for line in err if line.startswith("error:")]
     assert status == code and len(errors) == 1 and not any("Traceback" in line for line in err), err
     assert "before the run started" in errors[0] and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- what a resume may change
+
+
+@pytest.mark.fault("`--resume --token-export all` of a run started without it (or the other way round)",
+                   "accepted, as `--token-samples` is (what a run logs and exports may change on resume, never what "
+                   "it trains): one warning line names the checkpointed steps that have no export")
+def test_a_resume_may_start_exporting_tokens(run_copy, cache_dir, capsys):
+    from dppo_oat.token_export import read_token_export
+
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--token-export", "all"), capsys)
+    assert code == 0 and not errors, text
+    assert "lacks 2 of the 2 checkpointed steps (step 1 first" in " ".join(text.split()), text
+    assert set(read_token_export(run_copy)["step"]) == {3}
+
+
+def test_a_checkpoint_that_hashed_the_token_export_still_resumes(run_copy, cache_dir, capsys):
+    """A checkpoint written before ``token_export`` could change on resume hashed it as a setting of the run."""
+    import json
+
+    import torch
+
+    from dppo_oat.engines.local.config import TrainConfig, run_spec
+    from dppo_oat.engines.local.validation import settings_free_on_resume
+    from dppo_oat.runlog import settings_hash
+
+    state = torch.load(run_copy / "checkpoint.pt", weights_only=True)
+    config = json.loads((run_copy / "config.json").read_text())
+    earlier_free = [name for name in settings_free_on_resume(run_spec(TrainConfig())) if name != "token_export"]
+    state["settings_hash"] = settings_hash(config, earlier_free)
+    torch.save(state, run_copy / "checkpoint.pt")
+    code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--token-export", "all"), capsys)
+    assert code == 0 and not errors, text
+
+
+@pytest.mark.fault("`--resume` with a setting of the experiment changed (`--lr`, `--group-size`, …)",
+                   "refused in one line that names each changed setting and states the rule: a resume may change how "
+                   "long the run goes, where it runs and what it logs (`--steps`, `--device`, `--eval-every`, "
+                   "`--token-samples`, `--token-export`, …)")
+def test_a_refused_resume_states_what_may_change(run_copy, cache_dir, capsys, no_model):
+    one_error(capsys, argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--lr", "1e-3"), 2, "lr: ",
+              "may change only how long the run goes", "--token-export")
+
+
+@pytest.mark.fault("`--allow-metrics-gap` on a new run (it applies to `--resume`)",
+                   "one line before any model: a new run has no metrics gap; leave it out")
+def test_allow_metrics_gap_on_a_new_run_is_one_line(tmp_path, cache_dir, capsys, no_model):
+    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", cache_dir, *TINY, "--allow-metrics-gap"],
+              2, "--allow-metrics-gap", "leave it out")
+    assert not (tmp_path / "runs").exists()

@@ -21,8 +21,8 @@ def script(path, *args, tmp_path, **env):
     return done, (tmp_path / "launched").exists()
 
 
-@pytest.mark.fault("`scripts/gpu/gem.sh sudoku --gpus 3 --dry-run` (also `math.sh`, `sanity_test.sh`, `takeaway2.sh`): a "
-                   "batch that does not split over the GPUs",
+@pytest.mark.fault("`scripts/gpu/gem.sh sudoku --gpus 3 --dry-run` (also `math.sh`, `sanity_test.sh`, "
+                   "`takeaway2.sh`): a batch that does not split over the GPUs",
                    "one line on stderr (`128 does not split evenly over --gpus 3 (use 1, 2, 4 or 8)`), exit 2; "
                    "nothing launches")
 @pytest.mark.parametrize("path", ["scripts/gpu/gem.sh sudoku", "scripts/gpu/math.sh", "scripts/gpu/sanity_test.sh",

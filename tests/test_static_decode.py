@@ -5,13 +5,12 @@ needs CUDA: ``tests/test_gpu_local.py``."""
 
 import pytest
 import torch
+from test_faults import one_error
+from test_generators import small_model
 
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS, GraphCache, decode_step
 from dppo_oat.rollout.decode import EagerStep, StaticStep, decode, prefill
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
-
-from test_faults import one_error
-from test_generators import small_model
 
 
 def prefilled(model, room=6):
@@ -40,7 +39,7 @@ def test_the_static_step_samples_what_the_eager_step_samples(name):
     assert torch.equal(eager.new_ids, static.new_ids)
     torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-5, rtol=1e-5)
     assert eager_cache.width == static_cache.width == 7 + eager.fed
-    for (keys, values), (static_keys, static_values) in zip(eager_cache.filled(), static_cache.filled()):
+    for (keys, values), (static_keys, static_values) in zip(eager_cache.filled(), static_cache.filled(), strict=True):
         torch.testing.assert_close(static_keys, keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(static_values, values, atol=1e-5, rtol=1e-5)
 

@@ -7,8 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dppo_oat.analysis.stats import (MarginTests, decide, holm, interval_coverage, margin_tests, paired_difference,
-                                     sample_std, time_to_threshold)
+from dppo_oat.analysis.stats import (
+    MarginTests,
+    decide,
+    holm,
+    interval_coverage,
+    margin_tests,
+    paired_difference,
+    sample_std,
+    time_to_threshold,
+)
 
 seeds_values = st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=10)
 

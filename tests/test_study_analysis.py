@@ -11,8 +11,17 @@ from dppo_oat.runlog import to_jsonable
 from dppo_oat.trust_region import TrustRegion
 from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
 from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines
-from studies.cpu.report import (arm_flag_table, bad_update_drops, condition_of, contrast_table, load_study,
-                                probe_table, run_outcomes, sign_shares_by_stretch, study_table)
+from studies.cpu.report import (
+    arm_flag_table,
+    bad_update_drops,
+    condition_of,
+    contrast_table,
+    load_study,
+    probe_table,
+    run_outcomes,
+    sign_shares_by_stretch,
+    study_table,
+)
 
 STEPS = 40
 RISE = np.linspace(0.3, 0.9, STEPS)
@@ -92,7 +101,8 @@ def test_contrasts_are_paired_by_seed_and_scored_against_their_margin(study):
     lines = summary_lines(table.reset_index())
     assert lines[4] == "- DPPO beats itself (test; exploratory): **identical runs** — both arms gave auc " \
         f"{table.loc['DPPO beats itself', 'left']:.3g} on each of 5 seeds; no verdict"
-    assert lines[0].startswith("- DPPO beats PG-IS (test; exploratory): **holds** — auc") and "5 paired seeds" in lines[0]
+    assert lines[0].startswith("- DPPO beats PG-IS (test; exploratory): **holds** — auc")
+    assert "5 paired seeds" in lines[0]
     assert "95% t-interval" in lines[0] and "Holm" not in lines[0]
     assert lines[3] == "- fp32 vs bf16 (test; exploratory): not run yet"
 
@@ -196,7 +206,7 @@ def test_bad_updates_before_drops_correlate_negatively(tmp_path):
     write_run(tmp_path / "sudoku" / "pg_is-mb4-fp32-s0", "pg_is", 0, success, np.full(STEPS, 0.01))
     path = tmp_path / "sudoku" / "pg_is-mb4-fp32-s0" / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad)))
+    path.write_text("".join(json.dumps({**r, "bad_update/fraction": b}) + "\n" for r, b in zip(rows, bad, strict=True)))
     result = bad_update_drops(load_study(tmp_path), horizon=1).set_index("run").loc["sudoku/pg_is-mb4-fp32-s0"]
     assert result["rho"] < -0.9 and result["p"] < 1e-6 and result["steps"] == STEPS - 1
 
@@ -223,7 +233,8 @@ def test_a_claim_within_one_arm_compares_two_of_its_numbers_seed_by_seed(study):
     falls = Contrast("PG-IS loses held-out success", "test", ("pg_is", "mb1-bf16"), ("pg_is", "mb1-bf16"),
                      "eval_before", 0.05, right_metric="eval_after")
     row = contrast_table(outcomes, (falls,)).iloc[0]
-    assert row["pairs"] == 5 and row["difference"] == pytest.approx(0.3 - (COLLAPSE[-1] - 0.02)) and row["verdict"] == "holds"
+    assert row["pairs"] == 5 and row["verdict"] == "holds"
+    assert row["difference"] == pytest.approx(0.3 - (COLLAPSE[-1] - 0.02))
     assert "eval_before 0.3 vs eval_after -0.02, difference" in summary_lines(contrast_table(outcomes, (falls,)))[0]
 
 

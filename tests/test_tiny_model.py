@@ -70,7 +70,7 @@ def test_reference_size_at_vocab_512():
 def test_same_seed_same_weights():
     first, _ = build_tiny_policy(toy_corpus(), seed=3)
     second, _ = build_tiny_policy(toy_corpus(), seed=3)
-    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 

@@ -175,3 +175,185 @@ def test_the_training_collector_keeps_each_loss_call_with_its_top_k_divergence()
     assert set(call.divergences) == {"topk_tv"} and torch.equal(call.divergences["topk_tv"], result.divergence)
     calibrated, report = calibrate(tr, collector.calls, 0.0)
     assert report.before_fraction == 0.5 and report.achieved == 0.0 and calibrated.delta == pytest.approx(0.3)
+
+
+# ---------------------------------------------------------------- faults of a run's exports: nothing is lost
+
+RUN = ["--groups-per-step", "2", "--group-size", "4", "--minibatch-size", "32", "--eval-episodes", "2",
+       "--eval-every", "5", "--token-samples", "4", "--threads", "1", "--token-export", "all"]
+"""A run of the shipped tiny policy that exports every trained token."""
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("policy-cache"))
+
+
+def argv_of(run_dir, cache_dir, *flags):
+    return ["--run-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *RUN, *flags]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, cache_dir):
+    """An uninterrupted 3-step run: the exports every faulted run must end with."""
+    from dppo_oat.train import main
+
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    main(argv_of(run_dir, cache_dir, "--steps", "3"))
+    return run_dir
+
+
+@pytest.fixture
+def one_step(straight, cache_dir, tmp_path):
+    """A 1-step run of the same settings (the first checkpoint of the straight run), to resume."""
+    from dppo_oat.train import main
+
+    run_dir = tmp_path / "run"
+    main(argv_of(run_dir, cache_dir, "--steps", "1"))
+    return run_dir
+
+
+PATCHED = """
+import resource, signal, sys, threading, time
+import dppo_oat.token_export as token_export
+from dppo_oat.train import main
+fault, argv = sys.argv[1], sys.argv[2:]
+if fault == "full":  # a write past the limit fails with EFBIG, as a full disk's does
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, resource.RLIM_INFINITY))
+if fault == "hung":  # the file system never answers the write of step 2
+    real_write = token_export.write_records
+    def write_records(path, records):
+        if path.name == "step_000002.jsonl":
+            threading.Event().wait()
+        real_write(path, records)
+    token_export.write_records = write_records
+    token_export.WRITE_TIMEOUT_S = 3.0
+if fault == "slow":  # step 1's export takes 2 s, and the process is killed right after step 1's checkpoint
+    import os
+    from dppo_oat.engines.local.trainer import LocalTrainer
+    real_write, real_save = token_export.write_records, LocalTrainer.save_checkpoint
+    def write_records(path, records):
+        if path.name == "step_000001.jsonl":
+            time.sleep(2)
+        real_write(path, records)
+    def save_checkpoint(self):
+        real_save(self)
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    token_export.write_records, LocalTrainer.save_checkpoint = write_records, save_checkpoint
+main(argv)
+"""
+
+
+def run_with(fault, argv, timeout=300):
+    """``python -m dppo_oat.train argv`` with ``fault`` (``full``: no file grows past 50 kB; ``hung``: the export
+    of step 2 never returns; ``slow``: step 1's export takes 2 s and a SIGKILL follows step 1's checkpoint;
+    ``none``): (exit status, ``error:`` lines, all output); a hang fails the test."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PATCHED, fault, *argv], capture_output=True, text=True,
+                          timeout=timeout)
+    text = done.stdout + done.stderr
+    return done.returncode, [line for line in text.splitlines() if line.startswith("error:")], text
+
+
+def same_exports(run_dir, straight):
+    from dppo_oat.runlog import temporaries
+
+    assert sorted(p.name for p in (run_dir / "token_exports").iterdir()) == [f"step_00000{s}.jsonl" for s in (1, 2, 3)]
+    for step in (1, 2, 3):
+        assert export_path(run_dir, step).read_text() == export_path(straight, step).read_text(), step
+    assert not temporaries(run_dir)
+
+
+def checkpoint_step(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True, mmap=True)["step"]
+
+
+@pytest.mark.fault("a full disk (or a quota) while `--token-export all` writes a step's export",
+                   "`error: No space left on device: runs/…/token_exports/step_N.jsonl; free disk space; step N−1 is "
+                   "checkpointed …` (exit 1): a step is checkpointed only once its export is on disk, so `--resume` "
+                   "writes it again; no temporary file is left")
+def test_a_full_disk_while_exporting_loses_no_step(one_step, straight, cache_dir):
+    code, errors, text = run_with("full", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
+    assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
+    assert f"File too large: {export_path(one_step, 2)}" in errors[0] and "free disk space" in errors[0], errors[0]
+    assert "step 1 is checkpointed" in errors[0] and checkpoint_step(one_step) == 1
+    code, errors, text = run_with("none", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
+    assert code == 0, text
+    same_exports(one_step, straight)
+
+
+@pytest.mark.fault("a kill (`kill -9`) right after a step's checkpoint while its export is still being written (a "
+                   "slow disk)",
+                   "nothing is lost: a step is checkpointed only once its export is on disk, so `--resume` ends "
+                   "with every step's export")
+def test_a_kill_after_a_checkpoint_never_loses_that_steps_export(tmp_path, straight, cache_dir):
+    run_dir = tmp_path / "run"
+    code, errors, text = run_with("slow", argv_of(run_dir, cache_dir, "--steps", "3"))
+    assert code == -9 and checkpoint_step(run_dir) == 1, text
+    code, errors, text = run_with("none", argv_of(run_dir, cache_dir, "--steps", "3", "--resume"))
+    assert code == 0, text
+    same_exports(run_dir, straight)
+
+
+@pytest.mark.fault("a blocked or hung file system under `token_exports/` while a step's export is written",
+                   "after `WRITE_TIMEOUT_S` (300 s): `error: the token export of step N did not reach the disk in 300 "
+                   "s (its file system is blocked or hung): …/step_N.jsonl; step N−1 is checkpointed …` (exit 1), "
+                   "never a hang; `--resume` writes it again")
+def test_a_hung_export_write_is_one_line_and_loses_no_step(one_step, straight, cache_dir):
+    code, errors, text = run_with("hung", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
+    assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
+    assert "did not reach the disk in 3 s" in errors[0] and "step_000002.jsonl" in errors[0], errors[0]
+    assert "step 1 is checkpointed" in errors[0] and checkpoint_step(one_step) == 1
+    code, errors, text = run_with("none", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
+    assert code == 0, text
+    same_exports(one_step, straight)
+
+
+@pytest.mark.fault("a step export's temporary file left by an earlier run (a killed write's `.step_N.jsonl.XXXXXXXX`, "
+                   "a `step_N.jsonl.partial`, even a FIFO that would block a writer)",
+                   "removed by the next start or `--resume` of the run, under its lock (said in one note line); the "
+                   "run exports every step")
+def test_stale_export_temporaries_go_at_the_next_resume(one_step, straight, cache_dir):
+    import os
+
+    exports = one_step / "token_exports"
+    (exports / "step_000002.jsonl.partial").write_text("half a step")
+    (exports / ".step_000002.jsonl.k1ll3d00").write_text("half a step")
+    os.mkfifo(exports / "step_000003.jsonl.partial")  # opened for writing, it blocks until a reader comes
+    code, errors, text = run_with("none", argv_of(one_step, cache_dir, "--steps", "3", "--resume"))
+    assert code == 0 and not errors, text
+    assert "removed 3 temporary file(s)" in text, text
+    same_exports(one_step, straight)
+
+
+@pytest.mark.fault("`token_exports` is a file (not a folder) with `--token-export all`, or a folder it cannot write",
+                   "one line before any model: move that file away, or another `--run-name`; nothing is trained")
+def test_an_export_path_that_is_not_a_folder_is_one_line_before_any_model(tmp_path, cache_dir, capsys, no_model):
+    from dppo_oat.train import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "token_exports").write_text("mine")
+    with pytest.raises(SystemExit) as exit_:
+        main(argv_of(run_dir, cache_dir, "--steps", "2"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+    assert str(run_dir / "token_exports") in " ".join(err.split()) and "not a folder" in err, err
+    assert (run_dir / "token_exports").read_text() == "mine" and sorted(p.name for p in run_dir.iterdir()) == [
+        "token_exports"]
+
+
+def test_a_hung_folder_is_refused_before_the_run_starts(tmp_path, monkeypatch):
+    """The probe write of :func:`check_export_folder` does not answer: one line after its timeout."""
+    import threading
+
+    import dppo_oat.token_export as token_export
+
+    (tmp_path / "token_exports").mkdir()
+    monkeypatch.setattr(token_export, "_probe_folder", lambda folder: threading.Event().wait())
+    with pytest.raises(ValueError, match="did not reach the disk in 0.5 s"):
+        token_export.check_export_folder(tmp_path, timeout=0.5)

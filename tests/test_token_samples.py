@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from test_update import policy, sampled_batch  # noqa: F401  (fixture)
 
 from dppo_oat.learner_forward import PolicyOutputs
 from dppo_oat.samples import UpdateBatch
@@ -12,8 +13,6 @@ from dppo_oat.spec import UpdateSettings
 from dppo_oat.token_samples import TokenSampler, _stratum_sizes, reference_masks
 from dppo_oat.trust_region import TrustRegion, policy_loss
 from dppo_oat.update import update_policy
-
-from test_update import policy, sampled_batch  # noqa: F401  (fixture)
 
 
 def test_reference_masks_by_hand():
@@ -117,7 +116,7 @@ def test_zero_samples_and_negative_counts():
         TokenSampler(-1)
 
 
-def test_update_loop_feeds_first_epoch_pi_before_any_step(policy):  # noqa: F811
+def test_update_loop_feeds_first_epoch_pi_before_any_step(policy):  # noqa: F811  (the fixture imported above)
     """The sample's π is that of the forward pass whose loss first used the token (its mask was decided on it): with
     one minibatch per epoch, the weights before any optimizer step, so equal to the rollout μ on this on-policy fp32
     batch, although the second epoch (after a large SGD step) sees another π."""

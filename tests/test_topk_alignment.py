@@ -73,7 +73,7 @@ def test_logprob_noise_moves_the_tokens_top_k_slot_with_it(rollout):
     result = copy.deepcopy(rollout[2])
     before = [s.topk_logprobs.copy() for s in result.samples]
     perturb_logprobs(result, 0.5, seed=0)
-    for sample, old in zip(result.samples, before):
+    for sample, old in zip(result.samples, before, strict=True):
         slot = sample.topk_ids == np.asarray(sample.response_ids)[:, None]
         assert (slot.sum(-1) == 1).all()
         assert np.allclose(sample.topk_logprobs[slot], sample.behavior_logprobs)

@@ -119,7 +119,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir)
     resumed = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2]
     assert [r["lr"] for r in straight] == pytest.approx([3e-4, 1.5e-4])
-    for a, b in zip(straight, resumed):
+    for a, b in zip(straight, resumed, strict=True):
         for key, value in a.items():
             if not key.startswith(TIMING_KEYS):
                 assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
@@ -149,7 +149,7 @@ def test_stale_rollouts_follow_their_schedule_and_resume_exactly(tmp_path, capsy
     assert straight[0]["mismatch/first_abs_diff_mean"] < 1e-4 < straight[1]["mismatch/first_abs_diff_mean"]
     resumed = read_jsonl(tmp_path / "killed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(straight, resumed):
+    for a, b in zip(straight, resumed, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
             {k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}
     for name in ("tokens.jsonl", "eval.jsonl"):
@@ -307,7 +307,7 @@ def test_calibration_records_its_band_and_a_resume_reuses_it(tmp_path, capsys):
     assert resumed["calibration"] == record and resumed["trust_region"] == tr
     rows = [read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("straight", "killed")]
     assert rows[0][0]["mask/fraction"] > 0.2 > rows[0][1]["mask/fraction"]  # step 1 the preset's band, 2 calibrated
-    for a, b in zip(*rows):
+    for a, b in zip(*rows, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
             pytest.approx({k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}, rel=1e-5, abs=1e-7)
     calibrate_main([str(tmp_path / "straight"), "--trust-region", "gspo", "--target", "0.05", "--json"])

@@ -139,14 +139,14 @@ EXPECTED_KEEP = {  # case order: up+ up- down- down+ low_up+ high_down- low_down
 @pytest.mark.parametrize("preset", EXPECTED_KEEP)
 def test_every_preset_masks_crafted_tokens_as_the_paper_says(preset):
     got = tuple(int(run_rule(preset, *case)[0]) for case in CASES.values())
-    assert got == EXPECTED_KEEP[preset], dict(zip(CASES, got))
+    assert got == EXPECTED_KEEP[preset], dict(zip(CASES, got, strict=True))
 
 
 @pytest.mark.parametrize("preset", EXPECTED_KEEP)
 def test_gradient_is_the_unified_formula_on_crafted_tokens(preset):
     """M·w·A, plus the KL penalty's 2τ·log(π/μ) (dppo_binary_tv_kl)."""
     tr = TrustRegion.preset(preset)
-    for (mu, pi, adv, recomputed), expected_keep in zip(CASES.values(), EXPECTED_KEEP[preset]):
+    for (mu, pi, adv, recomputed), expected_keep in zip(CASES.values(), EXPECTED_KEEP[preset], strict=True):
         _, _, grad = run_rule(preset, mu, pi, adv, recomputed)
         logs = [torch.tensor([[math.log(p)]], dtype=torch.float64) for p in (pi, mu, recomputed or mu)]
         weight = expected_weight(tr, *logs, torch.ones(1, 1, dtype=torch.bool)).item()
@@ -245,7 +245,10 @@ def test_no_nan_or_inf_at_extreme_probabilities(preset):
     adv = torch.tensor([[1.0, -1.0]]).repeat_interleave(logp.shape[1] // 2, dim=1)
     topk = None
     if tr.uses_topk:
-        other = lambda x: torch.log(-torch.expm1(x.clamp(max=-1e-7)))  # noqa: E731
+
+        def other(x):
+            return torch.log(-torch.expm1(x.clamp(max=-1e-7)))
+
         topk = TopK(
             ids=torch.tensor([0, 1]).expand(1, logp.shape[1], 2),
             behavior_logp=torch.stack([mu, other(mu)], -1), logp=torch.stack([logp, other(logp)], -1),
@@ -375,7 +378,7 @@ def test_a_field_a_rule_does_not_read_changes_nothing(preset):
     expected = loss_of(base)
     for name in sorted(set(UNREAD_PERTURBATION) - base.fields_read):
         got = loss_of(base.replace(**{name: UNREAD_PERTURBATION[name]}))  # preset() refuses an unread field
-        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"{preset} reads {name} after all"
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), f"{preset} reads {name} after all"
 
 
 def test_the_paper_knobs_are_read_where_the_paper_uses_them():

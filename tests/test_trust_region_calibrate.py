@@ -136,7 +136,7 @@ def test_the_clip_range_is_scaled_as_one_and_sequences_are_counted_whole():
     (A > 0). Blocking the last (1 of 4 responses, 4 of 10 tokens) puts ε_high at 0.05 and ε_low at 0.75 of it (the
     preset's 3e-4 : 4e-4)."""
     ratios, lengths = (1.01, 1.02, 1.05, 1.1), (1, 2, 3, 4)
-    pi = [[0.5 * r if j < n else 0.5 for j in range(4)] for r, n in zip(ratios, lengths)]
+    pi = [[0.5 * r if j < n else 0.5 for j in range(4)] for r, n in zip(ratios, lengths, strict=True)]
     mask = [[j < n for j in range(4)] for n in lengths]
     batch = batch_of(pi, [[0.5] * 4] * 4, [1.0] * 4, mask)
     for unit, target in (("sequence", 0.25), ("token", 0.4)):
@@ -175,7 +175,8 @@ def test_both_bands_move_together_below_what_the_clip_alone_blocks():
     assert one_line(error)
     calibrated, report = calibrate(tr, batch, target, band="both")
     assert report.band == "both" and set(report.after) == {"delta", "eps_low", "eps_high"}
-    assert abs(report.achieved - target) < clip_alone / 2 and report.achieved == fraction_at(calibrated, batch, band="both")
+    assert abs(report.achieved - target) < clip_alone / 2
+    assert report.achieved == fraction_at(calibrated, batch, band="both")
     scale = calibrated.eps_high / tr.eps_high
     assert scale > 1 and calibrated.delta / tr.delta == pytest.approx(scale) \
         and calibrated.eps_low / tr.eps_low == pytest.approx(scale)

@@ -46,7 +46,7 @@ def test_the_command_line_overrides_the_registrys_fields():
 
     assert TRUST_REGION_OVERRIDES == NUMBER_FIELDS
     hints = typing.get_type_hints(DPPOFlags)
-    assert hints["tr_k"] == typing.Optional[int] and hints["tr_delta"] == typing.Optional[float]
+    assert hints["tr_k"] == int | None and hints["tr_delta"] == float | None
 
 
 def test_a_decorated_function_is_a_rule_and_stays_a_function(registered):

@@ -8,9 +8,9 @@ import torch
 from dppo_oat.advantages import group_advantages
 from dppo_oat.learner_forward import causal_lm_forward
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
+from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.samples import TurnSample, build_update_batch
 from dppo_oat.spec import SamplingSettings, UpdateSettings
-from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.trust_region import TrustRegion, policy_loss
 from dppo_oat.update import minibatch_step, recompute_logprobs, update_policy
 
@@ -29,7 +29,7 @@ def sampled_batch(policy, n=6, top_k=0, seed=0):
         TurnSample(prompt_ids=p, response_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=float(i % 2),
                    done=True, truncated=False, turn=0, env_id="toy", episode_id=i, group_id=str(i // 3),
                    finish_reason=c.finish_reason, topk_ids=c.topk_ids, topk_logprobs=c.topk_logprobs)
-        for i, (p, c) in enumerate(zip(prompts, completions))
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
     ]
     advantages = group_advantages([s.reward for s in samples], [s.group_id for s in samples])
     return samples, build_update_batch(samples, advantages, tokenizer.pad_token_id, with_topk=top_k > 0)

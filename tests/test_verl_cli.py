@@ -42,3 +42,30 @@ def test_the_mapping_and_its_commands_need_no_verl():
 def test_a_bad_field_override_is_one_line(pair):
     code, out, err = verl_cli("overrides", "dppo_binary_tv", pair)
     assert code == 2 and not out and err.count("\n") == 1 and err.startswith("error: ") and pair in err, err
+
+
+@pytest.mark.fault("`python -m dppo_oat.engines.verl overrides sapo tau_pos=2 tau_pos=3` (a field given twice)",
+                   "one line naming the field and both values: give each field once (exit 2); the last one never "
+                   "silently wins")
+def test_a_field_given_twice_is_one_line():
+    code, out, err = verl_cli("overrides", "sapo", "tau_pos=2", "tau_pos=3")
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert "tau_pos is given twice" in err and "tau_pos=3" in err, err
+
+
+@pytest.mark.fault("`python -m dppo_oat.engines.verl overrides trm_max delta=0.5` (also `trm_avg`, `opsm`, `vaco`)",
+                   "the overrides carry δ as `algorithm.rollout_correction.rollout_rs_threshold=0.5` with "
+                   "`rollout_rs=null` (the loss masks the responses, verl does not mask them again)")
+@pytest.mark.parametrize("preset", ["trm_max", "trm_avg", "opsm", "vaco"])
+def test_the_delta_of_a_sequence_mask_goes_to_verls_rejection_threshold(preset):
+    code, out, err = verl_cli("overrides", preset, "delta=0.5")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "algorithm.rollout_correction.rollout_rs_threshold=0.5" in lines and \
+        "algorithm.rollout_correction.rollout_rs=null" in lines, out
+
+
+@pytest.mark.parametrize("pair", ["tau_pos=1e300", "tau_neg=1e-300"])
+def test_an_override_past_float32_is_one_line(pair):
+    code, out, err = verl_cli("overrides", "sapo", pair)
+    assert code == 2 and not out and err.count("\n") == 1 and "float32" in err and pair.split("=")[0] in err, err

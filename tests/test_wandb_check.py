@@ -1,5 +1,6 @@
-"""The wandb guard the local and oat engines run before any model loads (``--wandb`` locally, ``--use_wb`` on oat): it refuses
-exactly where wandb could not log without asking for a key, with real wandb reading a real environment and netrc."""
+"""The wandb guard the local and oat engines run before any model loads (``--wandb`` locally, ``--use_wb`` on oat): it
+refuses exactly where wandb could not log without asking for a key, with real wandb reading a real environment and
+netrc."""
 
 import pytest
 

@@ -28,8 +28,7 @@ from dppo_oat.analysis.runs import (
     run_patterns,
     summarize_runs,
 )
-from dppo_oat.analysis.stats import (decide, holm, margin_tests, paired_difference, sample_std,
-                                     time_to_threshold)
+from dppo_oat.analysis.stats import decide, holm, margin_tests, paired_difference, sample_std, time_to_threshold
 from dppo_oat.analysis.tokens import (
     TOKEN_PANELS,
     disagreements,
@@ -46,11 +45,15 @@ from dppo_oat.analysis.tokens import (
 )
 
 __all__ = [
-    "BANDS", "DEFAULT_PANELS", "DEGENERATE", "DegenerateRule", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS", "DamagedRun", "Panel", "Run",
+    "BANDS", "DEFAULT_PANELS", "DEGENERATE", "DegenerateRule", "PANELS", "PRESET_NAMES", "RUN_COLUMNS", "TOKEN_PANELS",
+    "DamagedRun", "Panel", "Run",
     "Series",
-    "aggregate_seeds", "arm_flags", "available_panels", "curve_flags", "run_degeneracy", "compare_methods", "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
-    "load_tokens", "load_token_exports", "exported_masked_by_bucket", "masked_by_bucket", "notebook_runs", "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
-    "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics", "top_clipped_side_by_side",
+    "aggregate_seeds", "arm_flags", "available_panels", "curve_flags", "run_degeneracy", "compare_methods",
+    "comparison_notes", "disagreements", "is_run_dir", "label_runs", "load_run", "load_runs",
+    "load_tokens", "load_token_exports", "exported_masked_by_bucket", "masked_by_bucket", "notebook_runs",
+    "plot_blocked_tokens", "plot_runs", "resolve_run_dirs",
+    "run_patterns", "shadow_notes", "shadow_summary", "smooth", "summarize_runs", "token_step_metrics",
+    "top_clipped_side_by_side",
     "top_clipped_tokens", "top_disagreement_tokens", "paired_difference", "sample_std", "time_to_threshold",
     "decide", "holm", "margin_tests",
 ]

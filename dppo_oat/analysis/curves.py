@@ -1,37 +1,21 @@
-"""Curves from the long table: Gaussian smoothing (the paper's σ = 2) and mean ± band across seeds."""
+"""Curves from the long table: smoothed (:func:`~dppo_oat.analysis.smoothing.smooth`, the paper's σ = 2), mean ± band
+across seeds, and what each method's curve did."""
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar, Union
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.ndimage import gaussian_filter1d
 
+from dppo_oat.analysis.degenerate import curve_flags
 from dppo_oat.analysis.runs import RUN_COLUMNS
+from dppo_oat.analysis.smoothing import smooth
 
 BANDS = ("std", "minmax", "none")
 """Seed bands of :func:`aggregate_seeds`: mean ± standard deviation, min to max, or none (lo = hi = mean)."""
 
-SeriesLike = TypeVar("SeriesLike", pd.Series, np.ndarray)
-GroupBy = Union[str, Sequence[str]]
-
-
-def smooth(series: SeriesLike, sigma: float = 2.0) -> SeriesLike:
-    """Gaussian smoothing along the points of ``series`` (``scipy.ndimage.gaussian_filter1d``, reflected ends).
-
-    ``sigma`` is in points (logged steps), as in the paper's figures; ``sigma <= 0`` returns the values unchanged.
-    A pandas Series keeps its index and name. NaNs are left in place and do not spread: the other points are
-    smoothed as one curve.
-    """
-    values = np.asarray(series, dtype=float)
-    finite = np.isfinite(values)
-    smoothed = values.copy()
-    if sigma > 0 and finite.any():
-        smoothed[finite] = gaussian_filter1d(values[finite], sigma)
-    if isinstance(series, pd.Series):
-        return pd.Series(smoothed, index=series.index, name=series.name)
-    return smoothed
+GroupBy = str | Sequence[str]
 
 
 def metric_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -48,7 +32,8 @@ def aggregate_seeds(df: pd.DataFrame, metric: str, by: GroupBy = "method", band:
         by: the column(s) naming a group: ``method`` (a preset and its settings, per environment: its runs are
             the seeds), ``algo`` (the preset alone, pooling settings and environments), ``label`` or ``run``
             (one curve per run), or any other run column.
-        band: ``std`` (mean ± std across runs, 0 for one run), ``minmax`` or ``none``.
+        band: ``std`` (mean ± std across runs, 0 for one run, clipped to the smallest and largest value of the
+            metric in ``df``: it never leaves the metric's range), ``minmax`` or ``none``.
 
     Returns:
         One row per group and step, sorted: the ``by`` column(s), ``step``, ``mean``, ``lo``, ``hi``, ``std``,
@@ -65,7 +50,10 @@ def aggregate_seeds(df: pd.DataFrame, metric: str, by: GroupBy = "method", band:
     stats = grouped.agg(["mean", "std", "min", "max", "count"])
     stats = stats.rename(columns={"count": "n"}).reset_index()
     stats["std"] = stats["std"].fillna(0.0)
-    lo_hi = {"std": (stats["mean"] - stats["std"], stats["mean"] + stats["std"]),
+    # mean ± std within the range the metric took in the table: a band never shows values the metric cannot take
+    # (a success rate's stays in [0, 1], where two seeds' std alone would reach past both of them)
+    low, high = rows["value"].min(), rows["value"].max()
+    lo_hi = {"std": ((stats["mean"] - stats["std"]).clip(lower=low), (stats["mean"] + stats["std"]).clip(upper=high)),
              "minmax": (stats["min"], stats["max"]), "none": (stats["mean"], stats["mean"])}[band]
     stats["lo"], stats["hi"] = lo_hi
     order = {key: position for position, key in enumerate(_group_keys(rows, keys))}
@@ -108,7 +96,6 @@ def compare_methods(df: pd.DataFrame, by: str = "method", sigma: float = 2.0) ->
     of the last tenth), its peak and the drop from it, |π − μ| over the first and last tenth, and the mean share of
     bad updates and of masked tokens (%). NaN where its runs do not log the metric. ``flag``: why the curve cannot
     be read as a trust region (:func:`~dppo_oat.analysis.degenerate.curve_flags`), empty when it can."""
-    from dppo_oat.analysis.degenerate import curve_flags  # it smooths with this module's smooth
 
     flags = curve_flags(df, by)
     means = {metric: aggregate_seeds(df, metric, by=by) for metric in COMPARED}
@@ -134,7 +121,8 @@ def comparison_notes(table: pd.DataFrame) -> list[str]:
     notes = []
     rewards = table["final reward"].dropna().sort_values(ascending=False)
     if len(rewards) > 1:
-        notes.append("final reward, highest first: " + ", ".join(f"{name} {value:.3f}" for name, value in rewards.items()))
+        notes.append("final reward, highest first: "
+                     + ", ".join(f"{name} {value:.3f}" for name, value in rewards.items()))
     fell = table.index[table["drop from peak"] >= COLLAPSE_DROP].tolist()
     notes.append(f"reward fell {COLLAPSE_DROP} or more below its peak: {', '.join(map(str, fell))}" if fell else
                  f"no curve's reward fell {COLLAPSE_DROP} or more below its peak (no collapse in these runs)")
@@ -146,7 +134,8 @@ def comparison_notes(table: pd.DataFrame) -> list[str]:
                      f"|π − μ| grew less than {MISMATCH_GROWTH}× for every curve")
     masked = table["masked %"].dropna().sort_values(ascending=False)
     if len(masked) > 1:
-        notes.append("masked tokens, most first: " + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
+        notes.append("masked tokens, most first: "
+                     + ", ".join(f"{name} {value:.2f} %" for name, value in masked.items()))
     flagged = table["flag"][table["flag"] != ""] if "flag" in table else pd.Series(dtype=str)
     if len(flagged):
         notes.append("flagged curves (their rule cannot be read as a trust region): "

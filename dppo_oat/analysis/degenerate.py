@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.run_checks import DamagedRun, read_config
+from dppo_oat.analysis.smoothing import smooth
 from dppo_oat.trust_region import PRESETS, TrustRegion
 
 BLOCKED_METRIC = "mask/fraction"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import matplotlib
 import numpy as np
@@ -87,7 +87,7 @@ def draw_panel(ax: Axes, df: pd.DataFrame, panel: Panel, by: GroupBy, colors: di
     """Every group's curves of every series of ``panel`` on ``ax``, with title, labels and a line-style key."""
     scale = 100.0 if panel.percent else 1.0
     drawn = []
-    for linestyle, series in zip(LINESTYLES, panel.series):
+    for linestyle, series in zip(LINESTYLES, panel.series, strict=False):
         stats = aggregate_seeds(df, series.metric, by=by, band=band)
         if stats.empty:
             continue
@@ -166,7 +166,7 @@ def plot_runs(
     else:
         fig = axes[0].figure
     colors = group_colors(df, by)
-    for ax, (_, panel) in zip(axes, panels):
+    for ax, (_, panel) in zip(axes, panels, strict=False):
         draw_panel(ax, df, panel, by, colors, sigma, band)
     add_legend(fig, colors, by, title, grow=created, flags=curve_flags(df, by))
     if skipped:

@@ -7,8 +7,8 @@ and gets a panel of its own (:func:`resolve_panels`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import pandas as pd
 
@@ -116,12 +116,17 @@ def resolve_panels(names: Iterable[str | Panel]) -> list[tuple[str, Panel]]:
 
 
 def available_panels(df: pd.DataFrame, names: Iterable[str | Panel]) -> tuple[list[tuple[str, Panel]], list[str]]:
-    """The panels among ``names`` that some run of ``df`` has data for, and a note for each one skipped."""
-    logged = set(df["metric"].unique())
+    """The panels among ``names`` that some run of ``df`` has data for, and a note for each one skipped (naming the
+    runs whose values of it are all NaN or infinite, ``df.attrs["nonfinite"]`` of :func:`~.runs.load_runs`)."""
+    logged, nonfinite = set(df["metric"].unique()), df.attrs.get("nonfinite", {})
     kept, skipped = [], []
     for name, panel in resolve_panels(names):
+        never_finite = [metric for metric in panel.metrics if metric in nonfinite]
         if logged.intersection(panel.metrics):
             kept.append((name, panel))
+        elif never_finite:
+            metric = never_finite[0]
+            skipped.append(f"{name} (every value of {metric} is NaN or infinite, in {', '.join(nonfinite[metric])})")
         elif panel.metrics == (name,) and name not in PANELS:
             skipped.append(f"{name} (neither a standard panel nor a metric any run logs)")
         else:

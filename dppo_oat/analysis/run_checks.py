@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
-from dppo_oat import runlog
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.safe_io import read_jsonl
 
 MAX_SHOWN = 40
 """Values of a wrong type longer than this (as JSON) are named by their type in messages."""
@@ -127,7 +128,7 @@ def read_config(path: Path) -> dict:
     Raises:
         DamagedRun: it cannot be read, is not JSON, or :func:`config_problem` finds a problem with it.
     """
-    config_path = Path(path) / CONFIG_FILE
+    config_path = RunDir(path).config
     if not config_path.is_file():
         return {}
     try:
@@ -179,12 +180,12 @@ def step_numbers(column: pd.Series) -> pd.Series:
 def no_rows_reason(path: Path) -> str:
     """Why run directory ``path`` gives no finite number at a step (ask only when it gives none): no step logged
     yet, a ``metrics.jsonl`` that is a folder, no readable line, no numeric ``step``, or nothing but steps."""
-    log = Path(path) / METRICS_FILE
+    log = RunDir(path).metrics
     if not (log.is_file() or log.with_name(log.name + ".gz").is_file()):
         return f"its {METRICS_FILE} is not a file" if log.exists() else f"no step logged yet (no {METRICS_FILE})"
     with warnings.catch_warnings(record=True) as unreadable:
         warnings.simplefilter("always")
-        rows = runlog.read_jsonl(log)
+        rows = read_jsonl(log)
     if not rows:
         return f"no line of its {METRICS_FILE} is a JSON object" if unreadable else \
             f"no step logged yet (its {METRICS_FILE} holds no row)"

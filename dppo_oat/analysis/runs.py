@@ -1,9 +1,9 @@
 """Run directories → tables: one :class:`Run` per directory, and a long (tidy) table of many runs.
 
-A run directory is what the local and oat engines write (:mod:`dppo_oat.runlog` names its files): ``config.json`` (run_name,
-engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one object per RL step:
-"step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation: "step",
-"eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
+A run directory is what the local and oat engines write (:class:`dppo_oat.run.directory.RunDir` names its files):
+``config.json`` (run_name, engine, trust_region {name: the preset, ...}, env_ids, seed, ...), ``metrics.jsonl`` (one
+object per RL step: "step", "reward", "mask/fraction", "shadow/ppo/...", ...), ``eval.jsonl`` (one per evaluation:
+"step", "eval/success", "eval/return", ...) and optionally ``tokens.jsonl`` (see :mod:`dppo_oat.analysis.tokens`).
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
 ``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table. A damaged run, or
@@ -13,18 +13,18 @@ one without a logged number yet, is skipped with a warning (the rules: :mod:`dpp
 from __future__ import annotations
 
 import glob
+import hashlib
 import math
 import os
 import warnings
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Union
 
 import numpy as np
 import pandas as pd
 
-from dppo_oat import runlog
 from dppo_oat.analysis.run_checks import (
     CHOICE_FIELDS,
     DamagedRun,
@@ -35,8 +35,10 @@ from dppo_oat.analysis.run_checks import (
     skipped_message,
     step_numbers,
 )
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE
-from dppo_oat.trust_region import PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
+from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.safe_io import read_jsonl
+from dppo_oat.trust_region import CHOICE_FIELDS as TR_CHOICE_FIELDS
+from dppo_oat.trust_region import NUMBER_FIELDS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
 """Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
@@ -48,15 +50,21 @@ PRESET_NAMES = {name: preset.label or name for name, preset in PRESETS.items()}
 """The paper's (or the source framework's) name of each trust-region preset (legend entries): its
 :attr:`~dppo_oat.trust_region.presets.Preset.label`."""
 
-TRUST_REGION_SYMBOLS = {
+FIELD_SYMBOLS = {
     "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
     "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K", "is_weight": "w",
     "mismatch_mask": "mismatch mask", "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ",
-    "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2",
+    "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg",
+    "mask_side": "mask side",
 }
-"""The trust-region fields a label mentions when a run overrides its preset's default, and how."""
+"""How a label writes each trust-region field (a test fails while a field of the registry lacks one)."""
+TRUST_REGION_SYMBOLS = {**FIELD_SYMBOLS, **{name: name for name in (*TR_CHOICE_FIELDS, *NUMBER_FIELDS, "k")
+                                            if name not in FIELD_SYMBOLS}}
+"""Every trust-region field of the registry (:data:`~dppo_oat.trust_region.CHOICE_FIELDS`,
+:data:`~dppo_oat.trust_region.NUMBER_FIELDS` and K), as a label mentions it when a run overrides its preset's
+default: its symbol (:data:`FIELD_SYMBOLS`), else its name."""
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,11 +83,13 @@ class Run:
 
     @property
     def algo(self) -> str:
-        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key,
-        else ``custom``."""
+        """The trust-region preset it trained with: the config's ``trust_region.name``, else its ``algo`` key, else
+        ``custom``. An oat run's ``algo`` is not read: there it is oat's algorithm (PPO), not a preset (the oat engine
+        records that as ``oat_algo``; earlier oat runs as ``algo``)."""
         trust_region = self.config.get("trust_region")
         name = trust_region.get("name") if isinstance(trust_region, dict) else None
-        return str(name or self.config.get("algo") or "custom")
+        preset_key = None if self.config.get("engine") == "oat" else self.config.get("algo")
+        return str(name or preset_key or "custom")
 
     @property
     def env(self) -> str:
@@ -102,8 +112,8 @@ class Run:
 
 def is_run_dir(path: PathLike) -> bool:
     """True for a directory holding a run's ``config.json`` or ``metrics.jsonl``."""
-    path = Path(path)
-    return path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / METRICS_FILE).is_file())
+    run_dir = RunDir(path)
+    return run_dir.path.is_dir() and (run_dir.config.is_file() or run_dir.metrics.is_file())
 
 
 def not_a_run_dir_message(path: PathLike) -> str:
@@ -127,6 +137,7 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
     """
     items = [paths_or_globs] if isinstance(paths_or_globs, (str, Path)) else list(paths_or_globs)
     found: list[Path] = []
+    empty: list[str] = []
     for item in map(str, items):
         if glob.has_magic(item):
             matches = [Path(p) for p in sorted(glob.glob(item)) if is_run_dir(p)]
@@ -136,20 +147,24 @@ def resolve_run_dirs(paths_or_globs: PathLike | Iterable[PathLike]) -> list[Path
             matches = [Path(item)]
         elif Path(item).is_dir() and not any(Path(item).iterdir()):
             warnings.warn(f"{item}: an empty directory, skipped (not a run)", stacklevel=2)
-            matches = []
+            matches, empty = [], [*empty, item]
         else:
             raise ValueError(not_a_run_dir_message(item))
         found.extend(m for m in matches if m not in found)
+    if not found and empty:
+        what = "is an empty directory" if len(empty) == 1 else "are empty directories"
+        raise ValueError(f"no run directory to read: {', '.join(empty)} {what} (a run directory holds {CONFIG_FILE} "
+                         f"and {METRICS_FILE})")
     if not found:
         raise ValueError("no run directories given")
     return found
 
 
 def read_table(path: PathLike) -> pd.DataFrame:
-    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.runlog.read_jsonl` for what is
+    """A run's JSONL file as a table sorted by ``step`` (see :func:`dppo_oat.run.safe_io.read_jsonl` for what is
     skipped); rows without a ``step`` that is a finite number within int64 are dropped
     (:func:`~dppo_oat.analysis.run_checks.step_numbers`)."""
-    table = pd.DataFrame(runlog.read_jsonl(Path(path)))
+    table = pd.DataFrame(read_jsonl(Path(path)))
     table["step"] = step_numbers(table["step"]) if "step" in table else pd.Series(dtype=float)
     table = table.dropna(subset=["step"]).astype({"step": "int64"})
     return table.sort_values("step", kind="stable").reset_index(drop=True)
@@ -185,17 +200,34 @@ def load_run(path: PathLike) -> Run:
     config = read_config(path)
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
-    return Run(path=path, config=config, metrics=read_log(path, METRICS_FILE), eval=read_log(path, EVAL_FILE))
+    run_dir = RunDir(path)
+    return Run(path=path, config=config, metrics=read_log(run_dir.metrics), eval=read_log(run_dir.eval))
 
 
-def read_log(path: Path, name: str) -> pd.DataFrame:
-    """:func:`read_table` of the log ``name`` of run directory ``path``; ``DamagedRun`` when it cannot be read."""
+def read_log(log: Path) -> pd.DataFrame:
+    """:func:`read_table` of a run directory's log (``metrics.jsonl``, ``eval.jsonl``), a step logged twice kept
+    once (:func:`without_repeated_steps`); ``DamagedRun`` when it cannot be read."""
     try:
-        return read_table(path / name)
+        table = read_table(log)
     except (OSError, EOFError, zlib.error) as error:  # unreadable, or a damaged gzip copy
-        packed = (path / name).with_name(name + ".gz")
-        shown = name if (path / name).is_file() or not packed.is_file() else packed.name
-        raise DamagedRun(path, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") from None
+        packed = log.with_name(log.name + ".gz")
+        shown = log.name if log.is_file() or not packed.is_file() else packed.name
+        raise DamagedRun(log.parent, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") \
+            from None
+    return without_repeated_steps(table, log)
+
+
+def without_repeated_steps(table: pd.DataFrame, log: Path) -> pd.DataFrame:
+    """``table`` with each step once: where a log holds a step on several lines (two logs appended together, a copy
+    of a run's lines), the last is kept, with one warning naming the log and the first repeated step (a curve would
+    otherwise draw the step twice)."""
+    repeated = table["step"].duplicated(keep="last")
+    if not repeated.any():
+        return table
+    steps = sorted(set(table.loc[repeated, "step"]))
+    warnings.warn(f"{log}: step {steps[0]} is logged more than once ({len(steps)} step(s) repeated): the last line "
+                  "of each is kept", stacklevel=2)
+    return table[~repeated].reset_index(drop=True)
 
 
 def preset_name(algo: str) -> str:
@@ -209,7 +241,7 @@ def relevant_fields(trust_region: dict) -> frozenset[str]:
     """The fields that change what a run's rule does: its choices and the numeric fields they read (the others are
     ignored)."""
     choices = {key: trust_region[key] for key in ("rule", "relax", "is_weight", "mismatch_mask")}
-    return frozenset(CHOICE_FIELDS) | numeric_fields_read(**choices)
+    return frozenset(CHOICE_FIELDS) | frozenset(TR_CHOICE_FIELDS) | numeric_fields_read(**choices)
 
 
 def trust_region_overrides(algo: str, trust_region: dict) -> dict:
@@ -314,15 +346,56 @@ def load_runs(paths_or_globs: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     A run that cannot be read, or that logged no number yet, is skipped with one warning naming it
     (:func:`load_or_skip`). Raises ``ValueError`` when no run is left (and as :func:`resolve_run_dirs` does).
     """
-    paths, runs = resolve_run_dirs(paths_or_globs), []
+    paths, runs, seen = resolve_run_dirs(paths_or_globs), [], {}
     for path in paths:
         run = load_or_skip(path)
-        if run is not None:
+        if run is not None and not is_copy(run, seen):
             runs.append(run)
     if not runs:
         raise ValueError(none_left_message(len(paths)))
-    tables = [run_table(run, name) for run, name in zip(runs, unique_run_names(runs))]
-    return label_runs(pd.concat(tables, ignore_index=True))
+    names = unique_run_names(runs)
+    df = label_runs(pd.concat([run_table(run, name) for run, name in zip(runs, names, strict=True)], ignore_index=True))
+    df.attrs["nonfinite"] = nonfinite_metrics(runs, names)
+    return df
+
+
+def is_copy(run: Run, seen: dict[tuple[str, str], Run]) -> bool:
+    """Whether ``run`` is a run of ``seen`` again (the same run id in its config, or the same metrics line for line:
+    a backup copy, which averaged with it would count as another seed); one warning names both when it is. Else its
+    identity is added to ``seen`` (keys ``("run id", id)`` and ``("metrics", digest)``)."""
+    keys = [("metrics", hashlib.sha256(run.metrics.to_json().encode()).hexdigest())] if len(run.metrics) else []
+    if run.config.get("run_id"):
+        keys.insert(0, ("run id", str(run.config["run_id"])))
+    for key in keys:
+        if key in seen:
+            why = f"its run id {key[1]} is that run's" if key[0] == "run id" else \
+                f"its {METRICS_FILE} is that run's, line for line"
+            warnings.warn(f"{run.path}: skipped, the same run as {seen[key].path} ({why}): a copy is not another seed",
+                          stacklevel=3)
+            return True
+    seen.update({key: run for key in keys})
+    return False
+
+
+def nonfinite_metrics(runs: list[Run], names: list[str]) -> dict[str, list[str]]:
+    """The metrics some run logged with no finite value (NaN or ±inf at every step, which the long table leaves
+    out), each with the names of those runs: what a skipped panel's note names instead of "no run logs it"."""
+    found: dict[str, list[str]] = {}
+    for run, name in zip(runs, names, strict=True):
+        for table in (run.metrics, run.eval):
+            for column in table.columns:
+                written = table[column][table[column].notna()]
+                if column != "step" and all(map(_is_nonfinite_number, written)):
+                    found.setdefault(column, []).append(name)
+    return found
+
+
+def _is_nonfinite_number(value) -> bool:
+    """NaN or ±inf, as a number or as the text the trainers write (``"nan"``, ``"inf"``)."""
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def load_or_skip(path: Path) -> Run | None:

@@ -14,8 +14,8 @@ and the restricted mean time to threshold.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats

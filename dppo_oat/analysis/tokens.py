@@ -4,9 +4,9 @@ Two sources, the second optional:
 
 - the *shadow-mask* metrics every run logs: what ``ppo`` and ``grpo_clip_higher`` would have clipped on the run's
   own batches, by μ bucket (:func:`shadow_summary`);
-- a run's ``tokens.jsonl``, a stratified sample of every step's response tokens (:mod:`dppo_oat.token_samples`,
-  the local and oat engines write it): the decoded token, μ, π, advantage, entropy, the run's own decision (``masked``) and the
-  reference rules' (``ppo_masked``, ``grpo_clip_higher_masked``, ``dppo_masked``), and a ``weight`` (tokens its
+- a run's ``tokens.jsonl``, a stratified sample of every step's response tokens (:mod:`dppo_oat.run.token_samples`,
+  the local and oat engines write it): the decoded token, μ, π, advantage, entropy, the run's own decision (``masked``)
+  and the reference rules' (``ppo_masked``, ``grpo_clip_higher_masked``, ``dppo_masked``), and a ``weight`` (tokens its
   stratum stands for). Shares are weighted, so they estimate shares over all tokens although blocked tokens are
   over-sampled (:func:`load_tokens`): which tokens were blocked by μ bucket and entropy, the most frequently clipped
   ones in positive and negative samples, and where ratio clipping and DPPO disagree (:func:`disagreements`).
@@ -14,14 +14,12 @@ Two sources, the second optional:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from dppo_oat.analysis.panels import MU_BUCKET_LABELS, Panel, Series
 from dppo_oat.analysis.runs import RUN_COLUMNS, PathLike, read_table
-from dppo_oat.runlog import TOKENS_FILE
+from dppo_oat.run.directory import RunDir
 from dppo_oat.trust_region import MU_BUCKETS
 
 TOKEN_FIELDS = ("step", "token", "turn", "mu", "pi", "advantage", "entropy", "divergence", "weight", "masked",
@@ -36,7 +34,7 @@ SHADOW_PRESETS = {"ppo": "PPO", "grpo_clip_higher": "GRPO-ClipHigher"}
 
 def read_tokens(run_dir: PathLike) -> pd.DataFrame | None:
     """A run's ``tokens.jsonl`` (masks as bools, numbers as floats), or None when the run has none."""
-    path = Path(run_dir) / TOKENS_FILE
+    path = RunDir(run_dir).tokens
     if not path.is_file():
         return None
     tokens = read_table(path)
@@ -220,14 +218,15 @@ def shadow_notes(summary: pd.DataFrame) -> list[str]:
 
 def load_token_exports(df: pd.DataFrame) -> pd.DataFrame:
     """Every token of every step the runs of ``df`` exported (``--token-export all``,
-    :func:`dppo_oat.token_export.read_token_export`), trained tokens only, with the run columns, ``mu``/``pi``
-    (probabilities), ``mu_bucket`` and ``sample``; empty when no run exported any."""
-    from dppo_oat.token_export import read_token_export
+    :func:`dppo_oat.run.token_export.read_token_export`), trained tokens only, with the run columns, ``mu``/``pi``
+    (probabilities), ``mu_bucket`` and ``sample``; runs without exports are left out (the table's ``run`` column
+    says which runs it holds), and it is empty when no run exported any."""
+    from dppo_oat.run.token_export import read_token_export
 
     tables = []
     for run in df.drop_duplicates("run")[list(RUN_COLUMNS)].itertuples(index=False):
-        exported = read_token_export(run.path) if (Path(run.path) / "token_exports").is_dir() else pd.DataFrame()
-        if len(exported):
+        if RunDir(run.path).exported_steps():
+            exported = read_token_export(run.path)
             tables.append(exported.assign(**{column: getattr(run, column) for column in RUN_COLUMNS}))
     if not tables:
         return pd.DataFrame()

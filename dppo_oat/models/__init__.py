@@ -1,5 +1,6 @@
 """Small policies that build offline: a byte-level BPE tokenizer and a tiny Qwen3 causal LM."""
 
+from dppo_oat.models.scoring import max_logprob_error, nucleus_log_softmax, teacher_forced_logprobs
 from dppo_oat.models.tiny import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
@@ -13,7 +14,6 @@ from dppo_oat.models.tiny import (
     toy_corpus,
     train_bpe_tokenizer,
 )
-from dppo_oat.models.scoring import max_logprob_error, nucleus_log_softmax, teacher_forced_logprobs
 
 __all__ = [
     "CHAT_TEMPLATE",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from dppo_oat.samples import TOPK_PAD_ID
+from dppo_oat.update_batch import TOPK_PAD_ID
 
 
 def nucleus_log_softmax(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -33,7 +33,7 @@ def teacher_forced_logprobs(
 def max_logprob_error(model, prompts, completions, *, temperature: float = 1.0, top_p: float = 1.0) -> float:
     """Largest |reported log μ(a_t) − teacher-forced log μ(a_t)| over every token of every completion."""
     worst = 0.0
-    for prompt, completion in zip(prompts, completions):
+    for prompt, completion in zip(prompts, completions, strict=True):
         reference = teacher_forced_logprobs(model, prompt, completion.token_ids, temperature=temperature, top_p=top_p)
         expected = reference.gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
         worst = max(worst, (expected - torch.tensor(completion.logprobs)).abs().max().item())

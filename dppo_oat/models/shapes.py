@@ -3,9 +3,9 @@
 ``tiny`` is sized by the warm start's own flags over the tokenizer's vocabulary (:mod:`dppo_oat.models.tiny`);
 ``tiny-8k`` is the default tiny architecture over a vocabulary padded to 8,192 entries (a few hundred of them the
 tokenizer's, the rest reserved tokens no text uses), so that a top-K divergence (K = 20) can leave mass outside its
-K tokens as a real vocabulary's does; ``qwen3-100m`` is a fixed ~100M-parameter Qwen3 whose vocabulary, 32,768 entries, is the size of a real tokenizer's,
-so that its LM head costs on a GPU what a real model's does. Kept apart from the model code so that the command line
-reads the names without importing transformers.
+K tokens as a real vocabulary's does; ``qwen3-100m`` is a fixed ~100M-parameter Qwen3 whose vocabulary, 32,768 entries,
+is the size of a real tokenizer's, so that its LM head costs on a GPU what a real model's does. Kept apart from the
+model code so that the command line reads the names without importing transformers.
 """
 
 from __future__ import annotations

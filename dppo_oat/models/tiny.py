@@ -9,8 +9,8 @@ The defaults (hidden 128, 2 layers, 4 heads x 32, 4 KV heads, FFN 512, tied embe
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

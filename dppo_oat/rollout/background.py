@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def behavior_version(step: int, max_staleness: int) -> int:
@@ -74,7 +75,7 @@ class BackgroundRollout:
         self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
         self._launched = False
 
-    def start(self) -> "BackgroundRollout":
+    def start(self) -> BackgroundRollout:
         self._launched = True
         self._thread.start()
         return self

@@ -24,8 +24,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -90,7 +90,7 @@ class GraphKey:
                          for heads, size, dtype in self.layout)
         return self.batch * self.capacity * per_column
 
-    def serves(self, needed: "GraphKey") -> bool:
+    def serves(self, needed: GraphKey) -> bool:
         """Whether this graph can decode a call of ``needed``: the same layout and autocast, at least its rows and
         columns (the extra rows decode padding, the extra columns are masked)."""
         return (self.layout == needed.layout and self.autocast == needed.autocast and self.batch >= needed.batch
@@ -100,7 +100,7 @@ class GraphKey:
 def buffer_layout(buffer: KVBuffer) -> Layout:
     """``buffer``'s layers as :data:`Layout` (keys and values may differ in dtype under autocast)."""
     return tuple((tensor.shape[1], tensor.shape[3], tensor.dtype)
-                 for pair in zip(buffer.keys, buffer.values) for tensor in pair)
+                 for pair in zip(buffer.keys, buffer.values, strict=True) for tensor in pair)
 
 
 def graph_key(buffer: KVBuffer) -> GraphKey:
@@ -126,10 +126,10 @@ class DecodeGraph:
     ``replay``, which ``capture`` built from :meth:`forward` (a CUDA graph of it, :func:`capture_cuda_graph`)."""
 
     def __init__(self, model, key: GraphKey, device: torch.device,
-                 capture: Callable[["DecodeGraph"], Callable[[], torch.Tensor]]):
+                 capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]]):
         self.model, self.key = model, key
         self.buffer = KVBuffer(key.batch, key.capacity, device)
-        for keys, values in zip(key.layout[0::2], key.layout[1::2]):
+        for keys, values in zip(key.layout[0::2], key.layout[1::2], strict=True):
             self.buffer.keys.append(self._zeros(keys, device))
             self.buffer.values.append(self._zeros(values, device))
         self.static = StaticStep(model, self.buffer)
@@ -150,7 +150,8 @@ class DecodeGraph:
         """Take a call's prefilled buffer: its filled columns into the first rows, zeros everywhere else (read
         masked, they must be finite), the same valid columns and width."""
         rows, width = source.valid.shape[0], source.width
-        for target, filled in zip([*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values]):
+        targets, sources = [*self.buffer.keys, *self.buffer.values], [*source.keys, *source.values]
+        for target, filled in zip(targets, sources, strict=True):
             target[:rows, :, :width].copy_(filled[:, :, :width])
             target[:rows, :, width:].zero_()
             target[rows:].zero_()
@@ -162,7 +163,7 @@ class DecodeGraph:
         """Copy the columns ``[start, target.width)`` of ``target``'s rows (those the call decoded here) into
         ``target``."""
         rows, stop = target.valid.shape[0], target.width
-        for mine, theirs in zip([*self.buffer.keys, *self.buffer.values], [*target.keys, *target.values]):
+        for mine, theirs in zip([*self.buffer.keys, *self.buffer.values], [*target.keys, *target.values], strict=True):
             theirs[:, :, start:stop].copy_(mine[:rows, :, start:stop])
         target.valid[:, start:stop] = self.buffer.valid[:rows, start:stop]
 
@@ -277,7 +278,7 @@ def default_graph_bytes(device: torch.device) -> int:
     return int(MAX_GRAPH_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory)
 
 
-def capture_cuda_graph(graph: DecodeGraph, pool=None, side: "torch.cuda.Stream | None" = None
+def capture_cuda_graph(graph: DecodeGraph, pool=None, side: torch.cuda.Stream | None = None
                        ) -> Callable[[], torch.Tensor]:
     """Record ``graph.forward()`` in a CUDA graph (after :data:`WARMUP_STEPS` eager runs on the ``side`` stream, a new
     one by default, under :func:`uncached_autocast`), its memory from ``pool`` (a ``graph_pool_handle``; default: a
@@ -303,7 +304,7 @@ def capture_cuda_graph(graph: DecodeGraph, pool=None, side: "torch.cuda.Stream |
 
 
 @contextlib.contextmanager
-def captured_on(graph: "torch.cuda.CUDAGraph", stream: "torch.cuda.Stream", pool=None) -> Iterator[None]:
+def captured_on(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, pool=None) -> Iterator[None]:
     """Capture the block's work on ``stream`` into ``graph``, in :data:`CAPTURE_ERROR_MODE`, its memory from ``pool``
     (None: a pool of its own). ``torch.cuda.graph``
     does the same after a device-wide synchronize and an ``empty_cache``, to free memory for the graph: in a

@@ -1,4 +1,4 @@
-"""A plain sampling loop over a Hugging Face causal LM with its KV cache: the fast path of the HF generator.
+"""The HF generator's own sampling loop over a Hugging Face causal LM with its KV cache: its fast path.
 
 ``model.generate`` spends a good part of each step of a small model on machinery a rollout does not use (logits
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training
@@ -20,8 +20,9 @@ its own rows, and decode together. Every function here needs a model that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

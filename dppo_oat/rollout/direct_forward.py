@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -42,19 +42,19 @@ class KVBuffer:
 
     @classmethod
     def allocate(cls, batch: int, capacity: int, keys: Sequence[torch.Tensor],
-                 values: Sequence[torch.Tensor] | None = None) -> "KVBuffer":
+                 values: Sequence[torch.Tensor] | None = None) -> KVBuffer:
         """An empty buffer whose layer ``l`` has the heads, head size and dtype of ``keys[l]`` and ``values[l]``
         (``[·, H, ·, D]``; ``values`` default to ``keys``). Under autocast the two differ: a layer that normalises its
         keys hands them back in fp32, its values in the autocast dtype."""
         buffer = cls(batch, capacity, keys[0].device)
-        for keys_like, values_like in zip(keys, keys if values is None else values):
+        for keys_like, values_like in zip(keys, keys if values is None else values, strict=True):
             buffer.keys.append(buffer._columns_like(keys_like))
             buffer.values.append(buffer._columns_like(values_like))
         return buffer
 
     @classmethod
     def from_past(cls, past: Sequence[tuple[torch.Tensor, torch.Tensor]], past_mask: torch.Tensor,
-                  capacity: int) -> "KVBuffer":
+                  capacity: int) -> KVBuffer:
         """A buffer whose first columns are ``past`` (per layer ``(keys, values)`` of ``[B, H, R, D]``), valid where
         ``past_mask [B, R]`` is, with room for ``capacity`` columns in all."""
         buffer = cls.allocate(past_mask.shape[0], capacity, [keys for keys, _ in past],
@@ -73,13 +73,13 @@ class KVBuffer:
         self.valid[:, :width] = past_mask.bool()
         self.width = width
 
-    def rows(self, start: int, stop: int, first_column: int) -> "KVBuffer":
+    def rows(self, start: int, stop: int, first_column: int) -> KVBuffer:
         """An empty buffer on rows ``[start, stop)`` and columns ``first_column …`` of this one (views: what it is
         filled with lands here). The columns before ``first_column`` become zeros, masked, so that batches of
         different widths end together, right-aligned, and decode as one."""
         view = KVBuffer.__new__(KVBuffer)
         view.keys, view.values, view.write_column = [], [], None
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             keys[start:stop, :, :first_column] = 0
             values[start:stop, :, :first_column] = 0
             view.keys.append(keys[start:stop, :, first_column:])
@@ -99,7 +99,8 @@ class KVBuffer:
 
     def filled(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer ``(keys, values)`` of the filled columns (views)."""
-        return [(keys[:, :, : self.width], values[:, :, : self.width]) for keys, values in zip(self.keys, self.values)]
+        return [(keys[:, :, : self.width], values[:, :, : self.width])
+                for keys, values in zip(self.keys, self.values, strict=True)]
 
     def reserve(self, columns: int) -> None:
         """Make room for ``columns`` more tokens (a copy into larger tensors, only when the room runs out)."""
@@ -114,11 +115,11 @@ class KVBuffer:
     def zero_room(self) -> None:
         """Zero the columns after the filled ones (their storage is uninitialised until written, and may hold
         non-finite values), for :func:`decode_forward`, which reads them masked."""
-        for keys, values in zip(self.keys, self.values):
+        for keys, values in zip(self.keys, self.values, strict=True):
             keys[:, :, self.width :].zero_()
             values[:, :, self.width :].zero_()
 
-    def repeat_rows(self, batch: int, capacity: int) -> "KVBuffer":
+    def repeat_rows(self, batch: int, capacity: int) -> KVBuffer:
         """A buffer of ``batch`` rows, each a copy of this one-row buffer's filled columns."""
         past = [(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)) for keys, values in self.filled()]
         return KVBuffer.from_past(past, self.valid[:, : self.width].expand(batch, -1), capacity)
@@ -202,7 +203,7 @@ def decode_forward(model, buffer: KVBuffer, input_ids: torch.Tensor, positions: 
         buffer.write_column = None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cache_keyword(layer_class: type) -> str:
     """The name under which a decoder layer takes its KV cache: ``cache`` from transformers 5.24 on (where
     ``past_key_values`` still works, through a deprecation wrapper on every call), ``past_key_values`` before."""

@@ -2,8 +2,8 @@
 
 A batch of ``num_groups × group_size`` environment slots is stepped in lock-step through a ``gem.make_vec`` vector
 env: every turn, the observations of the running episodes are rendered into prompts, one generator call samples all
-actions, and each action's tokens become a :class:`~dppo_oat.samples.TurnSample` with μ's log-probs (and top-K set).
-The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
+actions, and each action's tokens become a :class:`~dppo_oat.update_batch.TurnSample` with μ's log-probs (and top-K
+set). The ``group_size`` slots of a group start from the same seed, so they form a GRPO group. Single-turn tasks are
 one-turn episodes. A prompt longer than the context or an env exception ends that episode with Gem's format-error
 penalty and is counted (an env's first exception is also shown, with its id, and :data:`BROKEN_ENV_EPISODES` errors in
 a row stop the run: the env is broken, not the policy); a non-finite reward stops the run, naming the env. So does an
@@ -26,8 +26,9 @@ import functools
 import io
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gem
 import numpy as np
@@ -37,8 +38,8 @@ from gem.vector.vector_env import AutoresetMode
 from dppo_oat.errors import RunError
 from dppo_oat.rollout.generation import Completion, Generator
 from dppo_oat.rollout.templates import template_renderer
-from dppo_oat.samples import TurnSample
-from dppo_oat.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.settings.spec import DEFAULT_MAX_TURNS, FORMAT_ERROR_PENALTY, RolloutSettings, SamplingSettings
+from dppo_oat.update_batch import TurnSample
 from envs.contract import INVALID_ACTION, BrokenEnvError, checked_reset, checked_step, observation_text
 from envs.plugins import env_label
 
@@ -220,7 +221,10 @@ class EpisodeCollector:
         self.render = template_renderer(settings.template, tokenizer)
         self.with_bos = adds_bos(tokenizer)
         self.slot_env_ids = [env_ids[g % len(env_ids)] for g in range(num_groups) for _ in range(group_size)]
-        guard = lambda env: GuardedEnv(env, settings.penalty)  # noqa: E731
+
+        def guard(env):
+            return GuardedEnv(env, settings.penalty)
+
         with contextlib.redirect_stdout(io.StringIO()):  # make_vec prints a banner
             self.vec_env = gem.make_vec(
                 self.slot_env_ids,
@@ -277,7 +281,7 @@ class EpisodeCollector:
         """The token count of each env's first prompt from reset ``seed`` (the longest over its slots)."""
         observations, infos = self.vec_env.reset(seed=[seed] * self.num_slots)
         lengths: dict[str, int] = {}
-        for env_id, observation, info in zip(self.slot_env_ids, observations, infos):
+        for env_id, observation, info in zip(self.slot_env_ids, observations, infos, strict=True):
             length = len(self._tokenize(self.render(self.observation_fn(observation, info))))
             lengths[env_id] = max(length, lengths.get(env_id, 0))
         return lengths
@@ -291,7 +295,7 @@ class EpisodeCollector:
     def _play_turn(self, generator, sampling, slots: list[_Slot], turn: int) -> None:
         """One generator call for every running episode, then one vector-env step."""
         running = [i for i, slot in enumerate(slots) if slot.running]
-        prompt_ids = dict(zip(running, self._prompts_ids([slots[i].prompt for i in running])))
+        prompt_ids = dict(zip(running, self._prompts_ids([slots[i].prompt for i in running]), strict=True))
         for i in running:
             if len(prompt_ids[i]) > self.settings.max_prompt_tokens:
                 self._end(slots[i], "prompt_too_long", penalty=self.settings.penalty)
@@ -299,9 +303,9 @@ class EpisodeCollector:
         if not playable:
             return
         completions = generator.generate([prompt_ids[i] for i in playable], turn_sampling(sampling, turn))
-        actions = {i: env_action(completion) for i, completion in zip(playable, completions)}
+        actions = {i: env_action(completion) for i, completion in zip(playable, completions, strict=True)}
         observations, rewards, terminated, truncated, infos = self.vec_env.step(actions)
-        for k, (i, completion) in enumerate(zip(playable, completions)):
+        for k, (i, completion) in enumerate(zip(playable, completions, strict=True)):
             step = (observations[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
             self._record_turn(slots[i], prompt_ids[i], completion, step, turn)
 
@@ -364,7 +368,7 @@ class EpisodeCollector:
     def _stop_at_turn_caps(self, slots: list[_Slot], caps: list[tuple[int, bool]], turn: int) -> None:
         """End the running episodes that played their turn cap (:meth:`turn_cap`); say once per env id when the
         default cap bound (its env has no limit of its own)."""
-        for slot, (cap, by_default) in zip(slots, caps):
+        for slot, (cap, by_default) in zip(slots, caps, strict=True):
             if not slot.running or turn < cap:
                 continue
             self._end(slot, "max_turns")
@@ -380,7 +384,8 @@ class EpisodeCollector:
         board that a move left as it was) is not encoded again. The lists are shared: read, never modified."""
         missing = list(dict.fromkeys(text for text in texts if text not in self._encoded))
         if missing:
-            self._encoded.update(zip(missing, prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)))
+            encoded = prompts_token_ids(self.tokenizer, missing, with_bos=self.with_bos)
+            self._encoded.update(zip(missing, encoded, strict=True))
         return [self._encoded[text] for text in texts]
 
     def _tokenize(self, text: str) -> list[int]:

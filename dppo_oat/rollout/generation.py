@@ -7,12 +7,14 @@ top-K set ``TopK(μ(·|s_t), K) ∪ {a_t}`` (sec:method_topk) with μ's log-prob
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
+
 
 @dataclass
 class Completion:

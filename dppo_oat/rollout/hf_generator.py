@@ -4,28 +4,36 @@ Hugging Face hands back the *processed* scores (after temperature, top-k and top
 from, so ``log_softmax`` of them is μ exactly: this generator supports any temperature, top-k and top-p honestly
 (tokens cut by top-k or top-p have μ = 0, log-prob ``-inf``). Log-probs and the top-K set are computed for the whole
 batch in one vectorized pass after ``generate`` returns. Untruncated sampling at a temperature > 0 (every training
-rollout) takes the plain sampling loop of :mod:`dppo_oat.rollout.decode` instead, which gives the same μ with less
-per-token overhead, on any model that :func:`~dppo_oat.rollout.direct_forward.runs_direct` accepts.
+rollout) takes the generator's own sampling loop, :mod:`dppo_oat.rollout.decode`, instead, which gives the same μ
+with less per-token overhead, on any model that :func:`~dppo_oat.rollout.direct_forward.runs_direct` accepts.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from dppo_oat.mixed_precision import autocast, torch_dtype, use_shape_agnostic_attention
+from dppo_oat.learner.autocast import autocast, torch_dtype, use_shape_agnostic_attention
 from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_interval
 from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
-from dppo_oat.rollout.prefix_cache import (CachedRows, PrefixCache, concat_rows, gather_past, length_buckets,
-                                           pack_rows, weights_version, WeightsVersion)
-from dppo_oat.samples import TOPK_PAD_ID
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.rollout.prefix_cache import (
+    CachedRows,
+    PrefixCache,
+    WeightsVersion,
+    concat_rows,
+    gather_past,
+    length_buckets,
+    pack_rows,
+    weights_version,
+)
+from dppo_oat.settings.spec import SamplingSettings
+from dppo_oat.update_batch import TOPK_PAD_ID
 
 NEUTRAL_PROCESSING = dict(
     typical_p=1.0,
@@ -114,7 +122,7 @@ def build_completions(
     text_tokens = [tokens[:-1] if stopped[row] else tokens for row, tokens in enumerate(token_lists)]
     texts = tokenizer.batch_decode(text_tokens, skip_special_tokens=True)
     completions = []
-    for row, (tokens, text) in enumerate(zip(token_lists, texts)):
+    for row, (tokens, text) in enumerate(zip(token_lists, texts, strict=True)):
         n = len(tokens)
         completions.append(
             Completion(
@@ -144,7 +152,7 @@ def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
 def tied_keys(model: torch.nn.Module) -> set[str]:
     """State-dict keys that may be absent because they alias another parameter (tied embeddings): the LM head's
     weight when it is the embedding's own tensor. A rollout copy whose LM head holds a matrix of its own (the decode
-    graphs' bf16 copy, :func:`~dppo_oat.rollout.precision.autocast_weights_copy`) needs it in every update, or its
+    graphs' bf16 copy, :func:`~dppo_oat.rollout.rollout_copy.autocast_weights_copy`) needs it in every update, or its
     head would keep the old weights."""
     config = getattr(model, "config", None)
     tied = getattr(config, "tie_word_embeddings", False) if config is not None else False
@@ -160,7 +168,7 @@ def uses_sampling_loop(settings: SamplingSettings) -> bool:
 
 
 class HFGenerator:
-    """Samples in batches of ``batch_size`` prompts, left-padded, with the KV cache: the plain sampling loop of
+    """Samples in batches of ``batch_size`` prompts, left-padded, with the KV cache: its own sampling loop, that of
     :mod:`~dppo_oat.rollout.decode` for the settings of :func:`uses_sampling_loop` on a model that
     :func:`~dppo_oat.rollout.direct_forward.runs_direct`, else ``model.generate``.
 
@@ -169,8 +177,8 @@ class HFGenerator:
     ``reuse_prefixes``, the sampling loop keeps the keys and values of the last call's
     rows and prefills a prompt from the end of its longest cached prefix (:mod:`dppo_oat.rollout.prefix_cache`).
     ``compute_dtype`` (float32, bfloat16, float16) runs every forward pass under that autocast
-    (:mod:`dppo_oat.mixed_precision`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``: on a
-    CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
+    (:mod:`dppo_oat.learner.autocast`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``:
+    on a CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
     bucket and kept across calls (``graphs``, a :class:`~dppo_oat.rollout.cuda_graphs.GraphCache`;
     ``graph_captures`` counts its captures); ``decode_steps`` counts the sampling loop's calls by the step that
     decoded them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
@@ -210,7 +218,8 @@ class HFGenerator:
         return next(self.model.parameters()).device
 
     def autocast(self):
-        """The context every forward pass of this sampler runs in (:func:`~dppo_oat.mixed_precision.autocast`)."""
+        """The context every forward pass of this sampler runs in
+        (:func:`~dppo_oat.learner.autocast.autocast`)."""
         return autocast(self.device, self.compute_dtype)
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
@@ -291,14 +300,14 @@ class HFGenerator:
         host, as the cache's own does; the keys and values never leave the device."""
         sources = torch.as_tensor([row for row, _ in found], device="cpu")
         reuse = torch.as_tensor([length for _, length in found], device="cpu")
-        suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found)]
+        suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, found, strict=True)]
         buckets = length_buckets([len(suffix) for suffix in suffixes])
         spans = [int(reuse[bucket].max()) + max(len(suffixes[i]) for i in bucket) for bucket in buckets]
         width = max(spans)
         cached = self.prefix_cache.rows
         buffer = KVBuffer.allocate(len(prompts), width + room, cached.keys, cached.values)
         parts, start = [], 0
-        for bucket, span in zip(buckets, spans):
+        for bucket, span in zip(buckets, spans, strict=True):
             index = torch.as_tensor(bucket, device="cpu")
             part = buffer.rows(start, start + len(bucket), width - span)
             part.fill(*gather_past(cached, sources[index], reuse[index]))

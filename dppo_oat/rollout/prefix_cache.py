@@ -20,8 +20,8 @@ tensor swapped in changes them): rows cached under other weights are never reuse
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -97,7 +97,8 @@ class PrefixCache:
         shared = np.where(same.all(axis=2), width, np.argmin(same, axis=2))  # length of the common prefix
         best = shared.argmax(axis=1)
         lengths = shared[np.arange(len(prompts)), best]
-        return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0) for row, length in zip(best, lengths)]
+        return [(int(row), int(length)) if length >= MIN_REUSE else (-1, 0)
+                for row, length in zip(best, lengths, strict=True)]
 
     def lookup(self, prompt: Sequence[int], version: WeightsVersion) -> tuple[int, int]:
         """:meth:`lookup_all` for one prompt."""
@@ -120,7 +121,7 @@ def gather_past(rows: CachedRows, sources: torch.Tensor, reuse: torch.Tensor):
     source_rows = source_rows[:, None].to(device)
     index = rows.columns.to(device)[source_rows, index.to(device)]  # the cached tokens' columns in the keys
     past = [(keys[source_rows, :, index].transpose(1, 2), values[source_rows, :, index].transpose(1, 2))
-            for keys, values in zip(rows.keys, rows.values)]  # [B, R, H, D] -> [B, H, R, D]
+            for keys, values in zip(rows.keys, rows.values, strict=True)]  # [B, R, H, D] -> [B, H, R, D]
     return past, mask.to(device)
 
 
@@ -142,7 +143,7 @@ def rows_right_aligned(tensors: Sequence[torch.Tensor], rows: Sequence[Sequence[
     shape[0] = sum(len(part_rows) for part_rows in rows)
     shape[dim] = max(tensor.shape[dim] for tensor in tensors)
     out = tensors[0].new_zeros(shape)
-    for tensor, part_rows in zip(tensors, rows):
+    for tensor, part_rows in zip(tensors, rows, strict=True):
         index = torch.as_tensor(list(part_rows), device=out.device)
         out.narrow(dim, shape[dim] - tensor.shape[dim], tensor.shape[dim])[index] = tensor
     return out
@@ -153,7 +154,7 @@ def concat_rows(parts: Sequence[CachedRows]) -> CachedRows:
     if len(parts) == 1:
         return parts[0]
     starts = np.cumsum([0] + [len(part.tokens) for part in parts])
-    rows = [range(start, start + len(part.tokens)) for start, part in zip(starts, parts)]
+    rows = [range(start, start + len(part.tokens)) for start, part in zip(starts, parts, strict=False)]
 
     def joined(tensors: Sequence[torch.Tensor], dim: int = 2) -> torch.Tensor:
         return rows_right_aligned(tensors, rows, dim=dim)
@@ -193,4 +194,4 @@ def length_buckets(suffix_lengths: Sequence[int], min_saving: float = SPLIT_SAVI
     while chosen + 1 < len(costs) and costs[chosen][0] - costs[chosen + 1][0] >= min_saving * costs[0][0]:
         chosen += 1
     starts = [0] + costs[chosen][1][:-1]
-    return [sorted(order[start:end]) for start, end in zip(starts, costs[chosen][1])]
+    return [sorted(order[start:end]) for start, end in zip(starts, costs[chosen][1], strict=True)]

@@ -7,9 +7,9 @@ tokenizer's own chat template.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from dppo_oat.spec import TEMPLATES
+from dppo_oat.settings.spec import TEMPLATES
 
 QWEN3_GAME = (
     "<|im_start|>user\nYou are playing language games. Make valid actions to win.\nObservation: {observation}"

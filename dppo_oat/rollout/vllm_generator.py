@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from dppo_oat.rollout.generation import Completion, check_logprob_semantics
-from dppo_oat.samples import TOPK_PAD_ID
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
+from dppo_oat.update_batch import TOPK_PAD_ID
 
 VLLM_DEFAULT_MAX_LOGPROBS = 20
 """vLLM's default ``max_logprobs``: the largest K a generator returns unless the engine is built with more."""
@@ -136,7 +137,8 @@ class VLLMGenerator:
     """
 
     def __init__(
-        self, model_path: str, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS, seed: int = 0,
+        self, model_path: str, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS,
+        seed: int = 0,
         processed_logprobs: bool | None = None, cpu_defaults: bool | None = None, **engine_overrides,
     ):
         import vllm
@@ -163,8 +165,9 @@ class VLLMGenerator:
 
     @classmethod
     def from_llm(
-        cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS, processed_logprobs: bool = False
-    ) -> "VLLMGenerator":
+        cls, llm, *, eos_token_ids: Sequence[int] = (), max_logprobs: int = VLLM_DEFAULT_MAX_LOGPROBS,
+        processed_logprobs: bool = False
+    ) -> VLLMGenerator:
         """A generator on a ``vllm.LLM`` built elsewhere (e.g. by oat's actor, which also syncs its weights).
 
         ``processed_logprobs`` must say how that engine reports log-probs: False (raw, vLLM 0.8.4's only mode) makes
@@ -189,7 +192,8 @@ class VLLMGenerator:
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         samples = [output.outputs[0] for output in self.llm.generate(requests, params, use_tqdm=False)]
         texts = completion_texts(self.tokenizer, samples)
-        return [completion_from_output(s, text, settings.top_k_logprobs) for s, text in zip(samples, texts)]
+        return [completion_from_output(s, text, settings.top_k_logprobs)
+                for s, text in zip(samples, texts, strict=True)]
 
     def update_weights(self, state_dict: dict) -> None:
         """Load a FULL state dict (HF names) into the engine in one call, then drop KV computed with old weights.

@@ -73,7 +73,6 @@ from dppo_oat.trust_region.calibrate import (
 from dppo_oat.trust_region.config import (
     ANCHORS,
     CHOICE_FIELDS,
-    FIELD_SYMBOLS,
     INTEGER_FIELDS,
     IS_WEIGHTS,
     MASK_SIDES,
@@ -87,7 +86,6 @@ from dppo_oat.trust_region.config import (
 from dppo_oat.trust_region.loss import (
     LOGPROB_TOLERANCE,
     PolicyLossOutput,
-    finite_tokens,
     importance_weight,
     mask_inputs,
     policy_loss,
@@ -146,12 +144,14 @@ from dppo_oat.trust_region.reductions import (
 )
 from dppo_oat.trust_region.registry import (
     DIVERGENCES,
+    FIELD_SYMBOLS,
     RULE_TABLE,
     THRESHOLDS,
     Divergence,
     MaskInputs,
     Rule,
     TopK,
+    finite_tokens,
     k2_divergence,
     k3_divergence,
     register_rule,

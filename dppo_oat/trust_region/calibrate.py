@@ -32,16 +32,26 @@ optimizer step, or carry a stale or mismatched μ.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from dppo_oat.trust_region.config import FIELD_SYMBOLS, TrustRegion
-from dppo_oat.trust_region.loss import finite_tokens
 from dppo_oat.trust_region.masks import ROLLOUT_CORR_LOG_BOUND, mismatch_keep
-from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, THRESHOLDS, MaskInputs, TopK
+from dppo_oat.trust_region.registry import (
+    DIVERGENCES,
+    FIELD_SYMBOLS,
+    RULE_TABLE,
+    THRESHOLDS,
+    MaskInputs,
+    TopK,
+    finite_tokens,
+)
 from dppo_oat.trust_region.weights import sapo_gate_slope
+
+if TYPE_CHECKING:
+    from dppo_oat.trust_region.config import TrustRegion
 
 UNITS = ("token", "sequence")
 """What a target fraction counts: A ≠ 0 response tokens, or rows (one response, one turn) with such a token."""
@@ -156,11 +166,12 @@ def band_of(tr: TrustRegion, band: str | None = None) -> Band:
                          "whose mask has a band (δ, ε or τ_M2), e.g. dppo_binary_tv")
     name = choices[0] if band is None else band
     if name not in choices:
-        raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: choose one of {', '.join(choices)}")
+        raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: "
+                         f"choose one of {', '.join(choices)}")
     chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, band_fields(name, choices))
     values = [getattr(tr, f) for f in chosen.fields]
     if not all(math.isfinite(v) for v in values) or max(values) <= 0:
-        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values))
+        shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values, strict=True))
         raise ValueError(f"trust region {tr.name}'s band is {shown}: calibration scales it, so give it a finite value "
                          "> 0 first (--tr-<field>)")
     return chosen

@@ -11,6 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from dppo_oat.ranges import check_float32
 from dppo_oat.trust_region.presets import PRESETS
 from dppo_oat.trust_region.registry import RULE_TABLE, THRESHOLDS
 
@@ -41,10 +42,6 @@ REAL_FIELDS = tuple(name for name in NUMBER_FIELDS if name not in INTEGER_FIELDS
 """Of :data:`NUMBER_FIELDS`, the real numbers."""
 CHOICE_FIELDS = ("rule", "anchor", "relax", "is_weight", "mismatch_mask", "mask_side")
 """The :class:`TrustRegion` fields that name one of a few choices."""
-FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
-                 "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
-                 "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
-"""How the docs write each of :data:`NUMBER_FIELDS`."""
 
 
 def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavior",
@@ -69,7 +66,8 @@ def numeric_fields_read(rule: str, relax: str = "none", is_weight: str = "behavi
 @dataclass(frozen=True)
 class TrustRegion:
     """One trust-region rule of the unified gradient (eq:unified_grad). Build it with :meth:`preset`. Each field's
-    docstring is also the help of its command-line override (``--tr-<field>``, :class:`~dppo_oat.spec.DPPOFlags`)."""
+    docstring is also the help of its command-line override (``--tr-<field>``,
+    :class:`~dppo_oat.settings.spec.DPPOFlags`)."""
 
     rule: str = "binary_tv"
     """Which mask M_t: a name of :data:`RULE_TABLE`."""
@@ -156,10 +154,12 @@ class TrustRegion:
             raise ValueError(f"rule {self.rule!r} compares the recomputed π_θ' with μ: it needs anchor='recompute'")
 
     def _check_numbers(self) -> None:
-        """Each number is in its range (no NaN anywhere)."""
+        """Each number is in its range (no NaN anywhere, and none past what float32, which the loss computes in,
+        holds: :func:`~dppo_oat.ranges.check_float32`)."""
         for attr in REAL_FIELDS:
             if math.isnan(getattr(self, attr)):
                 raise ValueError(f"{attr} is NaN")
+            check_float32(attr, getattr(self, attr))
         if not self.delta > 0:
             raise ValueError(f"delta (δ) must be > 0, got {self.delta}")
         if self.eps_low < 0 or self.eps_high < 0:
@@ -182,7 +182,8 @@ class TrustRegion:
         if not self.tau_m2 >= 0:
             raise ValueError(f"tau_m2 (τ_M2) must be >= 0 (math.inf: no mask), got {self.tau_m2}")
         if not (0 < self.tau_pos < math.inf and 0 < self.tau_neg < math.inf):
-            raise ValueError(f"tau_pos and tau_neg (SAPO's τ) must be finite and > 0, got {self.tau_pos}, {self.tau_neg}")
+            raise ValueError(f"tau_pos and tau_neg (SAPO's τ) must be finite and > 0, "
+                             f"got {self.tau_pos}, {self.tau_neg}")
 
     @property
     def uses_topk(self) -> bool:
@@ -216,7 +217,8 @@ class TrustRegion:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown TrustRegion field(s) {sorted(unknown)} for preset {name!r}")
-        tr = cls(**{**PRESETS[name].fields, "name": name, **overrides})
+        base = cls(**{**PRESETS[name].fields, "name": name})
+        tr = cls(**{**PRESETS[name].fields, **overrides, "name": variant_name(base, overrides)})
         unread = [field for field in overrides if field in NUMBER_FIELDS and field not in tr.fields_read]
         if unread:
             raise ValueError(f"{', '.join(unread)}: not read by the trust region {name} (it reads "
@@ -230,10 +232,26 @@ class TrustRegion:
     def calibrate(self, batch, target: float | None = None, *, like: TrustRegion | None = None, unit: str = "token",
                   band: str | None = None):
         """A copy whose band blocks ``target`` of ``batch``'s A ≠ 0 tokens (or as many as ``like`` does), and the
-        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport` (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
+        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport`
+        (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
         from dppo_oat.trust_region.calibrate import calibrate
 
         return calibrate(self, batch, target, like=like, unit=unit, band=band)
+
+
+def variant_name(base: TrustRegion, overrides: dict) -> str:
+    """The name of preset ``base`` with ``overrides``: its own while the choices that define the method stay (a
+    changed number is a setting of the same method), ``<preset>+<field>=<value>`` for each choice changed
+    (``dppo_binary_tv+mismatch_mask=token``), or the ``name`` given, unless that is another preset's."""
+    given = overrides.get("name")
+    if given is not None:
+        if given in PRESETS and given != base.name:
+            raise ValueError(f"name={given!r} is another preset's: TrustRegion.preset({base.name!r}) stays "
+                             f"{base.name!r}, or give the variant a name of its own")
+        return given
+    changed = [f"+{field}={overrides[field]}" for field in CHOICE_FIELDS
+               if field in overrides and overrides[field] != getattr(base, field)]
+    return base.name + "".join(changed)
 
 
 def _check_choice(attr: str, value: str, choices: tuple) -> None:

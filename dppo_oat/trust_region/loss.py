@@ -20,7 +20,7 @@ from dppo_oat.trust_region.config import TrustRegion
 from dppo_oat.trust_region.masks import MAX_LOG_RATIO, mismatch_keep
 from dppo_oat.trust_region.metrics import mismatch_diagnostics, trust_region_metrics
 from dppo_oat.trust_region.reductions import row_sum
-from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, MaskInputs, Rule, TopK
+from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, MaskInputs, Rule, TopK, finite_tokens
 from dppo_oat.trust_region.weights import kl_penalty
 
 LOGPROB_TOLERANCE = 1e-4
@@ -67,12 +67,21 @@ def trust_region_keep(tr: TrustRegion, logp, anchor_logp, behavior_logp, advanta
     return RULE_TABLE[tr.rule].keep(inputs, tr), inputs.divergence
 
 
+def as_trust_region(tr) -> TrustRegion:
+    """``tr`` itself, or the preset it names; anything else is one ``ValueError``."""
+    if isinstance(tr, str):
+        return TrustRegion.preset(tr)
+    if not isinstance(tr, TrustRegion):
+        raise ValueError(f"tr must be a TrustRegion or a preset's name, got {type(tr).__name__}")
+    return tr
+
+
 def policy_loss(
     logp: torch.Tensor,
     behavior_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    tr: TrustRegion,
+    tr: TrustRegion | str,
     *,
     recomputed_logp: torch.Tensor | None = None,
     topk: TopK | None = None,
@@ -85,9 +94,11 @@ def policy_loss(
         advantages: ``[B, 1]`` (per sequence) or ``[B, T]`` (per token).
         mask: ``[B, T]`` bool, the response mask: True on response tokens; a row is one response (one turn), the
             sequence the sequence-level rules (``decoupled_seq``, ``seq_geo``, TRM, GSPO...) aggregate over.
+        tr: the trust region, or a preset's name (``"dppo_binary_tv"``: its defaults).
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
     """
+    tr = as_trust_region(tr)
     _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
     rule = RULE_TABLE[tr.rule]
     response = mask.bool()
@@ -147,18 +158,6 @@ def importance_weight(tr: TrustRegion, logp, behavior_logp, recomputed_logp,
     log_weight = log_truncated.clamp(max=log_cap) + log_untruncated
     return log_weight.clamp(max=MAX_LOG_RATIO).exp(), log_truncated > log_cap
 
-
-
-def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
-    """``[B, T]``: True where every input of the token is finite (its log-probs, its advantage, its top-K log-probs
-    but for the padding slots, where μ may be −∞). :func:`policy_loss` leaves the others out and counts them in its
-    ``nonfinite`` metric."""
-    finite = torch.isfinite(logp) & torch.isfinite(behavior_logp) & torch.isfinite(advantages).expand_as(logp)
-    if recomputed_logp is not None:
-        finite &= torch.isfinite(recomputed_logp)
-    if topk is not None:
-        finite &= ~(topk.valid & (torch.isnan(topk.behavior_logp) | torch.isnan(topk.logp))).any(-1)
-    return finite
 
 
 def _check_logprobs_at_most_zero(response: torch.Tensor, **logprobs: torch.Tensor | None) -> None:

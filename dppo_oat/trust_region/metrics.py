@@ -66,7 +66,7 @@ def trust_region_metrics(logp, behavior_logp, advantages, response, keep, diverg
     stats.update(sign_cell_stats(blocked, active, advantages, prob, mu_prob, behavior_logp, logp))
     stats.update({key: value.to(stats["tokens"].dtype) for key, value in (extra or {}).items()})
     values = torch.stack(list(stats.values())).tolist()
-    return dict(zip(stats.keys(), values))
+    return dict(zip(stats.keys(), values, strict=True))
 
 
 def shadow_mask_stats(logp, behavior_logp, advantages, response, ratio) -> dict[str, torch.Tensor]:
@@ -89,7 +89,7 @@ def shadow_mask_stats(logp, behavior_logp, advantages, response, ratio) -> dict[
     return stats
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shadow_mismatch_bands() -> dict[str, tuple[str, float, float]]:
     """``(mismatch_mask, mismatch_low, mismatch_high)`` of each of :data:`SHADOW_MISMATCH_PRESETS`."""
     presets = (TrustRegion.preset(name) for name in SHADOW_MISMATCH_PRESETS)

@@ -13,8 +13,8 @@ declaration.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -28,7 +28,7 @@ class TopK:
     top-K divergences read.
 
     ``K' = K + 1``: the last slot holds a_t when it is outside μ's top K, and is invalid otherwise.
-    ``logp`` holds π_θ's log-probs at ``ids`` (see :func:`dppo_oat.logprobs.gather_logprobs_chunked`).
+    ``logp`` holds π_θ's log-probs at ``ids`` (see :func:`dppo_oat.divergence.logprobs.gather_logprobs_chunked`).
     """
 
     ids: torch.Tensor
@@ -113,7 +113,8 @@ DIVERGENCES = {
     "topk_kl": Divergence(lambda logp, anchor_logp, topk: div.topk_kl(topk.behavior_logp, topk.logp, topk.valid),
                           needs_topk=True),
     "prob_drop": Divergence(lambda logp, anchor_logp, topk: anchor_logp.exp() - logp.exp()),
-    "ratio": Divergence(lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs()),
+    "ratio": Divergence(
+        lambda logp, anchor_logp, topk: ((logp - anchor_logp).clamp(max=MAX_LOG_RATIO).exp() - 1).abs()),
     "log_ratio_sq": Divergence(
         lambda logp, anchor_logp, topk: (logp - anchor_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).square()),
     "k2": Divergence(lambda logp, anchor_logp, topk: k2_divergence(logp - anchor_logp)),
@@ -126,6 +127,22 @@ THRESHOLDS = {"delta": ("delta",), "clip_range": ("eps_low", "eps_high"), "tau_m
 """What a rule's mask may threshold (:attr:`Rule.threshold`), by name, with the
 :class:`~dppo_oat.trust_region.config.TrustRegion` fields that hold it: the divergence bound δ, PPO's clip range
 ``[1 − ε_low, 1 + ε_high]`` (and α when relaxed) or M2PO's τ_M2."""
+FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
+                 "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
+                 "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
+"""How the docs write each of :data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`."""
+
+
+def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
+    """``[B, T]``: True where every input of the token is finite (its log-probs, its advantage, its top-K log-probs
+    but for the padding slots, where μ may be −∞). :func:`~dppo_oat.trust_region.loss.policy_loss` leaves the others
+    out and counts them in its ``nonfinite`` metric."""
+    finite = torch.isfinite(logp) & torch.isfinite(behavior_logp) & torch.isfinite(advantages).expand_as(logp)
+    if recomputed_logp is not None:
+        finite &= torch.isfinite(recomputed_logp)
+    if topk is not None:
+        finite &= ~(topk.valid & (torch.isnan(topk.behavior_logp) | torch.isnan(topk.logp))).any(-1)
+    return finite
 
 
 # --------------------------------------------------------------------------------------------- rules
@@ -164,8 +181,9 @@ class Rule:
     """For a top-K rule: the same mask on a binary divergence, registered before it, which an engine without μ's
     top-K set runs instead."""
     weight: Callable[..., torch.Tensor] | None = None
-    """w_t of its own, of ``(x, tr)`` (detached ``[B, T]``), in place of the IS weight of the trust region's ``is_weight`` (which it
-    then ignores, C included): GSPO's sequence ratio, SAPO's gate slope, MinPRO's prefix minimum."""
+    """w_t of its own, of ``(x, tr)`` (detached ``[B, T]``), in place of the IS weight of the trust region's
+    ``is_weight`` (which it then ignores, C included): GSPO's sequence ratio, SAPO's gate slope, MinPRO's prefix
+    minimum."""
     reads_mask_side: bool = False
     """True when ``TrustRegion.mask_side`` picks one half of its mask (DPPO's, eq:dppo_obj); other rules refuse a
     ``mask_side`` but ``both``."""

@@ -5,8 +5,8 @@ Every arm trains ``--steps`` RL steps of the default task from the same start (t
 default seed), in a fresh run directory, evaluation pushed past the run; the first step (a synchronous rollout in
 every arm) is left out, and ``seconds_per_rl_step`` is the median of the others' wall times. ``speedup_k1`` and
 ``speedup_k2`` are the synchronous median over each asynchronous one. The arms run in turn, ``--rounds`` times
-(A B C A B C …), so that a machine's drift falls on each alike; each arm of a round is a new trainer. On a CPU the background rollout and the update share the cores, so the gain is bounded by how much of a
-step either leaves idle.
+(A B C A B C …), so that a machine's drift falls on each alike; each arm of a round is a new trainer. On a CPU the
+background rollout and the update share the cores, so the gain is bounded by how much of a step either leaves idle.
 
 Usage: ``python scripts/bench/async_rollout.py [--steps 6] [--rounds 2] [--note TEXT]``
 """

@@ -38,13 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dppo_oat.fused_head import fused_head_logprobs
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.logprobs import topk_of_logprobs
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.divergence.logprobs import topk_of_logprobs
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.fused_head import fused_head_logprobs
+from dppo_oat.learner.update import minibatch_step
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import minibatch_step
+from dppo_oat.update_batch import UpdateBatch
 
 TARGETS = {"peak_mem_ratio": (">=", 5.0), "time_ratio": ("<=", 1.1), "max_grad_abs_diff": ("<=", 1e-3)}
 """What the fused head should reach against the logits path."""
@@ -82,7 +82,10 @@ def micro_batch(model: HiddenStatesLM, prompt: int, k: int, seed: int = 0) -> Up
     with torch.no_grad():
         logp, _, _ = fused_head_logprobs(model.hidden[:, :-1], model.lm_head.weight, ids[:, 1:], with_entropy=False)
         topk_ids, topk_mu = top_k_set(model, ids[:, 1:], k)
-    noise = lambda shape: 0.1 * torch.randn(shape, generator=gen).to(logp.device)  # noqa: E731
+
+    def noise(shape):
+        return 0.1 * torch.randn(shape, generator=gen).to(logp.device)
+
     response = torch.ones(rows, length - 1, dtype=torch.bool, device=ids.device)
     response[:, : prompt - 1] = False
     return UpdateBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=response,
@@ -99,7 +102,7 @@ def top_k_set(model: HiddenStatesLM, ids: torch.Tensor, k: int, rows_per_chunk: 
         part = slice(start, start + rows_per_chunk)
         logp = model.lm_head(hidden[part]).float().log_softmax(-1)
         pieces.append(topk_of_logprobs(logp, flat_ids[part], k))
-    top_ids, top_logp = (torch.cat(parts) for parts in zip(*pieces))
+    top_ids, top_logp = (torch.cat(parts) for parts in zip(*pieces, strict=True))
     return top_ids.reshape(*ids.shape, k + 1), top_logp.reshape(*ids.shape, k + 1)
 
 
@@ -204,8 +207,8 @@ def measure(args) -> dict:
             if name == "logits":
                 reference = out["grads"]
             elif tr_name == "dppo_binary_tv":
-                diffs[name] = [rel_diff(g, r) for g, r in zip(out["grads"], reference)]
-                abs_diffs[name] = [abs_diff(g, r) for g, r in zip(out["grads"], reference)]
+                diffs[name] = [rel_diff(g, r) for g, r in zip(out["grads"], reference, strict=True)]
+                abs_diffs[name] = [abs_diff(g, r) for g, r in zip(out["grads"], reference, strict=True)]
             del out
     row = summary(args, seconds, extra, diffs, model.lm_head.weight)
     row["response_tokens"] = int(batch.response_mask.sum())
@@ -225,7 +228,7 @@ def summary(args, seconds, extra, diffs, weight) -> dict:
         "time_ratio": median["fused"] / median["logits"],
         "topk_vs_binary": median["fused_topk"] / median["fused"],
         "max_grad_rel_diff": max(max(values) for values in diffs.values()),
-        "grad_rel_diff": {name: dict(zip(("hidden", "head"), values)) for name, values in diffs.items()},
+        "grad_rel_diff": {name: dict(zip(("hidden", "head"), values, strict=True)) for name, values in diffs.items()},
         "extra_peak_gib": {name: value / 2**30 for name, value in extra.items()},
         "head_grad_gib": weight.numel() * weight.element_size() / 2**30,
         "step_seconds": median,

@@ -1,9 +1,10 @@
 """The learner's update: tokens per second and model FLOP utilisation (MFU); prints one JSON object.
 
-One update is the local engine's: the core's :func:`~dppo_oat.update.learn_from_rollout` (DPPO-Binary-TV, the fused
-head, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
+One update is the local engine's: the core's :func:`~dppo_oat.learner.update.learn_from_rollout` (DPPO-Binary-TV, the
+fused head, AdamW with gradient clipping) over the minibatches of a rollout batch, on a Qwen3 of
 ``qwen3_shapes.SHAPES`` with random weights (throughput only) and random token ids; weights and AdamW states in fp32
-and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are ``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
+and the forward passes under ``torch.autocast(--dtype)``, as the local engine's ``--dtype`` runs them. Sequences are
+``--prompt-tokens`` of prompt then ``--response-tokens`` of response, as a rollout's.
 
 - ``tokens_per_s``: tokens (prompt and response) of the rollout batch ÷ the median seconds of one update.
 - ``mfu``: the update's model FLOPs per second ÷ ``peak_flops``, the rate of one large matrix product in ``--dtype``
@@ -35,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from machine import matmul_flops, synchronize
 from qwen3_shapes import SHAPES, random_qwen3
 
-from dppo_oat.guard import BlowUpGuard
-from dppo_oat.mixed_precision import autocast_forward
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.learner.autocast import autocast_forward
+from dppo_oat.learner.guard import BlowUpGuard
+from dppo_oat.learner.update import EngineSteps, clip_and_step, learn_from_rollout
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout
+from dppo_oat.update_batch import UpdateBatch
 
 
 def rollout_batch(sequences: int, prompt: int, response: int, vocab: int, device: str) -> UpdateBatch:

@@ -34,10 +34,9 @@ from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.engines.local.seeds import train_group_seeds
 from dppo_oat.engines.local.trainer import LocalTrainer
+from dppo_oat.learner.update import minibatch_indices
 from dppo_oat.rollout.decode import sample_with_cache
 from dppo_oat.rollout.hf_generator import completion_lengths, left_pad
-from dppo_oat.update import minibatch_indices
-
 
 RAW_REPEATS = 3
 """Raw ``generate`` and sampling-loop calls per RL step (their median is the step's raw rate)."""
@@ -49,7 +48,7 @@ def first_turn_batch(trainer: LocalTrainer):
     seeds = train_group_seeds(c.seed, 10_000, c.groups_per_step)
     observations, infos = trainer.collector.vec_env.reset(seed=[s for s in seeds for _ in range(c.group_size)])
     prompts = [trainer.collector._tokenize(trainer.collector.render(trainer.collector.observation_fn(o, i)))
-               for o, i in zip(observations, infos)]
+               for o, i in zip(observations, infos, strict=True)]
     return left_pad(prompts, trainer.tokenizer.pad_token_id, trainer.generator.model.device)
 
 
@@ -73,8 +72,8 @@ def raw_sampling_loop_tokens_per_s(trainer: LocalTrainer, input_ids, attention_m
     stop_ids = torch.as_tensor([tok.eos_token_id])
     start = time.perf_counter()
     decoded = sample_with_cache(model, input_ids, attention_mask, max_new_tokens=c.max_new_tokens,
-                                temperature=trainer.spec.sampling.temperature, stop_ids=stop_ids, pad_id=tok.pad_token_id,
-                                keep_logprobs=False)
+                                temperature=trainer.spec.sampling.temperature, stop_ids=stop_ids,
+                                pad_id=tok.pad_token_id, keep_logprobs=False)
     lengths, _ = completion_lengths(decoded.new_ids, stop_ids)
     return int(lengths.sum()) / (time.perf_counter() - start)
 
@@ -101,11 +100,12 @@ def raw_update_tokens_per_s(trainer: LocalTrainer, batch) -> float:
 def last_update_batch(trainer: LocalTrainer):
     """The update batch of a fresh rollout of the current policy (for the raw-update comparison)."""
     from dppo_oat.advantages import sample_advantages
-    from dppo_oat.samples import build_update_batch
+    from dppo_oat.update_batch import build_update_batch
 
     seeds = train_group_seeds(trainer.config.seed, 20_000 + trainer.step, trainer.config.groups_per_step)
     samples = trainer.collector.collect(trainer.generator, trainer._sampling(1), seeds).samples
-    return build_update_batch(samples, sample_advantages(samples, trainer.spec.advantages), trainer.tokenizer.pad_token_id)
+    advantages = sample_advantages(samples, trainer.spec.advantages)
+    return build_update_batch(samples, advantages, trainer.tokenizer.pad_token_id)
 
 
 def measure_steps(trainer: LocalTrainer, steps: int) -> list[dict]:

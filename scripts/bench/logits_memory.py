@@ -23,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.update import minibatch_step
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import minibatch_step
+from dppo_oat.update_batch import UpdateBatch
 
 SMALL_VOCAB = 1024
 

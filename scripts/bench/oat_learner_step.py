@@ -86,9 +86,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import matmul_flops  # noqa: E402
-from oat_gpu_setup import (attention_implementation, compile_fused_adam, flash_attn_installed,  # noqa: E402
-                           use_sdpa_for_eager, use_torch_fused_adamw)
+from machine import matmul_flops  # noqa: E402  (after the sys.path setup)
+from oat_gpu_setup import (  # noqa: E402  (after the sys.path setup)
+    attention_implementation,
+    compile_fused_adam,
+    flash_attn_installed,
+    use_sdpa_for_eager,
+    use_torch_fused_adamw,
+)
+
 VARIANTS = ("ppo", "dppo")
 MMAP_THRESHOLD = "65536"
 """Blocks from 64 KiB up are mapped and unmapped on their own, so the resident set follows what is allocated."""
@@ -159,7 +165,7 @@ def transitions(args, model) -> list:
                                response_ids=row[args.prompt_tokens:].tolist(), response_logprobs=mu[i].tolist(),
                                rewards=[0.0] * (args.response_tokens - 1) + [reward], loss_mask=True, info={},
                                advantage=float(advantage))
-            for i, (row, reward, advantage) in enumerate(zip(ids, rewards, advantages))]
+            for i, (row, reward, advantage) in enumerate(zip(ids, rewards, advantages, strict=True))]
 
 
 # ------------------------------------------------------------------------------------------- learners (workers)
@@ -295,19 +301,19 @@ class Counters:
     and without grad)."""
 
     def __init__(self, learner) -> None:
-        import dppo_oat.learner_forward
+        import dppo_oat.learner.forward
 
         module = learner.model.model.module
         self.values = {}
         module.model.register_forward_hook(self._decoder)
         module.get_output_embeddings().register_forward_hook(self._head)
-        fused = dppo_oat.learner_forward.fused_head_logprobs
+        fused = dppo_oat.learner.forward.fused_head_logprobs
 
         def counted(hidden, *rest, **kwargs):  # DPPO's fused head reads the weight, not the module
             self.add_head_rows(hidden.shape[0])
             return fused(hidden, *rest, **kwargs)
 
-        dppo_oat.learner_forward.fused_head_logprobs = counted
+        dppo_oat.learner.forward.fused_head_logprobs = counted
 
     def add(self, key: str, value: int) -> None:
         self.values[key] = self.values.get(key, 0) + int(value)
@@ -403,7 +409,8 @@ def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> di
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     fingerprint = sum(p.detach().double().sum().item() for p in engine.module.parameters())
-    return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total, "optimizer_steps": engine.global_steps - steps,
+    return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total,
+            "optimizer_steps": engine.global_steps - steps,
             "skipped_steps": engine.skipped_steps - skipped, "pg_loss": float(infos["pg_loss"]),
             "weights_after": fingerprint, **counters.take()}
 
@@ -485,16 +492,18 @@ class Worker:
         context = multiprocessing.get_context("spawn")
         self.variant = variant
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(variant, args, gpu, model_dir, batch_path, child), daemon=True)
+        self.process = context.Process(target=worker, args=(variant, args, gpu, model_dir, batch_path, child),
+                                       daemon=True)
         self.process.start()
         child.close()
 
     def receive(self):
         try:
             kind, payload = self.conn.recv()
-        except EOFError:
+        except EOFError as error:
             self.process.join(timeout=10)
-            raise RuntimeError(f"the {self.variant} learner's process ended (exit code {self.process.exitcode})")
+            raise RuntimeError(f"the {self.variant} learner's process ended "
+                               f"(exit code {self.process.exitcode})") from error
         if kind == "error":
             raise RuntimeError(f"the {self.variant} learner failed:\n{payload}")
         return payload
@@ -536,7 +545,8 @@ def step_flops(counts: dict, shape: dict, sequence_length: int) -> float:
     """
     per_token = shape["decoder_parameters"] + shape["layers"] * shape["attention_width"] * sequence_length
     head = shape["head_parameters"]
-    return (6 * per_token * counts.get("decoder_tokens_grad", 0) + 2 * per_token * counts.get("decoder_tokens_no_grad", 0)
+    return (6 * per_token * counts.get("decoder_tokens_grad", 0)
+            + 2 * per_token * counts.get("decoder_tokens_no_grad", 0)
             + 6 * head * counts.get("lm_head_rows_grad", 0) + 2 * head * counts.get("lm_head_rows_no_grad", 0))
 
 
@@ -642,8 +652,9 @@ def machine(device: str) -> str:
 
 def summary(args, pairs: list[dict], facts: dict) -> dict:
     """The JSON object: ratios, medians, peaks, what each step computed, the configuration and the machine."""
-    import deepspeed
     from importlib.metadata import version
+
+    import deepspeed
 
     def median(variant: str, key: str) -> float:
         return statistics.median(pair[variant][key] for pair in pairs)

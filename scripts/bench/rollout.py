@@ -45,12 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from machine import copy_bandwidth
-from qwen3_shapes import SHAPES, random_qwen3 as random_qwen3_model
+from qwen3_shapes import SHAPES
+from qwen3_shapes import random_qwen3 as random_qwen3_model
 
 from dppo_oat.models import build_tiny_policy, save_policy, toy_corpus
-from dppo_oat.spec import SamplingSettings
 from dppo_oat.rollout.cuda_graphs import MIN_GRAPH_STEPS
 from dppo_oat.rollout.hf_generator import HFGenerator, completion_lengths, left_pad
+from dppo_oat.settings.spec import SamplingSettings
 
 TARGET_RATIO = 0.9
 """The single-turn target of the tiny policy (``hf.meets_target``)."""
@@ -117,7 +118,7 @@ def bench_hf(model, tokenizer, prompts, new_tokens: int, repeats: int) -> dict:
     for _ in range(repeats):
         raw_rates += tokens_per_second(raw, 1)
         our_rates += tokens_per_second(ours, 1)
-    ratio = statistics.median(ours / raw for ours, raw in zip(our_rates, raw_rates))
+    ratio = statistics.median(ours / raw for ours, raw in zip(our_rates, raw_rates, strict=True))
     return {
         "raw_generate_tokens_per_s": round(statistics.median(raw_rates), 1),
         "hf_generator_tokens_per_s": round(statistics.median(our_rates), 1),
@@ -184,7 +185,7 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
 def next_turn(prompts, completions, vocab: int, generator: torch.Generator) -> list[list[int]]:
     """Each episode's next prompt: its prompt, its completion's tokens and an observation of random tokens."""
     return [list(p) + list(c) + random_tokens(OBSERVATION_TOKENS, vocab, generator)
-            for p, c in zip(prompts, completions)]
+            for p, c in zip(prompts, completions, strict=True)]
 
 
 def multi_turn_runner(sample, prompts, turns: int, vocab: int, seed: int):
@@ -219,7 +220,7 @@ def generate_sampler(model, tokenizer, new_tokens: int):
                                  pad_token_id=tokenizer.pad_token_id)
         new = out[:, input_ids.shape[1]:].cpu()
         lengths, _ = completion_lengths(new, eos)
-        return [row[:n].tolist() for row, n in zip(new, lengths.tolist())]
+        return [row[:n].tolist() for row, n in zip(new, lengths.tolist(), strict=True)]
 
     return sample
 
@@ -245,7 +246,7 @@ def bench_multi_turn(model, tokenizer, prompts, args) -> dict:
     for _ in range(args.repeats):
         raw_rates += tokens_per_second(raw_run, 1)
         our_rates += tokens_per_second(ours_run, 1)
-    ratio = statistics.median(o / r for o, r in zip(our_rates, raw_rates))
+    ratio = statistics.median(o / r for o, r in zip(our_rates, raw_rates, strict=True))
     refuse_eager_calls(generator, args.cuda_graphs)
     return {
         "generator_tokens_per_s": round(statistics.median(our_rates), 1),
@@ -306,7 +307,8 @@ def roofline_report(model, multi: dict, args, bandwidth: float) -> dict:
 
 def random_move() -> str:
     """A well-formed Sudoku action ``\\boxed{row col digit}`` with random 1-based values."""
-    return "\\boxed{%d %d %d}" % (random.randint(1, 4), random.randint(1, 4), random.randint(1, 4))
+    row, col, digit = (random.randint(1, 4) for _ in range(3))
+    return f"\\boxed{{{row} {col} {digit}}}"
 
 
 def env_steps_per_second(seconds: float = 2.0, env_id: str = "game:Sudoku-v0-easy") -> float | None:

@@ -34,7 +34,7 @@ import tyro
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.token_export import TokenExporter, export_path
+from dppo_oat.run.token_export import TokenExporter
 
 
 class TimedExporter(TokenExporter):
@@ -66,7 +66,7 @@ def trainer(run_dir: str, name: str, cache_dir: str | None, export: bool) -> Loc
     config = tyro.cli(TrainConfig, args=args + (["--cache-dir", cache_dir] if cache_dir else []))
     built = LocalTrainer(config)
     if export:
-        built.exporter = TimedExporter(config.run_path())
+        built.exporter = TimedExporter(built.run_dir)
     return built
 
 
@@ -91,10 +91,10 @@ def main() -> None:
         for step in range(args.steps):
             for run, times in ((off, off_steps), (on, on_steps))[:: 1 if step % 2 == 0 else -1]:
                 times.append(timed_step(run))
-            on.exporter.last.result()
+            on.exporter.wait()
         on.exporter.close()
-        sizes = [export_path(on.config.run_path(), step).stat().st_size for step in range(1, args.steps + 1)]
-        exported = not (off.config.run_path() / "token_exports").exists()
+        sizes = [on.run_dir.export(step).stat().st_size for step in range(1, args.steps + 1)]
+        exported = not off.run_dir.token_exports.exists()
         main_seconds = statistics.median(on.exporter.main_seconds[:-1])
         writer = statistics.median(on.exporter.writer_seconds)
         off_step = statistics.median(w for w, _ in off_steps)
@@ -103,8 +103,8 @@ def main() -> None:
         "version": args.version, "device": f"cpu ({torch.get_num_threads()} threads)", "steps": args.steps,
         "step_seconds_off": statistics.median(w for w, _ in off_steps),
         "step_seconds_on": statistics.median(w for w, _ in on_steps),
-        "on_vs_off": statistics.median(b[0] / a[0] for a, b in zip(off_steps, on_steps)),
-        "update_on_vs_off": statistics.median(b[1] / a[1] for a, b in zip(off_steps, on_steps)),
+        "on_vs_off": statistics.median(b[0] / a[0] for a, b in zip(off_steps, on_steps, strict=True)),
+        "update_on_vs_off": statistics.median(b[1] / a[1] for a, b in zip(off_steps, on_steps, strict=True)),
         "main_thread_seconds_per_step": main_seconds, "main_thread_share": main_seconds / off_step,
         "writer_seconds_per_step": writer, "writer_share": writer / off_step,
         "cost_upper_bound": (main_seconds + writer) / off_step, "target": 0.10,

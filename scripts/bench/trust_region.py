@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from dppo_oat.logprobs import topk_of_logprobs
+from dppo_oat.divergence.logprobs import topk_of_logprobs
 from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
 
 VOCAB = 151_936
@@ -37,7 +37,10 @@ def make_batch(b: int, t: int, k: int, device: str):
     top_mu = torch.randn(b, t, k, generator=gen).log_softmax(-1) - 0.01
     ids, top_mu = topk_of_logprobs(torch.cat([top_mu, mu.unsqueeze(-1)], -1), torch.full((b, t), k), k)
     topk = TopK(ids=ids, behavior_logp=top_mu, logp=top_mu + 0.05, valid=ids >= 0)
-    move = lambda x: x.to(device)  # noqa: E731
+
+    def move(x):
+        return x.to(device)
+
     topk = TopK(move(topk.ids), move(topk.behavior_logp), move(topk.logp), move(topk.valid))
     return move(logp), move(mu), move(adv), move(mask), topk
 

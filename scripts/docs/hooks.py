@@ -45,7 +45,7 @@ def formulas_to_mathml(content: str, source: str) -> str:
         try:
             return to_mathml(match.group("tex"), display=match.group(2) == "[")
         except Exception as error:
-            raise ValueError(f"{source}: cannot convert the formula {match.group('tex')!r}: {error}")
+            raise ValueError(f"{source}: cannot convert the formula {match.group('tex')!r}: {error}") from error
 
     return FORMULA.sub(replace, content)
 

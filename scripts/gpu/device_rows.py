@@ -56,7 +56,7 @@ def provenance(device: str) -> dict:
     """Where and with what a row was measured (the fields of the module's docstring but ``bench``)."""
     import torch
 
-    from dppo_oat.runlog import code_commit
+    from dppo_oat.run.log import code_commit
 
     return {"gpu": device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "commit": code_commit(),
@@ -95,7 +95,7 @@ def default_run_row(run_dir: Path, seconds: float, flags: list[str], stopped: st
     """Wall time and held-out success before → after of the run in ``run_dir`` (its eval.jsonl); a ValueError when
     it holds no evaluation. A run ``stopped`` before its last step (``stopped``: why) has no success after; its row
     says at which step of how many it stopped and the median seconds of rollout and update per step (metrics.jsonl)."""
-    from dppo_oat.runlog import EVAL_FILE
+    from dppo_oat.run.directory import EVAL_FILE
 
     evals = [json.loads(line) for line in (run_dir / EVAL_FILE).read_text().splitlines() if line.strip()]
     if not evals:
@@ -128,7 +128,7 @@ def stopped_fields(run_dir: Path, flags: list[str], stopped: str) -> dict:
     success."""
     import statistics
 
-    from dppo_oat.runlog import METRICS_FILE
+    from dppo_oat.run.directory import METRICS_FILE
 
     path = run_dir / METRICS_FILE
     metrics = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 try:
     from packaging.requirements import Requirement
@@ -57,7 +57,8 @@ PYTHON_VERSION = "3.12"
 OAT_LEARNER_ROOTS = ("oat-llm", "deepspeed", "dm-tree", "levenshtein", "msgspec", "openai")
 """What ``scripts/bench/oat_learner_step.py --device cuda`` imports beyond the local engine's packages: oat-llm, the
 DeepSpeed it pins, and oat's import-time modules the image lacks (``tree``, ``Levenshtein``, ``msgspec``, ``openai``),
-each at the GPU node lock's version. vLLM (imported by ``oat.actors``) and launchpad have import stand-ins on the device."""
+each at the GPU node lock's version. vLLM (imported by ``oat.actors``) and launchpad have import stand-ins on the
+device."""
 
 NO_DEPENDENCIES = {"oat-llm"}
 """Packages whose ``Requires-Dist`` is not followed, fetched whatever Python they require: oat-llm pins Python 3.10,
@@ -235,7 +236,8 @@ def fetch_with_pip(name: str, version: str, dest: Path, python_version: str = PY
         built = pip("wheel", "--no-deps", *isolation, "-w", str(scratch / "built"), str(sdists[0]), env=environment)
         wheels = list((scratch / "built").glob("*.whl")) if built.returncode == 0 else []
         if not wheels:
-            raise RuntimeError(f"{spec}: its sdist does not build here ({(built.stderr.strip().splitlines() or ['?'])[-1]})")
+            last_line = (built.stderr.strip().splitlines() or ["?"])[-1]
+            raise RuntimeError(f"{spec}: its sdist does not build here ({last_line})")
         metadata = wheel_metadata(wheels[0])
         if wheels[0].name.endswith("-none-any.whl") and wheel_problem(wheels[0].name, python_version) is None:
             return keep(name, version, wheels[0], metadata, dest)  # pure Python: the wheel built here installs there

@@ -31,9 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = Path("docs/engines/oat.md")
@@ -58,9 +58,9 @@ class Step:
 
     kind: str
     command: str
-    skip: Optional[str] = None
+    skip: str | None = None
     expect_status: int = 0
-    expect_output: Optional[str] = None
+    expect_output: str | None = None
     """An extended regular expression (``grep -E``) a line of the command's output must match (None: any)."""
 
 
@@ -163,7 +163,7 @@ def prose_steps(markdown: str) -> list[Step]:
     return [Step("prose", c) for c in dict.fromkeys(found) if c not in NOT_WALKED_PROSE]
 
 
-def skip_reason(command: str) -> Optional[str]:
+def skip_reason(command: str) -> str | None:
     """Why the walk does not run ``command`` (:data:`SKIPPED`), or None."""
     for name, (start, reason) in SKIPPED.items():
         if command.startswith(start) and name in command:
@@ -229,7 +229,7 @@ def walk_script(steps: Sequence[Step]) -> str:
     return PROLOGUE + "\n".join(render_step(n, s) for n, s in enumerate(steps, 1))
 
 
-def python310(candidate: str) -> Optional[str]:
+def python310(candidate: str) -> str | None:
     """The interpreter ``candidate`` runs, if it is a Python 3.10 (a pyenv shim without a 3.10 selected is not)."""
     try:
         done = subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 10); "
@@ -239,7 +239,7 @@ def python310(candidate: str) -> Optional[str]:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def find_python310() -> Optional[str]:
+def find_python310() -> str | None:
     """``python3.10`` on PATH, else pyenv's newest 3.10: the first that runs."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     candidates = [shutil.which("python3.10"), *map(str, sorted(pyenv.glob("3.10*/bin/python3.10"), reverse=True))]
@@ -283,7 +283,7 @@ def environment_size(work: Path, steps: Sequence[Step]) -> str:
     return output.read_text().strip() if output.exists() else "not measured"
 
 
-def clone(repo: str, rev: Optional[str], into: Path) -> None:
+def clone(repo: str, rev: str | None, into: Path) -> None:
     """A fresh ``git clone`` of the repository (its checked-out branch, or ``rev``)."""
     subprocess.run(["git", "clone", "--quiet", repo, str(into)], check=True)
     if rev:
@@ -343,7 +343,7 @@ def run_walk(args: argparse.Namespace, work: Path) -> int:
     return status
 
 
-def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default=None, help="the Python 3.10 the docs' commands find as python3.10")
     parser.add_argument("--repo", default=str(ROOT), help="what to git clone (default: this checkout)")
@@ -356,7 +356,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     if args.print:
         print(walk_script(walk_steps((ROOT / DOCS).read_text())), end="")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 """Appended to every problem (verl's MATH example)."""

@@ -182,7 +182,7 @@ def matched(preset: str, both_bands: bool = False) -> str:
     return f"{preset}@{MATCHED_LIKE}" + (",calibrate_band=both" if both_bands else "")
 
 
-MATCHED_ARMS = ((matched("gspo"), "GSPO"), (matched("vaco", True), "VACO"), (matched("dppo_binary_tv"), "DPPO-Binary-TV"),
+MATCHED_ARMS = ((matched("gspo"), "GSPO"), (matched("vaco", True), "VACO"), (matched("dppo_binary_tv"), "DPPO-Binary-TV"),  # noqa: E501  (pre-registered, kept as committed)
                 (matched("grpo_clip_higher"), "GRPO-ClipHigher"))
 """The ``matched`` experiment's arms, the first v5 sitting's: the two field rules whose source bands could not be read
 as trust regions under int4 (GSPO's blocked most tokens and collapsed, VACO's blocked none), DPPO-Binary-TV (the

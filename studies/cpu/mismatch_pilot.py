@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/mismatch_pilot.py): the root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.runlog import code_commit, read_jsonl  # noqa: E402
+from dppo_oat.run.log import code_commit  # noqa: E402
+from dppo_oat.run.safe_io import read_jsonl  # noqa: E402
 
 BINDS = {"abs_diff_mean": 5e-3, "mask_fraction": 5e-3}
 """The levels a mismatch arm must reach at one minibatch per rollout (the study's design)."""
@@ -34,7 +35,8 @@ BINDS = {"abs_diff_mean": 5e-3, "mask_fraction": 5e-3}
 def pilot_run(level: str, seed: int, steps: int, run_dir: Path) -> list[dict]:
     """One short run at ``level``; its metrics rows."""
     name = f"{level}-s{seed}"
-    subprocess.run([sys.executable, "-m", "dppo_oat.train", "--trust-region", "dppo_binary_kl", "--rollout-dtype", level,
+    subprocess.run([sys.executable, "-m", "dppo_oat.train", "--trust-region", "dppo_binary_kl",
+                    "--rollout-dtype", level,
                     "--minibatches-per-rollout", "1", "--steps", str(steps), "--eval-every", str(steps + 1),
                     "--eval-episodes", "8", "--seed", str(seed), "--threads", "2", "--run-dir", str(run_dir),
                     "--run-name", name], check=True, capture_output=True, cwd=ROOT)

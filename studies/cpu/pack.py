@@ -3,7 +3,7 @@
 For every finished run of ``--study`` (``python -m studies.cpu.run``'s output), writes ``config.json``,
 ``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``studies/cpu/data`` by default), in the same
 ``<task>/<run>/`` layout; checkpoints, token samples and logs stay behind. The gzip files carry no timestamp, so
-packing the same runs twice gives the same bytes. :func:`dppo_oat.runlog.read_jsonl` reads ``*.jsonl.gz`` where the
+packing the same runs twice gives the same bytes. :func:`dppo_oat.run.log.read_jsonl` reads ``*.jsonl.gz`` where the
 plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
 
 With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in that page (between the
@@ -26,7 +26,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import tyro
 
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/pack.py): the checkout's root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.runlog import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
+from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
 from studies.cpu.page import rewrite_page  # noqa: E402
 
 MAX_BYTES = 40 * 2**20
@@ -52,7 +51,7 @@ class PackConfig:
     """Keep the runs already packed in --out and add (or replace) the study's finished runs: for a study played in
     sittings on machines that do not share its folder. The manifest lists both, and its settings name every
     experiment either played."""
-    readme: Optional[str] = None
+    readme: str | None = None
     """A Markdown file whose ``<!-- cpu-study:summary -->`` block is rewritten from the packed runs."""
 
 
@@ -71,7 +70,7 @@ def pack_run(run_dir: Path, out_dir: Path) -> None:
         (out_dir / f"{name}.gz").write_bytes(data)
 
 
-def pack_manifest(study: Path, out: Path, packed: Optional[dict] = None) -> None:
+def pack_manifest(study: Path, out: Path, packed: dict | None = None) -> None:
     """``study.json`` without machine-specific fields (log paths, timings of a sitting are kept as seconds); with
     ``packed`` (the manifest already in ``out``), its runs first, each replaced by the study's run of the same task
     and name, and its settings with the experiments of both."""

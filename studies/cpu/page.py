@@ -18,13 +18,33 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dppo_oat.analysis.runs import PathLike
-from studies.cpu.claims import (FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS,
-                                FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, MATCHED_ARMS, MATCHED_CONTRASTS,
-                                MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS, MATCHED_STALE_CONTRASTS,
-                                MECHANISM_CONTRASTS, PLACEBO_CONTRASTS, REGIME_CONTRASTS, SIGN_CONTRASTS, THRESHOLD,
-                                Contrast)
-from studies.cpu.report import (blocked_by_half, contrast_table, held_out_table, load_study, run_outcomes,
-                                sign_shares_by_stretch)
+from studies.cpu.claims import (
+    FRONTIER_ARMS,
+    FRONTIER_CONTRASTS,
+    FRONTIER_MORE_ARMS,
+    FRONTIER_MORE_CONTRASTS,
+    FRONTIER_STALE_ARMS,
+    FRONTIER_STALE_CONTRASTS,
+    MATCHED_ARMS,
+    MATCHED_CONTRASTS,
+    MATCHED_MORE_ARMS,
+    MATCHED_MORE_CONTRASTS,
+    MATCHED_STALE_CONTRASTS,
+    MECHANISM_CONTRASTS,
+    PLACEBO_CONTRASTS,
+    REGIME_CONTRASTS,
+    SIGN_CONTRASTS,
+    THRESHOLD,
+    Contrast,
+)
+from studies.cpu.report import (
+    blocked_by_half,
+    contrast_table,
+    held_out_table,
+    load_study,
+    run_outcomes,
+    sign_shares_by_stretch,
+)
 
 DISPLAY_SOURCES = {
     "mechanism: int4's extra mass goes to wrong moves": "mechanism: over the run, Â < 0 is more common where int4 "
@@ -208,7 +228,8 @@ def mechanism_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
             f"the tokens over δ where μ > π than where μ < π, pooled over the run: "
             f"{claim_result(table, mechanism[0])}{stretches}. PG-IS against the whole μ-anchored mask: "
             f"{claim_result(table, mechanism[1])}; against its A<0 half alone: {claim_result(table, mechanism[2])}; "
-            f"against its A>0 half alone: {claim_result(table, mechanism[3])}. The fp32 learner's held-out success under the mask, its start "
+            f"against its A>0 half alone: {claim_result(table, mechanism[3])}. "
+            "The fp32 learner's held-out success under the mask, its start "
             f"against its end: {claim_result(table, mechanism[6])}; against PG-IS's fp32 learner at the end "
             f"(exploratory): {claim_result(table, mechanism[7])}. A grid redrawn at every re-sync against the fixed "
             f"one: {claim_result(table, mechanism[4])}{grid}. Matched noise: {claim_result(table, mechanism[5])}"
@@ -232,9 +253,11 @@ def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contra
     against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
     setting, played = heading
     return (f"- **{setting}** (`{contrasts[0].experiment}`, {played}). Against DPPO-Binary-KL: "
-            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_dppo))
+            + "; ".join(field_result(table, label, contrast)
+                        for (_, label), contrast in zip(arms, against_dppo, strict=False))
             + ". Against PG-IS: "
-            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_pg_is))
+            + "; ".join(field_result(table, label, contrast)
+                        for (_, label), contrast in zip(arms, against_pg_is, strict=False))
             + ".")
 
 

@@ -17,6 +17,7 @@ that table.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -29,8 +30,15 @@ from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.degenerate import DEGENERATE, arm_flags, has_collapsed, run_degeneracy
 from dppo_oat.analysis.run_checks import read_config
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs, preset_name
-from dppo_oat.analysis.stats import (MarginTests, decide, holm, margin_tests, paired_difference,
-                                     sample_std, time_to_threshold)
+from dppo_oat.analysis.stats import (
+    MarginTests,
+    decide,
+    holm,
+    margin_tests,
+    paired_difference,
+    sample_std,
+    time_to_threshold,
+)
 from studies.cpu.claims import COLLAPSE_MIN_DROP, COLLAPSE_RATIO, CONTRASTS, PRIMARY_MIN_PAIRS, Contrast
 from studies.cpu.placebo import PLACEBO_LABELS
 
@@ -370,7 +378,7 @@ def cell_table(df: pd.DataFrame, family: str, conditions: tuple[str, ...]) -> pd
     rows = df[df["condition"].isin(conditions) & df["metric"].str.startswith(f"{family}/")]
     if rows.empty:
         return pd.DataFrame()
-    labels = [f"{low + 1}-{high}" for low, high in zip(STRETCHES[:-1], STRETCHES[1:])]
+    labels = [f"{low + 1}-{high}" for low, high in itertools.pairwise(STRETCHES)]
     rows = rows.assign(cell=rows["metric"].str.removeprefix(f"{family}/"),
                        stretch=pd.cut(rows["step"], STRETCHES, labels=labels))
     table = 100 * rows.pivot_table(index=["condition", "arm_method", "cell"], columns="stretch", values="value",
@@ -492,7 +500,7 @@ def placebo_table(df: pd.DataFrame, condition: str = "v5-fp32") -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame()
     columns = {"all": ["mask/fraction"]}
-    for adv, side in (("neg_adv", "negative"), ("pos_adv", "positive")):
+    for adv in ("neg_adv", "pos_adv"):
         for _, _, bucket in MU_BUCKETS:
             columns[f"{adv} {bucket}"] = [f"mask_cell/{adv}_{d}_{bucket}" for d in ("mu_above", "mu_below")]
     per_step = rows.pivot_table(index=["arm_method", "run", "step"], columns="metric", values="value")

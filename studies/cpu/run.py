@@ -41,16 +41,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Literal, Tuple
+from typing import Literal
 
 import tyro
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from dppo_oat.engines.local.progress import line_console
-from dppo_oat.runlog import CHECKPOINT_FILE, EVAL_FILE, atomic_write_bytes, read_jsonl
+from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
+from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
 from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS
 from studies.cpu.placebo import PLACEBO_PRESETS
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -86,7 +88,7 @@ MATCHED_NOISE = 0.013
 blocks about as large a share of the tokens as it does under the int4 copy (4-step calibration runs on pilot seeds
 100 and 101, before the runs; CHANGELOG.md)."""
 
-CONDITIONS: Dict[str, Condition] = {
+CONDITIONS: dict[str, Condition] = {
     "mb1-fp32": Condition(),
     "mb1-bf16": Condition(precision="bfloat16"),
     "mb1-fp16": Condition(precision="float16"),
@@ -144,14 +146,14 @@ class Experiment:
     """Methods × conditions, each run for every seed. A method is a preset, or ``preset@name=value,...``: the preset
     with ``--tr-<name> value`` overrides (e.g. ``mask_negative@delta=0.8``)."""
 
-    methods: Tuple[str, ...]
-    conditions: Tuple[str, ...]
+    methods: tuple[str, ...]
+    conditions: tuple[str, ...]
     question: str
-    tasks: Tuple[str, ...] = ("sudoku",)
+    tasks: tuple[str, ...] = ("sudoku",)
     """The tasks (``TASKS``) it runs on."""
 
 
-EXPERIMENTS: Dict[str, Experiment] = {
+EXPERIMENTS: dict[str, Experiment] = {
     "mismatch": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv"), ("mb1-fp32", "mb1-bf16"),
                            "engine mismatch without staleness: does it hurt, and does anchoring on μ help "
                            "(Takeaways 1 and 2)?"),
@@ -243,10 +245,10 @@ class Task:
     """One task of the study: a Gem id and the local-engine flags that fit it (they override the study's)."""
 
     env_id: str
-    args: Tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
 
 
-TASKS: Dict[str, Task] = {
+TASKS: dict[str, Task] = {
     "sudoku": Task("game:Sudoku-v0-easy-compact-wrong", ("--max-new-tokens", "12")),
     "guess": Task("game:GuessTheNumber-v0-easy-compact", ("--max-new-tokens", "12", "--gamma", "1.0",
                                                           "--groups-per-step", "32")),
@@ -263,9 +265,9 @@ class StudyConfig:
     """The CPU study's grid and the settings every run shares."""
 
     out_dir: str = "runs/cpu_study"
-    tasks: Tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
-    experiments: Tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
-    seeds: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    tasks: tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
+    experiments: tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """Five paired seeds: every arm shares each seed's puzzles and sampling streams."""
     steps: int = 50
     """RL steps (rollout batches) per run."""

@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/topk_vocab_pilot.py): the root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.runlog import code_commit, read_config, read_jsonl  # noqa: E402
+from dppo_oat.run.directory import RunDir  # noqa: E402
+from dppo_oat.run.log import code_commit  # noqa: E402
+from dppo_oat.run.safe_io import read_jsonl  # noqa: E402
 from studies.cpu import run as cpu_study  # noqa: E402
 
 ESTIMATES = ("tv_mean", "tv_above_delta", "kl_mean", "kl_above_delta")
@@ -69,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([sys.executable, "-m", "dppo_oat.train",
                         *pilot_args(args.seed, args.steps, args.probe_every, args.run_dir, name), *resume],
                        check=True, cwd=ROOT)
-    probes = probe_rows(read_jsonl(run / "metrics.jsonl"))
-    evals = read_jsonl(run / "eval.jsonl")
-    config = read_config(run)
+    files = RunDir(run)
+    probes = probe_rows(read_jsonl(files.metrics))
+    evals = read_jsonl(files.eval)
+    config = files.read_config()
     row = {"shape": "tiny-8k", "vocab_size": 8192, "method": "dppo_topk_tv", "condition": "mb4-fp32",
            "seed": args.seed, "steps": args.steps, "k": 20,
            "held_out": [evals[0]["eval/success"], evals[-1]["eval/success"]], "probes": probes,

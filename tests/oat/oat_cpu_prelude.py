@@ -55,8 +55,8 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 
 def prelude(label: str, constructor, *, probe_dir: str, probe_ids: Sequence[int], fp16_on_cpu: bool = False,
@@ -241,7 +241,7 @@ def vllm_prompt_logprobs(llm, token_ids: list[int]) -> list[float]:
 
     params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     output = llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
-    return [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
+    return [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], token_ids[1:], strict=True)]
 
 
 # ----------------------------------------------------------------------------------------------------------- shared

@@ -17,20 +17,20 @@ pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 pytest.importorskip("vllm")
 
-from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from torch.utils.data import DataLoader  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.advantages import turn_advantages  # noqa: E402
-import envs  # noqa: E402
-from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
-from dppo_oat.engines.oat.args import validate_args  # noqa: E402
-from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402
-from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402
-from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402
-from dppo_oat.models import teacher_forced_logprobs  # noqa: E402
-from dppo_oat.rollout.generation import Completion  # noqa: E402
-from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402
-from dppo_oat.spec import SamplingSettings  # noqa: E402
+import envs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.advantages import turn_advantages  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.data import DPPOTransitionData  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import teacher_forced_logprobs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.generation import Completion  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
 
 TOLERANCE = 1e-4
 K = 5
@@ -91,7 +91,8 @@ def check_mu_and_topk(model, transition: DPPOTransitionData) -> None:
 def test_sudoku_samples_carry_aligned_mu_and_topk(actor, tiny_policy, monkeypatch):
     seeds = []
     collect = actor.collector.collect
-    monkeypatch.setattr(actor.collector, "collect", lambda g, s, group_seeds: seeds.extend(group_seeds) or collect(g, s, group_seeds))
+    monkeypatch.setattr(actor.collector, "collect",
+                        lambda g, s, group_seeds: seeds.extend(group_seeds) or collect(g, s, group_seeds))
     transitions = actor.collect_transitions(4)
     assert len(transitions) == 4 and all(isinstance(t, DPPOTransitionData) for t in transitions)
     assert actor.spec.sampling.temperature == 1.0 and actor.spec.sampling.top_k_logprobs == K
@@ -141,7 +142,8 @@ class ParseableMoves:
     def generate(self, prompts, settings):
         completions = []
         for _ in prompts:
-            text = "\\boxed{%d %d %d}" % tuple(self.rng.integers(1, 5, size=3))
+            row, col, digit = self.rng.integers(1, 5, size=3)
+            text = f"\\boxed{{{row} {col} {digit}}}"
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
             topk = np.full((len(ids), settings.top_k_logprobs + 1), TOPK_PAD_ID, dtype=np.int64)
             completions.append(Completion(ids, [-1.0] * len(ids), text, "stop", topk, np.zeros(topk.shape, np.float32)))
@@ -156,7 +158,7 @@ def test_multi_turn_episodes_get_per_turn_group_advantages(actor, monkeypatch):
     rollout = actor.collector.collect(moves, actor.spec.sampling, [11, 12])
     assert max(e.turns for e in rollout.episodes) > 1
     samples = rollout.samples
-    transitions = actor.transitions_of(list(zip(samples, actor.advantages_of(samples))), {})
+    transitions = actor.transitions_of(list(zip(samples, actor.advantages_of(samples), strict=True)), {})
     expected = turn_advantages([s.reward for s in samples], [s.episode_id for s in samples],
                                [s.turn for s in samples], [s.group_id for s in samples], mode="drgrpo")
     np.testing.assert_allclose([t.advantage for t in transitions], expected)
@@ -181,7 +183,8 @@ def test_single_turn_tasks(task, actor, tiny_policy, math_set):
     rollout = actor.eval_collector(env_id, 1).collect(actor.generator, actor.spec.sampling, [7])
     assert [e.turns for e in rollout.episodes] == [1, 1] and len(rollout.samples) == 2
     assert all(0.0 <= s.reward <= 1.0 for s in rollout.samples)
-    for transition in actor.transitions_of(list(zip(rollout.samples, actor.advantages_of(rollout.samples))), {}):
+    scored = list(zip(rollout.samples, actor.advantages_of(rollout.samples), strict=True))
+    for transition in actor.transitions_of(scored, {}):
         check_mu_and_topk(tiny_policy[0], transition)
 
 

@@ -19,19 +19,19 @@ import pytest
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-import launchpad  # noqa: E402
-from oat.algorithms.ppo import PPOArgs  # noqa: E402
-from oat.types import RLAlgo  # noqa: E402
-from oat.utils.ipc import PlasmaShmServer  # noqa: E402
+import launchpad  # noqa: E402  (after pytest.importorskip)
+from oat.algorithms.ppo import PPOArgs  # noqa: E402  (after pytest.importorskip)
+from oat.types import RLAlgo  # noqa: E402  (after pytest.importorskip)
+from oat.utils.ipc import PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from shared_data import MATH_DATA, needs_math_data  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.engines.oat import launch  # noqa: E402
-from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402
-from dppo_oat.engines.oat import args as oat_args  # noqa: E402
-from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402
-from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.engines.oat.plan import plan_of  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
-from shared_data import MATH_DATA, needs_math_data  # noqa: E402
+from dppo_oat.engines.oat import args as oat_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat import launch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.plan import plan_of  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"
@@ -39,8 +39,9 @@ PREFIX = "-m dppo_oat.train --engine oat"
 recorder_only = pytest.mark.skipif(
     not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
 )
-SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16", "--rollout_batch_size_per_device", "8",
-         "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8", "--num_samples", "4"]
+SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16",
+         "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8",
+         "--num_samples", "4"]
 def without_visible_gpus(environ) -> dict:
     return {name: value for name, value in environ.items() if name != "CUDA_VISIBLE_DEVICES"}
 
@@ -144,7 +145,7 @@ def test_sanity_test_script_runs_every_method_of_the_figure_and_takes_oat_flags(
     """64 prompts × 8 samples per rollout, 4 gradient steps per rollout, each method with the paper's defaults."""
     commands = script_commands("sanity_test.sh")
     assert len(commands) == len(SANITY_METHODS)
-    for method, argv in zip(SANITY_METHODS, commands):
+    for method, argv in zip(SANITY_METHODS, commands, strict=True):
         with gpu_node(8):
             args = validate_args(launch.parse_args(argv))
         assert spec_of(args).trust_region == TrustRegion.preset(method)
@@ -274,8 +275,8 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
 
 @pytest.mark.fault("oat engine: `--tr_calibrate`, `--tr_calibrate_like`, `--tr_calibrate_unit` or "
                    "`--tr_calibrate_band`",
-                   "refused in one line: calibrate offline from the run's token export (`python -m dppo_oat.calibrate`) "
-                   "and pass the band it prints")
+                   "refused in one line: calibrate offline from the run's token export "
+                   "(`python -m dppo_oat.calibrate`) and pass the band it prints")
 @pytest.mark.parametrize("flags", [["--tr_calibrate", "0.05"], ["--tr_calibrate_like", "dppo_binary_kl"],
                                    ["--tr_calibrate_unit", "sequence"], ["--tr_calibrate_band", "both"]])
 def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
@@ -301,6 +302,65 @@ def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
     assert changed
     for name, default in changed.items():
         assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
+
+
+def load_docs_tables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
+
+
+def test_every_flag_dppo_adds_is_in_one_help_section_that_the_docs_read_too():
+    """``HELP_GROUPS`` holds each flag DPPO adds to oat's once, and scripts/docs_tables.py (which reads it from the
+    source, without oat) sees the same sections."""
+    tables = load_docs_tables()
+    names = [name for group in oat_args.HELP_GROUPS for name in group.fields]
+    assert sorted(names) == sorted(tables.oat_engine_flags())
+    assert tables.oat_help_groups() == [(group.title, group.about, group.fields) for group in oat_args.HELP_GROUPS]
+
+
+def test_the_command_line_parses_as_the_flat_arguments():
+    """The sections change where ``--help`` shows DPPO's flags, not what they parse into: the same flat
+    ``DPPOOatArgs`` (``vars(args)``, which config.json records and a resume compares), in either spelling."""
+    import warnings
+
+    import tyro
+
+    args = SMALL + ["--trust_region", "icepop", "--tr_mismatch_low", "0.4", "--tr-mismatch-high", "3", "--env_ids",
+                    "game:Sudoku-v0-easy", "--eval-env-ids", "rg:acre", "--turn_baseline", "--lm_head", "logits",
+                    "--token_samples", "4", "--checkpoint_every", "0", "--price_gpu", "h100", "--env_module", "a",
+                    "--env_module", "b", "--gamma", "0.9", "--dry_run"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # tyro on oat's own ``str = None`` fields
+        flat = tyro.cli(DPPOOatArgs, args=args)
+        flat_defaults = tyro.cli(DPPOOatArgs, args=SMALL)
+    grouped = launch.parse_args(args)
+    assert type(grouped) is DPPOOatArgs and grouped == flat and vars(grouped) == vars(flat)
+    assert (grouped.tr_mismatch_high, grouped.env_module, grouped.gamma) == (3.0, ("a", "b"), 0.9)
+    assert launch.parse_args(SMALL) == flat_defaults
+
+
+def test_help_lists_oats_flags_then_dppos_in_sections_without_launchpad():
+    """``--engine oat --help`` works where launchpad is not installed (as ``--dry_run`` does): oat's own flags
+    first, as oat shows them, then DPPO's in ``HELP_GROUPS``' sections; into a reader that has stopped, it ends
+    with status 0 (DeepSpeed, which oat imports, logs to stdout as it is imported: the logging module reports
+    each of those lines that found the reader gone, and nothing else fails)."""
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    command = [sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--help"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    boxes = {part.split(" ─")[0]: part for part in done.stdout.split("╭─ ")[1:]}
+    assert list(boxes) == ["options", *(f"{group.title} options" for group in oat_args.HELP_GROUPS)]
+    assert "--rollout-batch-size" in boxes["options"] and "--tr-delta" not in boxes["options"]
+    assert "--tr-delta" in boxes["dppo trust-region options"] and "--lm-head" in boxes["dppo learner options"]
+    reader_gone = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone.stdout.close()  # the reader stops before the first line
+    _, errors = reader_gone.communicate(timeout=600)
+    assert reader_gone.returncode == 0, errors[-2000:]
+    assert errors.count(b"Traceback") == errors.count(b"--- Logging error ---"), errors[-2000:]
 
 
 def test_the_price_flags_default_to_the_prices_own():
@@ -374,6 +434,36 @@ def test_an_inconsistent_plan_fails_in_one_line_with_status_2():
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "set --pi_buffer_maxlen_per_device 128" in errors[0]
     assert "Traceback" not in done.stderr and "node:" not in done.stdout
+
+
+@pytest.mark.fault("oat engine: `python -m dppo_oat.train --engine oat --dry_run` with no other flag (oat's "
+                   "`--pi_buffer_maxlen_per_device 16` holds half of a learner's 32 samples per round at oat's other "
+                   "defaults)",
+                   "the plan is consistent: `--pi_buffer_maxlen_per_device` defaults to one learning round's samples "
+                   "(`rollout_batch_size / learners`), so the bare dry run prints its plan (exit 0)")
+def test_the_bare_dry_run_plans_its_own_defaults():
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "32 samples per learner, buffer 32" in done.stdout, done.stdout
+    without_buffer = [flag for i, flag in enumerate(SMALL)
+                      if "pi_buffer" not in flag and "pi_buffer" not in SMALL[i - 1]]
+    args = validate_args(launch.parse_args([*without_buffer, "--dry_run"]), check_gpus=False)
+    assert args.pi_buffer_maxlen_per_device == 16  # oat reads the number itself: it is set, never left None
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--trust_region", "sapo", "--tr_tau_pos", "1e300"], "--tr_tau_pos 1e+300 overflows float32"),
+    (["--learning_rate", "1e39"], "--learning_rate 1e+39 overflows float32"),
+    (["--temperature", "1e-300"], "--temperature 1e-300 underflows float32"),
+])
+def test_a_number_past_float32_fails_the_dry_run_in_one_line(flags, fragment):
+    env = {**without_visible_gpus(os.environ), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", "--engine", "oat", "--dry_run", *flags], env=env,
+                          capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and fragment in errors[0], done.stderr[-2000:]
 
 
 EIGHT_GPUS = "0,1,2,3,4,5,6,7"

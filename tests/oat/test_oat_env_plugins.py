@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-from dppo_oat.engines.oat import launch  # noqa: E402
+from dppo_oat.engines.oat import launch  # noqa: E402  (after pytest.importorskip)
 
 PLUGIN = '''
 from gem.envs.registration import register

@@ -32,7 +32,8 @@ from oat.algorithms.ppo import PPOLearner
 from oat.utils import ipc
 from dppo_oat.engines.oat.learner import DPPOLearner
 print(json.dumps({"vllm_stand_in": getattr(vllm, "STAND_IN", False),
-                  "plasma_stand_in": ipc.plasma is sys.modules["pyarrow.plasma"] and ipc.plasma.__name__ == "pyarrow.plasma"
+                  "plasma_stand_in": ipc.plasma is sys.modules["pyarrow.plasma"]
+                  and ipc.plasma.__name__ == "pyarrow.plasma"
                   and not hasattr(ipc.plasma, "__file__"),
                   "dppo_is_oats_ppo": issubclass(DPPOLearner, PPOLearner)}))
 """

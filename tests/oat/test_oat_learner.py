@@ -15,26 +15,27 @@ import torch
 pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 
-from oat.utils.launcher import get_free_port  # noqa: E402
-from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from oat.utils.deepspeed import DeepspeedStrategy  # noqa: E402  (after pytest.importorskip)
+from oat.utils.launcher import get_free_port  # noqa: E402  (after pytest.importorskip)
+from torch.utils.data import DataLoader  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.advantages import group_advantages  # noqa: E402
-from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402
-from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402
-from dppo_oat.engines.oat.launch import parse_args  # noqa: E402
-from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402
-from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
-from dppo_oat.models import load_policy, toy_corpus  # noqa: E402
-from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402
-from dppo_oat.spec import SamplingSettings  # noqa: E402
-from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402
-from dppo_oat.update import update_policy  # noqa: E402
+from dppo_oat.advantages import group_advantages  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.args import run_spec, validate_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sample, update_batch_from_trajectory  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.launch import parse_args  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import load_policy, toy_corpus  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.update import update_policy  # noqa: E402  (after pytest.importorskip)
 
 OPTIMIZERS = {
     "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),
-    "adamw": lambda params, lr, betas, weight_decay: torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay),
+    "adamw": lambda params, lr, betas, weight_decay: torch.optim.AdamW(params, lr=lr, betas=betas,
+                                                                       weight_decay=weight_decay),
 }
 """oat builds FusedAdam (CUDA) or DeepSpeedCPUAdam (JIT-compiled); the tests hand DeepSpeed a torch optimizer."""
 
@@ -60,14 +61,16 @@ def behavior_samples(policy, n=8, group_size=4, top_k=0, seed=0):
         torch.manual_seed(seed)
         for parameter in behavior.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter) * parameter.std())
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][: 10 + i] for i, t in enumerate(toy_corpus(n, seed=5))]
-    completions = HFGenerator(behavior, tokenizer).generate(prompts, SamplingSettings(8, top_k_logprobs=top_k, seed=seed))
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"][: 10 + i]
+               for i, t in enumerate(toy_corpus(n, seed=5))]
+    settings = SamplingSettings(8, top_k_logprobs=top_k, seed=seed)
+    completions = HFGenerator(behavior, tokenizer).generate(prompts, settings)
     samples = [
         TurnSample(prompt_ids=p, response_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=float(i % 3 == 0),
                    done=True, truncated=False, turn=0, env_id="toy", episode_id=i, group_id=str(i // group_size),
                    finish_reason=c.finish_reason, response_text=c.text, topk_ids=c.topk_ids,
                    topk_logprobs=c.topk_logprobs)
-        for i, (p, c) in enumerate(zip(prompts, completions))
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
     ]
     return samples, group_advantages([s.reward for s in samples], [s.group_id for s in samples])
 
@@ -132,7 +135,7 @@ def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimi
     tr = learner.trust_region
     samples, advantages = behavior_samples(tiny_policy, top_k=tr.k if tr.uses_topk else 0, seed=seed)
     transitions = pickle.loads(pickle.dumps(  # oat pickles transitions from actor to learner
-        [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]))
+        [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]))
     start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
 
     learner.model.train()
@@ -152,7 +155,8 @@ def test_learning_step_matches_the_core_update(preset, flags, zero_stage, optimi
     local_fraction = sum(h["mask/fraction"] for h in history) / len(history)
     assert infos["dppo/mask/fraction"].item() == pytest.approx(local_fraction, abs=1e-6)
     assert infos["pg_loss"].item() == pytest.approx(sum(h["loss"] for h in history) / len(history), abs=1e-5)
-    for key in ("entropy", "policy_grad_norm", "adv_mean", "dppo/mismatch/abs_diff_mean", "dppo/shadow/ppo/mask_fraction"):
+    for key in ("entropy", "policy_grad_norm", "adv_mean", "dppo/mismatch/abs_diff_mean",
+                "dppo/shadow/ppo/mask_fraction"):
         assert key in infos and torch.isfinite(infos[key]), key
     if preset != "minirl_tis":
         assert 0 < local_fraction < 1, "the test batch should have both masked and kept tokens"
@@ -163,10 +167,11 @@ def test_trajectory_batch_is_the_core_batch(tiny_policy, tiny_policy_dir, tmp_pa
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_topk_kl", ["--tr_k", "4"], 0, 0.1)
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy, top_k=4, seed=3)
-    transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {"actor/x": 1.0}) for s, a in zip(samples, advantages, strict=True)]
     transitions[2].loss_mask = False
     assert isinstance(learner.dataset_builder(transitions, learner.tokenizer, learner.strategy), DPPOTransitionDataset)
-    got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id, with_topk=True)
+    got = update_batch_from_trajectory(oat_trajectory(learner, transitions), learner.tokenizer.pad_token_id,
+                                       with_topk=True)
     want = build_update_batch(samples, advantages, learner.tokenizer.pad_token_id, with_topk=True)
     want.response_mask[2] = False
     for field in ("input_ids", "attention_mask", "response_mask", "behavior_logp", "advantages", "topk_ids",
@@ -178,7 +183,7 @@ def test_partial_minibatches_are_refused(tiny_policy, tiny_policy_dir, tmp_path,
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 0, 0.1)
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy, n=6, group_size=3)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     with pytest.raises(ValueError, match="minibatches of 4"):
         learner.learning_step(oat_trajectory(learner, transitions))
 
@@ -207,10 +212,10 @@ def test_a_poisoned_minibatch_is_skipped_through_deepspeed(zero_stage, tiny_poli
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], zero_stage, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    healthy = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    healthy = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     for sample in samples:
         sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
-    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start = {k: v.detach().clone() for k, v in learner.model.model.module.state_dict().items()}
 
     learner.model.train()
@@ -235,7 +240,7 @@ def test_diverged_weights_stop_the_learning_step_through_deepspeed(tiny_policy, 
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 1, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     with torch.no_grad():
         learner.model.model.module.model.norm.weight[0] = float("nan")
     learner.model.train()
@@ -258,7 +263,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 2, 1e-3)
     learner = oat_learner(args, "adamw", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     step = learner._optimizer_step
     target = dict(learner.model.model.module.named_parameters())["model.layers.1.mlp.down_proj.weight"]
 
@@ -384,7 +389,7 @@ def test_fp16_loss_scale_overflows_are_deepspeeds_skips_not_divergence(zero_stag
     learner = fp16_learner(gpu_node, tiny_policy_dir, tmp_path, monkeypatch, zero_stage)
     engine, optimizer = learner.model.model, learner.model.model.optimizer
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start = weights_of(learner)
     assert optimizer.loss_scale == 2.0**32
 
@@ -414,7 +419,7 @@ def test_fp16_overflow_at_the_minimum_scale_is_the_guards_skip(tiny_policy, tiny
     learner.model.model.optimizer.loss_scaler.min_scale = 2.0**32
     learner.guard.patience = 6
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
 
     learner.model.train()
     infos = learner.learning_step(oat_trajectory(learner, transitions))
@@ -434,12 +439,12 @@ def test_fp16_discarded_minibatch_leaves_weights_and_loss_scale(tiny_policy, tin
     optimizer = learner.model.model.optimizer
     optimizer.loss_scale = 2.0**8
     samples, advantages = behavior_samples(tiny_policy)
-    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    transitions = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     learner.model.train()
     learner.learning_step(oat_trajectory(learner, transitions))  # Adam now has momentum to move weights with
     for sample in samples:
         sample.behavior_logprobs = [float("nan")] + list(sample.behavior_logprobs[1:])
-    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages)]
+    poisoned = [transition_from_sample(s, a, "", {}) for s, a in zip(samples, advantages, strict=True)]
     start, skipped, scale = weights_of(learner), learner.model.model.skipped_steps, optimizer.loss_scale
 
     infos = learner.learning_step(oat_trajectory(learner, poisoned))
@@ -474,7 +479,7 @@ def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_polic
     learner = oat_learner(args, "sgd", monkeypatch)
     samples, advantages = behavior_samples(tiny_policy)
     transitions = [transition_from_sample(s, a, "", {}, weight_version=i % 2) for i, (s, a) in
-                   enumerate(zip(samples, advantages))]
+                   enumerate(zip(samples, advantages, strict=True))]
     learner.learning_rounds, learner.broadcast_rounds = 1, [1]  # round 2; broadcast 1 holds round 1's weights
     learner.model.train()
     infos = learner.learning_step(oat_trajectory(learner, transitions))

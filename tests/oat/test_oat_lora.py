@@ -16,11 +16,11 @@ pytestmark = pytest.mark.oat
 pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also finds the tests/oat folder
 peft = pytest.importorskip("peft")
 
-from test_oat_learner import behavior_samples, learner_args, oat_trajectory  # noqa: E402
+from test_oat_learner import behavior_samples, learner_args, oat_trajectory  # noqa: E402  (after pytest.importorskip)
 
-from dppo_oat.engines.oat.data import transition_from_sample, update_batch_from_trajectory  # noqa: E402
-from dppo_oat.engines.oat.lora import adapted_base_weights, base_weights_restored  # noqa: E402
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402
+from dppo_oat.engines.oat.data import transition_from_sample, update_batch_from_trajectory  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat.lora import adapted_base_weights, base_weights_restored  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # oat's default
 
@@ -86,8 +86,8 @@ def test_a_lora_learning_step_trains_the_adapters_through_the_fused_head(tiny_po
     model = learner.strategy._unwrap_model(learner.model)
     assert isinstance(model, peft.PeftModel)
     samples, advantages = behavior_samples(tiny_policy, seed=8)
-    transitions = pickle.loads(pickle.dumps([transition_from_sample(s, a, "", {}) for s, a in zip(samples,
-                                                                                                  advantages)]))
+    transitions = pickle.loads(pickle.dumps([transition_from_sample(s, a, "", {})
+                                             for s, a in zip(samples, advantages, strict=True)]))
     trajectory = oat_trajectory(learner, transitions)
     batch = update_batch_from_trajectory(trajectory, learner.tokenizer.pad_token_id, with_topk=False)
     with torch.no_grad(), warnings.catch_warnings():

@@ -40,20 +40,20 @@ pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also find
 pytest.importorskip("vllm")
 pytest.importorskip("deepspeed")
 
-import launchpad  # noqa: E402
+import launchpad  # noqa: E402  (after pytest.importorskip)
 
 if not hasattr(launchpad, "running"):
     pytest.skip("the rehearsal runs on the launchpad stand-in (the real launchpad is installed)",
                 allow_module_level=True)
 
-from launchpad.local_runner import LocalRunner, NodeFailed, ProgramResult  # noqa: E402
+import oat_cpu_prelude  # noqa: E402  (after pytest.importorskip)
+from launchpad.local_runner import LocalRunner, NodeFailed, ProgramResult  # noqa: E402  (after pytest.importorskip)
 
-import oat_cpu_prelude  # noqa: E402
-import envs  # noqa: E402
-from dppo_oat import train  # noqa: E402
-from dppo_oat.models import load_policy, save_policy, teacher_forced_logprobs, toy_corpus  # noqa: E402
-from envs.contract import observation_text  # noqa: E402
-from dppo_oat.rollout.templates import render_prompt  # noqa: E402
+import envs  # noqa: E402  (after pytest.importorskip)
+from dppo_oat import train  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.models import load_policy, save_policy, teacher_forced_logprobs, toy_corpus  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.rollout.templates import render_prompt  # noqa: E402  (after pytest.importorskip)
+from envs.contract import observation_text  # noqa: E402  (after pytest.importorskip)
 
 TOLERANCE = 1e-4
 """fp32 agreement of vLLM's log-probs with Hugging Face teacher forcing of the same weights."""
@@ -245,7 +245,7 @@ def test_rehearsal_broadcast_reaches_vllm(rehearsal, sudoku_policy):
     np.testing.assert_allclose(rehearsal.actor("init")[0]["logprobs"], initial, atol=TOLERANCE)
     checkpoints = rehearsal.checkpoints()
     assert [c.name for c in checkpoints] == ["step_00001", "step_00002", "step_00003"]
-    for load, checkpoint in zip(loads, checkpoints):
+    for load, checkpoint in zip(loads, checkpoints, strict=False):  # the last checkpoint: no broadcast after it
         trained = hf_logprobs(load_policy(checkpoint)[0], rehearsal.probe_ids)
         np.testing.assert_allclose(load["logprobs"], trained, atol=TOLERANCE, err_msg=checkpoint.name)
     assert np.abs(trained - initial).max() > 100 * TOLERANCE, "training did not move the policy"
@@ -433,7 +433,7 @@ def test_the_actors_receive_the_checkpoints_weights_before_they_play(resumed, re
     loads = resumed.resumed.actor("loaded")
     reference = rehearsal.actor("loaded")
     assert len(loads) == 2
-    for load, expected in zip(loads, reference):
+    for load, expected in zip(loads, reference, strict=True):
         np.testing.assert_allclose(load["logprobs"], expected["logprobs"], atol=1e-6)
 
 
@@ -487,6 +487,6 @@ def test_lora_actors_sample_from_the_merged_weights(lora_resumed, sudoku_policy)
     loads = lora_resumed.killed.actor("loaded")[:1] + lora_resumed.resumed.actor("loaded")
     expected_steps = ["step_00001", "step_00001", "step_00002"]  # round 1; the resume (round 1's); round 2
     assert len(loads) == 3
-    for load, step in zip(loads, expected_steps):
+    for load, step in zip(loads, expected_steps, strict=True):
         want = merged_lora_logprobs(sudoku_policy[2], saved / step, lora_resumed.killed.probe_ids)
         np.testing.assert_allclose(load["logprobs"], want, atol=TOLERANCE, err_msg=step)

@@ -12,16 +12,15 @@ import signal
 import time
 from pathlib import Path
 
+import launchpad
 import pytest
 
 pytestmark = pytest.mark.oat
 
-import launchpad  # noqa: E402
-
 if not hasattr(launchpad, "running"):
     pytest.skip("tests the launchpad stand-in (the real launchpad is installed)", allow_module_level=True)
 
-from launchpad.local_runner import LocalRunner, NodeFailed  # noqa: E402
+from launchpad.local_runner import LocalRunner, NodeFailed  # noqa: E402  (after the stand-in check)
 
 
 class Counter:

@@ -9,7 +9,7 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.trust_region import mismatch_diagnostics  # noqa: E402
+from dppo_oat.trust_region import mismatch_diagnostics  # noqa: E402  (after pytest.importorskip)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -9,8 +9,8 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import DELTA_RULES  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion, policy_loss  # noqa: E402
+from dppo_oat.engines.verl.mapping import DELTA_RULES  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import PRESETS, TrustRegion, policy_loss  # noqa: E402  (after pytest.importorskip)
 
 AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

@@ -11,8 +11,9 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-import test_verl_equality as verl_equality  # noqa: E402
-from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402
+import test_verl_equality as verl_equality  # noqa: E402  (after pytest.importorskip)
+
+from dppo_oat.trust_region import TrustRegion, policy_loss  # noqa: E402  (after pytest.importorskip)
 
 AGGREGATIONS = verl_equality.AGGREGATIONS
 
@@ -70,14 +71,16 @@ def test_sapo_equals_verls_sapo(actor_config, taus):
 @pytest.mark.parametrize("preset, option", [("trm_max", "seq_max_k2"), ("trm_avg", "seq_mean_k3")])
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_trm_equals_verls_bypass_mode_with_rejection(actor_config, preset, option, aggregation):
-    """TRM is verl's bypass mode with PPO-clip and the sequence rejection of PR #4544: the same rollout-correction
-    settings (``rollout_rs``, ``rollout_rs_threshold`` = the preset's δ), ``clip_ratio_c`` = ∞ (no dual clip)."""
+    """TRM is verl's bypass mode with PPO-clip and the sequence rejection of PR #4544: the same
+    ``rollout_rs_threshold`` (the preset's δ, which the loss reads) with ``rollout_rs`` set for verl's loss and null
+    for the core's (which masks the responses itself), ``clip_ratio_c`` = ∞ (no dual clip)."""
     tr = TrustRegion.preset(preset)
     mu, logp, advantages, mask = random_batch(7, spread=0.14 if preset == "trm_avg" else 1.2)
-    config = actor_config("dppo_oat." + preset, 0.2, 0.2, math.inf, actor=batch_info(mask), rollout_rs=option,
-                          rollout_rs_threshold=tr.delta, loss_type="ppo_clip")
-    ours, metrics = gradient("dppo_oat." + preset, mu, logp, advantages, mask, aggregation, config)
-    theirs, verl_metrics = gradient("bypass_mode", mu, logp, advantages, mask, aggregation, config)
+    ours_config, theirs_config = (
+        actor_config("dppo_oat." + preset, 0.2, 0.2, math.inf, actor=batch_info(mask), rollout_rs=rs,
+                     rollout_rs_threshold=tr.delta, loss_type="ppo_clip") for rs in (None, option))
+    ours, metrics = gradient("dppo_oat." + preset, mu, logp, advantages, mask, aggregation, ours_config)
+    theirs, verl_metrics = gradient("bypass_mode", mu, logp, advantages, mask, aggregation, theirs_config)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-9)
     assert 0 < metrics["dppo/trm/seq_masked_fraction"] < 1, "the batch exercises the sequence mask"
     assert verl_metrics[f"rollout_corr/rollout_rs_{option}_seq_masked_fraction"] > 0

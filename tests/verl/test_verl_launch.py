@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402
-from dppo_oat.trust_region import TrustRegion  # noqa: E402
+from dppo_oat.engines.verl.mapping import hydra_overrides, rollout_correction_of, trust_region_for  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "scripts" / "verl" / "math.sh"
@@ -131,3 +131,65 @@ def test_launch_example_refuses_a_bad_override_in_one_line(tmp_path, override):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "main_ppo" not in result.stdout
+
+
+TRM_THRESHOLD = "algorithm.rollout_correction.rollout_rs_threshold"
+
+
+@pytest.mark.fault("a verl launch of `dppo_oat.trm_max` (or `trm_avg`, `opsm`, `vaco`) that sets "
+                   "`algorithm.rollout_correction.rollout_rs_threshold=5.0`",
+                   "the loss's δ is 5.0 (`check` says `delta=5.0`); with verl's own `rollout_rs` beside it, `check` "
+                   "and the loss refuse in one line: set `rollout_rs=null` (it would mask the responses twice)")
+@pytest.mark.parametrize("preset", ["trm_max", "trm_avg", "opsm", "vaco"])
+def test_a_users_rejection_threshold_is_the_sequence_masks_delta(verl_adapter, preset):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    config = compose(hydra_overrides(preset) + BASE + [f"{TRM_THRESHOLD}=5.0"])
+    assert "delta=5.0" in check(config).splitlines()[-1]
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert trust_region_for(preset, actor) == TrustRegion.preset(preset).replace(delta=5.0)
+    twice = compose(hydra_overrides(preset) + BASE + [f"{TRM_THRESHOLD}=5.0",
+                                                       "algorithm.rollout_correction.rollout_rs=seq_max_k2"])
+    with pytest.raises(ValueError, match="set rollout_rs=null") as excinfo:
+        check(twice)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_overrides_with_a_delta_give_back_that_delta(verl_adapter):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from dppo_oat.engines.verl.preflight import compose
+
+    for preset in ("trm_max", "trm_avg", "opsm", "vaco"):
+        config = compose(hydra_overrides(preset, delta=0.5) + BASE)
+        actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        assert trust_region_for(preset, actor).delta == 0.5, preset
+
+
+@pytest.mark.fault("`python -m dppo_oat.engines.verl check …` of a config that verl's own `validate_config` passes "
+                   "and the adapter refuses",
+                   "only the `error:` line (exit 2): verl's \"All configuration checks passed successfully!\" is "
+                   "printed only when every check passes")
+def test_check_says_success_only_when_every_check_passes(verl_adapter):
+    overrides = [o for o in hydra_overrides("dppo_binary_tv") if not o.startswith("actor_rollout_ref.model.external")]
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.engines.verl", "check", *overrides, *BASE],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "passed" not in done.stdout, done.stdout
+    assert done.stderr.count("error:") == 1 and "external_lib" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.engines.verl", "check", *hydra_overrides("dppo_binary_tv"),
+                           *BASE], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("dppo_oat.dppo_binary_tv: "), done.stdout
+
+
+@pytest.mark.parametrize("override, name", [
+    ("actor_rollout_ref.actor.tau_pos=1e300", "actor_rollout_ref.actor.tau_pos"),
+    (f"{TRM_THRESHOLD}=1e39", TRM_THRESHOLD),
+])
+def test_check_refuses_a_number_past_float32(verl_adapter, override, name):
+    from dppo_oat.engines.verl.preflight import check, compose
+
+    preset = "sapo" if "tau_pos" in override else "trm_max"
+    with pytest.raises(ValueError, match=rf"{name} 1e\+(300|39) overflows float32"):
+        check(compose(hydra_overrides(preset) + BASE + [override]))

@@ -8,7 +8,7 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import hydra_overrides  # noqa: E402
+from dppo_oat.engines.verl.mapping import hydra_overrides  # noqa: E402  (after pytest.importorskip)
 
 
 def call(actor_config, preset, weights=None, **config):

@@ -6,8 +6,8 @@ import pytest
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl.trainer.ppo.core_algos")  # not just "verl": that name also finds this tests/verl folder
 
-from dppo_oat.engines.verl.mapping import loss_name, preset_of, refusal  # noqa: E402
-from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402
+from dppo_oat.engines.verl.mapping import loss_name, preset_of, refusal  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402  (after pytest.importorskip)
 
 
 def test_every_preset_is_registered_or_refused(verl_adapter):

@@ -1,19 +1,23 @@
-"""The local engine's configuration (a tyro CLI), validated before any model is built, and its one mapping onto
-the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`)."""
+"""The local engine's configuration (a tyro CLI whose ``--help`` comes in sections, :data:`HELP_GROUPS`), validated
+before any model is built, and its one mapping onto the run's :class:`~dppo_oat.settings.spec.RunSpec`
+(:func:`run_spec`)."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Tuple
+from typing import Any, Literal
 
-from dppo_oat import spec
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.mixed_precision import ComputeDtype
+from dppo_oat.learner.autocast import ComputeDtype
 from dppo_oat.models.shapes import PolicyShape
-from dppo_oat.rollout.precision import RolloutPrecision
+from dppo_oat.rollout.rollout_copy import RolloutPrecision
+from dppo_oat.run.directory import RunDir
+from dppo_oat.settings import spec
+from dppo_oat.settings.grouped_cli import FlagGroup, parse_grouped
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
@@ -25,38 +29,36 @@ class WarmStartConfig:
     demo_episodes: int = 6000
     """Oracle episodes of the training env used as demonstrations."""
     mistake_rate: float = 0.25
-    """Share of demonstration turns that follow an unrecorded wrong move, for envs that show the last one (the default
-    Sudoku): the policy learns what to do after a failed move instead of repeating it."""
+    """Share of demonstration turns that follow an unrecorded wrong move (in envs that show the last one, as the
+    default Sudoku), so that the policy learns to recover from one."""
     lr: float = 1e-3
-    """AdamW learning rate of the supervised warm start."""
+    """AdamW learning rate."""
     batch_size: int = 64
-    """Demonstration turns per supervised optimizer step."""
+    """Demonstration turns per optimizer step."""
     target_success: float = 0.65
-    """Stop at the first check whose validation success reaches this: the policy then solves many puzzles, not all,
-    and RL takes the default run the rest of the way (the CPU study stops at 0.25, the paper's sanity-test regime)."""
+    """Stop at the first check whose validation success reaches this, and leave RL the rest of the way (the CPU
+    study stops at 0.25, the paper's sanity-test regime)."""
     check_every: int = 100
     """Optimizer steps between success checks."""
     check_episodes: int = 96
     """Validation episodes per success check (seeds apart from the held-out evaluation ones)."""
     max_steps: int = 4000
-    """Supervised optimizer steps at most; a warm start that stops here below --warm-start.target-success is
-    cached as such, with a warning on every use."""
+    """Optimizer steps at most; a warm start stopped short of --warm-start.target-success is cached as such, with a
+    warning on every use."""
     shape: PolicyShape = "tiny"
-    """The policy's architecture: tiny (a Qwen3 of --warm-start.hidden-size and --warm-start.num-layers over the
-    tokenizer's own vocabulary, ~0.6M parameters: seconds per step on a CPU), tiny-8k (the default tiny one over a
-    vocabulary padded to 8,192 entries with reserved tokens, for top-K divergences that leave mass outside their K
-    tokens), or qwen3-100m (a ~100M-parameter
-    Qwen3, hidden 768, 12 layers, whose 32,768-entry vocabulary is the tokenizer's padded with reserved tokens: a
-    realistic LM head for a GPU run)."""
+    """tiny (a Qwen3 of --warm-start.hidden-size and --warm-start.num-layers over the tokenizer's own vocabulary,
+    ~0.6M parameters: seconds per step on a CPU), tiny-8k (tiny over a vocabulary padded to 8,192 entries, for top-K
+    divergences that leave mass outside their K tokens) or qwen3-100m (~100M parameters, hidden 768, 12 layers,
+    32,768 entries: a realistic LM head for a GPU run)."""
     vocab_size: int = 512
     """BPE merges of the policy's tokenizer, trained on the demonstrations (fewer when they need fewer)."""
     hidden_size: int = 128
-    """Hidden size of the tiny Qwen3 policy (--warm-start.shape tiny)."""
+    """Hidden size of the tiny shape."""
     num_layers: int = 2
-    """Transformer layers of the tiny Qwen3 policy (--warm-start.shape tiny)."""
-    seed: Optional[int] = 0
-    """Seed of the tokenizer, model and demonstrations. Every RL --seed starts from this one warm-started policy, as
-    the paper's seeds share one initial model (the default run's ships with the package); None: the run's --seed."""
+    """Transformer layers of the tiny shape."""
+    seed: int | None = 0
+    """Seed of the tokenizer, model and demonstrations: every RL --seed starts from this one policy, as the paper's
+    seeds share one initial model. None: the run's --seed."""
 
     def check(self) -> None:
         """Every flag in its range (one line naming it), before any model loads or any warm start begins."""
@@ -90,67 +92,64 @@ class TrainConfig(spec.DPPOFlags):
 
     engine: Literal["local", "oat"] = "local"
     """local: this process (CPU or one GPU). oat: oat + vLLM + DeepSpeed on a GPU node (other flags: --help there)."""
-    env_ids: Tuple[str, ...] = (DEFAULT_ENV,)
+    env_ids: tuple[str, ...] = (DEFAULT_ENV,)
     """Gem env ids, assigned to groups round-robin."""
-    prompt_template: Optional[str] = None
-    """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat. None: plain for the tiny
-    policy; with --pretrain, qwen3_game (Gem's game prompt in Qwen3 markup): pass qwen3_general for single-turn
-    questions, chat for the model's own chat template."""
+    prompt_template: str | None = None
+    """How an observation becomes a prompt: qwen3_game (Gem's game prompt in Qwen3 markup), qwen3_general
+    (single-turn questions), plain, or chat (the model's own chat template). None: plain for the tiny policy, else
+    qwen3_game."""
     loss_aggregation: Literal[AGGREGATIONS] = "seq-mean-token-sum-norm"  # type: ignore[valid-type]
     """How per-token losses are aggregated (seq-mean-token-sum-norm: Dr.GRPO's, over --max-new-tokens)."""
-    pretrain: Optional[str] = None
-    """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: build and cache a tiny
-    policy warm-started on the oracle moves of the first --env-ids (which must have an oracle)."""
+    pretrain: str | None = None
+    """A Hugging Face causal LM (local path, or hub id where the hub is reachable). None: a tiny policy warm-started
+    on the oracle moves of the first --env-ids, built once and cached."""
     generator: Literal["hf", "vllm"] = "hf"
     """Rollout sampler (μ): hf samples with the training model's own layers (any device); vllm runs a vLLM
     engine in this process on the GPU, synced after every update."""
     max_staleness: int = 0
-    """Asynchronous rollouts with bounded staleness: sample the next rollout batch in a background thread while the
-    learner updates on the current one, from a copy of the weights at most k updates old. The rollout of step t
-    samples with the weights after step max(0, t − 1 − k), whatever the timing, so runs are reproducible and resume
-    exactly; μ keeps the log-probabilities of those stale weights (the trust region anchors on them). 0: the
-    synchronous loop (each rollout samples with the latest weights). HF generator only; not with --probe-every."""
+    """Sample the next rollout batch in a background thread while the learner updates, from weights at most k
+    updates old: step t samples with those after step max(0, t − 1 − k), so runs are reproducible and resume
+    exactly, and μ is theirs. 0: synchronous. hf generator only; not with --probe-every."""
     steps: int = 100
-    """RL steps: each samples one rollout batch (--groups-per-step × --group-size episodes) and updates on it."""
+    """RL steps, each one rollout batch (--groups-per-step × --group-size episodes) and its update."""
     groups_per_step: int = 16
     """Groups per rollout batch; each group plays one puzzle seed --group-size times."""
     group_size: int = 4
     """Episodes per group (same seed): the GRPO group."""
     minibatch_size: int = 256
-    """Turn samples per optimizer step (a rollout batch gives several steps: the trust region matters)."""
-    minibatches_per_rollout: Optional[int] = None
+    """Turn samples per optimizer step (a rollout batch gives several: the trust region matters)."""
+    minibatches_per_rollout: int | None = None
     """Split every rollout batch into this many minibatches, whatever its size (the paper's sanity test: 4 gradient
     steps per rollout); overrides --minibatch-size."""
-    micro_batch_size: Optional[int] = None
-    """Turn samples per forward/backward pass within a minibatch (gradients accumulate; the optimizer step is
-    the same). None: the whole minibatch at once."""
+    micro_batch_size: int | None = None
+    """Turn samples per forward/backward pass (gradients accumulate to the same optimizer step). None: the whole
+    minibatch."""
     num_epochs: int = 1
     """Passes over every rollout batch (each pass reshuffles it into minibatches)."""
     lr: float = 3e-4
     """AdamW learning rate of the RL update (see --lr-schedule)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
-    """linear: --lr decayed linearly to 0 over --steps (the rate at step t is lr · (steps − t + 1) / steps), so the
-    run ends on small updates instead of oscillating; constant: --lr at every step. The rate follows the step alone,
-    so --resume continues it exactly; a resume that extends --steps re-plans the decay over the new total."""
+    """linear: --lr decayed linearly to 0 over --steps (lr · (steps − t + 1) / steps at step t); constant: --lr
+    throughout. --resume continues it exactly; a resume that extends --steps re-plans the decay."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay of the RL update."""
     grad_clip: float = 1.0
     """Clip each optimizer step's gradient to this global L2 norm."""
     gamma: float = 0.0
-    """Discount of per-turn returns. 0: each turn is credited with its own reward, which Sudoku gives per correct
-    cell; with γ > 0 a pooled group baseline also favours early turns (see --turn-baseline)."""
+    """Discount of per-turn returns. 0: each turn gets its own reward (Sudoku's: one per correct cell); with γ > 0,
+    a pooled group baseline also favours early turns (see --turn-baseline)."""
     temperature: float = 1.0
-    """Sampling temperature of the rollouts and evaluations; the learner scores tokens at the same temperature."""
+    """Sampling temperature of rollouts and evaluations; the learner scores tokens at it too."""
     top_p: float = 1.0
-    """Nucleus sampling threshold of the rollouts (1: the full distribution)."""
+    """Nucleus sampling threshold (1: the full distribution)."""
     max_new_tokens: int = 12
     """Tokens the policy may generate per turn (also the normaliser of seq-mean-token-sum-norm)."""
     max_prompt_tokens: int = 256
     """Longest prompt (rendered observation) in tokens; an env whose first prompt is longer is refused before
     training."""
-    train_pool: Optional[int] = None
-    """Draw training puzzles from a fixed pool of this many seeds (the paper's sanity test trains on a fixed problem
-    set the initial policy can solve sometimes, and watches training success); None: fresh puzzles every step."""
+    train_pool: int | None = None
+    """Draw training puzzles from a fixed pool of this many seeds, as the paper's sanity test trains on a fixed
+    problem set. None: fresh puzzles every step."""
     seed: int = 0
     """Seed of the RL run: torch, the training puzzles and the sampling (the warm-started policy follows
     --warm-start.seed)."""
@@ -162,49 +161,38 @@ class TrainConfig(spec.DPPOFlags):
     """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
     (probe/* metrics; HF generator only). 0: never."""
     dtype: ComputeDtype = "float32"
-    """Compute precision of the learner and of the hf rollout sampler. The weights, gradients and AdamW state stay
-    fp32 (an AdamW step at a small --lr is far below a bfloat16 weight's rounding step and would vanish); each
-    forward pass runs under torch.autocast to this dtype, the learner's and the sampler's alike, so μ and π_θ come
-    from the same weights under the same autocast and their mismatch stays the injected one. float16 also scales
-    the loss (guard/loss_scale_skips counts the steps the scaler skips). bfloat16 needs a GPU of compute capability
-    8.0 or later, or a CPU."""
+    """Compute precision of the learner and the hf sampler alike (torch.autocast; weights and AdamW state stay
+    fp32). float16 also scales the loss; bfloat16 needs a CPU or a GPU of compute capability 8.0+."""
     rollout_dtype: RolloutPrecision = "float32"
-    """Injected training-inference mismatch: sample from a lower-precision copy of the policy (bfloat16 or float16
-    weights and arithmetic throughout, whatever --dtype; or int8-, int6- or int4-quantised weights computing at
-    --dtype), while the learner computes at --dtype. float32: no injected mismatch (the sampler computes as the
-    learner does)."""
+    """Sample from a lower-precision copy of the policy: bfloat16 or float16 weights and arithmetic, or
+    int-quantised weights computing at --dtype. float32: none."""
     rollout_redraw: bool = False
-    """With an int-quantised --rollout-dtype: round each weight on a grid shifted by a random offset redrawn at
-    every re-sync (seeded by the run's seed and step), so the copy's rounding error is as large as nearest rounding's
-    but not the same from one rollout to the next."""
+    """With an int --rollout-dtype: round on a grid shifted by a random offset redrawn at every re-sync (seeded by
+    the run's seed and step): nearest rounding's error size, but a new error each rollout."""
     logprob_noise: float = 0.0
-    """Injected mismatch: add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
+    """Add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
-    """Directory that holds the run directories (metrics.jsonl, config.json, checkpoint)."""
-    run_name: Optional[str] = None
+    """Directory of the run directories (metrics.jsonl, config.json, checkpoint)."""
+    run_name: str | None = None
     """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
-    """Continue runs/<run_name> from its last checkpoint."""
+    """Continue <run-dir>/<run-name> from its last checkpoint."""
     overwrite: bool = False
-    """Start a new run where a run of this name is: its files are moved aside into <run>/overwritten-<UTC time>/
-    (never deleted). Without it a new run refuses to start where any file of a run is."""
+    """Start a new run where a run of this name is, moving its files aside into <run>/overwritten-<UTC time>/ (never
+    deleted). Without it a new run refuses to start there."""
     allow_metrics_gap: bool = False
-    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (those steps stay missing from
-    its curves). Without it such a resume is refused."""
-    cache_dir: Optional[str] = None
-    """Where the tiny policy is cached (default: $DPPO_CACHE or ~/.cache/dppo_oat)."""
+    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (they stay missing from its
+    curves). Without it such a resume is refused."""
+    cache_dir: str | None = None
+    """Where the tiny policy is cached. None: $DPPO_CACHE, else ~/.cache/dppo_oat."""
     device: str = "cpu"
-    """Torch device of the policy, the rollouts, the update and the warm start: cpu, cuda, cuda:1, ..."""
+    """Torch device of the policy, rollouts, update and warm start: cpu, cuda, cuda:1, ..."""
     cuda_graphs: bool = False
-    """On a CUDA device, decode rollouts with CUDA graphs of the decode step, replayed per token (one launch in
-    place of hundreds of small kernels): captured once per batch and KV-buffer size bucket and kept across rollout
-    calls and updates (with --dtype bfloat16 or float16 the sampler holds its linear weights in that dtype,
-    refreshed in place after each update). Samples the same distribution as the eager decode, up to float
-    rounding."""
-    threads: Optional[int] = None
-    """CPU threads torch may use (torch.set_num_threads). None: half the CPUs this process may use, at least 1 (one
-    on 2 cores), so that other work beside the run does not stall it. The thread count changes the order in which
-    floats are summed, so runs at different counts draw different tokens."""
+    """On a CUDA device, decode rollouts by replaying CUDA graphs of the decode step (one launch per token in place
+    of hundreds of kernels): the eager decode's distribution, up to float rounding."""
+    threads: int | None = None
+    """CPU threads torch may use. None: half the CPUs this process may use, at least 1, so that work beside the run
+    does not stall it. Each count sums floats in its own order, so draws other tokens."""
     wandb: bool = False
     """Also log metrics to Weights & Biases (needs wandb installed and logged in)."""
     tensorboard: bool = False
@@ -228,8 +216,9 @@ class TrainConfig(spec.DPPOFlags):
             return self.run_name
         return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
-    def run_path(self) -> Path:
-        return Path(self.run_dir) / self.resolved_run_name()
+    def run_directory(self) -> RunDir:
+        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs."""
+        return RunDir(Path(self.run_dir) / self.resolved_run_name())
 
     @property
     def warm_start_seed(self) -> int:
@@ -241,6 +230,35 @@ class TrainConfig(spec.DPPOFlags):
     def torch_threads(self) -> int:
         """The CPU threads the run gives torch: ``--threads``, else :func:`default_threads`."""
         return self.threads or default_threads()
+
+
+HELP_GROUPS = (
+    FlagGroup("common", "", ("steps", "trust_region", "env_ids", "env_module", "pretrain", "seed", "lr", "device",
+                             "dtype", "eval_every", "run_dir", "run_name", "resume", "engine")),
+    FlagGroup("trust-region", f"{spec.OVERRIDES_ABOUT} --tr-calibrate sets the band from the first RL step's batch.",
+              spec.OVERRIDE_FLAGS + spec.CALIBRATION_FLAGS),
+    FlagGroup("rollout", "", ("groups_per_step", "group_size", "train_pool", "prompt_template", "wrappers", "max_turns",
+                              "max_new_tokens", "max_prompt_tokens", "temperature", "top_p")),
+    FlagGroup("advantage", "", ("advantage_mode", "gamma", "turn_baseline")),
+    FlagGroup("update", "", ("num_epochs", "minibatch_size", "minibatches_per_rollout", "micro_batch_size",
+                             "loss_aggregation", "lr_schedule", "weight_decay", "grad_clip")),
+    FlagGroup("evaluation and diagnostics", "", ("eval_episodes", "probe_every", "token_samples", "token_export")),
+    FlagGroup("output", "", ("overwrite", "allow_metrics_gap", "cache_dir", "wandb", "tensorboard")),
+    FlagGroup("injected mismatch", "Make μ differ from π_θ on purpose, as an inference engine's does.",
+              ("rollout_dtype", "rollout_redraw", "logprob_noise")),
+    FlagGroup("performance", "", ("generator", "max_staleness", "cuda_graphs", "threads")),
+    FlagGroup("warm-start", "The built-in policy (with --pretrain None): its shape and its supervised warm start on "
+              "oracle demonstrations.", ("warm_start",)),
+)
+"""The sections of ``python -m dppo_oat.train --help``, in order (every :class:`TrainConfig` field in one): the flags
+a first run changes, then one section per part of a run. The flags keep their names
+(:mod:`dppo_oat.settings.grouped_cli`)."""
+
+
+def parse_config(args: Sequence[str], **tyro_options: Any) -> TrainConfig:
+    """The local engine's command line as a :class:`TrainConfig` (tyro; ``--help`` in :data:`HELP_GROUPS`'
+    sections)."""
+    return parse_grouped(TrainConfig, HELP_GROUPS, args, **tyro_options)
 
 
 def usable_cpus() -> int:

@@ -16,7 +16,8 @@ at a default that keeps the earlier behaviour (the rule's default band), so it n
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 CONFIG_SCHEMA = 3
 """The schema a run of this version writes."""
@@ -70,14 +71,19 @@ def config_schema(stored: Mapping[str, Any]) -> int:
         raise ValueError(f"config.json's schema is {schema!r}, not a version number: restore the file, or start a new "
                          "run with another --run-name")
     migrations = stored.get("schema_migrations", [])
-    if not (isinstance(migrations, list) and all(isinstance(m, dict) and isinstance(m.get("filled", []), list)
-                                                 for m in migrations)):
+    if not (isinstance(migrations, list) and all(map(_is_migration_record, migrations))):
         raise ValueError(f"config.json's schema_migrations is {migrations!r}, not a list of the migrations it went "
                          "through: restore the file, or start a new run with another --run-name")
     if schema > CONFIG_SCHEMA:
         raise ValueError(f"config.json has schema {schema}, written by a newer dppo_oat (this one reads up to "
                          f"{CONFIG_SCHEMA}): upgrade dppo_oat to resume it")
     return schema
+
+
+def _is_migration_record(record: Any) -> bool:
+    """One entry of ``schema_migrations``: an object whose ``filled`` (when present) lists setting names."""
+    filled = record.get("filled", []) if isinstance(record, dict) else None
+    return isinstance(filled, list) and all(isinstance(name, str) for name in filled)
 
 
 def migrate_config(stored: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict:

@@ -13,9 +13,9 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -23,13 +23,14 @@ from rich.progress import Progress
 
 from dppo_oat.engines.local.config import run_spec
 from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
 from dppo_oat.models.tiny import build_shaped_policy, load_policy, save_policy
 from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
-from dppo_oat.runlog import honour_umask
-from dppo_oat.samples import TurnSample, build_update_batch
+from dppo_oat.run.safe_io import honour_umask
+from dppo_oat.settings.spec import RunSpec
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 CACHE_FORMAT = 3
 """Bumped whenever the warm start changes, so that a stale cached policy is never reused."""
@@ -118,9 +119,10 @@ def warm_start(model, tokenizer, samples, settings, evaluate: Callable[[object],
     return WarmStartReport(step, time.perf_counter() - start, success, checks, settings.target_success)
 
 
-def validation_success(config, model, tokenizer) -> float:
-    """Success of ``model`` on the warm start's validation puzzles of ``config.env_ids[0]`` (sampling as in RL)."""
-    spec = run_spec(config)
+def validation_success(config, model, tokenizer, spec: RunSpec | None = None) -> float:
+    """Success of ``model`` on the warm start's validation puzzles of ``config.env_ids[0]`` (sampling as in RL, as
+    the run's ``spec`` evaluates: built from ``config`` when not given)."""
+    spec = spec or run_spec(config)
     episodes = config.warm_start.check_episodes
     collector = EpisodeCollector(config.env_ids[:1], episodes, 1, tokenizer, spec.eval_rollout)
     generator = HFGenerator(model.eval(), tokenizer, batch_size=64)
@@ -130,9 +132,10 @@ def validation_success(config, model, tokenizer) -> float:
     return rollout.stats()["success"]
 
 
-def load_or_build_tiny_policy(config, console) -> tuple:
-    """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use. A warm start that
-    ended below its target is cached as such and said so, on every use."""
+def load_or_build_tiny_policy(config, console, spec: RunSpec | None = None) -> tuple:
+    """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use (its validation
+    plays as the run's ``spec`` evaluates). A warm start that ended below its target is cached as such and said so,
+    on every use."""
     env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
     key = policy_cache_key(env_id, template, ws, seed)
     path = config.resolved_cache_dir() / "policies" / key
@@ -141,13 +144,13 @@ def load_or_build_tiny_policy(config, console) -> tuple:
             console.print(f"{ws.shape} policy: {where} at {found}")
             _say_if_below_target(read_report(found, ws.target_success), ws.shape, console)
             return load_policy(found)
-    model, tokenizer, report = build_tiny_policy_for(config, key, console)
+    model, tokenizer, report = build_tiny_policy_for(config, key, console, spec)
     _save_atomically(model.eval(), tokenizer, report, path)
     _say_if_below_target(report, ws.shape, console)
     return model, tokenizer
 
 
-def build_tiny_policy_for(config, key: str, console) -> tuple:
+def build_tiny_policy_for(config, key: str, console, spec: RunSpec | None = None) -> tuple:
     """Tokenizer, model of ``--warm-start.shape`` and supervised warm start on oracle moves of ``config.env_ids[0]``,
     on ``config.device``."""
     from envs.oracles import demonstrations
@@ -161,7 +164,9 @@ def build_tiny_policy_for(config, key: str, console) -> tuple:
                                            hidden_size=ws.hidden_size, num_layers=ws.num_layers)
     model.to(config.device)  # the warm start runs where the run will, in fp32 (a model of any shape)
     samples = demonstration_samples(demos, tokenizer, template)
-    report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer), seed, console)
+    spec = spec or run_spec(config)
+    report = warm_start(model, tokenizer, samples, ws, lambda m: validation_success(config, m, tokenizer, spec), seed,
+                        console)
     console.print(f"{ws.shape} policy: warm start stopped after {report.steps} steps, {report.seconds:.0f} s, "
                   f"validation success {report.success:.2f}")
     return model, tokenizer, report

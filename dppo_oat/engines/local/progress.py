@@ -1,12 +1,14 @@
 """The RL steps' progress: a live bar on a terminal; where the output goes to a file or a pipe (a job's log, ``nohup``,
-``tee``), where a bar draws nothing until the end, one plain line every few steps."""
+``tee``), where a bar draws nothing until the end, one progress line every few steps."""
 
 from __future__ import annotations
 
 import time
+import warnings
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 def line_console(stderr: bool = False) -> Console:
     """The command line's console (stdout, or stderr): it never breaks a line (``soft_wrap``), so a path or a command
@@ -15,19 +17,33 @@ def line_console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, soft_wrap=True)
 
 
-PLAIN_LINES = 20
-"""About how many plain lines a run prints over its steps (every ``steps // PLAIN_LINES`` steps, and the last)."""
+PROGRESS_LINES = 20
+"""About how many progress lines a run prints over its steps where no bar is drawn (every ``steps // PROGRESS_LINES``
+steps, and the last)."""
 
 
-def plain_every(total: int) -> int:
-    """Print a plain line every this many steps of ``total``."""
-    return max(1, total // PLAIN_LINES)
+def line_every(total: int) -> int:
+    """Print a progress line every this many steps of ``total``."""
+    return max(1, total // PROGRESS_LINES)
+
+
+DEPRECATED = {"PLAIN_LINES": "PROGRESS_LINES", "plain_every": "line_every"}
+"""Earlier names of this module's progress lines ("plain" names the prompt template alone), kept for old imports."""
+
+
+def __getattr__(name: str):
+    """A :data:`DEPRECATED` name: its new name's value, with a ``DeprecationWarning``."""
+    if name in DEPRECATED:
+        warnings.warn(f"dppo_oat.engines.local.progress.{name} is deprecated: use {DEPRECATED[name]}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[DEPRECATED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StepProgress:
     """``with StepProgress(console, total, completed) as progress: ... progress.update(step, description)``: a rich
     progress bar when ``console`` is a terminal, else a line ``<description>: step s/total, <elapsed>`` every
-    :func:`plain_every` steps and at the last."""
+    :func:`line_every` steps and at the last."""
 
     def __init__(self, console: Console, total: int, completed: int = 0):
         self.console, self.total, self.completed = console, total, completed
@@ -37,7 +53,7 @@ class StepProgress:
             self.bar = Progress(*columns, console=console)
         self.start = time.monotonic()
 
-    def __enter__(self) -> "StepProgress":
+    def __enter__(self) -> StepProgress:
         if self.bar is not None:
             self.bar.__enter__()
             self.task = self.bar.add_task("RL steps", total=self.total, completed=self.completed)
@@ -51,7 +67,7 @@ class StepProgress:
         """Step ``step`` is done; ``description`` says how it went."""
         if self.bar is not None:
             self.bar.update(self.task, completed=step, description=description)
-        elif step % plain_every(self.total) == 0 or step == self.total:
+        elif step % line_every(self.total) == 0 or step == self.total:
             elapsed = time.monotonic() - self.start
             self.console.print(f"{description}: step {step}/{self.total}, {elapsed:.0f} s", soft_wrap=True,
                                highlight=False)

@@ -11,14 +11,19 @@ and :meth:`~RolloutSchedule.restore` with its checkpoint, and :meth:`~RolloutSch
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from dppo_oat.rollout.background import (BackgroundRollout, CancellableGenerator, behavior_version,
-                                         staleness_metrics, versions_to_keep)
+from dppo_oat.rollout.background import (
+    BackgroundRollout,
+    CancellableGenerator,
+    behavior_version,
+    staleness_metrics,
+    versions_to_keep,
+)
 from dppo_oat.rollout.episodes import Rollout
-from dppo_oat.rollout.precision import rollout_state_dict
+from dppo_oat.rollout.rollout_copy import rollout_state_dict
 
 RolloutPlan = Callable[[int], Callable[[object], Rollout]]
 """``plan(step)`` fixes step's seeds and sampling stream now and returns ``collect(generator) -> Rollout``."""

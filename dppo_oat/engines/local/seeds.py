@@ -8,8 +8,6 @@ so a resumed run continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 EVAL_SEED = 1_000_000
@@ -26,7 +24,7 @@ def step_seed(seed: int, step: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0] >> 1)
 
 
-def train_group_seeds(seed: int, step: int, num_groups: int, pool: Optional[int] = None) -> list[int]:
+def train_group_seeds(seed: int, step: int, num_groups: int, pool: int | None = None) -> list[int]:
     """Puzzle seeds of one rollout batch (one per GRPO group): below the held-out range, or from ``[0, pool)``."""
     rng = np.random.default_rng(step_seed(seed, step, 0))
     return rng.integers(0, pool or EVAL_SEED, size=num_groups).tolist()

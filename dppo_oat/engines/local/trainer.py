@@ -1,8 +1,8 @@
 """The local engine's RL loop, cleanrl-style: validate → build → (rollout → advantages → update → log)*.
 
 Every rollout batch: play ``groups_per_step × group_size`` Gem episodes with the generator (μ), compute per-turn
-advantages, run the core's :func:`~dppo_oat.update.learn_from_rollout` with a plain torch optimizer, sync the generator,
-log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
+advantages, run the core's :func:`~dppo_oat.learner.update.learn_from_rollout` with a plain torch optimizer, sync the
+generator, log one line of ``metrics.jsonl``, checkpoint. Seeds of puzzles, sampling and minibatch order derive from
 ``(seed, step)``, so a resumed run continues exactly as an uninterrupted one would.
 
 With ``--max-staleness k > 0`` the rollout of step ``t + 1`` is sampled in a background thread while step ``t``
@@ -18,39 +18,49 @@ import math
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 from rich.console import Console
 
-from envs import ensure_registered
-
-from dppo_oat.advantages import sample_advantages
+from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.calibrate import BatchCollector, calibration_record
-from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
+from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
-from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
+from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
 from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
-from dppo_oat.guard import BlowUpGuard
-from dppo_oat.mixed_precision import (autocast, autocast_forward, loss_scaler, rollout_compute_dtype,
-                                      use_shape_agnostic_attention)
+from dppo_oat.learner.autocast import (
+    autocast,
+    autocast_forward,
+    loss_scaler,
+    rollout_compute_dtype,
+    use_shape_agnostic_attention,
+)
+from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
+from dppo_oat.learner.update import (
+    EngineSteps,
+    clip_and_step,
+    learn_from_rollout,
+    scaled_clip_and_step,
+    summarize_steps,
+)
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.runlog import (CHECKPOINT_FILE, EVAL_FILE, METRICS_FILE, RunLock, RunLog, atomic_torch_save,
-                             missing_steps, move_run_aside, read_config, read_jsonl, settings_hash)
-from dppo_oat.samples import build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
-from dppo_oat.token_export import TokenExporter, TokenObservers
-from dppo_oat.token_samples import TokenSampler, decode_each
+from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
+from dppo_oat.run.directory import RunLock
+from dppo_oat.run.log import RunLog, settings_hash
+from dppo_oat.run.safe_io import atomic_torch_save, read_jsonl
+from dppo_oat.run.token_export import TokenExporter, TokenObservers
+from dppo_oat.run.token_samples import TokenSampler, decode_each
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import UnmovedBatch, calibrate
-from dppo_oat.update import EngineSteps, clip_and_step, learn_from_rollout, scaled_clip_and_step, summarize_steps
+from dppo_oat.update_batch import build_update_batch
+from envs import ensure_registered, unseeded_plugin_envs
 
 
 def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -76,16 +86,21 @@ def perturb_logprobs(rollout: Rollout, sigma: float, seed: int) -> None:
             sample.topk_logprobs = np.where(slot, noisy[:, None], sample.topk_logprobs)
 
 
+PROMPT_TOO_LONG_SHARE = 0.1
+"""The share of a step's episodes ended by a prompt longer than --max-prompt-tokens past which the run warns."""
+
+
 class LocalTrainer:
     """One run of the local engine. ``run()`` trains; ``evaluate()`` measures held-out success."""
 
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or line_console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
-        self.lock = RunLock(config.run_path())  # a second run writing the same directory is refused here
+        self.run_dir = config.run_directory()  # this run's files (config.run_dir is the folder of runs)
+        self.lock = RunLock(self.run_dir)  # a second run writing the same directory is refused here
         if self.lock.removed:
-            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed save "
-                               f"({self.lock.removed[0].name} first)", soft_wrap=True)
+            self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "
+                               f"({self.lock.removed[0].relative_to(self.lock.directory)} first)", soft_wrap=True)
         try:
             self._build(config)
         except BaseException:  # a failed start (a prompt too long, Ctrl-C) frees the directory and leaves no new one
@@ -99,9 +114,10 @@ class LocalTrainer:
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)
+        self._warn_of_unseeded_envs()
         self.model, self.tokenizer = self._load_policy()
         self._check_topk_fits()
-        self.model.to(config.device)  # fp32 master weights whatever --dtype (mixed_precision)
+        self.model.to(config.device)  # fp32 master weights whatever --dtype (learner.autocast)
         use_shape_agnostic_attention(config.device)  # minibatches and decode steps differ in length
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=True if torch.device(config.device).type == "cuda" else None)
@@ -118,8 +134,8 @@ class LocalTrainer:
         self.step = self.step_in_progress = self.checkpointed_step = 0
         self.guard = BlowUpGuard()
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
-        self.exporter = TokenExporter(config.run_path()) if config.token_export == "all" else None
-        self._noted_small_batch = False
+        self.exporter = TokenExporter(self.run_dir) if config.token_export == "all" else None
+        self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
         self._check_prompts_fit()
         self._open_log()
         self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
@@ -130,11 +146,19 @@ class LocalTrainer:
         if self.resume_step is not None:
             self._load_checkpoint()
 
+    def _warn_of_unseeded_envs(self) -> None:
+        """A plugin env whose ``reset(seed)`` does not fix its episode (checked on the first training seeds): one
+        warning line each (the run goes on; envs/contract.py's checks fail on it)."""
+        c = self.config
+        seeds = list(dict.fromkeys(train_group_seeds(c.seed, 1, c.groups_per_step, c.train_pool) + [EVAL_SEED]))
+        for problem in unseeded_plugin_envs(c.env_ids, env_seed=self.spec.rollout.env_seed, seeds=seeds):
+            self.console.print(f"warning: {problem}", soft_wrap=True, markup=False)
+
     def _open_log(self) -> None:
         """The run log, with the run's identity: a new run id, or the resumed run's (validation matched it with the
         checkpoint's); the checkpoint carries it and the hash of the settings it was trained under."""
         c, resuming = self.config, self.resume_step is not None
-        stored = read_config(c.run_path()) if resuming else {}
+        stored = self.run_dir.read_config() if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
         self.calibration = stored.get("calibration") if self.spec.calibration is not None else None
@@ -146,22 +170,34 @@ class LocalTrainer:
         self.settings_hash = settings_hash(written, settings_free_on_resume(self.spec))
         if resuming:
             self._warn_of_metrics_gap()
+            self._warn_of_export_gap()
         elif c.overwrite:
             self._move_earlier_run_aside()
-        self.log = RunLog(c.run_path(), written, resume_step=self.resume_step, wandb=c.wandb,
+        self.log = RunLog(self.run_dir, written, resume_step=self.resume_step, wandb=c.wandb,
                           tensorboard=c.tensorboard)
 
     def _warn_of_metrics_gap(self) -> None:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
-        path = self.config.run_path() / METRICS_FILE
-        missing = missing_steps(read_jsonl(path), self.resume_step)
+        missing = self.run_dir.steps_missing_from_metrics(self.resume_step)
         if missing:
-            self.console.print(f"warning: {path} lacks {len(missing)} of the {self.resume_step} checkpointed steps "
-                               f"(step {missing[0]} first): its curves will miss them", soft_wrap=True)
+            self.console.print(f"warning: {self.run_dir.metrics} lacks {len(missing)} of the {self.resume_step} "
+                               f"checkpointed steps (step {missing[0]} first): its curves will miss them",
+                               soft_wrap=True)
+
+    def _warn_of_export_gap(self) -> None:
+        """With --token-export all, say which checkpointed steps have no export (trained before the flag was given):
+        they cannot be exported again, their rollouts are gone."""
+        if self.exporter is None:
+            return
+        missing = self.run_dir.steps_missing_from_exports(self.resume_step)
+        if missing:
+            self.console.print(f"warning: {self.run_dir.token_exports} lacks {len(missing)} of the "
+                               f"{self.resume_step} checkpointed steps (step {missing[0]} first: trained without "
+                               "--token-export all); the steps from here on are exported", soft_wrap=True)
 
     def _move_earlier_run_aside(self) -> None:
         """--overwrite: the earlier run's files go into a folder of their own, under this run's lock."""
-        aside = move_run_aside(self.config.run_path())
+        aside = self.run_dir.move_aside()
         if aside is not None:
             self.console.print(f"--overwrite: the earlier run's files are in {aside}", soft_wrap=True)
 
@@ -172,7 +208,7 @@ class LocalTrainer:
     def _load_policy(self):
         if self.config.pretrain is not None:
             return load_pretrained(self.config.pretrain)
-        return load_or_build_tiny_policy(self.config, self.console)
+        return load_or_build_tiny_policy(self.config, self.console, self.spec)
 
     def _make_generator(self):
         c = self.config
@@ -213,7 +249,8 @@ class LocalTrainer:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         k = self.spec.sampling.top_k_logprobs
         if k > vocab:
-            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): give --tr-k {vocab} or less")
+            raise ValueError(f"--tr-k {k} exceeds the policy's vocabulary ({vocab} tokens): "
+                             f"give --tr-k {vocab} or less")
 
     def _check_prompts_fit(self) -> None:
         """Every env's first prompt fits in --max-prompt-tokens (else no episode could ever play a turn)."""
@@ -228,7 +265,8 @@ class LocalTrainer:
         """Success and return on the held-out seeds, sampling at the training temperature."""
         self.rollouts.wait()  # never beside a background rollout: both may seed torch's global RNG
         seeds = [EVAL_SEED + i for i in range(self.config.eval_episodes)]
-        rollout = self.eval_collector.collect(self.generator, self._sampling(EVAL_SAMPLING_SEED, evaluation=True), seeds)
+        sampling = self._sampling(EVAL_SAMPLING_SEED, evaluation=True)
+        rollout = self.eval_collector.collect(self.generator, sampling, seeds)
         stats = rollout.stats()
         row = {"step": self.step, "eval/success": stats["success"], "eval/return": stats["episode_return"],
                "eval/episodes": stats["episodes"]}
@@ -258,7 +296,10 @@ class LocalTrainer:
             raise RunError(f"step {step}: no episode produced a turn (every prompt longer than "
                            f"--max-prompt-tokens {c.max_prompt_tokens}?)")
         samples = rollout.samples
-        advantages = sample_advantages(samples, self.spec.advantages)
+        try:
+            advantages = sample_advantages(samples, self.spec.advantages)
+        except RewardOverflow as error:
+            raise RewardOverflow(f"step {step}: {error}") from None
         batch = build_update_batch(samples, advantages, self.tokenizer.pad_token_id,
                                    with_topk=self.tr.uses_topk).to(c.device)
         probing = c.probe_every > 0 and step % c.probe_every == 0
@@ -372,6 +413,7 @@ class LocalTrainer:
         metrics.update({f"rollout/{k}": v for k, v in stats.items()})
         metrics["response_length"] = stats["response_length"]
         metrics.update(summarize_steps(history))
+        metrics[ALL_SKIPPED] = float(every_step_skipped(history))
         metrics.update({
             "optimizer_steps": float(len(history)),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
@@ -383,9 +425,6 @@ class LocalTrainer:
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_path(self) -> Path:
-        return self.config.run_path() / CHECKPOINT_FILE
-
     def save_checkpoint(self) -> None:
         weights = self.model.state_dict()
         state = {"step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
@@ -393,11 +432,11 @@ class LocalTrainer:
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
         state.update(self.rollouts.checkpoint_state(self.step))  # stale rollouts: the older weights they sample with
-        atomic_torch_save(state, self._checkpoint_path(), weights=weights)
+        atomic_torch_save(state, self.run_dir.checkpoint, weights=weights)
         self.checkpointed_step = self.step
 
     def _load_checkpoint(self) -> None:
-        path = self._checkpoint_path()
+        path = self.run_dir.checkpoint
         try:
             state = torch.load(path, map_location=self.config.device, weights_only=True)
             self.model.load_state_dict(state["model"])
@@ -412,7 +451,7 @@ class LocalTrainer:
         self.step = self.checkpointed_step = int(state["step"])
         if self.generator.model is not self.model:
             self._sync_generator()
-        self.console.print(f"resumed {self.config.run_path()} at step {self.step}")
+        self.console.print(f"resumed {self.run_dir} at step {self.step}")
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, float]:
@@ -424,7 +463,11 @@ class LocalTrainer:
                 self.step_in_progress = self.step + 1
                 metrics = self.rl_step()
                 self.log.log_tokens(self.token_rows)
+                self._warn_of_long_prompts(metrics)
+                self._warn_of_skipped_updates(metrics)
                 self.log.log_metrics(metrics)  # logs first, then the checkpoint: a resume rewrites this step
+                if self.exporter is not None:  # and its export: a step is checkpointed once its export is on disk
+                    self.exporter.wait()
                 self.save_checkpoint()
                 if self._eval_due(self.step):
                     self.log.log_eval(self.evaluate())
@@ -433,11 +476,35 @@ class LocalTrainer:
                     f"masked {metrics['mask/fraction']:.3f}"))
         return self._summary()
 
+    def _warn_of_long_prompts(self, metrics: dict[str, float]) -> None:
+        """Say once when more than :data:`PROMPT_TOO_LONG_SHARE` of a step's episodes (and at least two) ended
+        because a later turn's prompt outgrew --max-prompt-tokens (``rollout/end/prompt_too_long``): those episodes
+        stop after the turns that fit, which the reward alone does not show."""
+        ended, episodes = metrics["rollout/end/prompt_too_long"], metrics["rollout/episodes"]
+        if self._warned_long_prompts or ended < 2 or ended <= PROMPT_TOO_LONG_SHARE * episodes:
+            return
+        self._warned_long_prompts = True
+        self.console.print(f"warning: step {self.step}: {ended:.0f} of {episodes:.0f} episodes ended when a later "
+                           f"turn's prompt outgrew --max-prompt-tokens {self.config.max_prompt_tokens} (metric "
+                           "rollout/end/prompt_too_long): raise --max-prompt-tokens, or keep the env's observations "
+                           "shorter", soft_wrap=True, markup=False)
+
+    def _warn_of_skipped_updates(self, metrics: dict[str, float]) -> None:
+        """Say (once) when the blow-up guard skipped every optimizer step of a step (:data:`ALL_SKIPPED`): the run goes
+        on, as a transient blow-up recovers, but that step taught the policy nothing."""
+        if not metrics[ALL_SKIPPED] or self._warned_all_skipped:
+            return
+        self._warned_all_skipped = True
+        causes = " and ".join(skip_causes(metrics))
+        self.console.print(f"warning: step {self.step}: the guard skipped every optimizer step ({causes} non-finite): "
+                           f"nothing was learned from it (metric {ALL_SKIPPED}; said once): lower --lr or the trust "
+                           "region's penalties (--tr-*)", soft_wrap=True, markup=False)
+
     def _eval_due(self, step: int) -> bool:
         return step == 0 or step % self.config.eval_every == 0 or step == self.config.steps
 
     def _evaluate_if_missing(self) -> None:
-        evaluated = {row["step"] for row in read_jsonl(self.config.run_path() / EVAL_FILE)}
+        evaluated = {row["step"] for row in read_jsonl(self.run_dir.eval)}
         if self._eval_due(self.step) and self.step not in evaluated:
             result = self.evaluate()
             self.log.log_eval(result)
@@ -445,11 +512,11 @@ class LocalTrainer:
                 self.console.print(f"held-out success before RL: {result['eval/success']:.3f}")
 
     def _summary(self) -> dict[str, float]:
-        evals = read_jsonl(self.config.run_path() / EVAL_FILE)
+        evals = read_jsonl(self.run_dir.eval)
         before = evals[0]["eval/success"] if evals else float("nan")
         after = evals[-1]["eval/success"] if evals else float("nan")
         self.console.print(f"held-out success: before RL {before:.3f} → after {self.step} RL steps {after:.3f} "
-                           f"({self.config.eval_episodes} episodes; run in {self.config.run_path()})")
+                           f"({self.config.eval_episodes} episodes; run in {self.run_dir})")
         self.close()
         return {"success_before": before, "success_after": after, "steps": self.step}
 
@@ -462,7 +529,7 @@ class LocalTrainer:
         try:
             self.rollouts.cancel()
             if self.exporter is not None:
-                self.exporter.close()
+                self.exporter.close(wait=not failed)
             self.log.discard() if unused else self.log.close()
             self.collector.close()
             self.eval_collector.close()

@@ -15,14 +15,23 @@ from pathlib import Path
 from dppo_oat.calibrate import recorded_band
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
-from dppo_oat.mixed_precision import check_compute_dtype
+from dppo_oat.learner.autocast import check_compute_dtype
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
+from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
 from dppo_oat.rollout.vllm_generator import VLLM_DEFAULT_MAX_LOGPROBS
-from dppo_oat.runlog import (CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, OVERWRITTEN_PREFIX, PROVENANCE,
-                             check_can_write, check_run_name, check_tensorboard, check_wandb, config_differences,
-                             missing_steps, read_config, read_jsonl, run_files, settings_hash)
-from dppo_oat.spec import TRUST_REGION_OVERRIDES, RunSpec
+from dppo_oat.run.directory import CHECKPOINT_FILE, OVERWRITTEN_PREFIX, TOKEN_EXPORT_DIR, RunDir, RunLock
+from dppo_oat.run.log import (
+    PROVENANCE,
+    check_run_name,
+    check_tensorboard,
+    check_wandb,
+    config_differences,
+    settings_hash,
+)
+from dppo_oat.run.safe_io import check_can_write, temporary_prefix
+from dppo_oat.run.token_export import check_export_folder
+from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
 def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
@@ -42,8 +51,9 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     _check_pretrain(config)
     _check_staleness(config)
     _check_generator(config, spec)
-    spec = recorded_calibration(config, spec)
-    return spec, _check_run_dir(config, spec)
+    run_dir = config.run_directory()
+    spec = recorded_calibration(config, spec, run_dir)
+    return spec, _check_run_dir(config, spec, run_dir)
 
 
 def calibration_flags(c: TrainConfig) -> str:
@@ -53,17 +63,18 @@ def calibration_flags(c: TrainConfig) -> str:
     return " ".join(flag for flag in flags if flag)
 
 
-def recorded_calibration(c: TrainConfig, spec: RunSpec) -> RunSpec:
+def recorded_calibration(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> RunSpec:
     """A resumed run that calibrated its band trains with the band its config.json recorded, never a new one."""
     if not (c.resume and spec.calibration is not None):
         return spec
-    record = read_config(c.run_path()).get("calibration")
+    record = run_dir.read_config().get("calibration")
     if record is None:
         return spec
     return replace(spec, trust_region=recorded_band(record, spec.trust_region))
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
+    check_float32_fields(c, lambda name: f"--{name.replace('_', '-')}")  # every number fits the float32 it becomes
     positive = {"steps": c.steps, "groups_per_step": c.groups_per_step, "group_size": c.group_size,
                 "eval_every": c.eval_every, "eval_episodes": c.eval_episodes, "lr": c.lr, "grad_clip": c.grad_clip}
     for name, value in positive.items():
@@ -88,7 +99,8 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
     if c.threads is not None and c.threads < 1:
-        raise ValueError(f"--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), got {c.threads}")
+        raise ValueError("--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), "
+                         f"got {c.threads}")
     if c.wrappers and c.pretrain is None:
         raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
                          "observations")
@@ -280,47 +292,74 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
                          "cuda and --generator hf (vLLM captures its own)")
 
 
-def _check_run_dir(c: TrainConfig, spec: RunSpec) -> int | None:
+def _check_run_dir(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int | None:
     """The checkpoint step when resuming; refuses an unwritable directory, a resume it cannot continue, and a new run
     where a run's files are (without ``--overwrite``, which moves them aside once the run holds its lock)."""
     check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
-    path = c.run_path()
-    check_can_write(path)
+    check_can_write(run_dir.path)
+    if c.token_export == "all":
+        check_export_folder(run_dir)
     if c.resume:
-        return _check_resume(c, spec, path)
-    existing = run_files(path)
+        return _check_resume(c, spec, run_dir)
+    if c.allow_metrics_gap:
+        raise ValueError("--allow-metrics-gap lets --resume continue a run whose metrics.jsonl lost checkpointed "
+                         "steps: a new run has none; leave it out")
+    existing = run_dir.run_files() + ([f"{TOKEN_EXPORT_DIR}/"] if run_dir.exported_steps() else [])
     if existing and not c.overwrite:
         go_on = ("--resume continues it, " if CHECKPOINT_FILE in existing else
-                 "it has no checkpoint to --resume from; ")
-        raise ValueError(f"run {str(path)!r} already holds {', '.join(existing)}: {go_on}another --run-name starts "
-                         f"beside it, --overwrite starts over (its files are moved aside into {path}/"
+                 f"it has no checkpoint to --resume from{_remove_killed_writes(run_dir)}; ")
+        raise ValueError(f"run {str(run_dir)!r} already holds {', '.join(existing)}: {go_on}another --run-name starts "
+                         f"beside it, --overwrite starts over (its files are moved aside into {run_dir}/"
                          f"{OVERWRITTEN_PREFIX}<UTC time>/)")
     return None
 
 
-def _check_resume(c: TrainConfig, spec: RunSpec, path: Path) -> int:
+def _remove_killed_writes(run_dir: RunDir) -> str:
+    """Remove the temporaries that killed writes left in a run directory this command refuses, under the run's lock
+    (held for the instant; left alone while another process holds it: they may be its live writes), and say so."""
+    if not run_dir.temporaries():
+        return ""
+    try:
+        lock = RunLock(run_dir)
+    except ValueError:
+        return ""
+    lock.release()
+    if not lock.removed:
+        return ""
+    checkpoint = any(p.name.startswith(temporary_prefix(CHECKPOINT_FILE)) for p in lock.removed)
+    what = "its checkpoint save was killed" if checkpoint else "a write of it was killed"
+    return f" ({what}: {len(lock.removed)} temporary file(s) removed)"
+
+
+def _check_resume(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int:
     """The checkpoint step of a run ``--resume`` can continue: this run's checkpoint, its settings, and a metrics log
     that holds every checkpointed step (or ``--allow-metrics-gap``)."""
     if c.overwrite:
         raise ValueError("--overwrite starts a new run and --resume continues one: give one of them")
-    if not (path / CHECKPOINT_FILE).exists():
-        if run_files(path):
-            raise ValueError(f"--resume: no checkpoint in {str(path)!r}: nothing of it was checkpointed; start it over "
-                             f"with --overwrite in place of --resume (its files are moved aside)")
-        raise ValueError(f"--resume: no checkpoint in {str(path)!r} (start it without --resume)")
-    stored = _check_same_run(c, spec, path)
-    step = _check_checkpoint_identity(path / CHECKPOINT_FILE, stored, spec, c.steps)
-    missing = missing_steps(read_jsonl(path / METRICS_FILE), step)
+    if not run_dir.checkpoint.exists():
+        if run_dir.run_files():
+            raise ValueError(f"--resume: no checkpoint in {str(run_dir)!r}: nothing of it was checkpointed"
+                             f"{_remove_killed_writes(run_dir)}; start it over with --overwrite in place of --resume "
+                             "(its files are moved aside)")
+        raise ValueError(f"--resume: no checkpoint in {str(run_dir)!r} (start it without --resume)")
+    stored = _check_same_run(c, spec, run_dir)
+    step = _check_checkpoint_identity(run_dir, stored, spec, c.steps)
+    missing = run_dir.steps_missing_from_metrics(step)
     if missing and not c.allow_metrics_gap:
-        raise ValueError(f"--resume: {path / METRICS_FILE} lacks step {missing[0]} of the {step} its checkpoint holds "
+        raise ValueError(f"--resume: {run_dir.metrics} lacks step {missing[0]} of the {step} its checkpoint holds "
                          f"({len(missing)} missing): restore it, or pass --allow-metrics-gap to continue with those "
                          "steps missing from its curves")
     return step
 
 
-RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb", "tensorboard", "cache_dir", "run_dir",
-             "eval_every", "probe_every", "token_samples")
-"""Settings a resumed run may change: how long it runs and where and how it logs, never the experiment itself."""
+RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb",
+             "tensorboard", "cache_dir", "run_dir", "eval_every", "probe_every", "token_samples", "token_export")
+"""Settings a resumed run may change: how long it runs, where it runs, and what it logs, evaluates and exports
+(evaluations, probes, token samples and exports draw on streams of their own: the trained steps are the same) — never
+the experiment itself."""
+RESUMABLE_SINCE_CHECKPOINTS = ("token_export",)
+"""Settings :data:`RESUMABLE` took in after checkpoints had been written that hash them as settings of the run
+(:func:`_check_checkpoint_identity` accepts those checkpoints' hash too)."""
 
 
 def settings_free_on_resume(spec: RunSpec) -> list[str]:
@@ -332,29 +371,32 @@ def settings_free_on_resume(spec: RunSpec) -> list[str]:
     return [*RESUMABLE, *overrides, *unread, "resumes", *PROVENANCE, *SCHEMA_KEYS]
 
 
-def _check_same_run(c: TrainConfig, spec: RunSpec, path: Path) -> dict:
+def _check_same_run(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> dict:
     """``--resume`` continues the same experiment: config.json exists and, brought up to the current schema
     (:func:`~dppo_oat.engines.local.config_schema.migrate_config`), every setting but
     :func:`settings_free_on_resume` matches it. Returns the stored config, migrated."""
     current = logged_config(c, spec)
-    stored = read_config(path)
+    stored = run_dir.read_config()
     if not stored:
-        raise ValueError(f"--resume: {path / CONFIG_FILE} is missing, so nothing says which settings this run was "
+        raise ValueError(f"--resume: {run_dir.config} is missing, so nothing says which settings this run was "
                          "trained with: restore it, or start a new run with another --run-name")
     try:
         stored = migrate_config(stored, current)
     except ValueError as error:
-        raise ValueError(f"--resume: {path / CONFIG_FILE}: {error}") from None
+        raise ValueError(f"--resume: {run_dir.config}: {error}") from None
     differences = config_differences(stored, current, settings_free_on_resume(spec))
     if differences:
-        raise ValueError(f"--resume: {path} was started with other settings ({'; '.join(differences)}): resume "
-                         "with its settings (see its config.json), or start a new run with another --run-name")
+        raise ValueError(f"--resume: {run_dir} was started with other settings ({'; '.join(differences)}): a resume "
+                         "may change only how long the run goes, where it runs and what it logs (--steps, --device, "
+                         "--eval-every, --token-samples, --token-export, ...): resume with its settings (see its "
+                         "config.json), or start a new run with another --run-name")
     return stored
 
 
-def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, steps: int) -> int:
+def _check_checkpoint_identity(run_dir: RunDir, stored: dict, spec: RunSpec, steps: int) -> int:
     """The checkpoint's step, once it is shown to be this run's (its run id and settings hash match config.json)
     and not past ``--steps``."""
+    checkpoint = run_dir.checkpoint
     state = _checkpoint_record(checkpoint)
     step, run_id = int(state["step"]), state.get("run_id")
     if run_id is None or run_id != stored.get("run_id"):
@@ -362,19 +404,22 @@ def _check_checkpoint_identity(checkpoint: Path, stored: dict, spec: RunSpec, st
                          f"{stored.get('run_id')}): restore the run's own checkpoint.pt, or start a new run with "
                          "another --run-name")
     trained_under = as_written(stored, since=state.get("config_schema") or 1)  # as the checkpoint's schema had it
-    if state.get("settings_hash") != settings_hash(trained_under, settings_free_on_resume(spec)):
-        raise ValueError(f"--resume: {checkpoint.parent / CONFIG_FILE} was changed after step {step} was "
+    free = settings_free_on_resume(spec)
+    hashes = {settings_hash(trained_under, free),
+              settings_hash(trained_under, [name for name in free if name not in RESUMABLE_SINCE_CHECKPOINTS])}
+    if state.get("settings_hash") not in hashes:
+        raise ValueError(f"--resume: {run_dir.config} was changed after step {step} was "
                          "checkpointed: restore it, or start a new run with another --run-name")
     if steps < step:
-        raise ValueError(f"--resume: {checkpoint.parent} is checkpointed at step {step}, past --steps {steps}: give "
+        raise ValueError(f"--resume: {run_dir} is checkpointed at step {step}, past --steps {steps}: give "
                          f"--steps {step} or more")
     return step
 
 
-def checkpointed_step(run_path: Path) -> int | None:
+def checkpointed_step(run_dir: RunDir) -> int | None:
     """The step of the run's checkpoint, None when there is none or it does not load (for messages only)."""
     try:
-        return _checkpoint_record(run_path / CHECKPOINT_FILE)["step"]
+        return _checkpoint_record(run_dir.checkpoint)["step"]
     except ValueError:
         return None
 

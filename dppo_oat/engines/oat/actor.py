@@ -35,7 +35,6 @@ import numpy as np
 from oat.algorithms.ppo import PPOActor
 
 import envs  # registers the project's Gem ids (compact Sudoku, DPPO_MATH_DATA's local-math sets)
-
 from dppo_oat.advantages import sample_advantages, sample_returns
 from dppo_oat.engines.oat import args as oat_args
 from dppo_oat.engines.oat.data import DPPOTransitionData, transition_from_sample
@@ -47,8 +46,8 @@ from dppo_oat.rollout.vllm_generator import (
     VLLMGenerator,
     running_on_cpu,
 )
-from dppo_oat.samples import TurnSample
-from dppo_oat.spec import split_ids
+from dppo_oat.settings.spec import split_ids
+from dppo_oat.update_batch import TurnSample
 
 
 def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
@@ -78,7 +77,8 @@ def eos_ids(tokenizer) -> list[int]:
 
 def step_info(rollouts: list[Rollout]) -> dict[str, float]:
     """``actor/...`` statistics of every episode played in one actor step (not only of the kept samples')."""
-    merged = Rollout(samples=[s for r in rollouts for s in r.samples], episodes=[e for r in rollouts for e in r.episodes])
+    merged = Rollout(samples=[s for r in rollouts for s in r.samples],
+                     episodes=[e for r in rollouts for e in r.episodes])
     return {f"actor/{key}": value for key, value in merged.stats().items()}
 
 
@@ -163,7 +163,7 @@ class DPPOGemActor(PPOActor):
             seeds = rng.integers(0, self.args.eval_seed_start, size=num_groups)
             sampling = self.seeded(self.spec.sampling, int(rng.integers(2**31)))
             rollouts.append(self.collector.collect(self.generator, sampling, seeds.tolist()))
-            scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples)))
+            scored.extend(zip(rollouts[-1].samples, self.advantages_of(rollouts[-1].samples), strict=True))
         keep = rng.choice(len(scored), size=wanted, replace=False)
         logging.info(f"actor {self.actor_id}: {len(scored)} turn samples, keeping {wanted}")
         return self.transitions_of([scored[i] for i in sorted(keep)], step_info(rollouts), weight_version)
@@ -189,7 +189,7 @@ class DPPOGemActor(PPOActor):
         return [
             transition_from_sample(sample, advantage, prompt, info, ignore_no_eos=self.args.ignore_no_eos,
                                    weight_version=weight_version)
-            for (sample, advantage), prompt in zip(scored, prompts)
+            for (sample, advantage), prompt in zip(scored, prompts, strict=True)
         ]
 
     def generate_and_maybe_eval(self, prompts, formatted_prompts, references=None):

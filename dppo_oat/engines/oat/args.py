@@ -1,8 +1,9 @@
 """Command-line arguments of the oat engine: oat's ``PPOArgs`` (every oat flag keeps working) plus DPPO's own, and
-their one mapping onto the run's :class:`~dppo_oat.spec.RunSpec` (:func:`run_spec`).
+their one mapping onto the run's :class:`~dppo_oat.settings.spec.RunSpec` (:func:`run_spec`).
 
-DPPO's flags are :class:`~dppo_oat.spec.DPPOFlags` (the trust region, the Gem tasks and how episodes are played, the
-advantage estimator: the same names as the local engine's), plus the oat-specific ones below. What changes meaning:
+DPPO's flags are :class:`~dppo_oat.settings.spec.DPPOFlags` (the trust region, the Gem tasks and how episodes are
+played, the advantage estimator: the same names as the local engine's), plus the oat-specific ones below. What
+changes meaning:
 
 - ``num_samples`` is the GRPO group size: episodes started from the same seed;
 - ``max_train`` counts training turn-samples (oat's placeholder prompt set has that many entries, one per sample);
@@ -19,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, replace
-from typing import Literal, Optional, Tuple
+from dataclasses import asdict, dataclass, replace
+from typing import Annotated, Literal
 
+import tyro
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
@@ -32,11 +34,16 @@ from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the acto
     check_visible_gpus,
     groups_per_step,
     plan_of,
+    round_samples,
 )
 from dppo_oat.engines.oat.price import check_price_flags
-from dppo_oat.runlog import check_run_name, check_wandb
-from dppo_oat.trust_region import UNITS
-from dppo_oat.spec import (
+from dppo_oat.ranges import check_float32_fields
+from dppo_oat.run.log import check_run_name, check_wandb
+from dppo_oat.settings.grouped_cli import FlagGroup
+from dppo_oat.settings.spec import (
+    CALIBRATION_FLAGS,
+    OVERRIDE_FLAGS,
+    OVERRIDES_ABOUT,
     AdvantageSettings,
     DPPOFlags,
     PresetName,
@@ -47,6 +54,7 @@ from dppo_oat.spec import (
     split_ids,
     topk_logprobs_of,
 )
+from dppo_oat.trust_region import UNITS
 
 OAT_AGGREGATION = {"drgrpo": "seq-mean-token-sum-norm", "grpo": "seq-mean-token-mean"}
 """oat's loss aggregation per ``critic_type``: ``masked_sum / generate_max_length`` or ``masked_mean``, then a mean
@@ -87,7 +95,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
 
     prompt_template: str = "qwen3_game"
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat."""
-    groups_per_step: Optional[int] = None
+    groups_per_step: int | None = None
     """Groups played per actor step (default: enough single-turn episodes for rollout_batch_size_per_device)."""
     env_seed: int = 42
     """Constructor seed of the training envs (reasoning-gym builds its puzzle set from it)."""
@@ -98,11 +106,11 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     logprob_chunk_size: int = 1024
     """Token rows per chunk of the logits path's fp32 log-softmax, whose logits memory grows with it (the fused head
     sizes its chunks itself)."""
-    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated. None: oat's, from critic_type (drgrpo: seq-mean-token-sum-norm, each
     response's token sum over generate_max_length; grpo: seq-mean-token-mean)."""
 
-    eval_env_ids: Tuple[str, ...] = ()
+    eval_env_ids: tuple[str, ...] = ()
     """Gem ids to evaluate on (default: env_ids)."""
     eval_seed_start: int = 1_000_000_000
     """First evaluation seed; training seeds are drawn below it (a local-math set maps seed s to problem s mod N)."""
@@ -124,35 +132,54 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Give every vLLM request a seed drawn from the run's seed and actor step, so that two runs with the same --seed
     (and a run and its resume) draw the same samples; vLLM then draws each request's noise from its own generator
     (one small kernel per request and decode step). Off: vLLM's noise is seeded by oat with the time."""
-    price_gpu: Optional[str] = None
+    price_gpu: str | None = None
     """The GPU the plan's price is worked out for: h100, h200 or a100 (default: the one nvidia-smi names, else h200,
     where the learner was measured)."""
-    price_model: Optional[str] = None
+    price_model: str | None = None
     """The model shape the price and the logits memory are worked out for: Qwen3-1.7B, Qwen3-1.7B-Base,
     OctoThinker-3B-Hybrid-Base, DeepSeek-R1-Distill-Qwen-1.5B or a config.json (default: --pretrain's config.json
     where readable here, else its name)."""
     price_decode_efficiency: float = 0.5
     """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
 
-    tr_calibrate: Optional[float] = None
+    tr_calibrate: float | None = None
     """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
     export (python -m dppo_oat.calibrate) and pass the band it prints."""
-    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
+    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
+                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Refused here, as --tr_calibrate."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """Refused here, as --tr_calibrate."""
-    tr_calibrate_band: Optional[str] = None
+    tr_calibrate_band: str | None = None
     """Refused here, as --tr_calibrate."""
 
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
     beta: float = 0.0
-    tis_c: Optional[float] = None
+    tis_c: float | None = None
     use_fused_lm_head: bool = False
     oracle: str = ""
     prompt_data: str = ""
     eval_temperature: float = 0.6
     eval_top_p: float = 0.95
+    pi_buffer_maxlen_per_device: int | None = None
+    """Samples each learner keeps for a learning round (oat's buffer). None: one round's samples,
+    rollout_batch_size / learners, as the plan needs (oat's 16 holds a round only where 8 learners share its
+    rollout_batch_size 128: --collocate on 8 GPUs)."""
+
+
+HELP_GROUPS = (
+    FlagGroup("dppo trust-region", OVERRIDES_ABOUT, ("trust_region", *OVERRIDE_FLAGS, *CALIBRATION_FLAGS)),
+    FlagGroup("dppo tasks", "", ("env_ids", "env_module", "env_seed", "prompt_template", "wrappers", "max_turns",
+                                 "groups_per_step", "seeded_sampling")),
+    FlagGroup("dppo evaluation", "", ("eval_env_ids", "eval_seed_start", "num_eval_seeds", "eval_env_seed")),
+    FlagGroup("dppo advantage", "", ("advantage_mode", "turn_baseline")),
+    FlagGroup("dppo learner", "", ("loss_aggregation", "lm_head", "logprob_chunk_size", "pi_buffer_maxlen_per_device")),
+    FlagGroup("dppo output", "", ("token_samples", "token_export", "checkpoint_every", "keep_checkpoints")),
+    FlagGroup("dppo plan", "", ("dry_run", "price_gpu", "price_model", "price_decode_efficiency")),
+)
+"""The sections of DPPO's flags in ``--engine oat --help``, after oat's own flags (the first section, as oat shows
+them); the flags keep their names (:mod:`dppo_oat.settings.grouped_cli`)."""
 
 
 def loss_aggregation(args: DPPOOatArgs) -> str:
@@ -189,6 +216,20 @@ def run_spec(args: DPPOOatArgs, grad_acc_step: int) -> RunSpec:
         )
 
 
+OAT_ALGO = "oat_algo"
+"""The key under which ``config.json`` records oat's ``--algo`` (always PPO here). Not ``algo``: in the analysis a run's
+``algo`` is its trust-region preset (:attr:`dppo_oat.analysis.Run.algo`), which oat's algorithm is not. Earlier runs
+recorded it as ``algo``; the analysis takes their preset from their trust region all the same."""
+
+
+def logged_config(args: DPPOOatArgs, spec: RunSpec) -> dict:
+    """What the learner's ``config.json`` records: every flag as parsed (``--algo`` as :data:`OAT_ALGO`), the engine,
+    the run name and the trust region."""
+    flags = {name: value for name, value in vars(args).items() if name != "algo"}
+    return {**flags, OAT_ALGO: "PPO", "engine": "oat", "run_name": args.wb_run_name,
+            "trust_region": asdict(spec.trust_region)}
+
+
 @contextlib.contextmanager
 def flags_named(flags: str):
     """Prefix a settings error with the command-line flags it comes from."""
@@ -214,6 +255,7 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     ValueError with one line that says what to change."""
     _check_replaced_flags(args)
     _check_finite(args)
+    check_float32_fields(args, lambda name: f"--{name}")  # every number fits the float32 it becomes
     args.check_logging()
     if args.use_wb:
         check_wandb("--use_wb")
@@ -229,6 +271,8 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
     check_run_name(args.wb_run_name, "--wb_run_name", "--save_path")  # oat writes save_path/<wb_run_name>_<time>
     check_group_size(args.num_samples)
     check_price_flags(args)
+    if args.pi_buffer_maxlen_per_device is None:  # one learning round's samples (oat reads the number itself)
+        args.pi_buffer_maxlen_per_device = round_samples(args)
     plan = plan_of(args)
     check_plan(plan)
     spec = run_spec(args, plan.grad_acc_step)
@@ -254,7 +298,7 @@ ASYNCHRONOUS_REFUSED = (
 
 FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
 """Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step); the
-temperatures are the spec's to check (:func:`~dppo_oat.spec.check_temperature`)."""
+temperatures are the spec's to check (:func:`~dppo_oat.settings.spec.check_temperature`)."""
 
 
 def _check_finite(args: DPPOOatArgs) -> None:
@@ -297,14 +341,13 @@ CALIBRATION_REFUSED = (
     "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
     "--tr_eps_high, ...)"
 )
-"""Why the calibration flags of :class:`~dppo_oat.spec.DPPOFlags` are refused here."""
+"""Why the calibration flags of :class:`~dppo_oat.settings.spec.DPPOFlags` are refused here."""
 
 
 def _check_calibration(args: DPPOOatArgs) -> None:
     """``--tr_calibrate``, ``--tr_calibrate_like``, ``--tr_calibrate_unit`` and ``--tr_calibrate_band`` are the local
     engine's: :data:`CALIBRATION_REFUSED`."""
-    flags = [f"--{name}" for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band")
-             if getattr(args, name) not in (None, "token")]
+    flags = [f"--{name}" for name in CALIBRATION_FLAGS if getattr(args, name) not in (None, "token")]
     if flags:
         raise ValueError(f"{', '.join(flags)}: {CALIBRATION_REFUSED}")
 
@@ -324,13 +367,13 @@ def check_resume(args: DPPOOatArgs, learners: int) -> None:
     """``--resume_dir``: a whole checkpoint is there, of as many learners, and the run's settings are these (but
     :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`). Raises ValueError with one line."""
     from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point
-    from dppo_oat.runlog import read_config
+    from dppo_oat.run.directory import RunDir
 
     point = find_resume_point(args.resume_dir, args.resume_tag)
     if int(point.record.get("learners", -1)) != learners:
         raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record.get('learners')} "
                          f"learner(s) and this plan has {learners}: resume on the node layout the run started on")
-    check_resume_settings(read_config(point.run_dir), vars(args))
+    check_resume_settings(RunDir(point.run_dir).read_config(), vars(args))
 
 
 def _check_replaced_flags(args: DPPOOatArgs) -> None:

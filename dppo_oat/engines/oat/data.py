@@ -1,24 +1,24 @@
-"""oat's transition data ⇄ the core's samples and :class:`~dppo_oat.samples.UpdateBatch`.
+"""oat's transition data ⇄ the core's samples and :class:`~dppo_oat.update_batch.UpdateBatch`.
 
-The actor turns each of the core's :class:`~dppo_oat.samples.TurnSample` into a :class:`DPPOTransitionData`:
+The actor turns each of the core's :class:`~dppo_oat.update_batch.TurnSample` into a :class:`DPPOTransitionData`:
 oat's ``TransitionData`` (prompt and response ids, μ's log-probs, rewards) plus the sample's advantage and μ's top-K
 set as NumPy arrays. oat pickles these between processes as they are. On the learner, :class:`DPPOTransitionDataset`
 keeps the extra fields through oat's collation, and :func:`update_batch_from_trajectory` rebuilds the samples from
-oat's padded batch and pads them with the core's :func:`~dppo_oat.samples.build_update_batch`, so the learner's
+oat's padded batch and pads them with the core's :func:`~dppo_oat.update_batch.build_update_batch`, so the learner's
 batch is exactly the one the local engine builds from the same samples.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from oat.types import TransitionData
 from oat.utils.data import TransitionDataset
 
-from dppo_oat.samples import TurnSample, UpdateBatch, build_update_batch
+from dppo_oat.update_batch import TurnSample, UpdateBatch, build_update_batch
 
 DPPO_FIELDS = ("advantage", "turn", "topk_ids", "topk_logprobs", "weight_version")
 """What :class:`DPPOTransitionData` adds to oat's transition, carried through the learner's collation."""
@@ -29,14 +29,15 @@ class DPPOTransitionData(TransitionData):
     """One turn of one episode, as oat moves it from actor to learner (``turn``: its index in the episode).
 
     ``topk_ids``/``topk_logprobs`` are ``[len(response_ids), K+1]`` arrays of the paper's set ``TopK(μ, K) ∪ {a_t}``
-    (see :class:`dppo_oat.samples.TurnSample`), ``None`` unless a top-K rule is trained. ``weight_version``: how many
-    of the learner's weight broadcasts the actor had loaded when it sampled the turn (0: ``--pretrain``'s weights).
+    (see :class:`dppo_oat.update_batch.TurnSample`), ``None`` unless a top-K rule is trained. ``weight_version``: how
+    many of the learner's weight broadcasts the actor had loaded when it sampled the turn (0: ``--pretrain``'s
+    weights).
     """
 
     advantage: float = 0.0
     turn: int = 0
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
     weight_version: int = 0
 
 
@@ -73,7 +74,7 @@ class DPPOTransitionDataset(TransitionDataset):
 
     def __init__(self, buffer: Sequence[DPPOTransitionData], tokenizer, strategy, **kwargs) -> None:
         super().__init__(buffer, tokenizer, strategy, **kwargs)
-        for transition, data in zip(self.transitions, buffer):
+        for transition, data in zip(self.transitions, buffer, strict=True):
             transition.update({name: getattr(data, name) for name in DPPO_FIELDS})
 
     def collate_fn(self, item_list):
@@ -84,13 +85,13 @@ class DPPOTransitionDataset(TransitionDataset):
 
 @dataclass
 class LearnerRow:
-    """A :class:`~dppo_oat.samples.LearnerSample`: what :func:`~dppo_oat.samples.build_update_batch` reads."""
+    """A :class:`~dppo_oat.update_batch.LearnerSample`: what :func:`~dppo_oat.update_batch.build_update_batch` reads."""
 
     prompt_ids: list
     response_ids: list
     behavior_logprobs: list
-    topk_ids: Optional[np.ndarray] = None
-    topk_logprobs: Optional[np.ndarray] = None
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
 
 
 def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:
@@ -98,7 +99,7 @@ def rows_from_trajectory(trajectory: dict) -> list[LearnerRow]:
     input_ids = trajectory["input_ids"].cpu()
     lengths = trajectory["attention_mask"].cpu().sum(-1).long().tolist()
     rows = []
-    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"])):
+    for i, (length, prompt_length) in enumerate(zip(lengths, trajectory["prompt_ids_lens"], strict=True)):
         rows.append(
             LearnerRow(
                 prompt_ids=input_ids[i, :prompt_length].tolist(),

@@ -7,7 +7,7 @@ the resolved plan is printed (:mod:`~dppo_oat.engines.oat.plan`); ``--dry_run`` 
 checked on any machine with the ``oat`` extra installed, even without GPUs, model files or launchpad.
 
 A mistake in the arguments, or a node that cannot compile DeepSpeed's Adam at learner start
-(:mod:`~dppo_oat.engines.oat.toolkit`), ends the program with one line on stderr and exit status 2; a run whose
+(:mod:`~dppo_oat.engines.oat.preflight`), ends the program with one line on stderr and exit status 2; a run whose
 training diverged or whose checkpoint could not be written (every learner stops together,
 :mod:`~dppo_oat.engines.oat.status`), with one line and exit status 1; Ctrl-C or SIGTERM (launchpad stops every
 worker), with one line giving the command that resumes the run from its newest checkpoint
@@ -26,22 +26,24 @@ import signal
 import sys
 import types
 import warnings
-from pathlib import Path
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 PROG = "python -m dppo_oat.train --engine oat"
 DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 
 def parse_args(argv: Sequence[str]):
-    """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``)."""
-    import tyro
-
-    from dppo_oat.engines.oat.args import DPPOOatArgs
+    """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``); ``--help`` shows
+    oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
+    from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
+    from dppo_oat.settings.grouped_cli import parse_grouped
+    from dppo_oat.settings.spec import without_markup
+    from dppo_oat.settings.usage import one_line_usage_errors
 
     with warnings.catch_warnings():  # tyro warns about oat's own ``str = None`` fields
         warnings.filterwarnings("ignore", message=".*is annotated with type", category=UserWarning)
-        return tyro.cli(DPPOOatArgs, args=list(argv), prog=PROG, description=__doc__)
+        with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+            return parse_grouped(DPPOOatArgs, HELP_GROUPS, argv, prog=PROG, description=without_markup(__doc__))
 
 
 def build_program(args):
@@ -58,8 +60,13 @@ def is_dry_run(argv: Sequence[str]) -> bool:
     return any(arg in DRY_RUN_FLAGS or arg.startswith(tuple(f"{f}=" for f in DRY_RUN_FLAGS)) for arg in argv)
 
 
+def launches_nothing(argv: Sequence[str]) -> bool:
+    """A dry run, or ``--help``: neither needs launchpad."""
+    return is_dry_run(argv) or any(arg in ("-h", "--help") for arg in argv)
+
+
 def stand_in_for_missing_launchpad() -> None:
-    """A dry run launches nothing, but oat imports launchpad at import time: where launchpad is not installed
+    """A dry run or --help launches nothing, but oat imports launchpad at import time: where launchpad is not installed
     (it has Python 3.10 wheels only), put an empty module in its place whose every use fails with a clear error."""
     if importlib.util.find_spec("launchpad") is not None:
         return
@@ -68,7 +75,7 @@ def stand_in_for_missing_launchpad() -> None:
         if name.startswith("__"):  # introspection (__file__, __path__ ...) sees an ordinary module without them
             raise AttributeError(name)
         raise ImportError(f"launchpad.{name}: launchpad is not installed (dm-launchpad, Python 3.10); "
-                          "only --dry_run works without it")
+                          "only --dry_run and --help work without it")
 
     module = types.ModuleType("launchpad")
     module.__getattr__ = missing  # PEP 562: any attribute access fails loudly
@@ -86,14 +93,14 @@ def checked_plan(argv: Sequence[str]):
     return args, priced_plan(args)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Parse, check (DPPO's checks, the plan's, then oat's) and print the plan; launch unless ``--dry_run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if is_dry_run(argv):
+    if launches_nothing(argv):
         stand_in_for_missing_launchpad()
     try:
         from dppo_oat.engines.oat.plan import render_plan
-        from dppo_oat.engines.oat.toolkit import optimizer_toolkit, toolkit_line, toolkit_problem
+        from dppo_oat.engines.oat.preflight import optimizer_toolkit, toolkit_line, toolkit_problem
 
         args, plan = checked_plan(argv)
     except ImportError as error:
@@ -150,7 +157,7 @@ def run_lock(args):
         yield
         return
     from dppo_oat.engines.oat.resume import run_directory_of
-    from dppo_oat.runlog import RunLock
+    from dppo_oat.run.directory import RunLock
 
     try:
         lock = RunLock(run_directory_of(args.resume_dir))
@@ -168,9 +175,9 @@ class Outcome:
     """How a launched program ended: the one line a learner reported (a divergence, a failed checkpoint), the
     run directory it wrote, and the signal that stopped it (None for each when there was none)."""
 
-    failure: Optional[str]
-    run_dir: Optional[str]
-    stopped_by: Optional[int]
+    failure: str | None
+    run_dir: str | None
+    stopped_by: int | None
 
 
 def launch_and_wait(args) -> Outcome:
@@ -214,15 +221,16 @@ def record_stop_signals(received: list) -> None:
         signal.signal(sig, record)
 
 
-def stopped_message(argv: Sequence[str], run_dir: Optional[str], signum: int) -> str:
+def stopped_message(argv: Sequence[str], run_dir: str | None, signum: int) -> str:
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
-    from dppo_oat.engines.oat.resume import CHECKPOINTS_DIR, complete_checkpoints
+    from dppo_oat.engines.oat.resume import complete_checkpoints
+    from dppo_oat.run.directory import RunDir
 
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if run_dir is None:
         return f"{what} before the learner made its run directory: nothing to resume; start the run again"
-    newest = complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR)
+    newest = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if not newest:
         return (f"{what}: launchpad stopped every worker before the first checkpoint (every --checkpoint_every "
                 f"learning rounds) of {run_dir}: start the run again")

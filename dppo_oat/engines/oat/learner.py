@@ -2,19 +2,20 @@
 
 oat's ``PPOLearner.learning_step`` clips the ratio against the recomputed π_θ' and multiplies by TIS (the paper's
 MiniRL-TIS). :class:`DPPOLearner` replaces only that method: it converts oat's trajectory batch into the core's
-:class:`~dppo_oat.samples.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
-:func:`~dppo_oat.update.learn_from_rollout` (fp32 log-probs from :func:`~dppo_oat.learner_forward.causal_lm_forward`)
-with oat's DeepSpeed strategy as backward and optimizer step, and returns the core's metrics beside oat's usual names.
-Everything else (process topology, buffers, DeepSpeed set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also
-writes the run directory the notebooks read (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``,
-``tokens.jsonl`` included (a sample of rank 0's share of each learning round's tokens,
-:mod:`~dppo_oat.token_samples`).
+:class:`~dppo_oat.update_batch.UpdateBatch` (μ = vLLM's ``action_logprobs``), runs the core's
+:func:`~dppo_oat.learner.update.learn_from_rollout` (fp32 log-probs from
+:func:`~dppo_oat.learner.forward.causal_lm_forward`) with oat's DeepSpeed strategy as backward and optimizer step,
+and returns the core's metrics beside oat's usual names. Everything else (process topology, buffers, DeepSpeed
+set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run directory the notebooks read
+(:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a sample of rank
+0's share of each learning round's tokens, :mod:`~dppo_oat.run.token_samples`).
 
 Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries advantages
 and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out
 evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line). Every step, skip and
-stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.guard.AnyLearner`), and after each
-learning round every learner's shard of the weights is checked finite before oat may save them or send them to vLLM.
+stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and
+after each learning round every learner's shard of the weights is checked finite before oat may save them or send them
+to vLLM.
 Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
 normalised here, over every learner's batch (Gem's ``norm_return``).
 """
@@ -22,37 +23,55 @@ normalised here, over every learner's batch (Gem's ``norm_return``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import torch
 from oat.algorithms.ppo import PPOLearner
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
-from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, run_spec
+from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, logged_config, run_spec
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
-    CHECKPOINTS_DIR, ResumePoint, checkpoint_failure, checkpoint_tag, commit_checkpoint, find_resume_point,
-    learner_state, partial_path, prune_checkpoints, read_learner_state, remove_unfinished, restore_learner_state,
-    set_random_states, write_learner_state, write_resume_record,
+    ResumePoint,
+    checkpoint_failure,
+    checkpoint_tag,
+    commit_checkpoint,
+    find_resume_point,
+    learner_state,
+    partial_path,
+    prune_checkpoints,
+    read_learner_state,
+    remove_unfinished,
+    restore_learner_state,
+    set_random_states,
+    write_learner_state,
+    write_resume_record,
 )
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
 from dppo_oat.engines.oat.status import report_failure, report_run_dir
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
-from dppo_oat.runlog import code_commit
-from dppo_oat.guard import (HEALTHY, LOSS_SCALE_SKIPS, SKIPPED, AnyLearner, BlowUpGuard, check_weights_finite,
-                            one_learner)
-from dppo_oat.spec import UpdateSettings, split_ids
-from dppo_oat.token_export import TokenExporter, TokenObservers
-from dppo_oat.token_samples import TokenSampler, decode_each
-from dppo_oat.update import EngineSteps, learn_from_rollout, summarize_steps
+from dppo_oat.learner.guard import (
+    HEALTHY,
+    LOSS_SCALE_SKIPS,
+    SKIPPED,
+    AnyLearner,
+    BlowUpGuard,
+    check_weights_finite,
+    one_learner,
+)
+from dppo_oat.learner.update import EngineSteps, learn_from_rollout, summarize_steps
+from dppo_oat.run.directory import RunDir
+from dppo_oat.run.log import code_commit
+from dppo_oat.run.token_export import TokenExporter, TokenObservers
+from dppo_oat.run.token_samples import TokenSampler, decode_each
+from dppo_oat.settings.spec import UpdateSettings, split_ids
 
 MAX_KEYS = ("policy_grad_norm",)
 """Metrics summarised by their maximum over the optimizer steps of a learning step (the rest: mean)."""
@@ -209,14 +228,13 @@ class DPPOLearner(PPOLearner):
         self.resume_point = find_resume_point(args.resume_dir, args.resume_tag) if args.resume_dir else None
         if self.resume_point is not None:
             self.save_path = self._continue_in(self.resume_point.run_dir)
+        self.run_dir = RunDir(self.save_path)  # oat's save_path/<run>_<time>, or the resumed run's
         if self.strategy.is_rank_0():
-            report_run_dir(self.save_path)
-            config = {**vars(args), "algo": "PPO", "engine": "oat", "run_name": args.wb_run_name,
-                      "trust_region": dataclasses.asdict(self.trust_region)}
+            report_run_dir(self.run_dir)
             resumed_round = None if self.resume_point is None else self.resume_point.learning_round
-            self._wandb = RunDirectoryLogger(self.save_path, config, mirror=self._wandb, eval_n=args.eval_n,
-                                             resume_round=resumed_round)
-        self.exporter = (TokenExporter(self.save_path) if args.token_export == "all" and self.strategy.is_rank_0()
+            self._wandb = RunDirectoryLogger(self.run_dir, logged_config(args, self.spec), mirror=self._wandb,
+                                             eval_n=args.eval_n, resume_round=resumed_round)
+        self.exporter = (TokenExporter(self.run_dir) if args.token_export == "all" and self.strategy.is_rank_0()
                          else None)  # rank 0's share of each learning round, as tokens.jsonl
 
     def _continue_in(self, run_dir: Path) -> str:
@@ -228,7 +246,7 @@ class DPPOLearner(PPOLearner):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         if self.strategy.is_rank_0():
-            remove_unfinished(run_dir / CHECKPOINTS_DIR)
+            remove_unfinished(RunDir(run_dir).round_checkpoints)
         return str(run_dir)
 
     def run(self) -> None:
@@ -290,7 +308,7 @@ class DPPOLearner(PPOLearner):
                 self.prompts_dataloader.sampler.set_epoch(epoch)
             yield epoch, (steps_done - epoch * per_epoch if epoch == steps_done // per_epoch else 0)
 
-    def actor_step(self, processed_prompts, raw_prompts, refs) -> Optional[dict]:
+    def actor_step(self, processed_prompts, raw_prompts, refs) -> dict | None:
         """One actor step of oat's loop; its learning round's train info when the step ends one, else None."""
         feedback_data, self.actor_info = self.collector.collect_feedback(
             raw_prompts, processed_prompts, refs, self._same_actor_group)
@@ -316,7 +334,7 @@ class DPPOLearner(PPOLearner):
         """Round ``learning_round``'s resumable checkpoint (:mod:`~dppo_oat.engines.oat.resume`), by every learner:
         DeepSpeed's files and each learner's state into ``<tag>.partial``, renamed by rank 0 once every learner
         wrote its part; then only the newest ``--keep_checkpoints`` stay."""
-        root, tag = Path(self.save_path) / CHECKPOINTS_DIR, checkpoint_tag(learning_round)
+        root, tag = self.run_dir.round_checkpoints, checkpoint_tag(learning_round)
         partial, rank_0 = partial_path(root, tag), self.strategy.is_rank_0()
         failure = None
         try:
@@ -388,7 +406,10 @@ class DPPOLearner(PPOLearner):
         batch = update_batch_from_trajectory(trajectory, self.tokenizer.pad_token_id, with_topk=tr.uses_topk)
         check_whole_minibatches(len(batch), self.update_settings)
         if learners_normalise(self.spec.advantages.mode):
-            sum_over_learners = lambda value: self.strategy.all_reduce(value, op="sum")  # noqa: E731
+
+            def sum_over_learners(value):
+                return self.strategy.all_reduce(value, op="sum")
+
             batch.advantages = global_batch_normalize(batch.advantages, sum_over_learners)
         batch = batch.to(model_device(self.model))
         chunk_size = self.args.logprob_chunk_size if self.args.lm_head == "logits" else None
@@ -437,7 +458,7 @@ class DPPOLearner(PPOLearner):
         return {}
 
     def _any_learner(self, state: int) -> int:
-        """The worst ``state`` over the learners (:data:`~dppo_oat.guard.AnyLearner`): a non-finite μ or π_θ
+        """The worst ``state`` over the learners (:data:`~dppo_oat.learner.guard.AnyLearner`): a non-finite μ or π_θ
         usually reaches one learner's batch only, and ZeRO's collectives must line up on all of them."""
         flag = torch.tensor([float(state)], device=model_device(self.model))
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -11,7 +11,7 @@ duration of the broadcast and writes it back afterwards, bit for bit.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -29,7 +29,7 @@ def adapted_base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @contextlib.contextmanager
-def base_weights_restored(model: Optional[torch.nn.Module]) -> Iterator[None]:
+def base_weights_restored(model: torch.nn.Module | None) -> Iterator[None]:
     """Within the block the adapters may be merged and unmerged; afterwards every adapted base weight holds exactly
     what it held before (a copy in host memory, written back). ``model`` None: nothing to keep."""
     if model is None:

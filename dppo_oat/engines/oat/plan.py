@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 from dppo_oat.engines.oat.price import ModelShape, Price, nvidia_smi_gpu, price_of, render_price, resolve_shape
 
@@ -46,17 +45,17 @@ class Plan:
     scheduled_optimizer_steps: int
     actor_steps: int
     rounds: int
-    eval_every_rounds: Optional[int]
-    save_every_rounds: Optional[int]
-    logits_gib: Optional[float]
+    eval_every_rounds: int | None
+    save_every_rounds: int | None
+    logits_gib: float | None
     logits_note: str
     lm_head: str = "logits"
     """The head the learner will use: ``fused`` (--lm_head fused, not under ZeRO-3) or ``logits``."""
-    shape: Optional[ModelShape] = None
+    shape: ModelShape | None = None
     """The model's shape (:func:`~dppo_oat.engines.oat.price.resolve_shape`), None when it is not known here."""
     shape_note: str = ""
     """Where the shape comes from, or which flag gives it."""
-    price: Optional[Price] = None
+    price: Price | None = None
     """The run's price (:func:`priced_plan`)."""
 
 
@@ -71,7 +70,7 @@ def topology(args) -> tuple[int, int, int]:
     return actor_gpus, learner_gpus, learner_gpus * args.num_groups
 
 
-def check_visible_gpus(gpus: int, cuda_visible_devices: Optional[str]) -> None:
+def check_visible_gpus(gpus: int, cuda_visible_devices: str | None) -> None:
     """Refuse, in one line, a node whose ``CUDA_VISIBLE_DEVICES`` disagrees with ``--gpus``.
 
     oat 0.2.4's ``get_program`` places one actor and one learner on every GPU that ``CUDA_VISIBLE_DEVICES`` lists
@@ -92,6 +91,12 @@ def check_visible_gpus(gpus: int, cuda_visible_devices: Optional[str]) -> None:
                          f"{len(entries)}{narrower}")
 
 
+def round_samples(args) -> int:
+    """The samples each learner collects in one learning round: ``rollout_batch_size / learners`` (the default of
+    ``--pi_buffer_maxlen_per_device``, which must hold them)."""
+    return max(args.rollout_batch_size // topology(args)[2], 1)
+
+
 def plan_of(args) -> Plan:
     """The plan of ``args`` (a :class:`~dppo_oat.engines.oat.args.DPPOOatArgs`); raises ValueError where oat's own
     arithmetic would fail (e.g. a zero-sized step)."""
@@ -107,7 +112,9 @@ def plan_of(args) -> Plan:
         gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
         rollout_batch_size=args.rollout_batch_size, rollout_per_device=args.rollout_batch_size_per_device,
         decode_batch=groups_per_step(args) * args.num_samples, actor_steps_per_round=interval,
-        samples_per_round=args.rollout_batch_size // learners, buffer=args.pi_buffer_maxlen_per_device,
+        samples_per_round=args.rollout_batch_size // learners,
+        buffer=(args.pi_buffer_maxlen_per_device if args.pi_buffer_maxlen_per_device is not None
+                else round_samples(args)),
         buffer_clear_every=args.buffer_clear_every, micro_batch=args.train_batch_size_per_device,
         train_batch_size=args.train_batch_size,
         grad_acc_step=grad_acc, minibatch=args.train_batch_size // learners, epochs=args.num_ppo_epochs,
@@ -145,11 +152,11 @@ def _check_positive(args) -> None:
     for name in ("gpus", "num_gpus_per_actor", "num_groups", "rollout_batch_size", "rollout_batch_size_per_device",
                  "train_batch_size", "train_batch_size_per_device", "pi_buffer_maxlen_per_device", "num_ppo_epochs",
                  "max_train"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # a None buffer: one round's samples
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
 
 
-def _every_rounds(every_actor_steps: int, interval: int) -> Optional[int]:
+def _every_rounds(every_actor_steps: int, interval: int) -> int | None:
     """oat evaluates (saves) after a learning round whose actor step count is a multiple of ``every_actor_steps``."""
     if every_actor_steps <= 0:
         return None
@@ -217,7 +224,7 @@ def _check_minibatches(plan: Plan) -> None:
         )
 
 
-def logits_memory(args, shape: Optional[ModelShape]) -> tuple[Optional[float], str]:
+def logits_memory(args, shape: ModelShape | None) -> tuple[float | None, str]:
     """GiB of one micro-batch's logits path, and how it was worked out; None without the model's ``shape``.
 
     N = ``train_batch_size_per_device × (prompt_max_length + generate_max_length)`` tokens. With bf16/fp16 weights:
@@ -280,7 +287,7 @@ def head_line(plan: Plan) -> str:
     return f"logits per micro-batch: {size}"
 
 
-def _schedule(every_rounds: Optional[int], before: str) -> str:
+def _schedule(every_rounds: int | None, before: str) -> str:
     if every_rounds is None:
         return "none (--eval_steps <= 0)" if before else "never (--save_steps <= 0)"
     return f"{before}every {every_rounds} learning round(s) and at the end"

@@ -26,7 +26,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 GiB = 2**30
 
@@ -150,7 +149,8 @@ a GPU in this project); this project's own decode reached 0.026 of it (docs/benc
 CUDA graphs)."""
 
 CHECK_ROWS = 4
-"""Sequences of the learner's no-grad check of π_θ after each update (``dppo_oat.guard.check_policy_finite``)."""
+"""Sequences of the learner's no-grad check of π_θ after each update
+(``dppo_oat.learner.guard.check_policy_finite``)."""
 
 ACTIVATION_BYTES_PER_LAYER_TOKEN = 34
 """Bytes per token and unit of width of one transformer layer's activations in 16-bit with attention that keeps no
@@ -173,7 +173,7 @@ def shape_from_config(config: dict) -> ModelShape:
     )
 
 
-def read_config(model: str) -> Optional[dict]:
+def read_config(model: str) -> dict | None:
     """``model``'s ``config.json``: a file, a folder's, or the local Hugging Face cache's; None when none is readable
     here (never the network)."""
     path = Path(model).expanduser()
@@ -194,12 +194,12 @@ def read_config(model: str) -> Optional[dict]:
     return None
 
 
-def table_shape(model: str) -> Optional[ModelShape]:
+def table_shape(model: str) -> ModelShape | None:
     """The shape of ``model`` (``org/name`` or ``name``, any case) in :data:`SHAPES`."""
     return SHAPES.get(model.rstrip("/").split("/")[-1].lower())
 
 
-def resolve_shape(pretrain: str, price_model: Optional[str]) -> tuple[Optional[ModelShape], str]:
+def resolve_shape(pretrain: str, price_model: str | None) -> tuple[ModelShape | None, str]:
     """The shape to price, and where it comes from: ``--price_model`` (a name of :data:`SHAPES` or a
     ``config.json``), else ``--pretrain``'s ``config.json``, else its name in :data:`SHAPES`; None and what to give
     when none of them knows it."""
@@ -243,7 +243,7 @@ def check_price_flags(args) -> None:
 # ------------------------------------------------------------------------------------------------------- the GPU
 
 
-def gpu_key_of(smi_name: str) -> Optional[str]:
+def gpu_key_of(smi_name: str) -> str | None:
     """The :data:`GPUS` key of a GPU as nvidia-smi names it, None for any other (an H100 PCIe is not an SXM H100)."""
     for key, gpu in GPUS.items():
         if smi_name.strip() == gpu.name:
@@ -251,7 +251,7 @@ def gpu_key_of(smi_name: str) -> Optional[str]:
     return None
 
 
-def nvidia_smi_gpu() -> Optional[str]:
+def nvidia_smi_gpu() -> str | None:
     """The name nvidia-smi gives this node's first GPU, None without nvidia-smi or a GPU."""
     if shutil.which("nvidia-smi") is None:
         return None
@@ -263,7 +263,7 @@ def nvidia_smi_gpu() -> Optional[str]:
     return out.splitlines()[0].strip() if out.strip() else None
 
 
-def resolve_gpu(price_gpu: Optional[str], smi_name: Optional[str]) -> tuple[GPU, str]:
+def resolve_gpu(price_gpu: str | None, smi_name: str | None) -> tuple[GPU, str]:
     """The GPU to price on and why: ``--price_gpu``, else the one nvidia-smi names, else :data:`DEFAULT_GPU`."""
     if price_gpu:
         return GPUS[price_gpu], f"--price_gpu {price_gpu}"
@@ -297,7 +297,7 @@ def learner_seconds(flops: float, gpu: GPU, measured: MeasuredLearner = MEASURED
     return flops / (measured.flops_per_second * gpu.bf16_flops / GPUS[measured.gpu_key].bf16_flops)
 
 
-def unmeasured_setting(args) -> Optional[str]:
+def unmeasured_setting(args) -> str | None:
     """The flags in which the run differs from the measured learner's setting, or None."""
     differs = [f"--{name} {getattr(args, name, value)}" for name, value in MEASURED_SETTING.items()
                if getattr(args, name, value) != value]
@@ -393,22 +393,22 @@ class Price:
     gpu: GPU
     gpu_note: str
     sample_tokens: tuple[int, int]
-    actor_seconds: Optional[float]
+    actor_seconds: float | None
     actor_note: str
-    learner_seconds: Optional[float]
+    learner_seconds: float | None
     learner_note: str
     rounds: int
-    memory: Optional[LearnerMemory]
+    memory: LearnerMemory | None
 
     @property
-    def round_seconds(self) -> Optional[float]:
+    def round_seconds(self) -> float | None:
         """Actors, then learner: oat's synchronous loop waits for each."""
         if self.actor_seconds is None or self.learner_seconds is None:
             return None
         return self.actor_seconds + self.learner_seconds
 
 
-def price_of(plan, args, shape: ModelShape, shape_note: str, smi_name: Optional[str] = None) -> Price:
+def price_of(plan, args, shape: ModelShape, shape_note: str, smi_name: str | None = None) -> Price:
     """The price of ``plan`` (:class:`~dppo_oat.engines.oat.plan.Plan`) for ``args`` and the model's ``shape``;
     ``smi_name``: the GPU nvidia-smi names, used when ``--price_gpu`` is not given."""
     gpu, gpu_note = resolve_gpu(getattr(args, "price_gpu", None), smi_name)
@@ -425,7 +425,7 @@ def price_of(plan, args, shape: ModelShape, shape_note: str, smi_name: Optional[
                  plan.rounds, learner_memory(plan, args, shape, gpu, sum(tokens)))
 
 
-def actor_price(plan, args, shape: ModelShape, gpu: GPU) -> tuple[Optional[float], str]:
+def actor_price(plan, args, shape: ModelShape, gpu: GPU) -> tuple[float | None, str]:
     """Seconds of vLLM decode per learning round on one actor, and how: each request of ``rollout_per_device``
     samples is played in generate calls of ``decode_batch`` sequences (episodes in lock-step, one call per turn),
     each at the decode roofline over the assumed efficiency, in as many waves as vLLM's cache holds sequences."""
@@ -508,7 +508,7 @@ def render_price(price: Price) -> list[str]:
     ]
 
 
-def timed(seconds: Optional[float]) -> str:
+def timed(seconds: float | None) -> str:
     return "" if seconds is None else f"at most {duration(seconds)}: "
 
 
@@ -519,7 +519,7 @@ def run_line(price: Price) -> str:
             f"{duration(price.round_seconds)}")
 
 
-def memory_line(memory: Optional[LearnerMemory], learner_note: str) -> str:
+def memory_line(memory: LearnerMemory | None, learner_note: str) -> str:
     """The peak and its parts, each with its source."""
     if memory is None:
         return learner_note

@@ -13,7 +13,7 @@ weights. A DPPO checkpoint of learning round r is one folder, ``<run>/checkpoint
 It is written as ``round_<r>.partial/`` and renamed once every learner has finished writing, so a kill at any moment
 leaves the previous checkpoint whole; the next resume removes a ``.partial`` folder. The newest
 ``--keep_checkpoints`` are kept. A checkpoint is taken only after the round's metrics and evaluation were logged
-and its weights broadcast, so on resume the logs are cut back to the round (:class:`~dppo_oat.runlog.RunLog`), the
+and its weights broadcast, so on resume the logs are cut back to the round (:class:`~dppo_oat.run.log.RunLog`), the
 actors receive the checkpoint's weights and continue at the next actor step (their seeds derive from it), and the
 run goes on as an uninterrupted one would. Imports nothing of oat or launchpad.
 """
@@ -26,14 +26,14 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
-from dppo_oat.safe_io import atomic_torch_save, atomic_write_bytes
+from dppo_oat.run.directory import CHECKPOINTS_DIR, RunDir
+from dppo_oat.run.safe_io import atomic_torch_save, atomic_write_bytes
 
-CHECKPOINTS_DIR = "checkpoints"
 PARTIAL_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
 RESUME_RECORD = "resume.json"
@@ -63,7 +63,7 @@ class LearnerState:
     prompt_consumed: int
     prompt_epoch: int
     broadcast_rounds: list
-    last_eval_query_step: Optional[int]
+    last_eval_query_step: int | None
     pending_eval: bool
     guard: dict
     random_states: dict
@@ -217,7 +217,7 @@ def run_directory_of(resume_dir: str | Path) -> Path:
     return path
 
 
-def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> ResumePoint:
+def find_resume_point(resume_dir: str | Path, tag: str | None = None) -> ResumePoint:
     """The checkpoint to resume from: ``tag`` (``round_NNNNNN``, or the folder ``--resume_dir`` names), else the
     newest whole one. Raises ValueError with one line that says what to do."""
     path = Path(resume_dir).expanduser()
@@ -226,12 +226,12 @@ def find_resume_point(resume_dir: str | Path, tag: Optional[str] = None) -> Resu
         raise ValueError(f"--resume_dir {resume_dir}: no such run directory (oat's <save_path>/<run>_<start time>)")
     if tag is None and path.parent.name == CHECKPOINTS_DIR:
         tag = path.name
-    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS_DIR)
+    checkpoints = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if tag is not None:
         checkpoints = [c for c in checkpoints if c.name == tag]
         if not checkpoints:
-            raise ValueError(f"--resume_tag {tag}: {run_dir / CHECKPOINTS_DIR} holds no whole checkpoint of that "
-                             "name: leave --resume_tag out to take the newest")
+            raise ValueError(f"--resume_tag {tag}: {RunDir(run_dir).round_checkpoints} holds no whole checkpoint of "
+                             "that name: leave --resume_tag out to take the newest")
     if not checkpoints:
         raise ValueError(f"--resume_dir {resume_dir}: the run has no whole checkpoint (one is written every "
                          "--checkpoint_every learning rounds under <run>/checkpoints): start a new run")
@@ -249,14 +249,15 @@ MAY_CHANGE_ON_RESUME = (
     "save_path", "checkpoint_every", "keep_checkpoints", "max_save_num", "max_save_mem", "launch_type",
     "learner_gpus_per_group", "local_rank", "algo",
 )
-"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo`` is
-checked to be PPO; ``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
+"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo``, oat's
+algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``, an earlier run's as ``algo``;
+``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
 
 
 def check_resume_settings(stored: dict, current: dict) -> None:
     """Refuse, in one line naming them, the settings that differ from the run's ``config.json`` (a resume continues
     the run it names, with its own settings) beyond :data:`MAY_CHANGE_ON_RESUME`."""
-    from dppo_oat.runlog import config_differences
+    from dppo_oat.run.log import config_differences
 
     if not stored:
         raise ValueError("--resume_dir: the run has no config.json: it cannot be told what it trained with")
@@ -267,7 +268,7 @@ def check_resume_settings(stored: dict, current: dict) -> None:
                          "resume with the command that started the run, plus --resume_dir")
 
 
-def checkpoint_failure(root: Path, tag: str, error: Optional[BaseException]) -> str:
+def checkpoint_failure(root: Path, tag: str, error: BaseException | None) -> str:
     """The one line a run ends on when its checkpoint ``tag`` could not be written."""
     newest = complete_checkpoints(root)
     kept = f"the newest whole checkpoint is {newest[-1].name}" if newest else "no whole checkpoint was written yet"

@@ -1,13 +1,13 @@
 """The oat engine's run directory: the same ``config.json`` / ``metrics.jsonl`` / ``eval.jsonl`` as the local engine
-writes (:mod:`dppo_oat.runlog`), inside oat's own ``save_path/<run>``, so the notebooks and ``python -m dppo_oat.plot``
-read GPU runs too.
+writes (:class:`~dppo_oat.run.log.RunLog` into a :class:`~dppo_oat.run.directory.RunDir`), inside oat's own
+``save_path/<run>``, so the notebooks and ``python -m dppo_oat.plot`` read GPU runs too.
 
 oat's learner logs through the object it keeps as ``_wandb`` (rank 0 only): ``log(logs)`` after every learning round
 and evaluation, ``finish()`` at the end. :class:`RunDirectoryLogger` takes that place, writes each call as run-directory
 lines, and passes it on to wandb when ``--use_wb`` is set. Its step is the learning round (one rollout batch and its
 update, the local engine's RL step): a metrics line per round (oat's final call repeats the last round's numbers: not
-written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's token sample
-(:meth:`RunDirectoryLogger.log_tokens`). A resumed run (``resume_round``) cuts the logs back to the
+written twice), an evaluation line at the rounds done when it ran (0 before training); the learner adds each round's
+token sample (:meth:`RunDirectoryLogger.log_tokens`). A resumed run (``resume_round``) cuts the logs back to the
 checkpoint's round and writes on from the next one. Rows keep every oat key and add the names the local engine uses:
 ``train/dppo/<metric>`` → ``<metric>``, ``actor/<stat>`` → ``rollout/<stat>`` (``reward``: the episode return,
 ``success``), ``eval/accuracy`` → ``eval/success``, ``eval/score`` → ``eval/return``, ``eval/eval_count`` →
@@ -16,10 +16,10 @@ checkpoint's round and writes on from the next one. Rows keep every oat key and 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Optional
+import os
+from typing import Any
 
-from dppo_oat.runlog import RunLog
+from dppo_oat.run.log import RunLog
 
 DPPO_PREFIX, ACTOR_PREFIX, ROUND_KEY = "train/dppo/", "actor/", "train/learning_round"
 EVAL_NAMES = {"eval/accuracy": "eval/success", "eval/score": "eval/return", "eval/eval_count": "eval/seeds"}
@@ -41,7 +41,7 @@ def metrics_row(logs: dict[str, Any], step: int) -> dict[str, Any]:
     return row
 
 
-def eval_row(logs: dict[str, Any], step: int, eval_n: int = 1) -> Optional[dict[str, Any]]:
+def eval_row(logs: dict[str, Any], step: int, eval_n: int = 1) -> dict[str, Any] | None:
     """One ``eval.jsonl`` line, or None when the logs hold no evaluation (oat counts seeds; ``eval_n`` episodes
     were played from each)."""
     evaluation = {k: v for k, v in logs.items() if k.startswith("eval/")}
@@ -56,9 +56,9 @@ def eval_row(logs: dict[str, Any], step: int, eval_n: int = 1) -> Optional[dict[
 class RunDirectoryLogger:
     """Writes oat's logs into a run directory; ``mirror`` (the wandb module, or None) gets every call too."""
 
-    def __init__(self, directory: Path, config: dict, mirror: Any = None, eval_n: int = 1,
-                 resume_round: Optional[int] = None):
-        self.run_log = RunLog(Path(directory), config, resume_step=resume_round)
+    def __init__(self, directory: str | os.PathLike, config: dict, mirror: Any = None, eval_n: int = 1,
+                 resume_round: int | None = None):
+        self.run_log = RunLog(directory, config, resume_step=resume_round)
         self.mirror, self.rounds, self.eval_n = mirror, resume_round or 0, eval_n
 
     def log(self, logs: dict[str, Any], *args, **kwargs) -> None:

@@ -15,8 +15,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 STATUS_DIR_ENV = "DPPO_OAT_STATUS_DIR"
 FAILURE_FILE = "failure"
@@ -40,7 +40,7 @@ def program_status() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _status_file(name: str) -> Optional[Path]:
+def _status_file(name: str) -> Path | None:
     folder = os.environ.get(STATUS_DIR_ENV)
     return Path(folder) / name if folder else None
 
@@ -61,7 +61,7 @@ def report_run_dir(run_dir: str | Path) -> None:
         path.write_text(str(Path(run_dir).absolute()), encoding="utf-8")
 
 
-def read_status(folder: Path, name: str) -> Optional[str]:
+def read_status(folder: Path, name: str) -> str | None:
     """What a learner reported under ``name`` (:data:`FAILURE_FILE`, :data:`RUN_DIR_FILE`), or None."""
     path = Path(folder) / name
     return path.read_text(encoding="utf-8") if path.exists() else None

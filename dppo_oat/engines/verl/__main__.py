@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dppo_oat.engines.verl import INSTALL_HINT, VERL_INSTALLED
 from dppo_oat.engines.verl.mapping import hydra_overrides, loss_name, supported_presets
@@ -20,12 +20,14 @@ from dppo_oat.engines.verl.mapping import hydra_overrides, loss_name, supported_
 
 def parse_fields(pairs: Sequence[str]) -> dict:
     """``["delta=0.2", "is_cap=inf"]`` as TrustRegion field overrides: each a FIELD=VALUE whose value is a number
-    (``inf`` allowed, NaN not); ``ValueError`` with one line naming the pair otherwise."""
+    (``inf`` allowed, NaN not), each field once; ``ValueError`` with one line naming the pair otherwise."""
     fields = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise ValueError(f"a trust-region field is FIELD=VALUE (e.g. delta=0.2), got {pair!r}")
+        if name in fields:
+            raise ValueError(f"{name} is given twice ({name}={fields[name]:g} and {pair}): give each field once")
         fields[name] = _number(pair, value)
     return fields
 
@@ -56,7 +58,9 @@ def check_lines(overrides: Sequence[str]) -> list[str]:
         raise ValueError(f"check composes verl's own config: it needs verl ({INSTALL_HINT})")
     from dppo_oat.engines.verl.preflight import check, compose
 
-    return [check(compose(overrides))]
+    verl_said: list[str] = []
+    line = check(compose(overrides), verl_said)  # verl's own lines, only once every check passed
+    return [*verl_said, line]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

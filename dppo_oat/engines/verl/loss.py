@@ -8,7 +8,8 @@ rollout_is_weights)`` and expects ``(scalar loss, metrics dict of floats)`` back
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss

@@ -25,6 +25,7 @@ import dataclasses
 import math
 from typing import Any
 
+from dppo_oat.ranges import check_float32
 from dppo_oat.trust_region import PRESETS, RULE_TABLE, TrustRegion
 
 LOSS_PREFIX = "dppo_oat."
@@ -42,6 +43,16 @@ DELTA_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold 
 """Rules whose threshold is δ: verl's ``clip_ratio_low``/``clip_ratio_high`` (as in verl's ``dppo_tv``/``dppo_kl``)."""
 EPS_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "clip_range")
 """Rules whose thresholds are PPO's ε_low/ε_high: verl's ``clip_ratio_low``/``clip_ratio_high``."""
+SEQUENCE_DELTA = "rollout_rs_threshold"
+"""Where verl's config carries the δ of a ratio rule's sequence mask (TRM-Max/Avg, DeepSeek-V3.2's mask, VACO):
+``algorithm.rollout_correction.rollout_rs_threshold``, the threshold of verl's own sequence rejection sampling (TRM's
+δ is exactly it), with ``rollout_rs=null``: the loss masks the responses, verl does not mask them again."""
+
+
+def reads_sequence_delta(tr: TrustRegion) -> bool:
+    """True for a ratio rule that also reads δ (a sequence mask on top of PPO's clip): its δ is verl's
+    :data:`SEQUENCE_DELTA` (read now: a rule registered after this module counts too)."""
+    return RULE_TABLE[tr.rule].threshold == "clip_range" and "delta" in tr.fields_read
 
 
 def loss_name(preset: str) -> str:
@@ -113,10 +124,11 @@ VERL_FIELDS = {"tau_pos": "tau_pos", "tau_neg": "tau_neg"}
 
 def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
     """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's): its threshold
-    (ε_low/ε_high or δ from the clip fields), C from ``clip_ratio_c`` when the rule reads it, and the fields of
-    :data:`VERL_FIELDS` it reads."""
+    (ε_low/ε_high or δ from the clip fields), the δ of a ratio rule's sequence mask (:data:`SEQUENCE_DELTA`), C from
+    ``clip_ratio_c`` when the rule reads it, and the fields of :data:`VERL_FIELDS` it reads."""
     threshold = RULE_TABLE[tr.rule].threshold  # read now: a rule registered after this module counts too
     fields = {"clip_range": ("eps_low", "eps_high"), "delta": ("delta",)}.get(threshold, ())
+    fields += ("delta",) if reads_sequence_delta(tr) else ()  # from rollout_rs_threshold (SEQUENCE_DELTA)
     read = tr.fields_read
     fields += ("is_cap",) if "is_cap" in read else ()
     return fields + tuple(name for name in VERL_FIELDS if name in read)
@@ -133,14 +145,37 @@ def verl_overrides_of(tr: TrustRegion, config: Any) -> dict[str, float]:
               if name in VERL_FIELDS}
     if "is_cap" in settable:
         fields["is_cap"] = float(_field(config, "clip_ratio_c", tr.is_cap))
+    verl_names = {**VERL_FIELDS, "is_cap": "clip_ratio_c"}
+    for name, value in {**fields, "clip_ratio_low": low, "clip_ratio_high": high}.items():
+        check_float32(f"actor_rollout_ref.actor.{verl_names.get(name, name)}", value)
     if "eps_low" in settable:
         fields.update(eps_low=low, eps_high=high)
-    if "delta" in settable:
+    if reads_sequence_delta(tr):
+        fields.update(sequence_delta_of(tr, config))
+    elif "delta" in settable:
         if low != high:
             raise ValueError(f"{loss_name(tr.name)} has one threshold δ (eq:dppo_obj): set actor.clip_ratio_low = "
                              f"actor.clip_ratio_high (got {low} and {high})")
         fields["delta"] = low
     return fields
+
+
+def sequence_delta_of(tr: TrustRegion, config: Any) -> dict[str, float]:
+    """``{"delta": rollout_rs_threshold}`` of the actor's rollout correction (:data:`SEQUENCE_DELTA`), ``{}`` when it
+    is unset (the preset's δ); a threshold that is not one positive number (verl's ``"lower_upper"`` form) is a
+    ``ValueError``."""
+    value = _field(rollout_correction_of(config), SEQUENCE_DELTA)
+    if value is None:
+        return {}
+    try:
+        delta = float(value)
+    except (TypeError, ValueError):
+        delta = math.nan
+    if not (delta > 0 and math.isfinite(delta)):
+        raise ValueError(f"{loss_name(tr.name)} reads its sequence mask's δ from algorithm.rollout_correction."
+                         f"{SEQUENCE_DELTA}: give one finite number > 0 (got {value!r})")
+    check_float32(f"algorithm.rollout_correction.{SEQUENCE_DELTA}", delta)
+    return {"delta": delta}
 
 
 def trust_region_for(preset: str, config: Any) -> TrustRegion:
@@ -186,6 +221,10 @@ def anchoring_problem(tr: TrustRegion, correction: Any) -> str | None:
     """
     bypass = bool(_field(correction, "bypass_mode", False))
     where = "algorithm.rollout_correction (mirrored into actor.policy_loss.rollout_correction)"
+    if reads_sequence_delta(tr) and _field(correction, "rollout_rs") is not None:
+        return (f"{loss_name(tr.name)} masks whole responses itself, with δ = {SEQUENCE_DELTA}: set rollout_rs=null "
+                f"in {where} (verl's own rejection sampling, rollout_rs={_field(correction, 'rollout_rs')}, would "
+                "mask them a second time)")
     if not tr.needs_recompute:
         if not bypass:
             return f"{loss_name(tr.name)} is anchored on μ: set bypass_mode=true in {where}"
@@ -222,20 +261,26 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
     tr = TrustRegion.preset(preset)
     unsettable = sorted(set(fields) - set(verl_settable_fields(tr)))
     if unsettable:
+        settable = ", ".join(verl_settable_fields(tr)) or "none"
         raise ValueError(f"{loss_name(preset)}: verl's config has no field for {', '.join(unsettable)} (settable: "
-                         f"{', '.join(verl_settable_fields(tr))}); pick another preset instead")
+                         f"{settable}); on verl the preset's value holds (the local and oat engines take "
+                         f"--tr-{unsettable[0].replace('_', '-')})")
+    for name, value in fields.items():
+        check_float32(f"{loss_name(preset)}: {name}", value)
     tr = tr.replace(**fields)
     actor = "actor_rollout_ref.actor."
     out = [f"actor_rollout_ref.model.external_lib={EXTERNAL_LIB}", f"{actor}policy_loss.loss_mode={loss_name(preset)}"]
-    sides = {"eps_low": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}
-    for field, (low, high) in sides.items():
-        if field in verl_settable_fields(tr):
-            out += [f"{actor}clip_ratio_low={_number(low)}", f"{actor}clip_ratio_high={_number(high)}"]
+    sides = {"clip_range": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}.get(RULE_TABLE[tr.rule].threshold)
+    if sides is not None:  # the clip fields carry the rule's threshold: ε_low/ε_high, or δ on both sides
+        out += [f"{actor}clip_ratio_low={_number(sides[0])}", f"{actor}clip_ratio_high={_number(sides[1])}"]
     if "is_cap" in verl_settable_fields(tr):
         out.append(f"{actor}clip_ratio_c={_number(tr.is_cap)}")
     out += [f"{actor}{VERL_FIELDS[name]}={_number(getattr(tr, name))}" for name in verl_settable_fields(tr)
             if name in VERL_FIELDS]
     out += _mode_overrides(tr)
+    if reads_sequence_delta(tr):  # the loss masks the responses; verl's own rejection sampling stays off
+        corr = "algorithm.rollout_correction."
+        out += [f"{corr}rollout_rs=null", f"{corr}{SEQUENCE_DELTA}={_number(tr.delta)}"]
     out.append(f"+{actor}policy_loss.rollout_correction=${{algorithm.rollout_correction}}")
     return out
 

@@ -1,5 +1,5 @@
-"""Before a verl launch: compose verl's own Hydra config with the launch's overrides (no Ray, no GPU) and check that
-every worker will register the loss and anchor it as its preset says.
+"""The verl engine's preflight, before a launch: compose verl's own Hydra config with the launch's overrides (no Ray,
+no GPU) and check that every worker will register the loss and anchor it as its preset says.
 
 The actor config is built as verl's workers build it (``verl.utils.config.omega_conf_to_dataclass`` in
 ``workers/engine_workers.py``), so what is checked here is what the loss will read.
@@ -7,8 +7,11 @@ The actor config is built as verl's workers build it (``verl.utils.config.omega_
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dppo_oat.engines.verl.mapping import (
     EXTERNAL_LIB,
@@ -21,7 +24,8 @@ from dppo_oat.engines.verl.mapping import (
     trust_region_for,
 )
 
-MIRRORED_FIELDS = ("bypass_mode", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize")
+MIRRORED_FIELDS = ("bypass_mode", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                   "rollout_rs_threshold")
 """Fields of ``algorithm.rollout_correction`` that the actor's mirror must repeat (the loss checks the mirror)."""
 
 
@@ -56,7 +60,8 @@ def check_syntax(overrides: Sequence[str]) -> None:
         try:
             parser.parse_overrides([override])
         except OverrideParseException as error:
-            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax ({first_line(error)})") from None
+            raise ValueError(f"the override {override!r} is not Hydra's KEY=VALUE syntax "
+                             f"({first_line(error)})") from None
 
 
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer"):
@@ -104,30 +109,36 @@ def _check_mirror(config, actor) -> None:
                              f"({field}: {wanted.get(field)!r} in algorithm, {seen.get(field)!r} in the actor)")
 
 
-def _verl_checked_actor(config):
+def _verl_checked_actor(config) -> tuple[Any, list[str]]:
     """verl's own ``validate_config`` (as ``main_ppo`` runs it before Ray starts), then the actor config as verl's
-    workers build it; ``ValueError`` with one line where verl refuses the config."""
+    workers build it, with the lines verl printed meanwhile (held back: verl says its checks passed before this
+    module's checks ran); ``ValueError`` with one line where verl refuses the config."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    printed = io.StringIO()
     try:
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
-        return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        with contextlib.redirect_stdout(printed):
+            validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
+            actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     except (*config_errors(), ValueError) as error:
         raise ValueError(f"verl refuses the config: {first_line(error)}") from None
+    return actor, [line for line in printed.getvalue().splitlines() if line.strip()]
 
 
-def check(config) -> str:
+def check(config, verl_said: list[str] | None = None) -> str:
     """One line on what the run's loss will do, or ValueError with one line on what to change. Runs verl's own
-    ``validate_config`` first, as ``verl.trainer.main_ppo.main`` does before it starts Ray."""
+    ``validate_config`` first, as ``verl.trainer.main_ppo.main`` does before it starts Ray; what verl printed is
+    appended to ``verl_said`` only when every check passed (verl says its own checks passed before these ran)."""
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     preset = preset_of(loss_mode)
     reason = None if preset is None else refusal(preset)
     if reason:  # an unknown or refused dppo_oat loss, named before verl's own checks
         raise ValueError(reason)
-    actor = _verl_checked_actor(config)
+    actor, verl_lines = _verl_checked_actor(config)
     if preset is None:
+        (verl_said if verl_said is not None else []).extend(verl_lines)
         return f"loss_mode {loss_mode} is verl's own: nothing of dppo_oat to check"
     _check_plumbing(config)
     _check_mirror(config, actor)
@@ -136,4 +147,5 @@ def check(config) -> str:
     if problem:
         raise ValueError(problem)
     mode = "decoupled mode (old_log_prob = π_θ')" if tr.needs_recompute else "bypass mode (old_log_prob = μ)"
+    (verl_said if verl_said is not None else []).extend(verl_lines)
     return f"{loss_name(preset)}: {describe(tr)} in {mode}"

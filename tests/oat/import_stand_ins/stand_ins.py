@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 def plasma_missing() -> bool:
     """Whether ``from pyarrow import plasma`` fails (pyarrow >= 12, or no pyarrow)."""
     try:
-        from pyarrow import plasma  # noqa: F401
+        from pyarrow import plasma  # noqa: F401  (imported only to see whether it imports)
     except ImportError:
         return True
     return False

@@ -18,8 +18,9 @@ class _Unavailable:
     """A vLLM class that cannot be used: constructing it raises."""
 
     def __init__(self, *args, **kwargs) -> None:
-        raise RuntimeError(f"vllm.{type(self).__name__}: this is the vLLM import stand-in (tests/oat/import_stand_ins), "
-                           "which serves oat's learner imports only; install vLLM to generate")
+        raise RuntimeError(f"vllm.{type(self).__name__}: this is the vLLM import stand-in "
+                           "(tests/oat/import_stand_ins), which serves oat's learner imports only; "
+                           "install vLLM to generate")
 
 
 class SamplingParams(_Unavailable):

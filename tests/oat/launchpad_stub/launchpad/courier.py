@@ -84,7 +84,7 @@ class Server:
 class _Futures:
     """``client.futures.method(...)``: the call runs on the client's thread pool and a Future is returned."""
 
-    def __init__(self, client: "Client") -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
 
     def __getattr__(self, name: str):

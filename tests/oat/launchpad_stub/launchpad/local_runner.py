@@ -37,8 +37,8 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from launchpad import courier
 
@@ -59,7 +59,7 @@ class ProgramResult:
     """How a run ended: the node that called ``launchpad.stop()``, the nodes whose ``run()`` returned, and every
     node's exit code after the shutdown (0: it ended by itself or on SIGTERM; negative: killed by that signal)."""
 
-    stopped_by: Optional[str]
+    stopped_by: str | None
     finished: set
     log_dir: Path
     exit_codes: dict = dataclasses.field(default_factory=dict)
@@ -74,8 +74,8 @@ class NodeSpec:
     constructor: Callable
     args: tuple
     kwargs: dict
-    address: Optional[str]
-    prelude: Optional[Callable]
+    address: str | None
+    prelude: Callable | None
 
 
 def request_stop() -> None:
@@ -98,11 +98,11 @@ def as_clients(value, clients: dict):
 class LocalRunner:
     """Runs a recorded program, one process per node (see the module docstring)."""
 
-    def __init__(self, *, prelude: Optional[Callable] = None, timeout_s: float = 900.0, log_dir=None,
+    def __init__(self, *, prelude: Callable | None = None, timeout_s: float = 900.0, log_dir=None,
                  grace_s: float = 15.0) -> None:
         self.prelude, self.timeout_s, self.grace_s = prelude, timeout_s, grace_s
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="lp-logs-"))
-        self.result: Optional[ProgramResult] = None
+        self.result: ProgramResult | None = None
         self._ending: set = set()  # nodes that are ending by themselves: returned from run(), or called stop()
 
     def run(self, program, local_resources: dict) -> ProgramResult:

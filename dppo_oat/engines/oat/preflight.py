@@ -1,4 +1,5 @@
-"""What the learner's optimizer needs of a GPU node, checked before anything launches.
+"""The oat engine's preflight: what the learner's optimizer needs of a GPU node, checked before anything launches (as
+the verl engine's :mod:`~dppo_oat.engines.verl.preflight` checks verl's config before its launch).
 
 oat's learner builds DeepSpeed's ``FusedAdam`` (``DeepSpeedCPUAdam`` with ``--adam_offload``) when it starts. The
 lock's DeepSpeed 0.16.8 has no wheel: installed from source without ``DS_BUILD_FUSED_ADAM=1`` it compiles the op
@@ -18,7 +19,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 DEEPSPEED_MINOR_MISMATCH_OK = {
     11: ("11.0", "11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "11.7", "11.8"),
@@ -35,11 +35,11 @@ class OptimizerToolkit:
     """DeepSpeed's op name: ``fused_adam``, or ``cpu_adam`` with ``--adam_offload``."""
     prebuilt: bool
     """Compiled when DeepSpeed was installed (``DS_BUILD_FUSED_ADAM=1``): nothing is compiled at start-up."""
-    torch_cuda: Optional[str]
+    torch_cuda: str | None
     """``torch.version.cuda`` (None: a CPU build of torch)."""
-    cuda_home: Optional[str]
+    cuda_home: str | None
     """torch's ``CUDA_HOME`` (``$CUDA_HOME``, else the folder of ``nvcc`` on PATH, else /usr/local/cuda)."""
-    nvcc_release: Optional[str]
+    nvcc_release: str | None
     """``major.minor`` of ``$CUDA_HOME/bin/nvcc -V`` (None: no nvcc there)."""
     ninja: bool
     skip_cuda_check: bool = False
@@ -55,7 +55,7 @@ class OptimizerToolkit:
         return f"DS_BUILD_{self.op.upper()}=1"
 
 
-def toolkit_problem(toolkit: OptimizerToolkit) -> Optional[str]:
+def toolkit_problem(toolkit: OptimizerToolkit) -> str | None:
     """Why DeepSpeed could not build the op at learner start, as one line that says what to do; None if it can, or
     if this torch has no CUDA (not a GPU node: oat's own check refuses a launch there)."""
     if toolkit.prebuilt or toolkit.torch_cuda is None:
@@ -130,7 +130,7 @@ def deepspeed_prebuilt_ops() -> dict:
     return {}
 
 
-def nvcc_release(cuda_home: Optional[str]) -> Optional[str]:
+def nvcc_release(cuda_home: str | None) -> str | None:
     """``major.minor`` that ``<cuda_home>/bin/nvcc -V`` reports, as DeepSpeed reads it; None without one."""
     nvcc = Path(cuda_home or "") / "bin" / "nvcc"
     if cuda_home is None or not (nvcc.is_file() or shutil.which(str(nvcc))):

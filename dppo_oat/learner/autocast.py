@@ -1,4 +1,5 @@
-"""The learner's and the rollout's compute precision: fp32 master weights, each forward pass under autocast.
+"""``--dtype``: the compute dtype of the learner's and the rollout's forward passes, under autocast over fp32 master
+weights (the rollout copy's own precision, ``--rollout-dtype``, is :mod:`dppo_oat.rollout.rollout_copy`'s).
 
 The weights, the gradients and the optimizer state stay fp32 whatever the compute dtype: an AdamW step at a small
 learning rate changes a weight by far less than a bfloat16 ulp (2^-8 of its size), so updates applied to bfloat16
@@ -13,9 +14,10 @@ shape (many milliseconds of host time each), and every decode step of a rollout,
 attends over a new length. Flash and memory-efficient attention have no such per-shape cost.
 
 float16 also scales the loss (``torch.amp.GradScaler``): its gradients would otherwise underflow. The scaler skips
-the steps whose scaled gradients overflowed and lowers the scale; :func:`~dppo_oat.update.scaled_clip_and_step`
-tells those skips (:data:`~dppo_oat.guard.LOSS_SCALE_SKIPS`, the scaler's own search for a scale) apart from a
-gradient that is non-finite at a scale of 1 or below (the blow-up guard's skip, :data:`~dppo_oat.guard.SKIPPED`).
+the steps whose scaled gradients overflowed and lowers the scale; :func:`~dppo_oat.learner.update.scaled_clip_and_step`
+tells those skips (:data:`~dppo_oat.learner.guard.LOSS_SCALE_SKIPS`, the scaler's own search for a scale) apart from a
+gradient that is non-finite at a scale of 1 or below (the blow-up guard's skip,
+:data:`~dppo_oat.learner.guard.SKIPPED`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 if TYPE_CHECKING:
-    from dppo_oat.learner_forward import ForwardFn
+    from dppo_oat.learner.forward import ForwardFn
 
 ComputeDtype = Literal["float32", "bfloat16", "float16"]
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -61,10 +63,10 @@ def use_shape_agnostic_attention(device: torch.device | str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def autocast_forward(forward: "ForwardFn", device: torch.device | str, dtype: str) -> "ForwardFn":
+def autocast_forward(forward: ForwardFn, device: torch.device | str, dtype: str) -> ForwardFn:
     """``forward`` run under :func:`autocast`, one context per call: autocast caches its low-precision copies of
     the weights for the length of a context, so a context that outlived an optimizer step would compute with the
-    weights before it. The log-probs it returns are fp32 either way (:mod:`dppo_oat.learner_forward`)."""
+    weights before it. The log-probs it returns are fp32 either way (:mod:`dppo_oat.learner.forward`)."""
     if dtype == "float32":
         return forward
 

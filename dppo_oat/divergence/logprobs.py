@@ -60,7 +60,7 @@ def logits_logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature: flo
                     chunk_size: int = DEFAULT_CHUNK_SIZE):
     """``(log π(a_t), entropy, log π on topk_ids)`` of ``softmax(logits / temperature)`` (the logits path: under
     autograd every chunk's fp32 copy is kept for backward). Only ``log π(a_t)`` carries gradient; absent parts are
-    None. :func:`dppo_oat.fused_head.fused_head_logprobs` computes the same from the hidden states."""
+    None. :func:`dppo_oat.learner.fused_head.fused_head_logprobs` computes the same from the hidden states."""
     if temperature != 1.0:  # in fp32 at least: half-precision logits (autocast's) would round again here
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     logp = gather_logprobs_chunked(logits, ids, chunk_size=chunk_size)

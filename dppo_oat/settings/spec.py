@@ -1,5 +1,5 @@
-"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled, the
-advantage estimator and the update loop.
+"""A run's settings, in one place for the local and oat engines: the trust region, how episodes are played and sampled,
+the advantage estimator and the update loop.
 
 Each engine maps its own command line onto a :class:`RunSpec` exactly once (the local engine in
 ``engines/local/config.py``, the oat engine in ``engines/oat/args.py``); the trainer, the warm start, the oat actor
@@ -16,18 +16,28 @@ import dataclasses
 import math
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Iterable, Literal, Optional, Tuple
+from typing import Annotated, Literal
 
 import tyro
 
 from dppo_oat.advantages import ADVANTAGE_MODES, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
-from dppo_oat.docstrings import field_docstrings
-from dppo_oat.token_export import TOKEN_EXPORT_MODES
-from dppo_oat.token_samples import DEFAULT_TOKEN_SAMPLES
-from dppo_oat.trust_region import (INTEGER_FIELDS, NUMBER_FIELDS, PRESETS, RULE_TABLE, UNITS, TrustRegion, band_of,
-                                   check_batch_serves)
+from dppo_oat.ranges import check_float32
+from dppo_oat.run.token_export import TOKEN_EXPORT_MODES
+from dppo_oat.run.token_samples import DEFAULT_TOKEN_SAMPLES
+from dppo_oat.settings.docstrings import field_docstrings
+from dppo_oat.trust_region import (
+    INTEGER_FIELDS,
+    NUMBER_FIELDS,
+    PRESETS,
+    RULE_TABLE,
+    UNITS,
+    TrustRegion,
+    band_of,
+    check_batch_serves,
+)
 from dppo_oat.trust_region.calibrate import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -41,6 +51,13 @@ TRUST_REGION_OVERRIDES = NUMBER_FIELDS
 (:data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`)."""
 MAX_NAMED_READERS = 6
 """An override's help names the presets that read it when there are at most this many."""
+OVERRIDE_FLAGS = tuple(f"tr_{name}" for name in TRUST_REGION_OVERRIDES)
+"""The fields of the trust region's override flags (``--tr-delta`` ...), one per :data:`TRUST_REGION_OVERRIDES`."""
+CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band")
+"""The fields of the band calibration's flags."""
+OVERRIDES_ABOUT = ("Each --tr-<field> replaces one number of the --trust-region preset (None: the preset's own); one "
+                   "the preset does not read is refused.")
+"""What the override flags' section of ``--help`` says of them all (their own help says what each number is)."""
 
 
 def check_temperature(temperature: float, *, training: bool) -> None:
@@ -109,7 +126,7 @@ class RolloutSettings:
     penalty: float = FORMAT_ERROR_PENALTY
     env_seed: int = 42
     """Constructor seed of every slot (reasoning-gym builds its puzzle set from it; puzzles come from reset seeds)."""
-    wrappers: Tuple[str, ...] = ()
+    wrappers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.template not in TEMPLATES:
@@ -121,7 +138,7 @@ class RolloutSettings:
         check_wrappers(self.wrappers, self.template)
 
 
-def check_wrappers(names: Tuple[str, ...], template: str) -> None:
+def check_wrappers(names: tuple[str, ...], template: str) -> None:
     """Every name is one of Gem's wrappers; the chat-template ones render the prompt themselves (template plain)."""
     if not names:
         return
@@ -138,7 +155,7 @@ def check_wrappers(names: Tuple[str, ...], template: str) -> None:
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """Knobs of the update loop (:func:`dppo_oat.update.update_policy`)."""
+    """Knobs of the update loop (:func:`dppo_oat.learner.update.update_policy`)."""
 
     num_epochs: int = 1
     minibatch_size: int = 64
@@ -241,31 +258,34 @@ def check_same_distribution(sampling: SamplingSettings, update: UpdateSettings) 
                          f"{sampling.temperature}: π_θ and μ would be different distributions")
 
 
-def plain(text: str) -> str:
-    """A docstring as a command line's help shows it: no Sphinx roles, no reST double backticks."""
+def without_markup(text: str) -> str:
+    """A docstring as a flag's help shows it: no Sphinx roles, no reST double backticks."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
 
 def preset_help() -> str:
-    """``--trust-region``'s help, with every preset of :data:`~dppo_oat.trust_region.PRESETS` by name."""
-    return (f"Trust-region preset: {', '.join(PRESETS)}. The paper's methods, the training-inference mismatch fixes of "
-            "other frameworks and later trust regions; docs/trust-region.md lists each with its source.")
+    """``--trust-region``'s help (its choices name every preset of :data:`~dppo_oat.trust_region.PRESETS`)."""
+    return "Trust-region preset (docs/trust-region.md: each with its source)."
 
 
 def override_help(name: str, doc: str) -> str:
-    """The help of ``--tr-<name>``: the field's docstring, and the presets that read it when they are few."""
+    """The help of ``--tr-<name>``: the field's docstring, and the presets that read it when they are few (the
+    flags' section, :data:`OVERRIDES_ABOUT`, says that each overrides the preset's number)."""
     readers = [preset for preset in PRESETS if name in TrustRegion.preset(preset).fields_read]
     named = f" Read by {', '.join(readers)}." if len(readers) <= MAX_NAMED_READERS else ""
-    return f"Override the preset's {plain(doc)}{named}"
+    text = without_markup(doc)
+    if text[:1].isascii():  # "divergence threshold δ" → "Divergence …", but "τ of the penalty" stays as it is
+        text = text[:1].upper() + text[1:]
+    return f"{text}{named}"
 
 
 def trust_region_override_fields() -> list[tuple]:
     """``tr_<field>`` for every field of :data:`TRUST_REGION_OVERRIDES`, as ``make_dataclass`` takes them: optional,
-    an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None, its help from
-    the field's docstring."""
+    an integer or a real number (:data:`~dppo_oat.trust_region.config.INTEGER_FIELDS`), default None (not shown:
+    :data:`OVERRIDES_ABOUT` says it for them all), its help from the field's docstring."""
     docs = field_docstrings(TrustRegion)
-    return [(f"tr_{name}", Annotated[Optional[int if name in INTEGER_FIELDS else float],
-                                     tyro.conf.arg(help=override_help(name, docs[name]))],
+    return [(f"tr_{name}", Annotated[(int if name in INTEGER_FIELDS else float) | None,
+                                     tyro.conf.arg(help=override_help(name, docs[name]), help_behavior_hint="")],
              dataclasses.field(default=None)) for name in TRUST_REGION_OVERRIDES]
 
 
@@ -288,16 +308,16 @@ class DPPOFlags(TrustRegionFlags):
     docstrings below as help; the trust region's, :class:`TrustRegionFlags`, are generated from its fields). Engines
     override a default by declaring the field again."""
 
-    env_ids: Tuple[str, ...] = ("game:Sudoku-v0-easy",)
+    env_ids: tuple[str, ...] = ("game:Sudoku-v0-easy",)
     """Gem env ids, assigned to groups round-robin."""
-    env_module: Annotated[Tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """A module (my_lab.envs) or file (path/to/my_envs.py) to import before env ids are resolved, so the envs (and
-    oracles) it registers can be named in --env-ids; repeat the flag for several (see envs/README.md)."""
-    prompt_template: Optional[str] = None
+    env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """A module (my_lab.envs) or file (path/to/my_envs.py) to import first, so that --env-ids can name the envs (and
+    oracles) it registers (envs/README.md)."""
+    prompt_template: str | None = None
     """How an observation becomes a prompt: qwen3_game, qwen3_general, plain or chat (see each engine's default)."""
-    wrappers: Tuple[str, ...] = ()
+    wrappers: tuple[str, ...] = ()
     """Gem observation wrappers by name, applied to every env (e.g. concat: the episode's history in each prompt)."""
-    max_turns: Optional[int] = None
+    max_turns: int | None = None
     """Turn limit on top of the env's own. None: the env's own, else 100 turns for an env without one (a warning
     says so when it binds)."""
     advantage_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
@@ -305,7 +325,7 @@ class DPPOFlags(TrustRegionFlags):
     returns, Gem's norm_return)."""
     turn_baseline: bool = False
     """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
-    loss_aggregation: Optional[Literal[AGGREGATIONS]] = None  # type: ignore[valid-type]
+    loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated (see each engine's default)."""
     token_samples: int = DEFAULT_TOKEN_SAMPLES
     """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
@@ -313,17 +333,16 @@ class DPPOFlags(TrustRegionFlags):
     token_export: Literal[TOKEN_EXPORT_MODES] = "none"  # type: ignore[valid-type]
     """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
     in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
-    tr_calibrate: Optional[float] = None
-    """Calibrate the trust region's band (δ; ε_low and ε_high scaled together; a sequence mask's δ; τ_M2; SAPO's τ)
-    to block this fraction of the A ≠ 0 tokens of the first RL step's rollout batch, with π_θ as that step's update
-    read it, and train with it from the second step on; config.json records it (docs/trust-region.md, Calibrating a
-    band). None: the preset's band."""
-    tr_calibrate_like: Optional[PresetName] = None  # type: ignore[valid-type]
-    """Calibrate the band (as --tr-calibrate) to block as many tokens as this preset blocks on the same batch."""
+    tr_calibrate: float | None = None
+    """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
+    first RL step's batch, and train with it from the second step on (docs/trust-region.md, Calibrating a band)."""
+    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
+                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
+    """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
+    that batch."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
-    """What --tr-calibrate counts: token (A ≠ 0 tokens, as mask/fraction) or sequence (responses every A ≠ 0 token
-    of which is blocked)."""
-    tr_calibrate_band: Optional[str] = None
+    """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
+    tr_calibrate_band: str | None = None
     """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO: a sequence bound and a PPO clip):
     delta, clip_range, or both (the two scaled by one factor). None: the rule's default (its sequence bound δ)."""
 
@@ -335,9 +354,13 @@ class DPPOFlags(TrustRegionFlags):
     def build_trust_region(self, also_read: Iterable[str] = ()) -> TrustRegion:
         """The preset with the ``tr_*`` overrides that are set (the one mapping from flags to a trust region); an
         override that neither the preset's rule nor the engine (``also_read``, e.g. the local engine's divergence
-        probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded."""
+        probe reads δ and K) ever reads (``--trust-region ppo --tr-delta 0.2``) is refused, not recorded, and so is
+        one whose value does not fit float32 (``--tr-tau-pos 1e300``,
+        :func:`~dppo_oat.ranges.check_float32`)."""
         overrides = {name: getattr(self, f"tr_{name}") for name in TRUST_REGION_OVERRIDES}
         overrides = {name: value for name, value in overrides.items() if value is not None}
+        for name, value in overrides.items():  # TrustRegion's own checks take ranges, not float32's limits
+            check_float32(f"--tr-{name.replace('_', '-')}", value)
         tr = TrustRegion.preset(self.trust_region).replace(**overrides)  # refused below where no rule reads them
         read = tr.fields_read | set(also_read)
         unread = [name for name in overrides if name not in read]
@@ -350,8 +373,7 @@ class DPPOFlags(TrustRegionFlags):
     def calibration_settings(self, tr: TrustRegion) -> CalibrationSettings | None:
         """The band calibration the flags ask for on trust region ``tr`` (None: none), validated; an error names the
         flags."""
-        names = [name for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band")
-                 if getattr(self, name) not in (None, "token")]
+        names = [name for name in CALIBRATION_FLAGS if getattr(self, name) not in (None, "token")]
         if not names:
             return None
         try:
@@ -374,7 +396,7 @@ def topk_logprobs_of(trust_region: TrustRegion) -> int:
     return trust_region.k if trust_region.uses_topk else 0
 
 
-def split_ids(ids: Tuple[str, ...]) -> Tuple[str, ...]:
+def split_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
     """``ids`` without blanks, split at commas (``("a,b", "c")`` → ``("a", "b", "c")``)."""
     return tuple(part.strip() for item in ids for part in str(item).split(",") if part.strip())
 

@@ -1,4 +1,6 @@
-"""The rollout engine's numeric precision: a genuine source of training-inference mismatch (sec:introduction).
+"""The rollout's copy of the learner's weights at ``--rollout-dtype``: the rollout engine's numeric precision, a
+genuine source of training-inference mismatch (sec:introduction). The compute dtype both run their forward passes in,
+``--dtype``, is :mod:`dppo_oat.learner.autocast`'s.
 
 The paper's mismatch is that the inference engine computes μ with other kernels and precisions than the learner's
 π_θ. On one CPU, with one model, the local engine reproduces it by sampling from a lower-precision copy of the fp32
@@ -21,11 +23,12 @@ bit what the fp32 weights do, and the engine refreshes it in place after each up
 from __future__ import annotations
 
 import copy
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import torch
 
-from dppo_oat.mixed_precision import torch_dtype
+from dppo_oat.learner.autocast import torch_dtype
 
 RolloutPrecision = Literal["float32", "bfloat16", "float16", "int8", "int6", "int5", "int4", "int3"]
 QUANTIZED_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "int3": 3}

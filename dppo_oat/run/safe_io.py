@@ -1,6 +1,6 @@
 """Small IO helpers every run file goes through: atomic replacement that honours the umask, appends that survive a
 kill, JSON(L) in and out (``*.jsonl.gz`` read where the plain file is absent), and the check that no non-finite
-tensor is saved. The run directory itself (its files, lock and config) is :mod:`dppo_oat.runlog`.
+tensor is saved. The run directory itself (its files, lock and config) is :class:`dppo_oat.run.directory.RunDir`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -80,7 +81,8 @@ def honour_umask(path: str | Path, *, directory: bool = False) -> None:
 
 def temporary_prefix(name: str) -> str:
     """The prefix of the temporary files an atomic write of ``name`` goes through (``.checkpoint.pt.`` + 8 random
-    characters): a kill mid-write leaves one, which the next start of the run removes (:func:`remove_temporaries`)."""
+    characters): a kill mid-write leaves one, which the next start of the run removes
+    (:meth:`~dppo_oat.run.directory.RunDir.remove_temporaries`)."""
     return f".{name}."
 
 
@@ -104,6 +106,7 @@ def _replacing(path: Path):
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_directory(path.parent)
     except OSError as error:
         if error.filename is None:
             error.filename = str(path)
@@ -111,6 +114,25 @@ def _replacing(path: Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a power cut after it keeps the new file); a file system that cannot
+    sync a directory is left as it is."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write the text ``lines`` (each with its newline) to ``path`` atomically and durably (:func:`_replacing`),
+    streamed: the whole text is never held in memory at once."""
+    with _replacing(path) as handle:
+        for line in lines:
+            handle.write(line.encode("utf-8"))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

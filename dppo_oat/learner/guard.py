@@ -7,29 +7,31 @@ engine whose gradient norm is non-finite skips its step and says so (:data:`SKIP
 optimizer steps in a row (:class:`BlowUpGuard`), or whose own log-probs turn non-finite (:data:`NONFINITE_PI`,
 :func:`check_policy_finite`), stops with :class:`~dppo_oat.errors.TrainingBlewUp`; :func:`check_weights_finite`
 scans the weights before they are saved or sent to the rollout engine. With several learners every decision is
-taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.update`) applies the guard to
-every minibatch.
+taken on the state they agree on (:data:`AnyLearner`). The update loop (:mod:`dppo_oat.learner.update`) applies the
+guard to every minibatch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.learner_forward import ForwardFn
-from dppo_oat.runlog import nonfinite_tensors
-from dppo_oat.samples import UpdateBatch
+from dppo_oat.learner.forward import ForwardFn
+from dppo_oat.run.safe_io import nonfinite_tensors
 from dppo_oat.trust_region import TopK
-
+from dppo_oat.update_batch import UpdateBatch
 
 SKIPPED = "guard/skipped"
 """1.0 for an optimizer step that was not applied (non-finite loss, μ log-probs or gradients), else 0.0."""
+ALL_SKIPPED = "guard/all_skipped"
+"""1.0 for a rollout batch none of whose optimizer steps was applied (each one :data:`SKIPPED`): nothing was learned
+from it (:func:`every_step_skipped`), else 0.0."""
 LOSS_SCALE_SKIPS = "guard/loss_scale_skips"
 """1.0 for an optimizer step that float16's loss scaler skipped because its scaled gradients overflowed (it then
-lowers the scale: :func:`~dppo_oat.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
+lowers the scale: :func:`~dppo_oat.learner.update.scaled_clip_and_step`), else 0.0; summed over a rollout batch's
 steps. Not a divergence: the guard neither counts it nor stops for it."""
 NONFINITE_PI = "guard/nonfinite_pi"
 """π_θ's own log-probs non-finite: the weights diverged, and nothing later can recover."""
@@ -97,14 +99,24 @@ class BlowUpGuard:
                 "applied): lower --lr, check the rollout's log-probs (--logprob-noise?) and start a new run")
 
 
+def every_step_skipped(history: Sequence[dict[str, float]]) -> bool:
+    """True when a rollout batch had optimizer steps and the guard skipped each of them (:data:`ALL_SKIPPED`)."""
+    return bool(history) and all(step.get(SKIPPED) for step in history)
+
+
+def skip_causes(summary: dict[str, float]) -> list[str]:
+    """What made the guard skip (:data:`NONFINITE_CAUSES`), from a rollout batch's summarised metrics."""
+    return [name for key, name in NONFINITE_CAUSES.items() if summary.get(key)] or ["a value"]
+
+
 def nonfinite_cause(logp: torch.Tensor, behavior_logp: torch.Tensor, loss: torch.Tensor,
                     response_mask: torch.Tensor, topk: TopK | None = None,
                     advantages: torch.Tensor | None = None) -> str | None:
     """Which guard metric a micro-batch trips (None: all finite). Non-finite π_θ log-probs (:data:`NONFINITE_PI`)
     mean the weights themselves diverged, non-finite advantages (:data:`NONFINITE_ADVANTAGES`) that the rewards or
     their estimator did: either minibatch ends the run once every learner has finished it (see
-    :func:`~dppo_oat.update.finish_minibatch`); ``policy_loss`` would only mask such tokens. μ on the top-K set may
-    be −inf (its padding slots, an underflowed tail token), never NaN."""
+    :func:`~dppo_oat.learner.update.finish_minibatch`); ``policy_loss`` would only mask such tokens. μ on the top-K set
+    may be −inf (its padding slots, an underflowed tail token), never NaN."""
     mask = response_mask.bool()
     if not torch.isfinite(logp.detach()[mask]).all():
         return NONFINITE_PI

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -260,7 +259,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
-AutocastState = Tuple[str, bool, Optional[torch.dtype]]
+AutocastState = tuple[str, bool, torch.dtype | None]
 """``(device type, enabled, dtype)`` of an autocast (dtype None when it is off)."""
 
 
@@ -289,7 +288,7 @@ def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.T
     ``topk_ids``), without the ``[N, V]`` logits. Only ``log π(a_t)`` carries gradient (to ``hidden [..., H]`` and
     ``weight [V, H]``); entropy and top-K log-probs are constants (None when not asked for). ``chunk_size``: token
     rows per forward chunk (default: :data:`CHUNK_ELEMENTS` logits), and as many logits per backward chunk. ``T`` > 0
-    (:class:`~dppo_oat.spec.UpdateSettings` checks the learner's)."""
+    (:class:`~dppo_oat.settings.spec.UpdateSettings` checks the learner's)."""
     rows = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
     flat_ids = ids.reshape(-1)
     flat_topk = None if topk_ids is None else topk_ids.reshape(-1, topk_ids.shape[-1])

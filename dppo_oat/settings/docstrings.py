@@ -6,13 +6,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 
 
 def documented_fields(klass: ast.ClassDef) -> dict[str, str]:
     """The docstring under each field of a class body, joined into one line."""
     docs: dict[str, str] = {}
-    for statement, following in zip(klass.body, klass.body[1:]):
+    for statement, following in itertools.pairwise(klass.body):
         if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                 and isinstance(following.value.value, str)):

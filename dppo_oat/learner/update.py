@@ -11,32 +11,45 @@ Per rollout batch (as in PPO with several updates per rollout):
    accumulated over micro-batches: forward (fp32 log-probs, entropy, top-K gather) → :func:`policy_loss` →
    aggregation → backward; then the optimizer step (with gradient clipping inside ``optimizer_step``).
 
-The forward pass is a :data:`~dppo_oat.learner_forward.ForwardFn` (π_θ at the sampling temperature, e.g.
-:func:`~dppo_oat.learner_forward.causal_lm_forward`). Every minibatch goes through the blow-up guard
-(:mod:`dppo_oat.guard`): one with a non-finite loss or μ is discarded, not applied, and a run that diverged stops
-with :class:`~dppo_oat.errors.TrainingBlewUp`.
+The forward pass is a :data:`~dppo_oat.learner.forward.ForwardFn` (π_θ at the sampling temperature, e.g.
+:func:`~dppo_oat.learner.forward.causal_lm_forward`). Every minibatch goes through the blow-up guard
+(:mod:`dppo_oat.learner.guard`): one with a non-finite loss or μ is discarded, not applied, and a run that diverged
+stops with :class:`~dppo_oat.errors.TrainingBlewUp`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from dppo_oat.aggregation import aggregate_loss
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.guard import (DIVERGED, HEALTHY, LOSS_SCALE_SKIPS, NONFINITE_CAUSES, NONFINITE_PI, SKIPPED,
-                            STOPPING_CAUSES, AnyLearner, BlowUpGuard, check_policy_finite, diverged_error,
-                            minibatch_state, nonfinite_cause, one_learner, zero_surrogate)
-from dppo_oat.learner_forward import ForwardFn, causal_lm_forward
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
-from dppo_oat.token_samples import TokenSampler
+from dppo_oat.learner.forward import ForwardFn, causal_lm_forward
+from dppo_oat.learner.guard import (
+    DIVERGED,
+    HEALTHY,
+    LOSS_SCALE_SKIPS,
+    NONFINITE_CAUSES,
+    NONFINITE_PI,
+    SKIPPED,
+    STOPPING_CAUSES,
+    AnyLearner,
+    BlowUpGuard,
+    check_policy_finite,
+    diverged_error,
+    minibatch_state,
+    nonfinite_cause,
+    one_learner,
+    zero_surrogate,
+)
+from dppo_oat.run.token_samples import TokenSampler
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, masked_mean, policy_loss
-
+from dppo_oat.update_batch import UpdateBatch
 
 BackwardFn = Callable[[torch.Tensor], None]
 OptimizerStepFn = Callable[[], "dict[str, float] | None"]
@@ -59,12 +72,12 @@ def clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.opt
 
 def scaled_clip_and_step(parameters: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                          scaler: torch.amp.GradScaler, max_grad_norm: float) -> dict[str, float]:
-    """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.mixed_precision`): unscale,
+    """An :data:`OptimizerStepFn` for loss-scaled gradients (float16, :mod:`dppo_oat.learner.autocast`): unscale,
     clip the norm, step, and let the scaler adapt its scale. A non-finite gradient at a scale above 1 is an overflow
-    of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.guard.LOSS_SCALE_SKIPS` (never a
+    of the scaling itself: the step is skipped and counted in :data:`~dppo_oat.learner.guard.LOSS_SCALE_SKIPS` (never a
     reason to stop), and the scale halves; it reports no gradient norm. At a scale of 1 or below the gradient itself
-    is non-finite: the blow-up guard's skip (:data:`~dppo_oat.guard.SKIPPED`), ``patience`` of which in a row stop
-    the run, and the scale stays."""
+    is non-finite: the blow-up guard's skip (:data:`~dppo_oat.learner.guard.SKIPPED`), ``patience`` of which in a row
+    stop the run, and the scale stays."""
     scale = float(scaler.get_scale())
     scaler.unscale_(optimizer)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
@@ -160,7 +173,7 @@ def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: Upd
                        precision: Callable[[ForwardFn], ForwardFn] | None = None, lm_head: str = "fused",
                        chunk_size: int | None = None, any_learner: AnyLearner = one_learner) -> list[dict[str, float]]:
     """Every optimizer step of one rollout batch on a causal LM, as the local and oat engines take them: π_θ from
-    :func:`~dppo_oat.learner_forward.causal_lm_forward` (at the sampling temperature; the fused head unless
+    :func:`~dppo_oat.learner.forward.causal_lm_forward` (at the sampling temperature; the fused head unless
     ``lm_head`` is ``logits``), run under ``precision`` (e.g. an autocast) when given, then :func:`update_policy`
     with the engine's ``steps``."""
     forward = causal_lm_forward(model, settings=settings, chunk_size=chunk_size, lm_head=lm_head)
@@ -210,7 +223,8 @@ def minibatch_step(batch, index, tr, forward, backward, settings: UpdateSettings
             out.logp, micro.behavior_logp, micro.advantages, micro.response_mask, tr,
             recomputed_logp=micro.recomputed_logp, topk=topk,
         )
-        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation, norm_constant=settings.norm_constant)
+        loss = aggregate_loss(result.loss, micro.response_mask, settings.aggregation,
+                              norm_constant=settings.norm_constant)
         share = _micro_denominators(micro.response_mask, settings.aggregation) / totals
         cause = nonfinite_cause(out.logp, micro.behavior_logp, loss, micro.response_mask, topk, micro.advantages)
         if cause is not None:
@@ -260,8 +274,8 @@ engine's mismatch with no staleness from earlier minibatches in it (what verl's 
 
 def summarize_steps(history: Sequence[dict[str, float]], max_keys: Sequence[str] = ()) -> dict[str, float]:
     """Optimizer-step metrics of one rollout batch → one number each: maxima (``*max`` and ``max_keys``) by max,
-    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has no
-    gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
+    :data:`SUMMED_STEP_METRICS` summed, everything else averaged, each over the steps that report it (a skipped step has
+    no gradient norm); ``mismatch/*`` and ``rollout_corr/*`` of the first step also as ``mismatch/first_*`` and
     ``rollout_corr/first_*``."""
     keys = list(dict.fromkeys(key for step in history for key in step))
     summary = {}

@@ -1,26 +1,26 @@
 """The learner's forward pass: π_θ's fp32 log-probs, entropy and top-K gather on a batch's response tokens, the
-:data:`ForwardFn` the update loop (:mod:`dppo_oat.update`) is given.
+:data:`ForwardFn` the update loop (:mod:`dppo_oat.learner.update`) is given.
 
 π_θ is the distribution the rollout sampled from: the forward pass divides the logits by the sampling temperature,
 as the rollout engine did before reporting μ (``causal_lm_forward(settings=...)`` reads ``settings.temperature``;
-:class:`~dppo_oat.spec.RunSpec` refuses a learner temperature other than the sampling one). It takes π_θ from the last
-hidden states through the fused LM head (:mod:`dppo_oat.fused_head`), which never holds the ``[N, V]`` logits, in
-the forward pass or the backward (eq:unified_grad); the head runs on the response tokens only
+:class:`~dppo_oat.settings.spec.RunSpec` refuses a learner temperature other than the sampling one). It takes π_θ from
+the last hidden states through the fused LM head (:mod:`dppo_oat.learner.fused_head`), which never holds the ``[N, V]``
+logits, in the forward pass or the backward (eq:unified_grad); the head runs on the response tokens only
 (:func:`response_positions`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from dppo_oat.fused_head import FusedHeadUnsupported, fused_head_logprobs, head_of, last_hidden_states
-from dppo_oat.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.divergence.logprobs import DEFAULT_CHUNK_SIZE, logits_logprobs
+from dppo_oat.learner.fused_head import FusedHeadUnsupported, fused_head_logprobs, head_of, last_hidden_states
+from dppo_oat.settings.spec import UpdateSettings
+from dppo_oat.update_batch import UpdateBatch
 
 
 @dataclass
@@ -38,20 +38,20 @@ ForwardFn = Callable[[UpdateBatch, bool], PolicyOutputs]
 
 LM_HEADS = ("fused", "logits")
 """How the learner gets π_θ from the model: ``fused`` (from the last hidden states and the head weight, chunk by
-chunk: :mod:`dppo_oat.fused_head`) or ``logits`` (from the model's ``[N, V]`` logits, for comparison)."""
+chunk: :mod:`dppo_oat.learner.fused_head`) or ``logits`` (from the model's ``[N, V]`` logits, for comparison)."""
 
 
 def causal_lm_forward(model, *, settings: UpdateSettings | None = None, chunk_size: int | None = None,
                       with_entropy: bool = True, lm_head: str = "fused") -> ForwardFn:
     """A :data:`ForwardFn` for any Hugging Face causal LM (or a wrapper of one): fp32 log-probs of the predicted
     tokens, entropy and the top-K gather, all of ``softmax(logits / T)`` at the update's temperature
-    ``T = settings.temperature`` (the sampling temperature, :class:`~dppo_oat.spec.RunSpec`): the distribution a
-    rollout at that temperature samples from. Without ``settings``, T = 1 (the model's own distribution).
+    ``T = settings.temperature`` (the sampling temperature, :class:`~dppo_oat.settings.spec.RunSpec`): the distribution
+    a rollout at that temperature samples from. Without ``settings``, T = 1 (the model's own distribution).
 
-    ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.fused_head.fused_head_logprobs`); a model
-    whose head it cannot reproduce (:func:`~dppo_oat.fused_head.head_of`) takes the ``logits`` path, with a warning.
-    ``chunk_size``: token rows per chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on the logits
-    path).
+    ``lm_head="fused"`` never holds the ``[N, V]`` logits (:func:`~dppo_oat.learner.fused_head.fused_head_logprobs`); a
+    model whose head it cannot reproduce (:func:`~dppo_oat.learner.fused_head.head_of`) takes the ``logits`` path, with
+    a warning. ``chunk_size``: token rows per chunk (default: 128 MiB of fp32 logits on the fused head, 1,024 rows on
+    the logits path).
     """
     temperature = 1.0 if settings is None else settings.temperature
     if lm_head not in LM_HEADS:

@@ -1,16 +1,19 @@
-"""The hand-off from rollout to update, shared by the local and oat engines: per-turn samples → the padded learner batch.
+"""The hand-off from rollout to update, shared by the local and oat engines: per-turn samples → the padded learner
+batch.
 
 A rollout (:mod:`dppo_oat.rollout`) produces :class:`TurnSample` s: one turn of one episode, with the behavior
 policy μ's log-probs of the sampled tokens and, for the top-K rules, μ's top-K set (sec:method_topk). The update
-(:mod:`dppo_oat.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
+(:mod:`dppo_oat.learner.update`) consumes an :class:`UpdateBatch`. :func:`build_update_batch` turns the first into the
 second; the oat engine rebuilds the same samples from oat's transition batches and calls it too, so the two engines
-learn from the very same tensors.
+learn from the very same tensors. (A step's sample of tokens for ``tokens.jsonl`` is another thing:
+:mod:`dppo_oat.run.token_samples`.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -54,8 +57,8 @@ class LearnerSample(Protocol):
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
     behavior_logprobs: Sequence[float]
-    topk_ids: Optional[np.ndarray]
-    topk_logprobs: Optional[np.ndarray]
+    topk_ids: np.ndarray | None
+    topk_logprobs: np.ndarray | None
 
 
 @dataclass
@@ -75,7 +78,7 @@ class UpdateBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor) -> "UpdateBatch":
+    def select(self, index: torch.Tensor) -> UpdateBatch:
         """Rows ``index`` of every field, trimmed to the longest sequence among them (``index`` is copied to the
         batch's device once, not once per field)."""
         index = index.to(self.input_ids.device)
@@ -91,7 +94,7 @@ class UpdateBatch:
                 picked[f.name] = value[index, : max(length - 1, 1)]
         return UpdateBatch(**picked)
 
-    def to(self, device) -> "UpdateBatch":
+    def to(self, device) -> UpdateBatch:
         return replace(self, **{f.name: _to(getattr(self, f.name), device) for f in fields(self)})
 
     @property

@@ -9,7 +9,8 @@ A''_t = TopK(μ, K) ∪ {a_t} and one bucket for every other token:
 
 $$
 D^{\mathrm{TV}}_{\mathrm{bin}} = \big|\mu(a_t) - \pi(a_t)\big|, \qquad
-D^{\mathrm{KL}}_{\mathrm{bin}} = \mu(a_t) \log \frac{\mu(a_t)}{\pi(a_t)} + \big(1 - \mu(a_t)\big) \log \frac{1 - \mu(a_t)}{1 - \pi(a_t)}
+D^{\mathrm{KL}}_{\mathrm{bin}} = \mu(a_t) \log \frac{\mu(a_t)}{\pi(a_t)}
+    + \big(1 - \mu(a_t)\big) \log \frac{1 - \mu(a_t)}{1 - \pi(a_t)}
 $$
 
 $$
@@ -24,7 +25,7 @@ import math
 
 import torch
 
-from dppo_oat.logprobs import _row_chunks
+from dppo_oat.divergence.logprobs import _row_chunks
 
 OTHER_BUCKET_FLOOR = 1e-12
 """Lower clamp of the 'other' bucket mass of the top-K approximation (it is 1 − Σ p and may round below 0)."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from dppo_oat.divergence import binary_kl, binary_tv, exact_kl, exact_tv, topk_kl, topk_tv
-from dppo_oat.logprobs import topk_of_logprobs
-from dppo_oat.samples import TOPK_PAD_ID
-from dppo_oat.samples import UpdateBatch
+from dppo_oat.divergence.estimates import binary_kl, binary_tv, exact_kl, exact_tv, topk_kl, topk_tv
+from dppo_oat.divergence.logprobs import topk_of_logprobs
+from dppo_oat.update_batch import TOPK_PAD_ID, UpdateBatch
 
 
 @torch.no_grad()

@@ -1,11 +1,12 @@
 """Per-token samples of the update, for the clipped-token analysis (app:clipped_tokens, sec:training_efficiency).
 
-Every RL step, the local and oat engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each token
-decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the token (the π its mask was decided on:
+Every RL step, the local and oat engines write a bounded sample of the step's response tokens to ``tokens.jsonl``: each
+token decoded, with μ(a_t), π_θ(a_t) of the forward pass whose loss first used the token (the π its mask was decided on:
 the first epoch's; later minibatches of a rollout batch see the policy after the earlier ones' steps), the advantage,
-the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules
-would have decided on the same token: PPO's ratio clip (ε = 0.2), GRPO-ClipHigher's (ε_low 0.2, ε_high 0.28) and
-DPPO-Binary-TV (δ = 0.15, eq:binary_tv), all anchored on μ.
+the entropy, the run's own keep decision and the divergence its rule thresholded, and what three reference rules would
+have decided on the same token: PPO's ratio clip (ε = 0.2), GRPO-ClipHigher's (ε_low 0.2, ε_high 0.28) and
+DPPO-Binary-TV (δ = 0.15, eq:binary_tv), all anchored on μ. (The rollout's turn samples the update learns from are
+another thing: :mod:`dppo_oat.update_batch`.)
 
 Only tokens with A ≠ 0 are sampled: a token with A = 0 has no gradient, so no rule can block it. Blocked tokens are
 rare (a few in a thousand), so a uniform sample would hold almost none. The sample is *stratified*: up to half of
@@ -19,11 +20,11 @@ stratum ÷ tokens sampled from it, so weighted shares estimate shares over every
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from dppo_oat.divergence import binary_tv
+from dppo_oat.divergence.estimates import binary_tv
 from dppo_oat.trust_region import (
     MAX_LOG_RATIO,
     SHADOW_CLIP_RANGES,
