@@ -313,7 +313,7 @@ def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study
                             (FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS)):
         experiment = contrasts[0].experiment
         line = next(line for line in opening if f"(`{experiment}`," in line)
-        for (method, label), contrast in zip(arms, contrasts, strict=True):
+        for (method, label), contrast in zip(arms, contrasts, strict=False):
             flag = flags.get((contrast.task, contrast.left[1], method), "")
             if flag:
                 flagged.add((experiment, method))

@@ -1,5 +1,5 @@
 """Modules that moved into the core's folders or took clearer names keep their old import paths, as the modules
-themselves; names that meant two things keep their old spelling where users import it, with a deprecation warning."""
+themselves; a name made clearer still resolves under the one users import, with a deprecation warning."""
 
 import importlib
 import json
