@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 import tyro
 from test_notebooks import assert_clean, execute, images, outputs, printed
 
@@ -31,10 +32,20 @@ from studies.cpu.claims import (
     FRONTIER_MORE_CONTRASTS,
     FRONTIER_STALE_ARMS,
     FRONTIER_STALE_CONTRASTS,
+    MATCHED_ARMS,
+    MATCHED_MORE_ARMS,
     THRESHOLD,
 )
 from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
-from studies.cpu.report import arm_flag_table, condition_of, load_study, run_outcomes
+from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, placebo_keep
+from studies.cpu.report import (
+    arm_flag_table,
+    condition_of,
+    load_study,
+    run_outcomes,
+    sign_shares_by_stretch,
+    study_variant,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "studies" / "cpu"
@@ -61,6 +72,8 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         task_runs = [r for r in runs if r.task == task]
         assert task_runs[: len(task_runs) // 5] == [r for r in task_runs if r.seed == 0]
     for run in runs[:: 3]:  # the flags parse and validate as the trainer's (no model is built)
+        if run.method in PLACEBO_PRESETS:  # registered in their own training process only (test_a_placebo_run...)
+            continue
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
         spec, resume_step = validate_config(train_config)
         condition = cpu_study.CONDITIONS[run.condition]
@@ -81,6 +94,105 @@ def test_a_method_variant_is_its_preset_with_overrides(tmp_path):
     spec, _ = validate_config(tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False)))
     assert spec.trust_region.rule == TrustRegion.preset("mask_negative").rule and spec.trust_region.delta == 0.8
     assert condition_of(run.name) == "mb4-fp32"
+
+
+@pytest.mark.parametrize("condition", ["mech-int4", "field-mb4"])
+def test_a_matched_arm_calibrates_its_band_like_dppo_binary_kl(tmp_path, condition):
+    """Every rule of the matched experiments calibrates per run to DPPO-Binary-KL's blocked share on step 1 (the
+    flags validate as the trainer's, before any model); TRM, DeepSeek-V3.2's mask and VACO move both their bands."""
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path))
+    for method, _ in MATCHED_ARMS + MATCHED_MORE_ARMS:
+        run = cpu_study.StudyRun("sudoku", method, condition, 0)
+        spec, _ = validate_config(tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False)))
+        preset = method.partition("@")[0]
+        assert spec.trust_region.name == preset and spec.calibration.like == "dppo_binary_kl"
+        assert spec.calibration.band == ("both" if preset in ("trm_max", "trm_avg", "opsm", "vaco") else None)
+        assert study_variant(method).endswith("(as strong as DPPO-Binary-KL)") and condition_of(run.name) == condition
+        assert cpu_study.trainer_module(method) == "dppo_oat.train"
+    assert [cpu_study.trainer_module(m) for m in PLACEBO_PRESETS] == ["studies.cpu.placebo"] * 2
+
+
+def test_the_placebo_rates_are_what_int4s_mask_blocked(committed_study):
+    """PLACEBO_RATES are the shares of the A ≠ 0 tokens DPPO-Binary-KL's mask blocked in each half and μ bucket of
+    its mech-int4 runs (means over steps and seeds), to the digits written."""
+    df = committed_study[0]
+    rows = df[(df["condition"] == "mech-int4") & (df["arm_method"] == "dppo_binary_kl")]
+    assert rows["seed"].nunique() == 8
+    for side, cell in (("negative", "neg_adv_mu_above"), ("positive", "pos_adv_mu_below")):
+        for bucket, rate in PLACEBO_RATES[side].items():
+            measured = rows[rows["metric"] == f"mask_cell/{cell}_{bucket}"]["value"].mean()
+            assert measured == pytest.approx(rate, rel=2e-3, abs=1e-7), (side, bucket)
+
+
+def placebo_inputs(seed: int, rows: int = 64, tokens: int = 12):
+    """A loss call's mask inputs: μ spread over the three μ buckets, mixed-sign Â per row, some padding."""
+    from dppo_oat.trust_region import MaskInputs
+
+    gen = torch.Generator().manual_seed(seed)
+    behavior = torch.rand(rows, tokens, generator=gen).clamp(min=1e-3).log()
+    advantages = torch.randn(rows, 1, generator=gen).expand(rows, tokens).clone()
+    advantages[:4] = 0.0
+    response = torch.rand(rows, tokens, generator=gen) > 0.1
+    return MaskInputs(behavior, behavior, behavior, advantages, response, torch.zeros(rows, tokens))
+
+
+def test_the_placebo_blocks_its_half_at_its_rates_and_draws_from_the_call(monkeypatch):
+    """In every μ bucket the placebo blocks tokens of its half's sign of Â only, as many as the rate × the call's
+    A ≠ 0 tokens on average; the same call gives the same tokens (a resume repeats it), another call others."""
+    import types
+
+    from dppo_oat.trust_region.metrics import MU_BUCKETS
+    from studies.cpu import placebo
+
+    monkeypatch.setitem(placebo.PLACEBO_RATES, "negative", {"mu_lt_0.1": 0.002, "mu_0.1_0.5": 0.01,
+                                                            "mu_ge_0.5": 0.03})
+    tr = types.SimpleNamespace(mask_side="negative")
+    counts = {bucket: [] for _, _, bucket in MU_BUCKETS}
+    for seed in range(200):
+        x = placebo_inputs(seed)
+        keep = placebo_keep(x, tr)
+        assert torch.equal(keep, placebo_keep(x, tr))
+        blocked = ~keep
+        assert not (blocked & ~(x.response & (x.advantages < 0))).any()
+        active = int((x.response & (x.advantages != 0)).sum())
+        mu = x.behavior_logp.exp()
+        for low, high, bucket in MU_BUCKETS:
+            counts[bucket].append(int((blocked & (mu >= low) & (mu < high)).sum()) / active)
+    for bucket, shares in counts.items():
+        assert sum(shares) / len(shares) == pytest.approx(placebo.PLACEBO_RATES["negative"][bucket], rel=0.15)
+    first, second = placebo_inputs(0), placebo_inputs(1)
+    assert placebo.call_seed(first) != placebo.call_seed(second)
+    with pytest.raises(ValueError, match="mask_side negative or positive"):
+        placebo_keep(first, types.SimpleNamespace(mask_side="both"))
+
+
+def test_a_placebo_run_trains_with_the_study_rule_registered_in_its_own_process(tmp_path):
+    """``python -m studies.cpu.placebo`` is the trainer with the placebo presets registered: a real run of
+    ``placebo_neg`` records its rule and never blocks a token with Â > 0, and this process's presets stay the
+    package's."""
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path / "study"), steps=2, groups_per_step=2, group_size=2,
+                                   probe_every=1, eval_episodes=4,
+                                   extra_args=" ".join([*TINY, "--cache-dir", str(tmp_path / "cache")]))
+    result = cpu_study.play(cpu_study.StudyRun("sudoku", "placebo_neg", "v5-fp32", 0), config)
+    assert result["returncode"] == 0 and result["state"] == "done", Path(result["log"]).read_text()[-2000:]
+    run = tmp_path / "study" / "sudoku" / "placebo_neg-v5-fp32-s0"
+    trust_region = json.loads((run / "config.json").read_text())["trust_region"]
+    assert (trust_region["rule"], trust_region["mask_side"], trust_region["name"]) == ("placebo_cell", "negative",
+                                                                                       "placebo_neg")
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["mask/fraction_pos_adv"] == 0 for r in rows)
+    assert "placebo_neg" not in PRESETS and load_study(tmp_path / "study")["variant"].unique().tolist() == [
+        "Placebo A<0 (random, int4's rate)"]
+
+
+def test_the_sign_gap_by_run_is_the_stretch_tables_difference(committed_study):
+    """``sign_gap_early`` and ``sign_gap_late`` (the sign claim over time, per run) average to the differences the
+    stretch table prints for steps 1–10 and 26–50."""
+    df, outcomes = committed_study
+    table = sign_shares_by_stretch(df, "mech-int4", "pg_is")
+    runs = outcomes[(outcomes["condition"] == "mech-int4") & (outcomes["arm_method"] == "pg_is")]
+    assert runs["sign_gap_early"].mean() == pytest.approx(table.loc["1-10", "difference"])
+    assert runs["sign_gap_late"].mean() == pytest.approx(table.loc["26-50", "difference"])
 
 
 def test_every_preregistered_contrast_compares_arms_of_the_study():

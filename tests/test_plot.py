@@ -219,6 +219,18 @@ def test_a_runs_identity_and_resumes_are_not_settings():
     assert differing_settings([first, {"run_id": "b" * 32, "seed": 1, "lr": 3e-4}]) == {}
 
 
+def test_a_calibrated_band_is_not_a_setting():
+    """Runs that ask for the same calibration measure their band on their own first batch: the seeds of one
+    calibrated arm differ in the band it found, not in what they were asked to train with."""
+    from dppo_oat.analysis.runs import differing_settings
+
+    asked = {"tr_calibrate_like": "dppo_binary_kl", "lr": 3e-4}
+    first = {**asked, "seed": 0, "calibration": {"after": {"delta": 0.136}, "target": 0.0022}}
+    second = {**asked, "seed": 1, "calibration": {"after": {"delta": 0.117}, "target": 0.0031}}
+    assert differing_settings([first, second]) == {}
+    assert differing_settings([first, {**second, "lr": 1e-4}]) == {"lr": [3e-4, 1e-4]}
+
+
 def test_the_legend_and_the_cli_name_a_flagged_curve(tmp_path, capsys):
     """SAPO blocking nothing and GSPO blocking most tokens, dead from its second step, are named with their flags
     in the legend and in the command line's notes; PG-IS (no trust region by design) and a DPPO that blocks 2% of

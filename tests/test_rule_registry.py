@@ -145,7 +145,7 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(TrustRegionFlags) if f.name.startswith("tr_")]
     assert flags == numeric
     others = [f.name for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_") and f.name[3:] not in numeric]
-    assert others == ["tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit"]  # band calibration, no field
+    assert others == ["tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band"]  # no field
     hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
     for name in numeric:
         help_text = hints[f"tr_{name}"].__metadata__[0].help

@@ -338,7 +338,8 @@ def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_
 
 
 @pytest.mark.fault("`--tr-calibrate` / `--tr-calibrate-like` the run cannot use (a target outside [0, 1), a preset "
-                   "without a band, both flags, a preset to match whose mask reads what the run does not compute)",
+                   "without a band, both flags, a preset to match whose mask reads what the run does not compute, "
+                   "a `--tr-calibrate-band` the rule lacks)",
                    "one line naming the flag, before any model")
 @pytest.mark.parametrize("overrides, message", [
     ({"tr_calibrate": 1.5}, "--tr-calibrate: a calibration target is the fraction of tokens to block, in [0, 1)"),
@@ -347,6 +348,9 @@ def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_
     ({"tr_calibrate_unit": "sequence"}, "--tr-calibrate-unit: calibration takes a target fraction or a preset"),
     ({"tr_calibrate_like": "dppo_topk_kl"}, "--tr-calibrate-like: the mask of dppo_topk_kl reads μ's top-K set"),
     ({"tr_calibrate_like": "vaco"}, "--tr-calibrate-like: the mask of vaco reads the recomputed π_θ'"),
+    ({"tr_calibrate": 0.01, "tr_calibrate_band": "both"},
+     "--tr-calibrate, --tr-calibrate-band: trust region dppo_binary_tv has no band 'both' to calibrate"),
+    ({"tr_calibrate_band": "both"}, "--tr-calibrate-band: calibration takes a target fraction or a preset"),
 ])
 def test_calibration_flags_are_refused_before_any_model_is_built(tmp_path, no_model, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:

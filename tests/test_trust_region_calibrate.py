@@ -151,7 +151,7 @@ def test_a_sequence_mask_moves_its_bound_and_keeps_its_clip():
     batch = random_batch(3, b=12, t=16, spread=0.2)
     for name in ("trm_max", "trm_avg", "opsm", "vaco"):
         tr = preset(name)
-        assert band_choices(tr) == ("delta", "clip_range")
+        assert band_choices(tr) == ("delta", "clip_range", "both")
         for band, kept in (("delta", ("eps_low", "eps_high")), ("clip_range", ("delta",))):
             calls, base = [prepare(tr, batch)], blocked_fraction(tr, [prepare(tr, batch)])
             moved = [blocked_fraction(scaled(tr, band_of(tr, band), scale), calls) for scale in (0.1, 0.01, 3.0)]
@@ -159,6 +159,29 @@ def test_a_sequence_mask_moves_its_bound_and_keeps_its_clip():
             calibrated, report = calibrate(tr, batch, target, band=None if band == "delta" else band)
             assert report.band == band and report.achieved == target and calibrated != tr
             assert all(getattr(calibrated, f) == getattr(tr, f) for f in kept), (name, band)
+
+
+def test_both_bands_move_together_below_what_the_clip_alone_blocks():
+    """TRM-Max's clip alone blocks more of this batch than the target, so no δ reaches it (refused, naming the
+    fractions δ can give); band ``both`` scales δ, ε_low and ε_high by one factor, keeping their proportion, and
+    reaches it. A rule with one band has no ``both``."""
+    batch = random_batch(5, b=12, t=16, spread=0.6)
+    tr = preset("trm_max")
+    clip_alone = blocked_fraction(tr.replace(delta=1e9), [prepare(tr, batch)])
+    assert clip_alone > 0.05
+    target = clip_alone / 2
+    with pytest.raises(ValueError, match="give a target in that range") as error:
+        calibrate(tr, batch, target)
+    assert one_line(error)
+    calibrated, report = calibrate(tr, batch, target, band="both")
+    assert report.band == "both" and set(report.after) == {"delta", "eps_low", "eps_high"}
+    assert abs(report.achieved - target) < clip_alone / 2
+    assert report.achieved == fraction_at(calibrated, batch, band="both")
+    scale = calibrated.eps_high / tr.eps_high
+    assert scale > 1 and calibrated.delta / tr.delta == pytest.approx(scale) \
+        and calibrated.eps_low / tr.eps_low == pytest.approx(scale)
+    with pytest.raises(ValueError, match="no band 'both'"):
+        calibrate(preset("dppo_binary_tv"), batch, 0.1, band="both")
 
 
 def test_sapo_counts_a_token_blocked_where_its_gate_halves_the_gradient():
@@ -212,18 +235,22 @@ def test_the_achieved_fraction_is_within_half_a_token_of_any_reachable_target(st
     assert abs(report.achieved - target) <= 1 / (2 * len(steps)) + 1e-12
 
 
-def fraction_at(tr: TrustRegion, batch: CalibrationBatch, scale: float = 1.0) -> float:
-    """What ``tr`` with its band scaled by ``scale`` blocks on ``batch``."""
-    band = band_of(tr)
+def fraction_at(tr: TrustRegion, batch: CalibrationBatch, scale: float = 1.0, band: str | None = None) -> float:
+    """What ``tr`` with its band (``band``: None, its default) scaled by ``scale`` blocks on ``batch``."""
+    band = band_of(tr, band)
     return blocked_fraction(scaled(tr, band, scale), [prepare(tr, batch)], soft=band.soft)
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(CALIBRATED), seed=st.integers(0, 50), low=st.floats(-6, 6), width=st.floats(0, 6))
-def test_the_blocked_fraction_is_monotone_in_the_band(name, seed, low, width):
-    """A wider hard band blocks no more; a larger SAPO τ blocks no less."""
+@given(name=st.sampled_from(CALIBRATED), seed=st.integers(0, 50), low=st.floats(-6, 6), width=st.floats(0, 6),
+       which=st.integers(0, 2))
+def test_the_blocked_fraction_is_monotone_in_the_band(name, seed, low, width, which):
+    """A wider hard band blocks no more (each band a rule has, and both together); a larger SAPO τ blocks no
+    less."""
     tr, batch = preset(name), random_batch(seed, spread=1.0)
-    narrow, wide = fraction_at(tr, batch, 10 ** low), fraction_at(tr, batch, 10 ** (low + width))
+    choices = band_choices(tr)
+    band = choices[which % len(choices)]
+    narrow, wide = fraction_at(tr, batch, 10 ** low, band), fraction_at(tr, batch, 10 ** (low + width), band)
     assert (wide >= narrow) if tr.rule == "sapo" else (wide <= narrow)
 
 

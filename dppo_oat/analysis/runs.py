@@ -472,10 +472,11 @@ def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success
 
 NOT_SETTINGS = frozenset({"run_name", "run_id", "code_commit", "started_at", "run_dir", "seed", "threads", "device",
                           "cuda_graphs", "resume", "resumes", "cache_dir", "wandb", "tensorboard", "token_samples",
-                          "probe_every", "trust_region"})
+                          "probe_every", "trust_region", "calibration"})
 """Config fields that do not change what a run trains: its name, identity, provenance and folders, its seed, its
 resumes, where and how it ran (device, threads, a decode replayed from a CUDA graph), what it logs besides its
-metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method)."""
+metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method), and a calibration's record (the band
+it measured on the run's own first batch: the request, ``tr_calibrate*``, is the method)."""
 
 
 def is_setting(name: str) -> bool:

@@ -53,7 +53,7 @@ MAX_NAMED_READERS = 6
 """An override's help names the presets that read it when there are at most this many."""
 OVERRIDE_FLAGS = tuple(f"tr_{name}" for name in TRUST_REGION_OVERRIDES)
 """The fields of the trust region's override flags (``--tr-delta`` ...), one per :data:`TRUST_REGION_OVERRIDES`."""
-CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
+CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band")
 """The fields of the band calibration's flags."""
 OVERRIDES_ABOUT = ("Each --tr-<field> replaces one number of the --trust-region preset (None: the preset's own); one "
                    "the preset does not read is refused.")
@@ -185,11 +185,14 @@ class UpdateSettings:
 class CalibrationSettings:
     """Band calibration during training (:func:`~dppo_oat.trust_region.calibrate.calibrate`): the trust region's
     band is set on the first RL step's rollout batch, with π_θ as that step's first epoch read it, to block
-    ``target`` of its A ≠ 0 tokens (or sequences: ``unit``) or as many as the preset ``like`` blocks there."""
+    ``target`` of its A ≠ 0 tokens (or sequences: ``unit``) or as many as the preset ``like`` blocks there; ``band``:
+    which band moves where a rule has two (:func:`~dppo_oat.trust_region.calibrate.band_choices`; None: its
+    default)."""
 
     target: float | None = None
     like: str | None = None
     unit: str = "token"
+    band: str | None = None
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.like is None):
@@ -207,9 +210,9 @@ class CalibrationSettings:
         return None if self.like is None else TrustRegion.preset(self.like)
 
     def check_serves(self, tr: TrustRegion) -> None:
-        """``tr`` has a band, and the batch its update observes serves the reference: π_θ' only where ``tr``
-        recomputes it, a top-K divergence only ``tr``'s own."""
-        band_of(tr)
+        """``tr`` has the band asked for, and the batch its update observes serves the reference: π_θ' only where
+        ``tr`` recomputes it, a top-K divergence only ``tr``'s own."""
+        band_of(tr, self.band)
         if self.reference is not None:
             own = {RULE_TABLE[tr.rule].divergence} if tr.uses_topk else set()
             check_batch_serves(self.reference, recomputed=tr.needs_recompute, topk=False, divergences=own)
@@ -339,6 +342,9 @@ class DPPOFlags(TrustRegionFlags):
     that batch."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
+    tr_calibrate_band: str | None = None
+    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO: a sequence bound and a PPO clip):
+    delta, clip_range, or both (the two scaled by one factor). None: the rule's default (its sequence bound δ)."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""
@@ -367,12 +373,12 @@ class DPPOFlags(TrustRegionFlags):
     def calibration_settings(self, tr: TrustRegion) -> CalibrationSettings | None:
         """The band calibration the flags ask for on trust region ``tr`` (None: none), validated; an error names the
         flags."""
-        names = [name for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
-                 if getattr(self, name) not in (None, "token")]
+        names = [name for name in CALIBRATION_FLAGS if getattr(self, name) not in (None, "token")]
         if not names:
             return None
         try:
-            settings = CalibrationSettings(self.tr_calibrate, self.tr_calibrate_like, self.tr_calibrate_unit)
+            settings = CalibrationSettings(self.tr_calibrate, self.tr_calibrate_like, self.tr_calibrate_unit,
+                                           self.tr_calibrate_band)
             settings.check_serves(tr)
         except ValueError as error:
             raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in names)}: {error}") from None

@@ -10,7 +10,9 @@ strength, say).
 
 What it moves (:func:`band_of`): the fields of the rule's threshold (``THRESHOLDS``): δ; ε_low and ε_high together,
 scaled by one factor so that their ratio stays; τ_M2. A rule that also bounds its sequences by δ (TRM, DeepSeek-V3.2's
-mask, VACO: δ in its ``reads``) has δ moved by default, its PPO clip kept. SAPO has no mask: its soft gate f'(r) is
+mask, VACO: δ in its ``reads``) has δ moved by default, its PPO clip kept; ``band="clip_range"`` moves the clip alone,
+``band="both"`` (:data:`BOTH_BANDS`) the two together, by one factor (where the clip alone blocks more than the target,
+no δ reaches it). SAPO has no mask: its soft gate f'(r) is
 its trust region, and a token counts as blocked where the gate passes less than half of the gradient it passes at
 r = 1 (f'(r) < :data:`SOFT_BLOCK_LEVEL`, i.e. |r − 1| > 2·ln(1 + √2)/τ); τ_pos and τ_neg are scaled together.
 PG-IS, CISPO, MinPRO and DRPO (whose δ weighs a regularizer) block no token at any setting: they are refused.
@@ -129,15 +131,29 @@ SOFT_BANDS = {"sapo": Band("gate_temperature", ("tau_pos", "tau_neg"), soft=sapo
 """The rules without a mask whose soft gate is calibrated, and their band."""
 
 
+BOTH_BANDS = "both"
+"""The band of a rule with two (TRM, DeepSeek-V3.2's mask, VACO: a sequence bound δ and a PPO clip) that moves both
+together: δ, ε_low and ε_high scaled by one factor, so that the two bands keep their proportion."""
+
+
 def band_choices(tr: TrustRegion) -> tuple[str, ...]:
     """The bands ``tr``'s rule reads, the default first: a sequence bound δ (in its ``reads``), else its
-    threshold; or its soft gate's. Empty for :data:`NO_BAND`'s rules."""
+    threshold; or its soft gate's; and, for a rule with two, :data:`BOTH_BANDS`. Empty for :data:`NO_BAND`'s
+    rules."""
     if tr.rule in SOFT_BANDS:
         return (SOFT_BANDS[tr.rule].name,)
     rule = RULE_TABLE[tr.rule]
     if tr.rule in NO_BAND or rule.threshold is None:
         return ()
-    return tuple(dict.fromkeys((*(("delta",) if "delta" in rule.reads else ()), rule.threshold)))
+    bands = tuple(dict.fromkeys((*(("delta",) if "delta" in rule.reads else ()), rule.threshold)))
+    return (*bands, BOTH_BANDS) if len(bands) == 2 else bands
+
+
+def band_fields(name: str, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """The :class:`TrustRegion` fields of band ``name`` (:data:`BOTH_BANDS`: those of every other choice)."""
+    if name == BOTH_BANDS:
+        return tuple(f for choice in choices if choice != BOTH_BANDS for f in THRESHOLDS[choice])
+    return THRESHOLDS[name]
 
 
 def band_of(tr: TrustRegion, band: str | None = None) -> Band:
@@ -152,7 +168,7 @@ def band_of(tr: TrustRegion, band: str | None = None) -> Band:
     if name not in choices:
         raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: "
                          f"choose one of {', '.join(choices)}")
-    chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, THRESHOLDS[name])
+    chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, band_fields(name, choices))
     values = [getattr(tr, f) for f in chosen.fields]
     if not all(math.isfinite(v) for v in values) or max(values) <= 0:
         shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values, strict=True))

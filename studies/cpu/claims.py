@@ -131,13 +131,14 @@ FRONTIER_ARMS = (("ipo", "the symmetric band (prime-rl's IPO)"), ("trm_max", "TR
 
 
 def frontier_contrasts(arms: tuple[tuple[str, str], ...], experiment: str, condition: str = "mech-int4",
-                       setting: str = FRONTIER, references_played_before: bool = True) -> tuple[Contrast, ...]:
+                       setting: str = FRONTIER, references_played_before: bool = True,
+                       source: str = "the field after DPPO") -> tuple[Contrast, ...]:
     """A field experiment's claims under ``condition``: each arm against DPPO-Binary-KL (primary, Holm over
     ``experiment``), then against PG-IS (exploratory). With ``references_played_before``, both references are an
     earlier experiment's runs of the condition, declared as played before the claims; else the experiment plays them
     in its own sitting."""
     against = (("dppo_binary_kl", "DPPO-Binary-KL", "primary"), ("pg_is", "PG-IS", "exploratory"))
-    return tuple(Contrast(f"{setting}: {label} beats {name}", "the field after DPPO", (method, condition),
+    return tuple(Contrast(f"{setting}: {label} beats {name}", source, (method, condition),
                           (reference, condition), family=family, experiment=experiment if family == "primary" else "",
                           played_before=((reference, condition),) if references_played_before else ())
                  for reference, name, family in against for method, label in arms)
@@ -169,6 +170,108 @@ fig:sanity_test), each field preset against DPPO-Binary-KL (primary, Holm-correc
 their own: each source presents its rule as a better trust region than token-level clipping or masking) and against
 PG-IS (exploratory). Both references are played in the experiment's own sitting."""
 
+MATCHED_LIKE = "calibrate_like=dppo_binary_kl"
+"""How a matched arm calibrates its band (``--tr-calibrate-like dppo_binary_kl``): per run, on its step 1's loss calls,
+to block as many A ≠ 0 tokens as DPPO-Binary-KL's mask blocks on that same batch; it trains with that band from
+step 2."""
+
+
+def matched(preset: str, both_bands: bool = False) -> str:
+    """The study's method of ``preset`` at DPPO-Binary-KL's strength (:data:`MATCHED_LIKE`); ``both_bands``: a rule
+    with a sequence bound and a PPO clip moves both by one factor (``--tr-calibrate-band both``)."""
+    return f"{preset}@{MATCHED_LIKE}" + (",calibrate_band=both" if both_bands else "")
+
+
+MATCHED_ARMS = ((matched("gspo"), "GSPO"), (matched("vaco", True), "VACO"), (matched("dppo_binary_tv"), "DPPO-Binary-TV"),  # noqa: E501  (pre-registered, kept as committed)
+                (matched("grpo_clip_higher"), "GRPO-ClipHigher"))
+"""The ``matched`` experiment's arms, the first v5 sitting's: the two field rules whose source bands could not be read
+as trust regions under int4 (GSPO's blocked most tokens and collapsed, VACO's blocked none), DPPO-Binary-TV (the
+paper's TV mask against its KL mask, at one strength) and GRPO-ClipHigher (the ratio clip against the divergence
+mask, at one strength), each calibrated to DPPO-Binary-KL's blocked share."""
+MATCHED_MORE_ARMS = ((matched("ipo"), "the symmetric band (prime-rl's IPO)"), (matched("trm_max", True), "TRM-Max"),
+                     (matched("trm_avg", True), "TRM-Avg"),
+                     (matched("opsm", True), "DeepSeek-V3.2's off-policy sequence mask"))
+"""The ``matched_more`` experiment's arms: the field rules whose source bands blocked 2–12% of the tokens under int4
+(read, with verdicts, in ``frontier`` and ``frontier_more``), calibrated the same way. TRM, DeepSeek-V3.2's mask and
+VACO move their sequence bound and their PPO clip together: under int4 their clip alone blocks 1.1–2.2% of step 1's
+tokens, more than DPPO-Binary-KL's 0.06–0.82%, so no sequence bound alone reaches it.
+
+Not calibrated: MinPRO (its prefix weight blocks no token at any setting; calibration refuses it) and SAPO (its gate
+never sets M_t = 0, so the blocked share the degenerate-arm rule reads, ``mask/fraction``, is 0 at any τ: its arm is
+flagged whatever its band, and would get no verdict)."""
+MATCHED = ("at DPPO-Binary-KL's strength under an int4 copy (one step per rollout; each band calibrated per run on "
+           "step 1 to block as many tokens as DPPO-Binary-KL does on that batch)")
+MATCHED_STALE = ("at DPPO-Binary-KL's strength under staleness (four quarter-batch steps per rollout, fp32 copy; each "
+                 "band calibrated per run on step 1 to block as many tokens as DPPO-Binary-KL does on that batch)")
+MATCHED_SOURCE = "the field at matched strength"
+MATCHED_CONTRASTS = frontier_contrasts(MATCHED_ARMS, "matched", "mech-int4", MATCHED, source=MATCHED_SOURCE)
+"""The ``matched`` experiment's claims (eight seeds), written after the field experiments' results and before its
+runs: under the int4 condition of ``frontier``, each rule calibrated to DPPO-Binary-KL's blocked share against
+DPPO-Binary-KL (primary, Holm over the four) and against PG-IS (exploratory), on the ``mechanism`` experiment's
+reference runs (same policy, seeds and flags, played before; a replay of DPPO-Binary-KL's seed 0 on this code gave
+the same 50 steps, number for number). The field experiments compared each rule at its source's band; matched, a
+comparison is of *which* tokens each rule blocks, not of how many.
+
+Why a match per run on step 1 (``--tr-calibrate-like``), not a fixed target: step 1's rollout batch is the one batch
+a calibrated arm and DPPO-Binary-KL share (same policy, same seed, nothing trained yet), so only there is "as many
+tokens" a like-for-like match; from step 2 each run's batches are its own. A fixed target would be DPPO-Binary-KL's
+mean share over its runs, which differs from its share at step 1 in both conditions (under int4 1.44% over the run
+against 0.40% at step 1; under staleness 2.30% against 5.85%): a band set on step 1 to that share would start 3.6
+times as strong as DPPO-Binary-KL under int4, and 2.5 times weaker under staleness. Each arm's blocked share over
+the run is reported beside DPPO-Binary-KL's (it drifts, as DPPO-Binary-KL's own does), and an arm the degenerate-arm
+rule flags gets its flag, not a verdict."""
+MATCHED_MORE_CONTRASTS = frontier_contrasts(MATCHED_MORE_ARMS, "matched_more", "mech-int4", MATCHED,
+                                            source=MATCHED_SOURCE)
+"""The ``matched_more`` experiment's claims (eight seeds), written with ``matched``'s and for the same reasons, a
+family of their own (Holm over the four) so that it stands whichever sitting plays it."""
+MATCHED_STALE_CONTRASTS = frontier_contrasts(MATCHED_ARMS + MATCHED_MORE_ARMS, "matched_stale", "field-mb4",
+                                             MATCHED_STALE, source=MATCHED_SOURCE)
+"""The ``matched_stale`` experiment's claims (eight seeds), written with ``matched``'s and for the same reasons: the
+eight calibrated rules under ``frontier_stale``'s condition, against its DPPO-Binary-KL (primary, Holm over the
+eight) and PG-IS (exploratory) runs, played before."""
+
+PLACEBO = "the mechanism's cell-matched placebo (fp32 sampler, one step per rollout)"
+PLACEBO_CONTRASTS = (
+    Contrast(f"{PLACEBO}: PG-IS beats blocking a random set of Â < 0 tokens at the rate int4's mask blocked its A<0 "
+             "half in each μ bucket (the mechanism predicts not: equivalent)", "mechanism: the A<0 half's placebo",
+             ("pg_is", "v5-fp32"), ("placebo_neg", "v5-fp32"), family="primary", experiment="placebo"),
+    Contrast(f"{PLACEBO}: PG-IS beats blocking a random set of Â > 0 tokens at the rate int4's mask blocked its A>0 "
+             "half in each μ bucket (the mechanism predicts not: equivalent)", "mechanism: the A>0 half's placebo",
+             ("pg_is", "v5-fp32"), ("placebo_pos", "v5-fp32"), family="primary", experiment="placebo"),
+    Contrast(f"{PLACEBO}: the A>0 half's placebo beats the A<0 half's", "mechanism: the halves' placebos",
+             ("placebo_pos", "v5-fp32"), ("placebo_neg", "v5-fp32")),
+)
+"""The ``placebo`` experiment's claims (eight seeds), written before its runs. The noise control (``mech-noise``)
+blocked tokens of the A>0 half only; the placebo blocks each half apart, with an fp32 sampler (no engine error),
+a uniformly random set of the tokens of the half's sign of Â in each μ bucket, as many as int4's mask blocked there
+on average over its runs (``studies.cpu.placebo.PLACEBO_RATES``: 1.035% of the A ≠ 0 tokens for the A<0 half, 0.410%
+for the A>0 half). If blocking that many tokens of a half costs learning whichever tokens they are, PG-IS beats its
+placebo; the mechanism's reading (the cost lies in which tokens int4's mask blocks) predicts equivalence. Primary
+(Holm over the two): each placebo against PG-IS, played beside them; exploratory: the placebos against each other.
+The placebo blocks at a constant rate, where int4's mask blocked fewer tokens early in a run and more later."""
+
+SIGN = ("in PG-IS runs under an int4 copy (one step per rollout), Â < 0 leans further toward the tokens the copy "
+        "over-weights late in the run than early: the sign difference (share of Â < 0 among the tokens over δ where "
+        "μ > π, minus where μ < π) is larger over steps 26–50 than over steps 1–10")
+SIGN_CONTRASTS = (
+    Contrast(f"{SIGN} (the mechanism experiment's runs, seeds 0–7, read by stretch before this claim was written)",
+             "mechanism: the sign difference builds up", ("pg_is", "mech-int4"), ("pg_is", "mech-int4"),
+             "sign_gap_late", SHARE_MARGIN, right_metric="sign_gap_early", played_before=(("pg_is", "mech-int4"),)),
+    Contrast(f"{SIGN} (new seeds 8–15)", "mechanism: the sign difference builds up", ("pg_is", "v5-int4"),
+             ("pg_is", "v5-int4"), "sign_gap_late", SHARE_MARGIN, family="primary", experiment="signs",
+             right_metric="sign_gap_early"),
+    Contrast("in PG-IS runs under an int4 copy (one step per rollout, new seeds 8–15), among tokens whose binary KL "
+             "to μ exceeds δ 0.05, more have Â < 0 where the copy over-weights the token (μ > π) than where it "
+             "under-weights it, pooled over the run", "mechanism: the sign difference, pooled", ("pg_is", "v5-int4"),
+             ("pg_is", "v5-int4"), "over_delta_neg_share_mu_above", SHARE_MARGIN, family="primary",
+             experiment="signs", right_metric="over_delta_neg_share_mu_below"),
+)
+"""The sign claim over time, written down as a claim: per PG-IS run under int4, the sign difference over steps 26–50
+against over steps 1–10, paired within each run (margin :data:`SHARE_MARGIN`). On the ``mechanism`` experiment's
+runs it is exploratory: they were read by stretch before it was written (the page printed +0.035 early, +0.133
+late). The ``signs`` experiment plays PG-IS under the same flags and policy (``v5-int4``) on seeds 8–15, new data on
+which the claim over time and the pooled sign claim (the ``mechanism`` experiment's first, replicated) are primary,
+Holm over the two."""
 
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
@@ -282,6 +385,14 @@ CONTRASTS = (
     # Added before the runs of the ``frontier_stale`` experiment (eight seeds; its eight claims against
     # DPPO-Binary-KL are primary, Holm-corrected together as the experiment ``frontier_stale``).
     *FRONTIER_STALE_CONTRASTS,
+    # Added before the runs of the v5 experiments ``matched``, ``matched_more``, ``matched_stale``, ``placebo`` and
+    # ``signs`` (eight seeds; primary claims Holm-corrected within each experiment), with the sign claim over time on
+    # the mechanism experiment's runs (exploratory: read before it was written).
+    *MATCHED_CONTRASTS,
+    *MATCHED_MORE_CONTRASTS,
+    *MATCHED_STALE_CONTRASTS,
+    *PLACEBO_CONTRASTS,
+    *SIGN_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:

@@ -35,7 +35,8 @@ BINDS = {"abs_diff_mean": 5e-3, "mask_fraction": 5e-3}
 def pilot_run(level: str, seed: int, steps: int, run_dir: Path) -> list[dict]:
     """One short run at ``level``; its metrics rows."""
     name = f"{level}-s{seed}"
-    subprocess.run([sys.executable, "-m", "dppo_oat.train", "--trust-region", "dppo_binary_kl", "--rollout-dtype", level,
+    subprocess.run([sys.executable, "-m", "dppo_oat.train", "--trust-region", "dppo_binary_kl",
+                    "--rollout-dtype", level,
                     "--minibatches-per-rollout", "1", "--steps", str(steps), "--eval-every", str(steps + 1),
                     "--eval-episodes", "8", "--seed", str(seed), "--threads", "2", "--run-dir", str(run_dir),
                     "--run-name", name], check=True, capture_output=True, cwd=ROOT)

@@ -26,7 +26,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import tyro
 
@@ -52,7 +51,7 @@ class PackConfig:
     """Keep the runs already packed in --out and add (or replace) the study's finished runs: for a study played in
     sittings on machines that do not share its folder. The manifest lists both, and its settings name every
     experiment either played."""
-    readme: Optional[str] = None
+    readme: str | None = None
     """A Markdown file whose ``<!-- cpu-study:summary -->`` block is rewritten from the packed runs."""
 
 
@@ -71,7 +70,7 @@ def pack_run(run_dir: Path, out_dir: Path) -> None:
         (out_dir / f"{name}.gz").write_bytes(data)
 
 
-def pack_manifest(study: Path, out: Path, packed: Optional[dict] = None) -> None:
+def pack_manifest(study: Path, out: Path, packed: dict | None = None) -> None:
     """``study.json`` without machine-specific fields (log paths, timings of a sitting are kept as seconds); with
     ``packed`` (the manifest already in ``out``), its runs first, each replaced by the study's run of the same task
     and name, and its settings with the experiments of both."""

@@ -13,16 +13,38 @@ summary keeps every claim's verdict, as scored, and names the flag beside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from dppo_oat.analysis.runs import PathLike
-from studies.cpu.claims import (FRONTIER_ARMS, FRONTIER_CONTRASTS, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS,
-                                FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, MECHANISM_CONTRASTS,
-                                REGIME_CONTRASTS, THRESHOLD, Contrast)
-from studies.cpu.report import (blocked_by_half, contrast_table, held_out_table, load_study, run_outcomes,
-                                sign_shares_by_stretch)
+from studies.cpu.claims import (
+    FRONTIER_ARMS,
+    FRONTIER_CONTRASTS,
+    FRONTIER_MORE_ARMS,
+    FRONTIER_MORE_CONTRASTS,
+    FRONTIER_STALE_ARMS,
+    FRONTIER_STALE_CONTRASTS,
+    MATCHED_ARMS,
+    MATCHED_CONTRASTS,
+    MATCHED_MORE_ARMS,
+    MATCHED_MORE_CONTRASTS,
+    MATCHED_STALE_CONTRASTS,
+    MECHANISM_CONTRASTS,
+    PLACEBO_CONTRASTS,
+    REGIME_CONTRASTS,
+    SIGN_CONTRASTS,
+    THRESHOLD,
+    Contrast,
+)
+from studies.cpu.report import (
+    blocked_by_half,
+    contrast_table,
+    held_out_table,
+    load_study,
+    run_outcomes,
+    sign_shares_by_stretch,
+)
 
 DISPLAY_SOURCES = {
     "mechanism: int4's extra mass goes to wrong moves": "mechanism: over the run, Â < 0 is more common where int4 "
@@ -126,6 +148,9 @@ class ScaleEvidence:
     halves: pd.DataFrame
     """What DPPO-Binary-KL blocked in each half under the mechanism's conditions
     (:func:`~studies.cpu.report.blocked_by_half`)."""
+    blocked: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
+    """Each arm's mean blocked share over its runs (``masked``), by (condition, method): what the matched and placebo
+    lines print beside their verdicts."""
 
 
 MECHANISM_CONDITIONS = ("mech-int4", "mech-int4-redraw", "mech-noise")
@@ -135,7 +160,8 @@ MECHANISM_CONDITIONS = ("mech-int4", "mech-int4-redraw", "mech-noise")
 def scale_evidence(df: pd.DataFrame, outcomes: pd.DataFrame) -> ScaleEvidence:
     """The :class:`ScaleEvidence` of a study: its long table ``df`` and its runs' ``outcomes``."""
     return ScaleEvidence(held_out_table(outcomes, ("mb4-int4",)), sign_shares_by_stretch(df, "mech-int4", "pg_is"),
-                         blocked_by_half(df, MECHANISM_CONDITIONS))
+                         blocked_by_half(df, MECHANISM_CONDITIONS),
+                         outcomes.groupby(["condition", "arm_method"])["masked"].mean())
 
 
 def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> list[str]:
@@ -152,6 +178,12 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
         frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
         frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
         frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING),
+        *(matched_line(table, arms, contrasts, heading, evidence) for arms, contrasts, heading in (
+            (MATCHED_ARMS, MATCHED_CONTRASTS, MATCHED_HEADING), (MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS,
+                                                                 MATCHED_HEADING),
+            (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING))),
+        placebo_line(table, evidence),
+        sign_line(table),
     ]
 
 
@@ -196,7 +228,8 @@ def mechanism_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
             f"the tokens over δ where μ > π than where μ < π, pooled over the run: "
             f"{claim_result(table, mechanism[0])}{stretches}. PG-IS against the whole μ-anchored mask: "
             f"{claim_result(table, mechanism[1])}; against its A<0 half alone: {claim_result(table, mechanism[2])}; "
-            f"against its A>0 half alone: {claim_result(table, mechanism[3])}. The fp32 learner's held-out success under the mask, its start "
+            f"against its A>0 half alone: {claim_result(table, mechanism[3])}. "
+            "The fp32 learner's held-out success under the mask, its start "
             f"against its end: {claim_result(table, mechanism[6])}; against PG-IS's fp32 learner at the end "
             f"(exploratory): {claim_result(table, mechanism[7])}. A grid redrawn at every re-sync against the fixed "
             f"one: {claim_result(table, mechanism[4])}{grid}. Matched noise: {claim_result(table, mechanism[5])}"
@@ -220,10 +253,73 @@ def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contra
     against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
     setting, played = heading
     return (f"- **{setting}** (`{contrasts[0].experiment}`, {played}). Against DPPO-Binary-KL: "
-            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_dppo))
+            + "; ".join(field_result(table, label, contrast)
+                        for (_, label), contrast in zip(arms, against_dppo, strict=False))
             + ". Against PG-IS: "
-            + "; ".join(field_result(table, label, contrast) for (_, label), contrast in zip(arms, against_pg_is))
+            + "; ".join(field_result(table, label, contrast)
+                        for (_, label), contrast in zip(arms, against_pg_is, strict=False))
             + ".")
+
+
+MATCHED_HEADING = ("The field at DPPO-Binary-KL's strength under the int4 copy", "one step per rollout; each band "
+                   "calibrated per run on step 1 to block as many tokens as DPPO-Binary-KL there; the `mechanism` "
+                   "experiment's DPPO-Binary-KL and PG-IS runs as references")
+"""The ``matched`` and ``matched_more`` lines' heading."""
+MATCHED_STALE_HEADING = ("The field at DPPO-Binary-KL's strength under staleness", "four quarter-batch steps per "
+                         "rollout, an fp32 copy; calibrated as under int4; `frontier_stale`'s DPPO-Binary-KL and PG-IS "
+                         "runs as references")
+"""The ``matched_stale`` line's heading."""
+
+
+def matched_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
+                 heading: tuple[str, str], evidence: ScaleEvidence | None) -> str:
+    """A matched experiment's line (:func:`frontier_line`), and with ``evidence``, once its arms have run, what each
+    blocked over its runs beside DPPO-Binary-KL (a match on step 1 drifts after it)."""
+    verdicts = table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"]
+    if (verdicts == "not run").all():
+        return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
+    line = frontier_line(table, arms, contrasts, heading)
+    blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
+    condition = contrasts[0].left[1]
+    shares = [(label, blocked.get((condition, method))) for method, label in arms]
+    reference = blocked.get((condition, "dppo_binary_kl"))
+    if reference is None or any(share is None or pd.isna(share) for _, share in shares):
+        return line
+    listed = "; ".join(f"{label} {100 * share:.2f}%" for label, share in shares)
+    return (f"{line} Blocked over the run (mean over seeds): DPPO-Binary-KL {100 * reference:.2f}%; {listed}: a match "
+            "on step 1 is not a match over the run.")
+
+
+def placebo_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on the cell-matched placebo: its two primary claims and the exploratory one, and
+    with ``evidence`` what each placebo blocked against the rate it was set to."""
+    from studies.cpu.placebo import PLACEBO_RATES
+
+    negative, positive, halves = PLACEBO_CONTRASTS
+    line = (f"- **The mechanism's cell-matched placebo** (`placebo`, an fp32 sampler, one step per rollout: a random "
+            f"set of one half's tokens blocked at the rate int4's mask blocked that half, per μ bucket). PG-IS "
+            f"against the A<0 half's placebo: {claim_result(table, negative)}; against the A>0 half's: "
+            f"{claim_result(table, positive)}; the A>0 half's against the A<0 half's (exploratory): "
+            f"{claim_result(table, halves)}.")
+    blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
+    shares = [blocked.get(("v5-fp32", arm)) for arm in ("placebo_neg", "placebo_pos")]
+    if any(share is None or pd.isna(share) for share in shares):
+        return line
+    rates = [100 * sum(PLACEBO_RATES[side].values()) for side in ("negative", "positive")]
+    return (f"{line} They blocked {100 * shares[0]:.2f}% and {100 * shares[1]:.2f}% of the A ≠ 0 tokens (set to "
+            f"{rates[0]:.2f}% and {rates[1]:.2f}%, int4's means over its runs, at a constant rate where int4's grew "
+            "over a run), with no engine error: so they test how many tokens of a half are blocked, not which.")
+
+
+def sign_line(table: pd.DataFrame) -> str:
+    """The opening section's line on the sign claim over time: on the ``mechanism`` runs (written after they were
+    read by stretch: exploratory) and on the ``signs`` experiment's new seeds (primary)."""
+    seen, over_time, pooled = SIGN_CONTRASTS
+    return (f"- **The sign claim over time** (PG-IS under the int4 copy, one step per rollout: the sign difference "
+            f"over steps 26–50 against steps 1–10, within each run). On the `mechanism` experiment's seeds 0–7, "
+            f"written after they were read by stretch (exploratory): {claim_result(table, seen)}. On new seeds 8–15 "
+            f"(`signs`): over time {claim_result(table, over_time)}; pooled over the run "
+            f"{claim_result(table, pooled)}.")
 
 
 def field_result(table: pd.DataFrame, label: str, contrast: Contrast) -> str:

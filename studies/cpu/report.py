@@ -17,6 +17,7 @@ that table.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +29,18 @@ from scipy.stats import spearmanr
 from dppo_oat.analysis.curves import smooth
 from dppo_oat.analysis.degenerate import DEGENERATE, arm_flags, has_collapsed, run_degeneracy
 from dppo_oat.analysis.run_checks import read_config
-from dppo_oat.analysis.runs import PathLike, label_runs, load_runs
-from dppo_oat.analysis.stats import (MarginTests, decide, holm, margin_tests, paired_difference,
-                                     sample_std, time_to_threshold)
+from dppo_oat.analysis.runs import PathLike, label_runs, load_runs, preset_name
+from dppo_oat.analysis.stats import (
+    MarginTests,
+    decide,
+    holm,
+    margin_tests,
+    paired_difference,
+    sample_std,
+    time_to_threshold,
+)
 from studies.cpu.claims import COLLAPSE_MIN_DROP, COLLAPSE_RATIO, CONTRASTS, PRIMARY_MIN_PAIRS, Contrast
+from studies.cpu.placebo import PLACEBO_LABELS
 
 GROUP = ["task", "variant", "condition"]
 """One row of a study table: a method (the preset's paper name) under one condition on one task."""
@@ -58,7 +67,23 @@ def load_study(study_dir: PathLike) -> pd.DataFrame:
     df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
     df["arm_method"] = df["path"].map(lambda p: Path(p).name.split("-", 1)[0])
     df["mismatch"] = df["path"].map(lambda p: mismatch_of(configs[p]))
+    named = df["arm_method"].map(study_variant)
+    df["variant"] = named.where(named != "", df["variant"])
     return label_runs(df)
+
+
+def study_variant(arm_method: str) -> str:
+    """The report's name of a study method whose runs' configs do not name it as one arm: a calibrated rule (each
+    run records its own band, so the variant its config gives differs by seed) is ``<preset> (as strong as <the
+    preset it matched>)``, and the study's placebo presets have their labels; ``""`` for any other method (its
+    config's variant stands)."""
+    preset, _, overrides = arm_method.partition("@")
+    settings = dict(item.partition("=")[::2] for item in filter(None, overrides.split(",")))
+    if preset in PLACEBO_LABELS:
+        return PLACEBO_LABELS[preset]
+    if "calibrate_like" in settings:
+        return f"{preset_name(preset)} (as strong as {preset_name(settings['calibrate_like'])})"
+    return ""
 
 
 def condition_of(run_name: str) -> str:
@@ -120,6 +145,8 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     runs["eval_learner_before"], runs["eval_learner_after"] = learner.first(), learner.last()
     for direction in ("mu_above", "mu_below"):
         runs[f"over_delta_neg_share_{direction}"] = negative_share(df, "over_delta", direction)
+    for stretch, steps in SIGN_STRETCHES.items():
+        runs[f"sign_gap_{stretch}"] = sign_gap(df, steps)
     for name, column in (("bad_update", "bad_update/fraction"), ("masked", "mask/fraction"),
                          ("is_truncated", "is/truncated_fraction")):
         runs[name] = df[df["metric"] == column].groupby("run")["value"].mean()
@@ -128,6 +155,17 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     runs["collapse_step"] = degeneracy["collapse_step"] if metric == "success" else np.nan
     runs["by_design"] = degeneracy["by_design"]
     return runs.reset_index()
+
+
+SIGN_STRETCHES = {"early": (1, 10), "late": (26, 50)}
+"""The stretches of a 50-step run the sign claim over time compares (``sign_gap_early``, ``sign_gap_late``)."""
+
+
+def sign_gap(df: pd.DataFrame, steps: tuple[int, int]) -> pd.Series:
+    """Per run, the sign difference over steps ``first..last``: the share of Â < 0 among the tokens over δ where
+    μ > π minus where μ < π (:func:`negative_share`; NaN where a side logged none)."""
+    return (negative_share(df, "over_delta", "mu_above", steps)
+            - negative_share(df, "over_delta", "mu_below", steps)).astype(float)
 
 
 def negative_share(df: pd.DataFrame, family: str, direction: str,
@@ -340,7 +378,7 @@ def cell_table(df: pd.DataFrame, family: str, conditions: tuple[str, ...]) -> pd
     rows = df[df["condition"].isin(conditions) & df["metric"].str.startswith(f"{family}/")]
     if rows.empty:
         return pd.DataFrame()
-    labels = [f"{low + 1}-{high}" for low, high in zip(STRETCHES[:-1], STRETCHES[1:])]
+    labels = [f"{low + 1}-{high}" for low, high in itertools.pairwise(STRETCHES)]
     rows = rows.assign(cell=rows["metric"].str.removeprefix(f"{family}/"),
                        stretch=pd.cut(rows["step"], STRETCHES, labels=labels))
     table = 100 * rows.pivot_table(index=["condition", "arm_method", "cell"], columns="stretch", values="value",
@@ -422,3 +460,56 @@ def bad_update_drops(df: pd.DataFrame, horizon: int = 3) -> pd.DataFrame:
         result = spearmanr(pairs["bad"], pairs["change"])
         rows.append({"run": run, "rho": float(result.statistic), "p": float(result.pvalue), "steps": len(pairs)})
     return pd.DataFrame(rows)
+
+
+def calibration_table(df: pd.DataFrame, outcomes: pd.DataFrame, conditions: tuple[str, ...],
+                      reference: str = "dppo_binary_kl") -> pd.DataFrame:
+    """Per calibrated arm of ``conditions`` (its runs' ``config.json`` ``calibration`` records): the band it moved,
+    the calibrated band's fields (medians over seeds), on step 1 the share ``reference`` blocked (the target), what
+    the calibrated band blocked and what the preset's own band would have, and over the run its mean blocked share
+    beside ``reference``'s (``mask/fraction``; %, means over seeds)."""
+    rows = []
+    for run, path in df[df["condition"].isin(conditions)].drop_duplicates("run")[["run", "path"]].itertuples(
+            index=False):
+        record = read_config(Path(path)).get("calibration")
+        if isinstance(record, dict):
+            rows.append({"run": run, "band": record["band"], **{f"after {k}": v for k, v in record["after"].items()},
+                         "target %": 100 * record["target"], "achieved %": 100 * record["achieved"],
+                         "preset's band %": 100 * record["before_fraction"]})
+    if not rows:
+        return pd.DataFrame()
+    runs = pd.DataFrame(rows).merge(outcomes[["run", "condition", "variant", "masked"]], on="run")
+    table = runs.groupby(["condition", "variant", "band"]).agg(
+        {**{c: "median" for c in runs.columns if c.startswith("after ")}, "target %": "mean", "achieved %": "mean",
+         "preset's band %": "mean", "masked": "mean", "run": "count"}).rename(columns={"run": "runs"})
+    table["blocked over the run %"] = 100 * table.pop("masked")
+    own = outcomes[outcomes["arm_method"] == reference].groupby("condition")["masked"].mean()
+    table[f"{reference} over the run %"] = 100 * table.index.get_level_values("condition").map(own)
+    return table
+
+
+def placebo_table(df: pd.DataFrame, condition: str = "v5-fp32") -> pd.DataFrame:
+    """Per arm of ``condition``: the share of the A ≠ 0 tokens it blocked (``mask/fraction``) and, per sign of Â and
+    μ bucket, the blocked tokens on either side of μ − π summed (with an fp32 sampler the side is rounding), in %:
+    means over steps and seeds; beside them, the rates the placebo was set to
+    (:data:`~studies.cpu.placebo.PLACEBO_RATES`)."""
+    from dppo_oat.trust_region.metrics import MU_BUCKETS
+    from studies.cpu.placebo import PLACEBO_RATES
+
+    rows = df[df["condition"] == condition]
+    if rows.empty:
+        return pd.DataFrame()
+    columns = {"all": ["mask/fraction"]}
+    for adv in ("neg_adv", "pos_adv"):
+        for _, _, bucket in MU_BUCKETS:
+            columns[f"{adv} {bucket}"] = [f"mask_cell/{adv}_{d}_{bucket}" for d in ("mu_above", "mu_below")]
+    per_step = rows.pivot_table(index=["arm_method", "run", "step"], columns="metric", values="value")
+    table = pd.DataFrame({name: per_step[[m for m in metrics if m in per_step]].sum(axis=1)
+                          for name, metrics in columns.items()})
+    table = 100 * table.groupby(level="arm_method").mean()
+    rates = {f"{adv} {bucket}": 100 * rate for adv, side in (("neg_adv", "negative"), ("pos_adv", "positive"))
+             for bucket, rate in PLACEBO_RATES[side].items()}
+    set_to = pd.DataFrame([{"all": sum(rate for name, rate in rates.items() if name.startswith(adv)),
+                            **{k: (v if k.startswith(adv) else 0.0) for k, v in rates.items()}}
+                           for adv in ("neg_adv", "pos_adv")], index=["set: placebo_neg", "set: placebo_pos"])
+    return pd.concat([table, set_to])

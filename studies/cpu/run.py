@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Literal, Tuple
+from typing import Literal
 
 import tyro
 from rich.console import Console
@@ -50,6 +50,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
 from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
+from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS
+from studies.cpu.placebo import PLACEBO_PRESETS
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -85,7 +88,7 @@ MATCHED_NOISE = 0.013
 blocks about as large a share of the tokens as it does under the int4 copy (4-step calibration runs on pilot seeds
 100 and 101, before the runs; CHANGELOG.md)."""
 
-CONDITIONS: Dict[str, Condition] = {
+CONDITIONS: dict[str, Condition] = {
     "mb1-fp32": Condition(),
     "mb1-bf16": Condition(precision="bfloat16"),
     "mb1-fp16": Condition(precision="float16"),
@@ -107,6 +110,8 @@ CONDITIONS: Dict[str, Condition] = {
     "mech-int4-redraw": Condition(precision="int4", redraw=True),
     "mech-noise": Condition(logprob_noise=MATCHED_NOISE),
     "field-mb4": Condition(minibatches=4),
+    "v5-fp32": Condition(),
+    "v5-int4": Condition(precision="int4"),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -131,7 +136,9 @@ own so that their claims score only runs played after them: ``mech-int4`` repeat
 ``mech-int4-redraw`` rounds the int4 copy on a grid redrawn at every re-sync (as large an error, not the same one
 twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`.
 ``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the v4
-policy, under a name of its own so that its claims score only runs played after them."""
+policy, under a name of its own so that its claims score only runs played after them.
+``v5-fp32``: the flags of ``mb1-fp32`` for the mechanism's cell-matched placebo (``placebo``), and ``v5-int4`` those
+of ``mech-int4`` for the sign claim's new seeds (``signs``), each under a name of its own."""
 
 
 @dataclass(frozen=True)
@@ -139,14 +146,14 @@ class Experiment:
     """Methods × conditions, each run for every seed. A method is a preset, or ``preset@name=value,...``: the preset
     with ``--tr-<name> value`` overrides (e.g. ``mask_negative@delta=0.8``)."""
 
-    methods: Tuple[str, ...]
-    conditions: Tuple[str, ...]
+    methods: tuple[str, ...]
+    conditions: tuple[str, ...]
     question: str
-    tasks: Tuple[str, ...] = ("sudoku",)
+    tasks: tuple[str, ...] = ("sudoku",)
     """The tasks (``TASKS``) it runs on."""
 
 
-EXPERIMENTS: Dict[str, Experiment] = {
+EXPERIMENTS: dict[str, Experiment] = {
     "mismatch": Experiment(("pg_is", "minirl", "grpo_clip_higher", "dppo_binary_tv"), ("mb1-fp32", "mb1-bf16"),
                            "engine mismatch without staleness: does it hurt, and does anchoring on μ help "
                            "(Takeaways 1 and 2)?"),
@@ -213,6 +220,21 @@ EXPERIMENTS: Dict[str, Experiment] = {
                                  "seeds"),
     "later_async": Experiment(("dppo_binary_tv", "drpo", "cppo", "m2po"), ("mb1-fp32-k2",),
                               "the later trust regions under asynchronous rollouts two updates stale (exploratory)"),
+    "matched": Experiment(tuple(method for method, _ in MATCHED_ARMS), ("mech-int4",),
+                          "GSPO, VACO, DPPO-Binary-TV and GRPO-ClipHigher at DPPO-Binary-KL's strength under the int4 "
+                          "condition (each band calibrated per run on step 1 to block as many tokens), against the "
+                          "mechanism experiment's DPPO-Binary-KL and PG-IS runs; eight seeds"),
+    "matched_more": Experiment(tuple(method for method, _ in MATCHED_MORE_ARMS), ("mech-int4",),
+                               "the symmetric band, TRM-Max, TRM-Avg and DeepSeek-V3.2's mask the same way; eight "
+                               "seeds"),
+    "matched_stale": Experiment(tuple(method for method, _ in MATCHED_ARMS + MATCHED_MORE_ARMS), ("field-mb4",),
+                                "the eight calibrated rules under staleness alone, against frontier_stale's "
+                                "DPPO-Binary-KL and PG-IS runs; eight seeds"),
+    "placebo": Experiment(("placebo_neg", "placebo_pos", "pg_is"), ("v5-fp32",),
+                          "the mechanism's cell-matched placebo: an fp32 sampler, a random set of one half's tokens "
+                          "blocked at the rate int4's mask blocked that half, against PG-IS; eight seeds"),
+    "signs": Experiment(("pg_is",), ("v5-int4",),
+                        "the sign claim on new data: PG-IS under the int4 condition on seeds 8-15"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
@@ -223,10 +245,10 @@ class Task:
     """One task of the study: a Gem id and the local-engine flags that fit it (they override the study's)."""
 
     env_id: str
-    args: Tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
 
 
-TASKS: Dict[str, Task] = {
+TASKS: dict[str, Task] = {
     "sudoku": Task("game:Sudoku-v0-easy-compact-wrong", ("--max-new-tokens", "12")),
     "guess": Task("game:GuessTheNumber-v0-easy-compact", ("--max-new-tokens", "12", "--gamma", "1.0",
                                                           "--groups-per-step", "32")),
@@ -243,9 +265,9 @@ class StudyConfig:
     """The CPU study's grid and the settings every run shares."""
 
     out_dir: str = "runs/cpu_study"
-    tasks: Tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
-    experiments: Tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
-    seeds: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    tasks: tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
+    experiments: tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """Five paired seeds: every arm shares each seed's puzzles and sampling streams."""
     steps: int = 50
     """RL steps (rollout batches) per run."""
@@ -355,6 +377,12 @@ def prepare_policies(config: StudyConfig, console: Console) -> None:
         load_or_build_tiny_policy(train_config, console)
 
 
+def trainer_module(method: str) -> str:
+    """The module that trains ``method``: ``dppo_oat.train``, or for the study's own placebo presets
+    ``studies.cpu.placebo`` (the same trainer with them registered)."""
+    return "studies.cpu.placebo" if method.partition("@")[0] in PLACEBO_PRESETS else "dppo_oat.train"
+
+
 def play(run: StudyRun, config: StudyConfig) -> dict:
     """Train ``run`` in its own process (resuming it if it was interrupted); its output goes to a log file."""
     run_dir = run.run_dir(config)
@@ -364,7 +392,7 @@ def play(run: StudyRun, config: StudyConfig) -> dict:
     if state == "new" and run_dir.exists():  # killed before its first checkpoint: nothing to resume from
         shutil.rmtree(run_dir)
     resume = state == "partial"
-    command = [sys.executable, "-m", "dppo_oat.train", *train_args(run, config, resume)]
+    command = [sys.executable, "-m", trainer_module(run.method), *train_args(run, config, resume)]
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
     with open(log_path, "a") as log:

@@ -9,7 +9,8 @@ schema meant, one version step at a time (:data:`MIGRATIONS`), and records each 
 whose absence meant something else does: bump :data:`CONFIG_SCHEMA` and add the step. Schema 3 added band calibration
 (``tr_calibrate``, ``tr_calibrate_like``, ``tr_calibrate_unit`` and, once calibrated, ``calibration``): a schema-2
 config calibrated nothing, and the step records the keys it fills, so that a checkpoint written under schema 2 is
-still told from an edited config (:func:`as_written` from the checkpoint's schema).
+still told from an edited config (:func:`as_written` from the checkpoint's schema). ``tr_calibrate_band`` came later
+at a default that keeps the earlier behaviour (the rule's default band), so it needed no new version.
 """
 
 from __future__ import annotations

@@ -344,7 +344,8 @@ class LocalTrainer:
         (with the settings hash the next checkpoints carry), and train with it from the next step on."""
         request = self.spec.calibration
         try:
-            tr, report = calibrate(self.tr, calls, request.target, like=request.reference, unit=request.unit)
+            tr, report = calibrate(self.tr, calls, request.target, like=request.reference, unit=request.unit,
+                                   band=request.band)
         except UnmovedBatch:
             raise RunError(f"{calibration_flags(self.config)} at step {step}: π_θ equals μ on the step's batch up to "
                            "rounding, so no band blocks a token that moved: give each rollout batch several optimizer "

@@ -150,6 +150,8 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     """Refused here, as --tr_calibrate."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """Refused here, as --tr_calibrate."""
+    tr_calibrate_band: str | None = None
+    """Refused here, as --tr_calibrate."""
 
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
@@ -343,10 +345,9 @@ CALIBRATION_REFUSED = (
 
 
 def _check_calibration(args: DPPOOatArgs) -> None:
-    """``--tr_calibrate``, ``--tr_calibrate_like`` and ``--tr_calibrate_unit`` are the local engine's:
-    :data:`CALIBRATION_REFUSED`."""
-    flags = [f"--{name}" for name in ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit")
-             if getattr(args, name) not in (None, "token")]
+    """``--tr_calibrate``, ``--tr_calibrate_like``, ``--tr_calibrate_unit`` and ``--tr_calibrate_band`` are the local
+    engine's: :data:`CALIBRATION_REFUSED`."""
+    flags = [f"--{name}" for name in CALIBRATION_FLAGS if getattr(args, name) not in (None, "token")]
     if flags:
         raise ValueError(f"{', '.join(flags)}: {CALIBRATION_REFUSED}")
 

@@ -1,0 +1,108 @@
+"""The mechanism's cell-matched placebo: block a random set of tokens of one half of a μ-anchored mask, at the rate
+int4's mask blocked that half, with an fp32 sampler.
+
+Under the int4 copy at one gradient step per rollout, DPPO-Binary-KL's mask blocked tokens in two cells only: its
+A<0 half (Â < 0 where μ > π) and its A>0 half (Â > 0 where μ < π). The ``placebo`` experiment asks whether blocking
+that many tokens of one half costs learning by itself, whichever tokens they are: with an fp32 sampler (μ is the
+learner's own policy, so no token is over- or under-weighted by an engine), :func:`placebo_keep` blocks, in every
+loss call, a uniformly random set of the tokens with the half's sign of Â in each μ bucket
+(:data:`~dppo_oat.trust_region.metrics.MU_BUCKETS`), as many as int4's mask blocked there on average
+(:data:`PLACEBO_RATES`, a share of the call's A ≠ 0 tokens). With an fp32 sampler μ and π differ only by rounding,
+so the side of μ − π picks nothing and the placebo ignores it.
+
+The rule and its two presets (``placebo_neg``, ``placebo_pos``) are the study's own, not the package's: they are
+registered by :func:`register` in the training process this module starts (``python -m studies.cpu.placebo`` takes
+``python -m dppo_oat.train``'s flags), never on import, so nothing else that imports the study sees them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+
+import torch
+
+PLACEBO_RULE = "placebo_cell"
+"""The rule's name in :data:`~dppo_oat.trust_region.registry.RULE_TABLE` (in the training process only)."""
+PLACEBO_PRESETS = {"placebo_neg": "negative", "placebo_pos": "positive"}
+"""The study's two placebo presets and the half each blocks (their ``mask_side``)."""
+PLACEBO_LABELS = {"placebo_neg": "Placebo A<0 (random, int4's rate)",
+                  "placebo_pos": "Placebo A>0 (random, int4's rate)"}
+"""Their names in the report."""
+PLACEBO_RATES = {
+    "negative": {"mu_lt_0.1": 0.0000434, "mu_0.1_0.5": 0.002418, "mu_ge_0.5": 0.007889},
+    "positive": {"mu_lt_0.1": 0.0000796, "mu_0.1_0.5": 0.001534, "mu_ge_0.5": 0.002486},
+}
+"""Per half and μ bucket, the share of the A ≠ 0 tokens DPPO-Binary-KL's mask blocked there under the int4 copy
+(``mask_cell/neg_adv_mu_above_*`` and ``mask_cell/pos_adv_mu_below_*`` of its ``mech-int4`` runs, means over their
+50 steps and 8 seeds; 1.035% and 0.410% over the buckets), measured before the placebo's runs
+(``tests/test_cpu_study.py`` recomputes them from the packed runs)."""
+
+
+def call_seed(x) -> int:
+    """A seed drawn from one loss call's own numbers (log μ and Â of its tokens): the same call gives the same
+    placebo, so a resumed run repeats it, and every call draws anew."""
+    digest = hashlib.blake2b(digest_size=8)
+    for tensor in (x.behavior_logp, x.advantages, x.response):
+        digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
+    return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
+
+
+def stochastic_count(expected: float, generator: torch.Generator) -> int:
+    """``expected`` rounded down, plus one with probability its fractional part: an unbiased whole count."""
+    whole = math.floor(expected)
+    return whole + int(torch.rand((), generator=generator).item() < expected - whole)
+
+
+def placebo_keep(x, tr) -> torch.Tensor:
+    """M_t of the placebo: True but on a uniformly random set of the response tokens with Â of ``tr.mask_side``'s
+    sign, in each μ bucket as many as :data:`PLACEBO_RATES` × the call's A ≠ 0 tokens (rounded stochastically;
+    all of the bucket's tokens when it has fewer), drawn from :func:`call_seed`."""
+    from dppo_oat.trust_region.metrics import MU_BUCKETS
+
+    if tr.mask_side not in PLACEBO_RATES:
+        raise ValueError(f"the placebo blocks one half: mask_side negative or positive, got {tr.mask_side!r}")
+    signed = x.advantages < 0 if tr.mask_side == "negative" else x.advantages > 0
+    active = int((x.response & (x.advantages != 0)).sum())
+    mu = x.behavior_logp.exp()
+    generator = torch.Generator().manual_seed(call_seed(x))
+    keep = torch.ones_like(x.response, dtype=torch.bool)
+    for low, high, bucket in MU_BUCKETS:
+        cell = (x.response & signed & (mu >= low) & (mu < high)).flatten().nonzero().squeeze(-1)
+        count = min(len(cell), stochastic_count(PLACEBO_RATES[tr.mask_side][bucket] * active, generator))
+        chosen = cell[torch.randperm(len(cell), generator=generator)[:count]]
+        keep.view(-1)[chosen.to(keep.device)] = False
+    return keep
+
+
+def register() -> None:
+    """Add the placebo rule and its two presets to the package's tables, in this process (before the command line
+    is parsed: its ``--trust-region`` choices are read from the presets when ``dppo_oat.spec`` is imported)."""
+    from dppo_oat.trust_region.presets import PRESETS, Preset
+    from dppo_oat.trust_region.registry import RULE_TABLE, register_rule
+
+    if "dppo_oat.spec" in sys.modules:
+        raise RuntimeError("register the placebo before dppo_oat.spec is imported: its preset choices are fixed then")
+    if PLACEBO_RULE not in RULE_TABLE:
+        register_rule(PLACEBO_RULE, divergence="binary_kl", reads_mask_side=True, couples_tokens=True,
+                      reads_batch=True)(placebo_keep)
+    for name, side in PLACEBO_PRESETS.items():
+        PRESETS[name] = Preset({"rule": PLACEBO_RULE, "mask_side": side}, "the CPU study's cell-matched placebo "
+                               "(studies/cpu/placebo.py)", label=PLACEBO_LABELS[name],
+                               blocks=f"random Â {'<' if side == 'negative' else '>'} 0 tokens at int4's rate per μ "
+                                      "bucket")
+
+
+def main(argv=None) -> None:
+    """``python -m dppo_oat.train`` with the placebo presets registered."""
+    import dppo_oat.trust_region  # noqa: F401  (the package's rules first, then the study's)
+
+    register()
+    from dppo_oat.train import main as train_main
+
+    train_main(argv)
+
+
+if __name__ == "__main__":
+    main()
