@@ -285,15 +285,22 @@ def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
     assert "python -m dppo_oat.calibrate" in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
-    """scripts/docs_tables.py reads DPPOOatArgs from its source, without oat: every flag it lists has that default in
-    the class, and a field declared without a docstring is one of oat's own flags, whose default it changes."""
-    import dataclasses
+def load_docs_tables():
+    """scripts/docs_tables.py as a module (scripts/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
+    return tables
+
+
+def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
+    """scripts/docs_tables.py reads DPPOOatArgs from its source, without oat: every flag it lists has that default in
+    the class, and a field declared without a docstring is one of oat's own flags, whose default it changes."""
+    import dataclasses
+
+    tables = load_docs_tables()
     ours = {field.name: field.default for field in dataclasses.fields(DPPOOatArgs)}
     oats = {field.name: field.default for field in dataclasses.fields(PPOArgs)}
     for name, (default, _) in tables.oat_engine_flags().items():
@@ -302,15 +309,6 @@ def test_the_flags_tables_read_from_the_source_are_the_classes_themselves():
     assert changed
     for name, default in changed.items():
         assert name in oats and repr(ours[name]) == default and oats[name] != ours[name], name
-
-
-def load_docs_tables():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "scripts" / "docs_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    return tables
 
 
 def test_every_flag_dppo_adds_is_in_one_help_section_that_the_docs_read_too():
