@@ -27,7 +27,7 @@ setup: $(VENV)/.installed
 train: $(VENV)/.runtime
 	$(PY) -m dppo_oat.train $(ARGS)
 
-## the test suite (CPU, offline; about 9 minutes on 2 cores)
+## the test suite (CPU, offline; about 18 minutes on 2 cores)
 test: setup
 	$(PY) -m pytest -q -m "not vllm and not oat and not verl and not lock" $(ARGS)
 
