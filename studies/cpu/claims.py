@@ -230,6 +230,34 @@ MATCHED_STALE_CONTRASTS = frontier_contrasts(MATCHED_ARMS + MATCHED_MORE_ARMS, "
 eight calibrated rules under ``frontier_stale``'s condition, against its DPPO-Binary-KL (primary, Holm over the
 eight) and PG-IS (exploratory) runs, played before."""
 
+REGIME_LR = "Takeaway 2 where training survives (int4 copy, four quarter-batch steps per rollout, lr 1e-4)"
+REGIME_LR_CONTRASTS = (
+    Contrast(f"{REGIME_LR}: the DPPO-KL mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4-lr1e-4"), ("dppo_binary_kl_recompute", "mb4-int4-lr1e-4"),
+             family="primary", experiment="regime_lr"),
+    Contrast(f"{REGIME_LR}: the DPPO-TV mask anchored on μ beats the same mask on the recomputed π_θ'", "Takeaway 2",
+             ("dppo_binary_tv", "mb4-int4-lr1e-4"), ("dppo_binary_tv_recompute", "mb4-int4-lr1e-4"),
+             family="primary", experiment="regime_lr"),
+    Contrast(f"{REGIME_LR}: DPPO-Binary-KL (anchored on μ) beats MiniRL (its clip on π_θ')", "Takeaway 2",
+             ("dppo_binary_kl", "mb4-int4-lr1e-4"), ("minirl", "mb4-int4-lr1e-4")),
+    Contrast(f"{REGIME_LR}: DPPO-Binary-KL beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_kl", "mb4-int4-lr1e-4"), ("pg_is", "mb4-int4-lr1e-4")),
+    Contrast(f"{REGIME_LR}: DPPO-Binary-TV beats PG-IS", "fig:sanity_test",
+             ("dppo_binary_tv", "mb4-int4-lr1e-4"), ("pg_is", "mb4-int4-lr1e-4")),
+    Contrast(f"{REGIME_LR}: training survives: DPPO-Binary-KL's int4 copy ends above its start on held-out success",
+             "Takeaway 2 where training survives", ("dppo_binary_kl", "mb4-int4-lr1e-4"),
+             ("dppo_binary_kl", "mb4-int4-lr1e-4"), "eval_after", HELD_OUT_MARGIN, right_metric="eval_before"),
+    Contrast(f"{REGIME_LR}: training survives: its recomputed-anchor twin's int4 copy ends above its start on "
+             "held-out success", "Takeaway 2 where training survives", ("dppo_binary_kl_recompute", "mb4-int4-lr1e-4"),
+             ("dppo_binary_kl_recompute", "mb4-int4-lr1e-4"), "eval_after", HELD_OUT_MARGIN,
+             right_metric="eval_before"),
+)
+"""The ``regime_lr`` experiment's claims (eight seeds), written before its runs: the ``regime`` experiment's at lr
+1e-4, where on an fp32 copy four steps per rollout were harmless (``lr``) and the ``regime`` runs' collapse should
+not happen. The two twin contrasts are primary (Holm over the two); the rest exploratory, among them whether the
+μ-anchored arm and its twin learn at all (held-out success at the end against the start), so that a verdict on the
+anchor can be read as one where training works. Whether both anchors' masks fire is read from their blocked shares
+(the degenerate-arm flags)."""
 PLACEBO = "the mechanism's cell-matched placebo (fp32 sampler, one step per rollout)"
 PLACEBO_CONTRASTS = (
     Contrast(f"{PLACEBO}: PG-IS beats blocking a random set of Â < 0 tokens at the rate int4's mask blocked its A<0 "
@@ -393,6 +421,9 @@ CONTRASTS = (
     *MATCHED_STALE_CONTRASTS,
     *PLACEBO_CONTRASTS,
     *SIGN_CONTRASTS,
+    # Added before the runs of the ``regime_lr`` experiment (eight seeds; the two twin contrasts are primary,
+    # Holm-corrected together): Takeaway 2 in its regime at lr 1e-4, where training should survive.
+    *REGIME_LR_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:

@@ -112,6 +112,7 @@ CONDITIONS: dict[str, Condition] = {
     "field-mb4": Condition(minibatches=4),
     "v5-fp32": Condition(),
     "v5-int4": Condition(precision="int4"),
+    "mb4-int4-lr1e-4": Condition(precision="int4", minibatches=4, lr=1e-4),
 }
 """``mb1-*``: one gradient step per rollout (no staleness: π_θ' = π_θ at the step), so |π − μ| is the engine's
 mismatch alone (fp32 < fp16 < int8 < bf16 on the shipped policy: about 2e-7, 2e-4, 5e-4, 1.3e-3 per token).
@@ -138,7 +139,9 @@ twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with
 ``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the v4
 policy, under a name of its own so that its claims score only runs played after them.
 ``v5-fp32``: the flags of ``mb1-fp32`` for the mechanism's cell-matched placebo (``placebo``), and ``v5-int4`` those
-of ``mech-int4`` for the sign claim's new seeds (``signs``), each under a name of its own."""
+of ``mech-int4`` for the sign claim's new seeds (``signs``), each under a name of its own. ``mb4-int4-lr1e-4``:
+``mb4-int4`` at lr 1e-4, where four quarter-batch steps per rollout were harmless on an fp32 copy (``lr``), for
+Takeaway 2 where training survives (``regime_lr``)."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                           "blocked at the rate int4's mask blocked that half, against PG-IS; eight seeds"),
     "signs": Experiment(("pg_is",), ("v5-int4",),
                         "the sign claim on new data: PG-IS under the int4 condition on seeds 8-15"),
+    "regime_lr": Experiment(("dppo_binary_kl", "dppo_binary_kl_recompute", "dppo_binary_tv",
+                             "dppo_binary_tv_recompute", "minirl", "pg_is"), ("mb4-int4-lr1e-4",),
+                            "Takeaway 2 where training survives: the regime experiment's arms at lr 1e-4; eight "
+                            "seeds"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
