@@ -33,6 +33,7 @@ from studies.cpu.claims import (
     MECHANISM_CONTRASTS,
     PLACEBO_CONTRASTS,
     REGIME_CONTRASTS,
+    REGIME_LR_CONTRASTS,
     SIGN_CONTRASTS,
     THRESHOLD,
     Contrast,
@@ -174,6 +175,7 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
         "runs.",
         SCALE_CANNOT,
         regime_line(table, evidence),
+        regime_lr_line(table, evidence),
         mechanism_line(table, evidence),
         frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
         frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
@@ -201,6 +203,32 @@ def regime_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
             f"to {held['copy_end'].min():.3f}–{held['copy_end'].max():.3f} (means per arm), lower at the end in "
             f"{int(held['ended_lower'].sum())} of {int(held['runs'].sum())} runs of {len(held)} arms, so these "
             "verdicts say nothing about the anchor where training works.")
+
+
+REGIME_LR_ARMS = (("dppo_binary_kl", "DPPO-Binary-KL on μ"), ("dppo_binary_kl_recompute", "on π_θ'"),
+                  ("dppo_binary_tv", "DPPO-Binary-TV on μ"), ("dppo_binary_tv_recompute", "on π_θ'"))
+"""The ``regime_lr`` arms whose blocked shares its line prints: each mask on either anchor."""
+
+
+def regime_lr_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on Takeaway 2 at lr 1e-4: both twin contrasts, whether the μ-anchored arm and its
+    twin learn at all (held-out success, end against start), and with ``evidence`` whether both anchors' masks
+    fire (their blocked shares)."""
+    kl, tv, *_, kl_learns, twin_learns = REGIME_LR_CONTRASTS
+    heading = ("- **Takeaway 2 where training survives** (`regime_lr`: the regime's int4 copy and four quarter-batch "
+               "steps per rollout, at lr 1e-4)")
+    if table.set_index("claim").loc[kl.claim, "verdict"] == "not run":
+        return f"{heading}: not played yet."
+    line = (f"{heading}. DPPO-Binary-KL anchored on μ against the same mask on the recomputed π_θ': "
+            f"{claim_result(table, kl)}; DPPO-Binary-TV likewise: {claim_result(table, tv)}. Does training survive "
+            f"(the int4 copy's held-out success, end against start)? DPPO-Binary-KL: {claim_result(table, kl_learns)}; "
+            f"its twin: {claim_result(table, twin_learns)}.")
+    blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
+    shares = [(label, blocked.get(("mb4-int4-lr1e-4", method))) for method, label in REGIME_LR_ARMS]
+    if any(share is None or pd.isna(share) for _, share in shares):
+        return line
+    listed = "; ".join(f"{label} {100 * share:.2f}%" for label, share in shares)
+    return f"{line} Blocked over the run (mean over seeds): {listed}."
 
 
 def mechanism_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
