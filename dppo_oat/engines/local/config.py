@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.learner.autocast import ComputeDtype
-from dppo_oat.models.shapes import PolicyShape
+from dppo_oat.models.shapes import FIXED_SHAPES, PolicyShape
 from dppo_oat.rollout.rollout_copy import RolloutPrecision
 from dppo_oat.run.directory import RunDir
 from dppo_oat.settings import spec
@@ -76,6 +76,30 @@ class WarmStartConfig:
                              f"{self.target_success}")
 
 
+REFERENCE_LR = 3e-4
+"""The RL learning rate of the tiny policy at its default shape (:data:`REFERENCE_SHAPE`), measured there."""
+REFERENCE_SHAPE = (128, 2)
+"""The tiny policy's default hidden size and number of layers, where :data:`REFERENCE_LR` was measured."""
+PRETRAINED_LR = 1e-6
+"""The paper's learning rate for full fine-tuning of its models (its table of hyperparameters, ``optim.lr``)."""
+
+
+def default_lr(*, shape: PolicyShape, hidden_size: int, num_layers: int, pretrain: str | None) -> float:
+    """``--lr``'s default, by the policy: the paper's :data:`PRETRAINED_LR` for a ``--pretrain`` model; for the
+    built-in policy :data:`REFERENCE_LR` × (128 / hidden size) × (2 / layers), so 3e-4 for the tiny default and
+    8.3e-6 for qwen3-100m. Adam moves every weight by about the learning rate on a step whatever the gradient's
+    scale; a logit sums ``hidden`` such moves in each of ``layers`` layers, so at a fixed lr one step moves the
+    policy further the wider and deeper it is. Scaled so, one step's per-token KL on a fixed batch stays within a
+    few times the tiny default's, where at 3e-4 it grows 150-fold to qwen3-100m (``scripts/bench/first_step_kl.py``,
+    ``docs/bench/first_step_kl_cpu.jsonl``)."""
+    if pretrain is not None:
+        return PRETRAINED_LR
+    fixed = FIXED_SHAPES.get(shape, {})
+    width, depth = fixed.get("hidden_size", hidden_size), fixed.get("num_hidden_layers", num_layers)
+    reference_width, reference_depth = REFERENCE_SHAPE
+    return REFERENCE_LR * (reference_width / width) * (reference_depth / depth)
+
+
 def flag_of(name: str) -> str:
     """The command-line flag of a warm-start setting (``check_every`` → ``--warm-start.check-every``)."""
     return f"--warm-start.{name.replace('_', '-')}"
@@ -126,8 +150,10 @@ class TrainConfig(spec.DPPOFlags):
     minibatch."""
     num_epochs: int = 1
     """Passes over every rollout batch (each pass reshuffles it into minibatches)."""
-    lr: float = 3e-4
-    """AdamW learning rate of the RL update (see --lr-schedule)."""
+    lr: float | None = None
+    """AdamW learning rate of the RL update (see --lr-schedule). None: by the policy: 1e-6 (the paper's) with
+    --pretrain; for the built-in policy 3e-4 × (128 / hidden size) × (2 / layers): 3e-4 for the tiny default, 8.3e-6
+    for qwen3-100m (one step then moves the policy about as far whatever its shape)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
     """linear: --lr decayed linearly to 0 over --steps (lr · (steps − t + 1) / steps at step t); constant: --lr
     throughout. --resume continues it exactly; a resume that extends --steps re-plans the decay."""
@@ -199,6 +225,11 @@ class TrainConfig(spec.DPPOFlags):
     """Also write TensorBoard event files into the run directory."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """The built-in policy's shape and supervised warm start (with --pretrain None)."""
+
+    def __post_init__(self) -> None:
+        if self.lr is None:  # resolved once, so config.json, --resume and every reader see the number
+            self.lr = default_lr(shape=self.warm_start.shape, hidden_size=self.warm_start.hidden_size,
+                                 num_layers=self.warm_start.num_layers, pretrain=self.pretrain)
 
     # ------------------------------------------------------------------ derived
     @property
