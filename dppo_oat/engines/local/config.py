@@ -96,6 +96,8 @@ def default_lr(*, shape: PolicyShape, hidden_size: int, num_layers: int, pretrai
         return PRETRAINED_LR
     fixed = FIXED_SHAPES.get(shape, {})
     width, depth = fixed.get("hidden_size", hidden_size), fixed.get("num_hidden_layers", num_layers)
+    if width < 1 or depth < 1:  # a shape --warm-start's check refuses in one line, before any model
+        return REFERENCE_LR
     reference_width, reference_depth = REFERENCE_SHAPE
     return REFERENCE_LR * (reference_width / width) * (reference_depth / depth)
 
