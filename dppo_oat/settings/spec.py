@@ -38,7 +38,7 @@ from dppo_oat.trust_region import (
     band_of,
     check_batch_serves,
 )
-from dppo_oat.trust_region.calibrate import check_target
+from dppo_oat.trust_region.calibrate import BAND_NAMES, check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
@@ -342,7 +342,7 @@ class DPPOFlags(TrustRegionFlags):
     that batch."""
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
-    tr_calibrate_band: str | None = None
+    tr_calibrate_band: Literal[BAND_NAMES] | None = None  # type: ignore[valid-type]
     """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO: a sequence bound and a PPO clip):
     delta, clip_range, or both (the two scaled by one factor). None: the rule's default (its sequence bound δ)."""
 

@@ -136,6 +136,10 @@ BOTH_BANDS = "both"
 together: δ, ε_low and ε_high scaled by one factor, so that the two bands keep their proportion."""
 
 
+BAND_NAMES = (*THRESHOLDS, *(band.name for band in SOFT_BANDS.values()), BOTH_BANDS)
+"""Every band name some rule has (``--tr-calibrate-band``'s choices; :func:`band_choices` says which a rule has)."""
+
+
 def band_choices(tr: TrustRegion) -> tuple[str, ...]:
     """The bands ``tr``'s rule reads, the default first: a sequence bound δ (in its ``reads``), else its
     threshold; or its soft gate's; and, for a rule with two, :data:`BOTH_BANDS`. Empty for :data:`NO_BAND`'s
