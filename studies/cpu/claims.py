@@ -258,6 +258,45 @@ not happen. The two twin contrasts are primary (Holm over the two); the rest exp
 μ-anchored arm and its twin learn at all (held-out success at the end against the start), so that a verdict on the
 anchor can be read as one where training works. Whether both anchors' masks fire is read from their blocked shares
 (the degenerate-arm flags)."""
+SWEEP_TARGETS = ("0.02", "0.08")
+"""The band sweep's two strengths beside the matched one: bands calibrated per run on step 1 to block 2% and 8% of
+its A ≠ 0 tokens (DPPO-Binary-KL blocked 0.06–0.82% of step 1's under int4, 1.44% over its runs). A weaker point is
+left out: matched, the three rules already learned as PG-IS did, and a pilot's 0.1% target blocked no token of a
+3,322-token batch (seed 100), which the degenerate-arm rule flags."""
+SWEEP_RULES = (("gspo", False, "GSPO"), ("vaco", True, "VACO"), ("trm_avg", True, "TRM-Avg"))
+"""The three rules shown ahead of DPPO-Binary-KL at its strength under int4 (``matched``, ``matched_more``), with
+whether calibration moves both their bands."""
+
+
+def swept(preset: str, both_bands: bool, target: str) -> str:
+    """The study's method of ``preset`` with its band calibrated on step 1 to block ``target`` of the tokens."""
+    return f"{preset}@calibrate={target}" + (",calibrate_band=both" if both_bands else "")
+
+
+SWEEP_ARMS = tuple((swept(preset, both, target), f"{label} at {float(target):.0%}")
+                   for preset, both, label in SWEEP_RULES for target in SWEEP_TARGETS)
+"""The ``band_sweep`` experiment's arms: each rule at the two strengths."""
+SWEEP = ("strength against outcome under an int4 copy (one step per rollout; each band calibrated per run on step 1: "
+         "to DPPO-Binary-KL's share, or to 2% or 8% of the A ≠ 0 tokens)")
+SWEEP_CONTRASTS = (
+    *(Contrast(f"{SWEEP}: {label} at DPPO-Binary-KL's strength beats it at 8% (a stronger band costs learning)",
+               "the field at matched strength: strength against outcome", (matched(preset, both), "mech-int4"),
+               (swept(preset, both, "0.08"), "mech-int4"), family="primary", experiment="band_sweep",
+               played_before=((matched(preset, both), "mech-int4"),))
+      for preset, both, label in SWEEP_RULES),
+    *(Contrast(f"{SWEEP}: {label} at DPPO-Binary-KL's strength beats it at 2%",
+               "the field at matched strength: strength against outcome", (matched(preset, both), "mech-int4"),
+               (swept(preset, both, "0.02"), "mech-int4"), played_before=((matched(preset, both), "mech-int4"),))
+      for preset, both, label in SWEEP_RULES),
+    *(Contrast(f"{SWEEP}: {label} at 2% beats it at 8%", "the field at matched strength: strength against outcome",
+               (swept(preset, both, "0.02"), "mech-int4"), (swept(preset, both, "0.08"), "mech-int4"))
+      for preset, both, label in SWEEP_RULES),
+)
+"""The ``band_sweep`` experiment's claims (eight seeds), written after the ``matched`` results and before its runs:
+for the three rules ahead of DPPO-Binary-KL at its strength, whether a stronger band costs learning. Primary (Holm
+over the three): each at DPPO-Binary-KL's strength (the ``matched`` runs, played before) against 8%; exploratory:
+against 2%, and 2% against 8%. The strength each arm ends up blocking over its run is reported beside its verdicts
+(a band set on step 1 drifts)."""
 PLACEBO = "the mechanism's cell-matched placebo (fp32 sampler, one step per rollout)"
 PLACEBO_CONTRASTS = (
     Contrast(f"{PLACEBO}: PG-IS beats blocking a random set of Â < 0 tokens at the rate int4's mask blocked its A<0 "
@@ -424,6 +463,9 @@ CONTRASTS = (
     # Added before the runs of the ``regime_lr`` experiment (eight seeds; the two twin contrasts are primary,
     # Holm-corrected together): Takeaway 2 in its regime at lr 1e-4, where training should survive.
     *REGIME_LR_CONTRASTS,
+    # Added before the runs of the ``band_sweep`` experiment (eight seeds; its three claims against 8% are primary,
+    # Holm-corrected together), after a two-step pilot of its targets on seed 100.
+    *SWEEP_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:

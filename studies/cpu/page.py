@@ -35,8 +35,13 @@ from studies.cpu.claims import (
     REGIME_CONTRASTS,
     REGIME_LR_CONTRASTS,
     SIGN_CONTRASTS,
+    SWEEP_CONTRASTS,
+    SWEEP_RULES,
+    SWEEP_TARGETS,
     THRESHOLD,
     Contrast,
+    matched,
+    swept,
 )
 from studies.cpu.report import (
     blocked_by_half,
@@ -184,6 +189,7 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
             (MATCHED_ARMS, MATCHED_CONTRASTS, MATCHED_HEADING), (MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS,
                                                                  MATCHED_HEADING),
             (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING))),
+        band_sweep_line(table, evidence),
         placebo_line(table, evidence),
         sign_line(table),
     ]
@@ -316,6 +322,28 @@ def matched_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contras
     listed = "; ".join(f"{label} {100 * share:.2f}%" for label, share in shares)
     return (f"{line} Blocked over the run (mean over seeds): DPPO-Binary-KL {100 * reference:.2f}%; {listed}: a match "
             "on step 1 is not a match over the run.")
+
+
+def band_sweep_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on strength against outcome: for each swept rule its verdicts at DPPO-Binary-KL's
+    strength against 8% (primary) and 2%, and 2% against 8%, and with ``evidence`` what each strength blocked over
+    its runs."""
+    heading = ("- **Strength against outcome under the int4 copy** (`band_sweep`, one step per rollout: GSPO, VACO and "
+               "TRM-Avg calibrated per run on step 1 to DPPO-Binary-KL's share, to 2% and to 8% of the tokens)")
+    if table.set_index("claim").loc[SWEEP_CONTRASTS[0].claim, "verdict"] == "not run":
+        return f"{heading}: not played yet."
+    blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
+    parts = []
+    for index, (preset, both, label) in enumerate(SWEEP_RULES):
+        strong, weak, between = (SWEEP_CONTRASTS[index + len(SWEEP_RULES) * k] for k in range(3))
+        part = (f"{label}: at DPPO-Binary-KL's strength against 8% {claim_result(table, strong)}, against 2% "
+                f"{claim_result(table, weak)}; 2% against 8% {claim_result(table, between)}")
+        methods = (matched(preset, both), *(swept(preset, both, target) for target in SWEEP_TARGETS))
+        shares = [blocked.get(("mech-int4", method)) for method in methods]
+        if not any(share is None or pd.isna(share) for share in shares):
+            part += " (blocked over the run: " + ", ".join(f"{100 * share:.2f}%" for share in shares) + ")"
+        parts.append(part)
+    return f"{heading}. " + "; ".join(parts) + "."
 
 
 def placebo_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:

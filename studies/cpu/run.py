@@ -50,7 +50,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
 from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
-from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS
+from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS, SWEEP_ARMS
 from studies.cpu.placebo import PLACEBO_PRESETS
 
 
@@ -242,6 +242,9 @@ EXPERIMENTS: dict[str, Experiment] = {
                              "dppo_binary_tv_recompute", "minirl", "pg_is"), ("mb4-int4-lr1e-4",),
                             "Takeaway 2 where training survives: the regime experiment's arms at lr 1e-4; eight "
                             "seeds"),
+    "band_sweep": Experiment(tuple(method for method, _ in SWEEP_ARMS), ("mech-int4",),
+                             "strength against outcome: GSPO, VACO and TRM-Avg with bands calibrated to block 2% and "
+                             "8% of step 1's tokens, beside their matched runs; eight seeds"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
