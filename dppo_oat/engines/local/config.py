@@ -90,7 +90,7 @@ def default_lr(*, shape: PolicyShape, hidden_size: int, num_layers: int, pretrai
     8.3e-6 for qwen3-100m. Adam moves every weight by about the learning rate on a step whatever the gradient's
     scale; a logit sums ``hidden`` such moves in each of ``layers`` layers, so at a fixed lr one step moves the
     policy further the wider and deeper it is. Scaled so, one step's per-token KL on a fixed batch stays within a
-    few times the tiny default's, where at 3e-4 it grows 150-fold to qwen3-100m (``scripts/bench/first_step_kl.py``,
+    few times the tiny default's, where at 3e-4 it grows 155-fold to qwen3-100m (``scripts/bench/first_step_kl.py``,
     ``docs/bench/first_step_kl_cpu.jsonl``)."""
     if pretrain is not None:
         return PRETRAINED_LR
