@@ -119,10 +119,11 @@ def main(argv=None) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512, 768],
                         help="hidden sizes of the 2-layer models")
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 8, 12], help="layers of the hidden-128 models")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[3e-4])
-    parser.add_argument("--sequences", type=int, default=8)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[3e-4],
+                        help="learning rates to step each model at, beside its shape's default")
+    parser.add_argument("--sequences", type=int, default=8, help="sequences in the fixed batch")
+    parser.add_argument("--length", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch and its advantages")
     parser.add_argument("--no-100m", dest="with_100m", action="store_false", help="leave out qwen3-100m (slow)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
