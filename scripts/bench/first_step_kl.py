@@ -5,7 +5,7 @@ Adam moves every weight by about the learning rate on its first step, whatever t
 a dot product over ``hidden`` such moves: at a fixed ``--lr`` the step's KL grows with the width. This measures it on
 Qwen3s of the built-in architecture at several widths (random weights, the tiny policy's 2 layers and a 512-token
 vocabulary, so that only the width changes; and at the default width, deeper), on ``qwen3-100m`` itself (12 layers,
-32,768 tokens), and on the cached warm-started tiny policy when there is one; each at the lrs given and at the lr
+32,768 tokens), and on the default run's warm-started tiny policy; each at the lrs given and at the lr
 :func:`~dppo_oat.engines.local.config.default_lr` gives its shape. One JSON row per (model, lr) on stdout.
 
     python scripts/bench/first_step_kl.py                                # every width, lr 3e-4 and each shape's default
@@ -50,13 +50,14 @@ def qwen3_100m(seed: int):
     return build_tiny_model(config, seed)
 
 
-def cached_tiny_policy():
-    """The cached warm-started tiny policy of the default env, or None when none is cached."""
+def default_run_policy():
+    """The default run's warm-started tiny policy (cached, or shipped with the package), or None when neither."""
+    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.engines.local.policy import find_tiny_policy
     from dppo_oat.models.tiny import load_policy
 
-    cache = Path.home() / ".cache" / "dppo_oat" / "policies"
-    folders = sorted(cache.glob("tiny-game_Sudoku-v0-easy-compact-wrong-*")) if cache.is_dir() else []
-    return load_policy(folders[0])[0] if folders else None
+    found = find_tiny_policy(TrainConfig())
+    return load_policy(found[0])[0] if found is not None else None
 
 
 def fixed_batch(vocab: int, sequences: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,9 +132,9 @@ def main(argv=None) -> None:
     models |= {f"tiny-h128-l{depth}": (width_model(128, depth, args.seed), "tiny") for depth in args.depths}
     if args.with_100m:
         models["qwen3-100m"] = (qwen3_100m(args.seed), "qwen3-100m")
-    warm = cached_tiny_policy()
+    warm = default_run_policy()
     if warm is not None:
-        models["tiny-warm-started"] = (warm, "tiny")
+        models["tiny-default-run"] = (warm, "tiny")
     for row in rows(models, args.lrs, args):
         print(json.dumps(row), flush=True)
 

@@ -132,20 +132,31 @@ def validation_success(config, model, tokenizer, spec: RunSpec | None = None) ->
     return rollout.stats()["success"]
 
 
+def find_tiny_policy(config) -> tuple[Path, str] | None:
+    """The folder of ``config``'s warm-started tiny policy and where it was found ("cached", or "shipped with the
+    package"), or None when it has not been built."""
+    key = policy_cache_key(config.env_ids[0], config.template, config.warm_start, config.warm_start_seed)
+    for path, where in ((config.resolved_cache_dir() / "policies" / key, "cached"),
+                        (SHIPPED_POLICIES / key, "shipped with the package")):
+        if (path / "warm_start.json").exists():
+            return path, where
+    return None
+
+
 def load_or_build_tiny_policy(config, console, spec: RunSpec | None = None) -> tuple:
     """The cached warm-started tiny policy for ``config.env_ids[0]``, building it on first use (its validation
     plays as the run's ``spec`` evaluates). A warm start that ended below its target is cached as such and said so,
     on every use."""
-    env_id, template, seed, ws = config.env_ids[0], config.template, config.warm_start_seed, config.warm_start
-    key = policy_cache_key(env_id, template, ws, seed)
-    path = config.resolved_cache_dir() / "policies" / key
-    for found, where in ((path, "cached"), (SHIPPED_POLICIES / key, "shipped with the package")):
-        if (found / "warm_start.json").exists():
-            console.print(f"{ws.shape} policy: {where} at {found}")
-            _say_if_below_target(read_report(found, ws.target_success), ws.shape, console)
-            return load_policy(found)
+    ws = config.warm_start
+    key = policy_cache_key(config.env_ids[0], config.template, ws, config.warm_start_seed)
+    found = find_tiny_policy(config)
+    if found is not None:
+        path, where = found
+        console.print(f"{ws.shape} policy: {where} at {path}")
+        _say_if_below_target(read_report(path, ws.target_success), ws.shape, console)
+        return load_policy(path)
     model, tokenizer, report = build_tiny_policy_for(config, key, console, spec)
-    _save_atomically(model.eval(), tokenizer, report, path)
+    _save_atomically(model.eval(), tokenizer, report, config.resolved_cache_dir() / "policies" / key)
     _say_if_below_target(report, ws.shape, console)
     return model, tokenizer
 
