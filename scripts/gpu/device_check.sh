@@ -51,7 +51,7 @@ SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eva
 # The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
 # first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends below
 # --warm-start.target-success), cached under LOG_DIR. Its RL --lr is the default by shape (8.3e-6 for this policy):
-# at 3e-4, once the default for every shape, it collapsed after one step on an H200 (docs/gpu.md).
+# at 3e-4, the tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md).
 SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
                   --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 50 --eval-every 25)
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
