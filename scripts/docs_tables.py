@@ -346,12 +346,13 @@ def faults_table() -> str:
 # --------------------------------------------------------------------------------- the pages
 
 GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target)
+    "shaped_run": ("the local engine with the ~100M policy (`--warm-start.shape qwen3-100m`), warm-started on the GPU, "
+                   "then RL at a learning rate and seed: wall time, held-out success before → after",
+                   "after > before in every seed at the default `--lr`"),
     "oat_learner_step": ("oat's own learners under DeepSpeed ZeRO-2, bf16, at Qwen3-1.7B's shape: DPPO's step time ÷ "
                          "PPO's (same batch), each one's peak memory and MFU", "≤ 0.85"),
     "gpu_tests": ("`pytest -m gpu`", "all pass"),
     "default_run": ("the default run: wall time, held-out success before → after", "—"),
-    "shaped_run": ("the local engine with the ~100M policy (`--warm-start.shape qwen3-100m`), warm-started on the GPU: "
-                   "wall time, held-out success before → after", "—"),
     "rollout_ops": ("one default-run rollout: operations dispatched (about one kernel launch each on a GPU) per "
                     "sampled token, and its wall time", "—"),
     "rollout": ("multi-turn rollout (~100M Qwen3, V 32,768, batch 64): tokens/s ÷ `model.generate`, ÷ the decode "
@@ -364,15 +365,23 @@ GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target
 
 
 def gpu_rows(bench: str, folder: Path) -> list[dict]:
-    """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU, size and decode (eager or in a
-    CUDA graph), oldest first."""
+    """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU, size, decode (eager or in a
+    CUDA graph) and a run's learning rate and seed, oldest first."""
     rows = [json.loads(line) for path in sorted(folder.glob(f"{bench}_*.jsonl")) if not path.stem.endswith("_cpu")
             for line in path.read_text().splitlines() if line.strip()]
     rows = [row for row in rows if row.get("bench") == bench and row.get("cuda") and not row.get("smoke")]
-    newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens"), bool(row.get("cuda_graphs"))): row
-              for row in rows}
+    newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens"), bool(row.get("cuda_graphs")),
+               row.get("lr"), row.get("seed")): row for row in rows}
     return sorted(newest.values(), key=lambda row: (row["gpu"], row.get("hidden") or 0,
-                                                    row.get("response_tokens") or 0, bool(row.get("cuda_graphs"))))
+                                                    row.get("response_tokens") or 0, bool(row.get("cuda_graphs")),
+                                                    row.get("lr") or 0, row.get("seed") or 0))
+
+
+def run_settings(row: dict) -> str:
+    """A run row's learning rate and seed as a prefix ("lr 8.3e-06, seed 1: "), nothing for rows without them."""
+    settings = [f"{name} {row[name]:.2g}" if name == "lr" else f"{name} {row[name]}" for name in ("lr", "seed")
+                if row.get(name) is not None]
+    return ", ".join(settings) + ": " if settings else ""
 
 
 def graphs_note(row: dict) -> str:
@@ -393,12 +402,13 @@ def gpu_result(row: dict) -> str:
             text += f", {len(row['interrupted'])} interrupted ({row['note']})"
     elif bench in ("default_run", "shaped_run") and row.get("stopped"):
         later = [f"{success:.3f} at step {step}" for step, success in row["success_by_step"].items() if step != "0"]
-        text = (f"stopped {row['stopped']}; success before {row['success_before']:.3f}"
+        text = (f"{run_settings(row)}stopped {row['stopped']}; success before {row['success_before']:.3f}"
                 f"{', then ' + ', '.join(later) if later else ''}; median "
                 f"{row['median_rollout_seconds']:.2f} s of rollout and {row['median_update_seconds']:.2f} s of "
                 f"update per step (`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
     elif bench in ("default_run", "shaped_run"):
-        text = (f"{row['wall_seconds']:.0f} s, success {row['success_before']:.3f} → {row['success_after']:.3f} "
+        text = (f"{run_settings(row)}{row['wall_seconds']:.0f} s, success {row['success_before']:.3f} → "
+                f"{row['success_after']:.3f} "
                 f"(`{row['command'].removeprefix('python -m dppo_oat.train ')}`)")
     elif bench == "rollout_ops":
         text = (f"{row['kernel_ops']:,} operations for {row['sampled_tokens']:,} tokens "

@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVENANCE = {"bench", "gpu", "torch", "cuda", "commit", "date", "smoke"}
-STEPS = ("oat-lora", "oat-learner", "tests", "rollout-ops", "rollout", "learner", "fused-head", "default-run",
-         "shaped-run")
+STEPS = ("shaped-run", "oat-lora", "oat-learner", "tests", "rollout-ops", "rollout", "learner", "fused-head",
+         "default-run")
 """device_check.sh's steps, in the order it runs them."""
 
 
@@ -142,7 +142,8 @@ def device_check(tmp_path, *args, env=None, from_its_folder=False):
 
 EXPECTED = {  # each bench's file and the fields its rows must hold
     "gpu_tests": {"passed", "failed", "errors", "skipped", "failing", "seconds"},
-    "default_run": {"command", "wall_seconds", "success_before", "success_after", "eval_episodes", "steps"},
+    "default_run": {"command", "seed", "lr", "wall_seconds", "success_before", "success_after", "eval_episodes",
+                    "steps"},
     "rollout_ops": {"sampled_tokens", "forwards", "kernel_ops", "kernel_ops_per_token", "dispatched_ops",
                     "scalar_reads", "top_self_ms", "top_python_s", "seconds"},
     "rollout": {"model", "parameters", "weights", "batch", "multi_turn", "roofline", "targets", "meets_targets"},
@@ -203,6 +204,24 @@ def test_the_docs_table_shows_gpu_rows_and_says_not_measured_yet_without_them(tm
     assert table.count("not measured yet") == len(tables.GPU_BENCHES) - 1
 
 
+def test_the_docs_table_keeps_one_shaped_run_per_lr_and_seed(tmp_path):
+    """The shaped step writes a row per run: the table shows each seed's, with its lr and seed, beside an older row
+    of another lr, and a rerun of one seed replaces that seed's row."""
+    tables = load("scripts/docs_tables.py")
+    stamp = {"bench": "shaped_run", "gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "smoke": False,
+             "date": "2026-11-28T00:00:00+00:00", "eval_episodes": 200.0, "steps": 20}
+    old = {**stamp, "commit": "318a79e0", "command": "python -m dppo_oat.train --steps 50", "wall_seconds": 260.0,
+           "success_before": 0.785, "success_after": 0.0}
+    runs = [{**stamp, "commit": "abcdef01", "command": f"python -m dppo_oat.train --seed {seed}", "seed": seed,
+             "lr": 8.333e-6, "wall_seconds": 90.0, "success_before": 0.78, "success_after": after}
+            for seed, after in ((0, 0.1), (1, 0.81), (0, 0.82))]
+    (tmp_path / "shaped_run_h200.jsonl").write_text("".join(json.dumps(row) + "\n" for row in (old, *runs)))
+    line = next(row for row in tables.gpu_rows_table(tmp_path).splitlines() if row.startswith("| `shaped_run`"))
+    assert "NVIDIA H200: 260 s, success 0.785 → 0.000" in line
+    assert "NVIDIA H200: lr 8.3e-06, seed 0: 90 s, success 0.780 → 0.820" in line and "→ 0.100" not in line
+    assert "NVIDIA H200: lr 8.3e-06, seed 1: 90 s, success 0.780 → 0.810" in line
+
+
 @pytest.mark.slow
 def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
     """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
@@ -248,6 +267,27 @@ def process_ends(pid: int, within: float) -> bool:
     return False
 
 
+def test_the_shaped_step_runs_every_seed_at_every_lr_and_a_failed_run_does_not_stop_the_next(tmp_path):
+    """SHAPED_SEEDS × SHAPED_LRS: one training run each, the lrs outermost, ``default`` giving no ``--lr`` (the rule by
+    shape); every run here fails (a stand-in interpreter for ``dppo_oat.train`` only), each is said so in the step's
+    log, and the step is reported FAILED once."""
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(f'#!/usr/bin/env bash\ncase " $* " in\n'
+                      f'    *" dppo_oat.train "*) echo "$*" >>{calls}; exit 3 ;;\n'
+                      f'esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    done = device_check(tmp_path, "shaped-run", env={"PYTHON": str(python), "SHAPED_SEEDS": "4 5",
+                                                     "SHAPED_LRS": "default 1e-5"})
+    runs = [line.split() for line in calls.read_text().splitlines()]
+    settings = [(run[run.index("--lr") + 1] if "--lr" in run else None, run[run.index("--seed") + 1]) for run in runs]
+    assert settings == [(None, "4"), (None, "5"), ("1e-5", "4"), ("1e-5", "5")]
+    assert all("qwen3-100m" in run for run in runs)
+    assert [line for line in done.stdout.splitlines() if "FAILED" in line][0].startswith(
+        "device_check: shaped-run FAILED")
+    assert (tmp_path / "logs" / "shaped-run.log").read_text().count("shaped-run: the run at lr") == 4
+
+
 def test_an_unknown_step_is_refused_in_one_line(tmp_path):
     for args in (["warp-drive"], ["--only", "warp-drive"]):
         done = device_check(tmp_path, *args)
@@ -262,10 +302,12 @@ def test_a_stopped_runs_row_says_where_it_stopped_and_its_seconds_per_step(tmp_p
                for s in (1, 2, 3)]
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (tmp_path / "config.json").write_text(json.dumps({"seed": 2, "lr": 8.3e-6, "steps": 50}))
     flags = ["--device", "cuda", "--steps", "50", "--eval-every", "25", "--cache-dir", "/somewhere/policy-cache"]
     finished = rows.default_run_row(tmp_path, 100.0, flags)
     assert finished["command"] == "python -m dppo_oat.train --device cuda --steps 50 --eval-every 25"
     assert (finished["success_after"], finished["steps"], finished["wall_seconds"]) == (0.0, 25, 100.0)
+    assert (finished["seed"], finished["lr"]) == (2, 8.3e-6)  # the lr as the run resolved it
     row = rows.default_run_row(tmp_path, 259.0, flags, stopped="by the check's budget of 270 s")
     assert row["success_after"] is None and row["wall_seconds"] is None
     assert (row["steps"], row["steps_planned"]) == (3, 50)

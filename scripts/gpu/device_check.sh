@@ -6,12 +6,14 @@
 # the torch and CUDA versions (scripts/gpu/device_rows.py). docs/gpu.md is the runbook.
 #
 #   bash scripts/gpu/device_check.sh                      # every step, on the GPU
-#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: oat-lora oat-learner tests rollout-ops rollout
-#                                                         #   learner fused-head default-run shaped-run
+#   bash scripts/gpu/device_check.sh rollout fused-head   # some steps: shaped-run oat-lora oat-learner tests
+#                                                         #   rollout-ops rollout learner fused-head default-run
 #   BUDGET=540 bash scripts/gpu/device_check.sh           # stop after 540 s: what is done keeps its rows
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
-# Steps, the newest first: oat-lora (the oat-learner step's bench with LoRA adapters of rank 16 on both learners,
+# Steps, in the order they run: shaped-run (the ~100M policy, --warm-start.shape qwen3-100m, warm-started on the GPU
+# once, then short RL runs at the default --lr by shape, one per seed in SHAPED_SEEDS and lr in SHAPED_LRS: shaped_run,
+# a row per run; on the CPU only when named, a 100M policy being slow there), oat-lora (the oat-learner step's bench with LoRA adapters of rank 16 on both learners,
 # one timed pair: the learner's memory under LoRA beside oat-learner's without: oat_learner_step; on the CPU only
 # when named), oat-learner (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under
 # DeepSpeed ZeRO-2 in bf16 at Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins
@@ -22,9 +24,8 @@
 # against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the
 # update: learner_mfu), fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response
 # tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success before →
-# after: default_run), shaped-run (the same with the ~100M policy, --warm-start.shape qwen3-100m, warm-started on the
-# GPU: shaped_run; on the CPU only when named, a 100M policy being slow there). A step that fails is reported in one
-# line (its log has the rest) and the next one runs; the exit status is 1 when any failed, was stopped or skipped.
+# after: default_run). A step that fails is reported in one line (its log has the rest) and the next one runs; the
+# exit status is 1 when any failed, was stopped or skipped.
 #
 #   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
 #   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
@@ -34,6 +35,8 @@
 #   PYTHON       the interpreter that holds torch (default python3)
 #   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
 #   SMOKE=1      as --smoke
+#   SHAPED_SEEDS the shaped-run step's RL seeds (default "0 1 2"; they share one warm-started policy)
+#   SHAPED_LRS   its RL learning rates, each run at every seed (default "default": the rule by shape, no --lr)
 #   BUDGET       seconds the steps may take, counted from the start (default 0: no limit), for a time-limited GPU
 #                session: each step runs in what is left and is stopped (SIGTERM, then SIGKILL 30 s later) when it
 #                runs out (a run of the local engine then checkpoints and still writes the row of a stopped run);
@@ -48,12 +51,15 @@ ROOT=$PWD
 # has it), and the smoke run's, which only use flags every version of the engine has.
 RUN_FLAGS=(--device cuda --dtype bfloat16)
 SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eval-episodes 4)
-# The LLM-shaped run: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU (its warm-start lr is a
-# first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends below
-# --warm-start.target-success), cached under LOG_DIR. Its RL --lr is the default by shape (8.3e-6 for this policy):
-# at 3e-4, the tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md).
+# The LLM-shaped runs: a ~100M Qwen3 over a 32,768-entry vocabulary, warm-started on the GPU once (its warm-start lr
+# is a first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends
+# below --warm-start.target-success), cached under LOG_DIR; then 20 RL steps per seed, held-out success at steps 0 and
+# 20. Their RL --lr is the default by shape (8.3e-6 for this policy) unless SHAPED_LRS names others: at 3e-4, the
+# tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md). About 5 minutes on an H200 for 3 seeds.
 SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
-                  --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 50 --eval-every 25)
+                  --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 20 --eval-every 20)
+read -r -a SHAPED_SEEDS <<<"${SHAPED_SEEDS:-0 1 2}"
+read -r -a SHAPED_LRS <<<"${SHAPED_LRS:-default}"
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
@@ -76,7 +82,7 @@ FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
 OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile
-STEPS=(oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run shaped-run)
+STEPS=(shaped-run oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run)
 SMOKE_SKIPS=(oat-lora oat-learner shaped-run)  # steps --smoke runs only when named
 IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
@@ -223,7 +229,24 @@ train_run() {
 
 default_run() { train_run default_run "${RUN_FLAGS[@]}"; }
 
-shaped_run() { train_run shaped_run "${SHAPED_RUN_FLAGS[@]}" --cache-dir "$LOG_DIR/policy-cache"; }
+# shaped_run: one run of SHAPED_RUN_FLAGS per learning rate and seed (a row each), the lrs outermost; a run the
+# budget stops ends the step, one that fails is reported and the next one runs
+shaped_run() {
+    local lr seed rc=0 flags
+    for lr in "${SHAPED_LRS[@]}"; do
+        for seed in "${SHAPED_SEEDS[@]}"; do
+            flags=("${SHAPED_RUN_FLAGS[@]}" --seed "$seed")
+            [[ $lr == default ]] || flags+=(--lr "$lr")
+            train_run shaped_run "${flags[@]}" --cache-dir "$LOG_DIR/policy-cache"
+            case $? in
+                0) ;;
+                124) return 124 ;;
+                *) echo "shaped-run: the run at lr $lr, seed $seed failed"; rc=1 ;;
+            esac
+        done
+    done
+    return $rc
+}
 
 rollout_ops() {
     "$PY" scripts/bench/rollout_ops.py "${ROLLOUT_OPS_FLAGS[@]}" >"$LOG_DIR/rollout-ops.json" \

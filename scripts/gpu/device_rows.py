@@ -92,16 +92,19 @@ def junit_row(xml_path: Path, seconds: float) -> dict:
 
 
 def default_run_row(run_dir: Path, seconds: float, flags: list[str], stopped: str | None = None) -> dict:
-    """Wall time and held-out success before → after of the run in ``run_dir`` (its eval.jsonl); a ValueError when
-    it holds no evaluation. A run ``stopped`` before its last step (``stopped``: why) has no success after; its row
-    says at which step of how many it stopped and the median seconds of rollout and update per step (metrics.jsonl)."""
-    from dppo_oat.run.directory import EVAL_FILE
+    """Wall time and held-out success before → after of the run in ``run_dir`` (its eval.jsonl), with the run's
+    seed and its learning rate as resolved (its config.json: the default by shape when the command gives none); a
+    ValueError when it holds no evaluation. A run ``stopped`` before its last step (``stopped``: why) has no success
+    after; its row says at which step of how many it stopped and the median seconds of rollout and update per step
+    (metrics.jsonl)."""
+    from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE
 
     evals = [json.loads(line) for line in (run_dir / EVAL_FILE).read_text().splitlines() if line.strip()]
     if not evals:
         raise ValueError(f"{run_dir / EVAL_FILE} holds no evaluation")
+    config = json.loads((run_dir / CONFIG_FILE).read_text()) if (run_dir / CONFIG_FILE).exists() else {}
     row = {"command": " ".join(["python -m dppo_oat.train", *without_folders(flags)]),
-           "wall_seconds": round(seconds, 1),
+           "seed": config.get("seed"), "lr": config.get("lr"), "wall_seconds": round(seconds, 1),
            "success_before": evals[0]["eval/success"], "success_after": evals[-1]["eval/success"],
            "eval_episodes": evals[-1]["eval/episodes"], "steps": evals[-1]["step"],
            "success_by_step": {str(e["step"]): e["eval/success"] for e in evals}}
