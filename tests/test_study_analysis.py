@@ -20,6 +20,7 @@ from studies.cpu.report import (
     probe_table,
     run_outcomes,
     sign_shares_by_stretch,
+    strength_table,
     study_table,
 )
 
@@ -293,3 +294,27 @@ def test_a_relabelled_claim_keeps_its_preregistered_record():
     """The page prints a display label for the sign claim; the claims file keeps the label it was written with."""
     for source, shown in DISPLAY_SOURCES.items():
         assert any(contrast.source == source for contrast in CONTRASTS) and shown != source
+
+
+def test_strength_against_outcome_is_each_arms_blocked_share_beside_its_auc(tmp_path):
+    """Two strengths of one rule on three seeds, the stronger blocking 8% and learning about half as well: the table
+    gives each its blocked share, its AUC's mean with the t-interval's half-width over seeds, and leaves out a
+    strength without runs."""
+    from scipy.stats import t as student_t
+
+    for seed in range(3):
+        write_run(tmp_path / "sudoku" / f"gspo-mech-int4-s{seed}", "gspo", seed, RISE - 0.01 * seed,
+                  np.full(STEPS, 0.01), "int4", masked=0.02)
+        write_run(tmp_path / "sudoku" / f"ipo-mech-int4-s{seed}", "ipo", seed, 0.5 * RISE - 0.02 * seed,
+                  np.full(STEPS, 0.01), "int4", masked=0.08)
+    outcomes = run_outcomes(load_study(tmp_path), THRESHOLD)
+    table = strength_table(outcomes, "mech-int4", {"GSPO": {"2%": "gspo", "8%": "ipo", "1%": "sapo"}})
+    assert list(table.index) == [("GSPO", "2%"), ("GSPO", "8%")]
+    weak, strong = table.loc[("GSPO", "2%")], table.loc[("GSPO", "8%")]
+    assert (weak["blocked %"], strong["blocked %"]) == (pytest.approx(2.0), pytest.approx(8.0))
+    aucs = outcomes[outcomes["arm_method"] == "gspo"]["auc"]
+    assert weak["auc"] == pytest.approx(aucs.mean()) and strong["auc"] < weak["auc"]
+    assert weak["auc ± 95%"] == pytest.approx(student_t.ppf(0.975, 2) * aucs.std(ddof=1) / np.sqrt(3))
+    assert strong["auc ± 95%"] == pytest.approx(2 * weak["auc ± 95%"])  # seeds twice as far apart
+    assert (weak["runs"], weak["collapsed"]) == (3, 0)
+    assert strength_table(outcomes, "mb1-fp32", {"GSPO": {"2%": "gspo"}}).empty

@@ -488,6 +488,27 @@ def calibration_table(df: pd.DataFrame, outcomes: pd.DataFrame, conditions: tupl
     return table
 
 
+def strength_table(outcomes: pd.DataFrame, condition: str, arms: dict[str, dict[str, str]]) -> pd.DataFrame:
+    """Strength against outcome: per rule of ``arms`` (``{rule: {strength: arm method}}``) and strength, under
+    ``condition``, the runs, the share of A ≠ 0 tokens its band blocked over the run (``mask/fraction``, %, mean over
+    seeds), the AUC's mean and the half-width of its 95% t-interval over seeds, held-out success at the end and the
+    collapses. An arm without runs is left out."""
+    from scipy.stats import t as student_t
+
+    rows = []
+    for rule, strengths in arms.items():
+        for strength, method in strengths.items():
+            runs = outcomes[(outcomes["condition"] == condition) & (outcomes["arm_method"] == method)]
+            if runs.empty:
+                continue
+            n, auc = len(runs), runs["auc"]
+            half = student_t.ppf(0.975, n - 1) * auc.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan
+            rows.append({"rule": rule, "strength": strength, "runs": n, "blocked %": 100 * runs["masked"].mean(),
+                         "auc": auc.mean(), "auc ± 95%": half, "held-out end": runs["eval_after"].mean(),
+                         "collapsed": int(runs["collapsed"].sum())})
+    return pd.DataFrame(rows).set_index(["rule", "strength"]) if rows else pd.DataFrame()
+
+
 def placebo_table(df: pd.DataFrame, condition: str = "v5-fp32") -> pd.DataFrame:
     """Per arm of ``condition``: the share of the A ≠ 0 tokens it blocked (``mask/fraction``) and, per sign of Â and
     μ bucket, the blocked tokens on either side of μ − π summed (with an fp32 sampler the side is rounding), in %:
