@@ -47,7 +47,7 @@ def flags_in(text: str) -> set[str]:
 
 def undescribed_options(text: str) -> list[str]:
     """Options whose first description line is only their default (or which have none), in the plain or the boxed
-    rendering (an option 1-2 spaces in, its description 6 or more)."""
+    rendering (an option 1-2 spaces in, its description beside it or on the next lines, 6 or more in)."""
     found, option = [], None
     for raw in text.splitlines():
         line = raw.rstrip().removeprefix("│").removesuffix("│").rstrip()
@@ -56,6 +56,10 @@ def undescribed_options(text: str) -> list[str]:
             if option is not None:
                 found.append(option)
             option = line.split()[0].rstrip(",")
+            beside = re.split(r"\s{2,}", line.strip(), maxsplit=1)[1:]  # a description on the option's own line
+            if beside:
+                found.extend([option] if beside[0].startswith(("(default:", "(required)")) else [])
+                option = None
         elif option is not None and indent >= 6:
             if line.lstrip().startswith(("(default:", "(required)")):
                 found.append(option)
@@ -150,6 +154,18 @@ def test_every_argparse_option_of_the_package_and_its_scripts_has_help_text():
                     and node.func.attr == "add_argument" and not any(k.arg == "help" for k in node.keywords)):
                 silent.append(f"{path.relative_to(root)}:{node.lineno}")
     assert silent == []
+
+
+@pytest.mark.parametrize("module", ["studies.cpu.run", "studies.cpu.pack", "dppo_oat.calibrate",
+                                    "dppo_oat.check_env"])
+def test_every_option_of_the_other_commands_has_help_text_and_the_usage_names_the_command(module, monkeypatch):
+    """The study's and the tools' tyro commands: each option says what it is for (no code comment standing in for
+    it), and the usage line names ``python -m <module>``, not the module's file on this machine."""
+    import importlib
+
+    text = help_text(monkeypatch, parse=importlib.import_module(module).main)
+    assert text.startswith(f"usage: python -m {module} "), text.splitlines()[0]
+    assert undescribed_options(text) == [] and "type: ignore" not in text
 
 
 def test_help_names_the_command_shows_no_rest_markup_and_ends_quietly_into_a_closed_pipe():

@@ -91,7 +91,7 @@ def packed_bytes(out: Path) -> int:
 
 
 def main(argv=None) -> None:
-    config = tyro.cli(PackConfig, args=argv, description=__doc__)
+    config = tyro.cli(PackConfig, args=argv, prog="python -m studies.cpu.pack", description=__doc__)
     study, out = Path(config.study), Path(config.out)
     if not (study / "study.json").is_file():
         raise SystemExit(f"error: {study} has no study.json: run python -m studies.cpu.run --out-dir {study} first")

@@ -275,17 +275,24 @@ class StudyConfig:
     """The CPU study's grid and the settings every run shares."""
 
     out_dir: str = "runs/cpu_study"
-    tasks: tuple[TaskName, ...] = tuple(TASKS)  # type: ignore[valid-type]
-    experiments: tuple[ExperimentName, ...] = tuple(EXPERIMENTS)  # type: ignore[valid-type]
+    """Where the runs go (a folder per task, a run folder per method, condition and seed) with ``study.json``."""
+    tasks: tuple[TaskName, ...] = tuple(TASKS)
+    """The tasks to play (each with its own warm-started policy)."""
+    experiments: tuple[ExperimentName, ...] = tuple(EXPERIMENTS)
+    """The experiments to play; their arms and conditions are in ``EXPERIMENTS``, their claims in
+    ``studies.cpu.claims``."""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    """Five paired seeds: every arm shares each seed's puzzles and sampling streams."""
+    """Paired seeds: every arm shares each seed's puzzles and sampling streams (the v4 and v5 sittings use 0–7)."""
     steps: int = 50
     """RL steps (rollout batches) per run."""
     groups_per_step: int = 8
+    """Groups per rollout batch; each group plays one puzzle --group-size times."""
     group_size: int = 4
+    """Episodes per group (GRPO's group, for the advantages)."""
     train_pool: int = 64
     """Training puzzles come from this fixed pool of seeds (the sanity test's fixed problem set)."""
     probe_every: int = 10
+    """Every N steps, binary vs top-K vs exact divergence between μ and the updated π on the step's batch."""
     eval_episodes: int = 100
     """Held-out episodes at the start and at the end of each run."""
     warm_start_seed: int = 0
@@ -447,7 +454,7 @@ def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], co
 
 
 def main(argv=None) -> None:
-    config = tyro.cli(StudyConfig, args=argv, description=__doc__)  # bad settings: one message, exit code 2
+    config = tyro.cli(StudyConfig, args=argv, prog="python -m studies.cpu.run", description=__doc__)  # bad settings: one message, exit code 2
     console = line_console()
     runs = plan(config)
     states = {run: run_state(run.run_dir(config), config.steps) for run in runs}
