@@ -454,7 +454,8 @@ def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], co
 
 
 def main(argv=None) -> None:
-    config = tyro.cli(StudyConfig, args=argv, prog="python -m studies.cpu.run", description=__doc__)  # bad settings: one message, exit code 2
+    # bad settings: one message, exit code 2
+    config = tyro.cli(StudyConfig, args=argv, prog="python -m studies.cpu.run", description=__doc__)
     console = line_console()
     runs = plan(config)
     states = {run: run_state(run.run_dir(config), config.steps) for run in runs}
