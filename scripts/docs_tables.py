@@ -364,14 +364,20 @@ GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target
 """The device check's benchmarks, in the order of its steps."""
 
 
+PER_RUN_BENCHES = ("shaped_run",)
+"""Benchmarks whose rows are runs of a study (a row per learning rate and seed, all kept); the default run's row is
+one run, replaced by the next."""
+
+
 def gpu_rows(bench: str, folder: Path) -> list[dict]:
     """The rows of ``bench`` measured on a GPU (not smoke runs), the newest per GPU, size, decode (eager or in a
-    CUDA graph) and a run's learning rate and seed, oldest first."""
+    CUDA graph) and, for the shaped runs (:data:`PER_RUN_BENCHES`), learning rate and seed; oldest first."""
     rows = [json.loads(line) for path in sorted(folder.glob(f"{bench}_*.jsonl")) if not path.stem.endswith("_cpu")
             for line in path.read_text().splitlines() if line.strip()]
     rows = [row for row in rows if row.get("bench") == bench and row.get("cuda") and not row.get("smoke")]
+    per_run = bench in PER_RUN_BENCHES
     newest = {(row["gpu"], row.get("hidden"), row.get("response_tokens"), bool(row.get("cuda_graphs")),
-               row.get("lr"), row.get("seed")): row for row in rows}
+               row.get("lr") if per_run else None, row.get("seed") if per_run else None): row for row in rows}
     return sorted(newest.values(), key=lambda row: (row["gpu"], row.get("hidden") or 0,
                                                     row.get("response_tokens") or 0, bool(row.get("cuda_graphs")),
                                                     row.get("lr") or 0, row.get("seed") or 0))

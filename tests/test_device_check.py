@@ -222,6 +222,18 @@ def test_the_docs_table_keeps_one_shaped_run_per_lr_and_seed(tmp_path):
     assert "NVIDIA H200: lr 8.3e-06, seed 1: 90 s, success 0.780 → 0.810" in line
 
 
+def test_the_docs_table_keeps_the_newest_default_run_whatever_its_seed_and_lr(tmp_path):
+    tables = load("scripts/docs_tables.py")
+    stamp = {"bench": "default_run", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0",
+             "smoke": False, "date": "2026-11-28T00:00:00+00:00", "eval_episodes": 200.0, "steps": 100,
+             "command": "python -m dppo_oat.train --device cuda", "success_before": 0.765}
+    old = {**stamp, "commit": "9a93ada0", "wall_seconds": 112.0, "success_after": 0.87}
+    new = {**stamp, "commit": "abcdef01", "wall_seconds": 99.0, "success_after": 0.9, "seed": 0, "lr": 3e-4}
+    (tmp_path / "default_run_h100.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    line = next(row for row in tables.gpu_rows_table(tmp_path).splitlines() if row.startswith("| `default_run`"))
+    assert "99 s, success 0.765 → 0.900" in line and "112 s" not in line
+
+
 @pytest.mark.slow
 def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
     """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
@@ -267,10 +279,12 @@ def process_ends(pid: int, within: float) -> bool:
     return False
 
 
-def test_the_shaped_step_runs_every_seed_at_every_lr_and_a_failed_run_does_not_stop_the_next(tmp_path):
+@pytest.mark.parametrize("budget", ["0", "600"])
+def test_the_shaped_step_runs_every_seed_at_every_lr_and_a_failed_run_does_not_stop_the_next(tmp_path, budget):
     """SHAPED_SEEDS × SHAPED_LRS: one training run each, the lrs outermost, ``default`` giving no ``--lr`` (the rule by
-    shape); every run here fails (a stand-in interpreter for ``dppo_oat.train`` only), each is said so in the step's
-    log, and the step is reported FAILED once."""
+    shape), each in a folder named by its lr and seed; under a BUDGET too (the step then runs in a child process,
+    which must see the lists). Every run here fails (a stand-in interpreter for ``dppo_oat.train`` only): each is
+    said so in the step's log, and the step is reported FAILED once."""
     calls = tmp_path / "calls"
     python = tmp_path / "python"
     python.write_text(f'#!/usr/bin/env bash\ncase " $* " in\n'
@@ -278,14 +292,24 @@ def test_the_shaped_step_runs_every_seed_at_every_lr_and_a_failed_run_does_not_s
                       f'esac\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     done = device_check(tmp_path, "shaped-run", env={"PYTHON": str(python), "SHAPED_SEEDS": "4 5",
-                                                     "SHAPED_LRS": "default 1e-5"})
+                                                     "SHAPED_LRS": "default 1e-5", "BUDGET": budget})
     runs = [line.split() for line in calls.read_text().splitlines()]
     settings = [(run[run.index("--lr") + 1] if "--lr" in run else None, run[run.index("--seed") + 1]) for run in runs]
     assert settings == [(None, "4"), (None, "5"), ("1e-5", "4"), ("1e-5", "5")]
     assert all("qwen3-100m" in run for run in runs)
-    assert [line for line in done.stdout.splitlines() if "FAILED" in line][0].startswith(
-        "device_check: shaped-run FAILED")
+    names = [run[run.index("--run-name") + 1] for run in runs]
+    assert [name.split("-2")[0] for name in names] == ["shaped_run-lrdefault-s4", "shaped_run-lrdefault-s5",
+                                                       "shaped_run-lr1e-5-s4", "shaped_run-lr1e-5-s5"]
+    failed = [line for line in done.stdout.splitlines() if line.startswith("device_check: shaped-run FAILED")]
+    assert len(failed) == 1 and done.returncode == 1
     assert (tmp_path / "logs" / "shaped-run.log").read_text().count("shaped-run: the run at lr") == 4
+
+
+@pytest.mark.parametrize("variable", ["SHAPED_SEEDS", "SHAPED_LRS"])
+def test_an_empty_list_of_shaped_runs_is_refused_in_one_line(tmp_path, variable):
+    done = device_check(tmp_path, "shaped-run", env={variable: " "})
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"device_check: {variable} names no value (unset it for the default)")
 
 
 def test_an_unknown_step_is_refused_in_one_line(tmp_path):

@@ -55,12 +55,13 @@ SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eva
 # is a first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends
 # below --warm-start.target-success), cached under LOG_DIR; then 20 RL steps per seed, held-out success at steps 0 and
 # 20. Their RL --lr is the default by shape (8.3e-6 for this policy) unless SHAPED_LRS names others: at 3e-4, the
-# tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md). About 6 min on an H200 for 3 seeds
-# (its row: a 54 s warm start, 3.3 s an RL step; evaluations and start-up not measured).
+# tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md). 6 to 10 min on an H200 for 3 seeds: its
+# last row's 259 s held a 54 s warm start, 28 RL steps of 3.3 s and 112 s of evaluations, start-up and demonstrations
+# (not timed apart; the demonstrations and the tokenizer are made once).
 SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
                   --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 20 --eval-every 20)
-read -r -a SHAPED_SEEDS <<<"${SHAPED_SEEDS:-0 1 2}"
-read -r -a SHAPED_LRS <<<"${SHAPED_LRS:-default}"
+SHAPED_SEEDS=${SHAPED_SEEDS:-0 1 2} SHAPED_LRS=${SHAPED_LRS:-default}  # strings, so a budgeted step's child sees them
+export SHAPED_SEEDS SHAPED_LRS
 SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.demo-episodes 8
                         --warm-start.max-steps 1 --warm-start.check-every 1 --warm-start.check-episodes 2
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
@@ -89,6 +90,7 @@ IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
 
 SMOKE=${SMOKE:-0}
 BUDGET=${BUDGET:-0}
+RUN_TAG=""  # train_run's folder names: the bench, this tag, the time
 ONLY=""  # --only STEP: run that step's function alone (the budgeted child of run())
 chosen=()
 while [[ $# -gt 0 ]]; do
@@ -102,6 +104,9 @@ while [[ $# -gt 0 ]]; do
         *) [[ " ${STEPS[*]} " == *" $arg "* ]] || { echo "device_check: unknown step '$arg' (${STEPS[*]})" >&2; exit 2; }
            chosen+=("$arg") ;;
     esac
+done
+for list in SHAPED_SEEDS SHAPED_LRS; do
+    [[ -n ${!list// /} ]] || { echo "device_check: $list names no value (unset it for the default)" >&2; exit 2; }
 done
 if [[ ${#chosen[@]} -eq 0 ]]; then
     for step in "${STEPS[@]}"; do
@@ -216,7 +221,7 @@ gpu_tests() {
 train_run() {
     local bench=$1 name start=$SECONDS rc stopped=""
     shift
-    name=$bench-$(date -u +%Y%m%dT%H%M%S)
+    name=$bench$RUN_TAG-$(date -u +%Y%m%dT%H%M%S)
     echo "python -m dppo_oat.train $*"
     trap 'stopped="by the check'"'"'s budget of ${BUDGET} s"' TERM  # handled once the run has ended
     "$PY" -m dppo_oat.train "$@" --run-dir "$LOG_DIR" --run-name "$name"
@@ -233,12 +238,14 @@ default_run() { train_run default_run "${RUN_FLAGS[@]}"; }
 # shaped_run: one run of SHAPED_RUN_FLAGS per learning rate and seed (a row each), the lrs outermost; a run the
 # budget stops ends the step, one that fails is reported and the next one runs
 shaped_run() {
-    local lr seed rc=0 flags
-    for lr in "${SHAPED_LRS[@]}"; do
-        for seed in "${SHAPED_SEEDS[@]}"; do
+    local lr seed rc=0 flags seeds lrs
+    read -r -a seeds <<<"$SHAPED_SEEDS"
+    read -r -a lrs <<<"$SHAPED_LRS"
+    for lr in "${lrs[@]}"; do
+        for seed in "${seeds[@]}"; do
             flags=("${SHAPED_RUN_FLAGS[@]}" --seed "$seed")
             [[ $lr == default ]] || flags+=(--lr "$lr")
-            train_run shaped_run "${flags[@]}" --cache-dir "$LOG_DIR/policy-cache"
+            RUN_TAG="-lr$lr-s$seed" train_run shaped_run "${flags[@]}" --cache-dir "$LOG_DIR/policy-cache"
             case $? in
                 0) ;;
                 124) return 124 ;;
