@@ -34,6 +34,7 @@ from studies.cpu.claims import (
     FRONTIER_STALE_CONTRASTS,
     MATCHED_ARMS,
     MATCHED_MORE_ARMS,
+    SWEEP_ARMS,
     THRESHOLD,
 )
 from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
@@ -110,6 +111,20 @@ def test_a_matched_arm_calibrates_its_band_like_dppo_binary_kl(tmp_path, conditi
         assert study_variant(method).endswith("(as strong as DPPO-Binary-KL)") and condition_of(run.name) == condition
         assert cpu_study.trainer_module(method) == "dppo_oat.train"
     assert [cpu_study.trainer_module(m) for m in PLACEBO_PRESETS] == ["studies.cpu.placebo"] * 2
+
+
+def test_a_swept_arm_is_one_variant_named_by_its_target(tmp_path):
+    """The band sweep's arms calibrate per run to a fixed share of step 1's tokens: one variant per arm, named by
+    the share (each run's config records its own band, which would split the arm by seed)."""
+    config = cpu_study.StudyConfig(out_dir=str(tmp_path))
+    names = []
+    for method, _ in SWEEP_ARMS:
+        run = cpu_study.StudyRun("sudoku", method, "mech-int4", 0)
+        spec, _ = validate_config(tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False)))
+        assert spec.calibration.target == float(method.split("calibrate=")[1].split(",")[0])
+        names.append(study_variant(method))
+    assert names == [f"{rule} (calibrated to block {share})" for rule in ("GSPO", "VACO", "TRM-Avg")
+                     for share in ("2%", "8%")]
 
 
 def test_the_placebo_rates_are_what_int4s_mask_blocked(committed_study):
