@@ -12,20 +12,20 @@
 #   bash scripts/gpu/device_check.sh --smoke              # the same pipeline on the CPU at tiny sizes (minutes)
 #
 # Steps, in the order they run: shaped-run (the ~100M policy, --warm-start.shape qwen3-100m, warm-started on the GPU
-# once, then short RL runs at the default --lr by shape, one per seed in SHAPED_SEEDS and lr in SHAPED_LRS: shaped_run,
-# a row per run; on the CPU only when named, a 100M policy being slow there), oat-lora (the oat-learner step's bench with LoRA adapters of rank 16 on both learners,
-# one timed pair: the learner's memory under LoRA beside oat-learner's without: oat_learner_step; on the CPU only
-# when named), oat-learner (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under
-# DeepSpeed ZeRO-2 in bf16 at Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins
-# are in tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed: make
-# test-oat's environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the
-# operations one default-run rollout dispatches and where its host time goes: rollout_ops), rollout
-# (scripts/bench/rollout.py: the generator
-# against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and MFU of the
-# update: learner_mfu), fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k response
-# tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success before →
-# after: default_run). A step that fails is reported in one line (its log has the rest) and the next one runs; the
-# exit status is 1 when any failed, was stopped or skipped.
+# once, then short RL runs at the default --lr by shape, one per seed in SHAPED_SEEDS and lr in SHAPED_LRS:
+# shaped_run, a row per run; on the CPU only when named, a 100M policy being slow there), oat-lora (the oat-learner
+# step's bench with LoRA adapters of rank 16 on both learners, one timed pair: the learner's memory under LoRA beside
+# oat-learner's without: oat_learner_step; on the CPU only when named), oat-learner
+# (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under DeepSpeed ZeRO-2 in bf16 at
+# Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins are in
+# tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed: make test-oat's
+# environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the operations one
+# default-run rollout dispatches and where its host time goes: rollout_ops), rollout (scripts/bench/rollout.py: the
+# generator against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and
+# MFU of the update: learner_mfu), fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k
+# response tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success
+# before → after: default_run). A step that fails is reported in one line (its log has the rest) and the next one
+# runs; the exit status is 1 when any failed, was stopped or skipped.
 #
 #   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
 #   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
