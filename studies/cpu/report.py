@@ -495,7 +495,7 @@ def strength_table(outcomes: pd.DataFrame, condition: str, arms: dict[str, dict[
     ``condition``, the runs, the share of A ≠ 0 tokens its band blocked over the run (``mask/fraction``, %, mean over
     seeds), the AUC's mean and the half-width of its 95% t-interval over seeds, held-out success at the end and the
     collapses. An arm without runs is left out."""
-    from scipy.stats import t as student_t
+    from scipy.stats import ttest_1samp
 
     rows = []
     for rule, strengths in arms.items():
@@ -503,9 +503,11 @@ def strength_table(outcomes: pd.DataFrame, condition: str, arms: dict[str, dict[
             runs = outcomes[(outcomes["condition"] == condition) & (outcomes["arm_method"] == method)]
             if runs.empty:
                 continue
-            n, auc = len(runs), runs["auc"]
-            half = student_t.ppf(0.975, n - 1) * auc.std(ddof=1) / np.sqrt(n) if n > 1 else np.nan
-            rows.append({"rule": rule, "strength": strength, "runs": n, "blocked %": 100 * runs["masked"].mean(),
+            auc = runs["auc"]
+            interval = ttest_1samp(auc, 0.0).confidence_interval(0.95) if len(runs) > 1 else None
+            half = (interval.high - interval.low) / 2 if interval is not None else np.nan
+            rows.append({"rule": rule, "strength": strength, "runs": len(runs),
+                         "blocked %": 100 * runs["masked"].mean(),
                          "auc": auc.mean(), "auc ± 95%": half, "held-out end": runs["eval_after"].mean(),
                          "collapsed": int(runs["collapsed"].sum())})
     return pd.DataFrame(rows).set_index(["rule", "strength"]) if rows else pd.DataFrame()
