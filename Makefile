@@ -185,7 +185,8 @@ test-verl: $(VERL_VENV)/.installed
 	$(VERL_VENV)/bin/python -m pytest -q -m verl tests/verl $(ARGS)
 
 ## GPU runbook (docs/gpu.md): the wheels a stock CUDA image lacks for the local engine and its tests, into .whl/
-## (pinned to the GPU node's lock; needs pip and the package index); scripts/gpu/device_check.sh installs them there
+## (pinned to the GPU node's lock; needs pip and the package index); scripts/gpu/device_check.sh installs them there.
+## STEPS="rollout tests": only what those steps of the check import
 .PHONY: gpu-wheels
 gpu-wheels: $(VENV)/.runtime
-	PYTHON=$(PY) bash scripts/gpu/device_wheels.sh
+	PYTHON=$(PY) bash scripts/gpu/device_wheels.sh $(if $(STEPS),--steps $(STEPS))

@@ -105,6 +105,56 @@ def test_every_package_the_project_needs_is_pinned_or_on_the_image():
     assert {"gem-llm", "tyro", "reasoning-gym", "math-verify"}.isdisjoint(image)
 
 
+def test_the_wheels_are_those_of_the_steps_named():
+    """``--steps``: the package's requirements for a step of the local engine, oat's roots (with the two of the
+    package's own that its learner imports) for an oat step, both for both; the script knows the check's steps."""
+    project = wheels.project_requirements(ROOT / "pyproject.toml")
+    names = lambda steps: sorted(wheels.canonical(r.name) for r in wheels.roots_for(steps, project))  # noqa: E731
+    own, oat = sorted(wheels.canonical(r.name) for r in project), list(wheels.OAT_LEARNER_ROOTS)
+    assert wheels.DEVICE_STEPS == STEPS
+    assert names(["rollout", "tests"]) == own
+    assert names(["oat-learner"]) == names(["oat-lora", "oat-learner"]) == sorted(["datasets", "tyro", *oat])
+    assert names(STEPS) == sorted(own + oat)
+    with pytest.raises(ValueError, match="unknown step.*warp-drive"):
+        wheels.roots_for(["rollout", "warp-drive"], project)
+
+
+def test_wheels_that_would_not_travel_beside_the_checkout_are_refused_with_what_to_do(tmp_path):
+    """The wheels and the checkout's tracked files travel together in 64 MiB; an untracked file does not count."""
+    mib = 2**20
+    assert wheels.travel_problem(18 * mib, 46 * mib, ["rollout", "tests"]) is None
+    problem = wheels.travel_problem(23 * mib, 45.5 * mib, STEPS)
+    assert problem.startswith("23.0 MiB of wheels beside the checkout's 45.5 MiB make 68.5 MiB, over the 64 MiB")
+    assert "--steps rollout tests, then --steps oat-learner" in problem
+    assert "too little room" in wheels.travel_problem(1 * mib, 64 * mib, ["rollout"])
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "tracked.txt").write_bytes(b"x" * 1000)
+    (tmp_path / "untracked.txt").write_bytes(b"y" * 500)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "tracked.txt"], check=True)
+    assert wheels.checkout_bytes(tmp_path) == 1000
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    assert wheels.checkout_bytes(outside) == 0
+
+
+def test_wheels_that_lack_what_the_steps_import_are_named_with_the_steps_to_fetch(tmp_path):
+    """The install checks the imports of the steps named: oat's learner's for ``oat-learner``. Here the wheels' folder
+    holds one wheel, pip installs nothing and DeepSpeed does not import (a stand-in interpreter for these two
+    alone): one line says which ``--steps`` to fetch."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (folder / "tyro-1.0.17-py3-none-any.whl").write_bytes(b"")
+    python = tmp_path / "python"
+    python.write_text(f'#!/usr/bin/env bash\ncase " $* " in\n    *" -m pip "*) exit 0 ;;\n'
+                      f'    *"import "*deepspeed*) exit 1 ;;\nesac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    done = device_check(tmp_path, "oat-learner", env={"PYTHON": str(python), "WHEELS": str(folder),
+                                                      "FORCE_INSTALL": "1", "SITE": str(tmp_path / "site")})
+    [install] = [line for line in done.stdout.splitlines() if line.startswith("device_check: install")]
+    assert "FAILED" in install and "lack what these steps import: run scripts/gpu/device_wheels.sh --steps " \
+        "oat-learner where" in install, install
+
+
 def test_rows_are_stamped_and_appended_to_the_benchs_file(tmp_path, monkeypatch):
     monkeypatch.setenv("DPPO_COMMIT", "abc123")
     monkeypatch.setenv("DPPO_SMOKE", "1")

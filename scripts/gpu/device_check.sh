@@ -30,7 +30,9 @@
 #   OUT_DIR      where the rows go (default docs/bench; with --smoke runs/device-check-smoke)
 #   LOG_DIR      each step's full output and the default run's folder (default runs/device-check,
 #                runs/device-check-smoke/logs)
-#   SITE         where .whl/ is installed, first on PYTHONPATH (default /tmp/dppo-site); torch is never touched.
+#   WHEELS       the folder of wheels to install (default .whl, scripts/gpu/device_wheels.sh --steps ... fetches
+#                what the steps named import)
+#   SITE         where WHEELS is installed, first on PYTHONPATH (default /tmp/dppo-site); torch is never touched.
 #                The install is skipped when the packages already import (FORCE_INSTALL=1 installs anyway)
 #   PYTHON       the interpreter that holds torch (default python3)
 #   DPPO_COMMIT  the commit the rows name, for a copy of the checkout without its .git
@@ -86,7 +88,10 @@ SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
 OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile
 STEPS=(shaped-run oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run)
 SMOKE_SKIPS=(oat-lora oat-learner shaped-run)  # steps --smoke runs only when named
-IMPORTS="import gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
+# What the installed wheels must import: the local engine's steps, and oat's learner steps (OAT_LEARNER_STEPS in
+# scripts/gpu/device_wheels.py, whose --steps fetches only what the named steps import)
+LOCAL_IMPORTS="gem, tyro, reasoning_gym, math_verify, datasets, pylatexenc"
+OAT_IMPORTS="tyro, datasets, deepspeed, tree, Levenshtein, msgspec, openai"
 
 SMOKE=${SMOKE:-0}
 BUDGET=${BUDGET:-0}
@@ -114,6 +119,14 @@ if [[ ${#chosen[@]} -eq 0 ]]; then
     done
 fi
 PY=${PYTHON:-python3}
+imports=()
+for step in "${chosen[@]}"; do
+    case $step in
+        oat-lora|oat-learner) imports+=("$OAT_IMPORTS") ;;
+        *) imports+=("$LOCAL_IMPORTS") ;;
+    esac
+done
+IMPORTS="import $(printf '%s, ' "${imports[@]}" | tr -s ', ' '\n' | sort -u | paste -sd, - | sed 's/,/, /g')"
 if [[ $SMOKE != 0 ]]; then
     ROLLOUT_OPS_FLAGS=("${SMOKE_ROLLOUT_OPS_FLAGS[@]}") OAT_LEARNER_FLAGS=("${SMOKE_OAT_LEARNER_FLAGS[@]}")
     DEVICE=cpu RUN_FLAGS=("${SMOKE_RUN_FLAGS[@]}") SHAPED_RUN_FLAGS=("${SMOKE_SHAPED_RUN_FLAGS[@]}") ROLLOUT_FLAGS=("${SMOKE_ROLLOUT_FLAGS[@]}")
@@ -180,17 +193,20 @@ install_wheels() {
         return 0
     fi
     shopt -s nullglob
-    local files=(.whl/*.whl .whl/*.tar.gz) banned=(.whl/torch-* .whl/nvidia_* .whl/triton-*)
+    local wheels=${WHEELS:-.whl}
+    local files=("$wheels"/*.whl "$wheels"/*.tar.gz) banned=("$wheels"/torch-* "$wheels"/nvidia_* "$wheels"/triton-*)
     shopt -u nullglob
-    [[ ${#files[@]} -gt 0 ]] || { echo "no .whl/: run scripts/gpu/device_wheels.sh where pip reaches the index"; return 1; }
-    [[ ${#banned[@]} -eq 0 ]] || { echo "refused: .whl/ holds ${banned[*]} (the image's torch stays)"; return 1; }
+    [[ ${#files[@]} -gt 0 ]] || { echo "no $wheels/: run scripts/gpu/device_wheels.sh where pip reaches the index"; return 1; }
+    [[ ${#banned[@]} -eq 0 ]] || { echo "refused: $wheels/ holds ${banned[*]} (the image's torch stays)"; return 1; }
     local torch_before torch_after
     torch_before=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --no-build-isolation --upgrade --ignore-requires-python \
         --target "$SITE" "${files[@]}" || return 1
     torch_after=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
     [[ $torch_before == "$torch_after" ]] || { echo "torch moved: $torch_before → $torch_after"; return 1; }
-    "$PY" -c "$IMPORTS" && echo "installed ${#files[@]} packages into $SITE beside $torch_after"
+    "$PY" -c "$IMPORTS" 2>/dev/null || { echo "the wheels in $wheels/ lack what these steps import: run" \
+        "scripts/gpu/device_wheels.sh --steps ${chosen[*]} where pip reaches the index (failed: $IMPORTS)"; return 1; }
+    echo "installed ${#files[@]} packages into $SITE beside $torch_after"
 }
 
 check_device() {

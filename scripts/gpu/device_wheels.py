@@ -13,14 +13,17 @@ A package is fetched as a wheel built for CPython 3.12 on manylinux x86_64, or a
 wheel, its sdist is built here: a pure-Python build is kept as a wheel; a compiled package travels as its sdist, and
 ``scripts/gpu/device_check.sh`` builds it on the device with the image's compiler. DeepSpeed is built here into a
 pure-Python wheel with no prebuilt ops (:data:`BUILD_ENVIRONMENT`): its ops are JIT-compiled by the device's nvcc.
-It prints the list and the total size and refuses more than :data:`MAX_BYTES`.
+``--steps`` fetches only what the named steps of ``scripts/gpu/device_check.sh`` import (:func:`roots_for`): the
+folder travels beside the checkout, and together they may weigh :data:`MAX_BYTES`. It prints the list and the total
+size and refuses a folder that does not fit beside the checkout's tracked files.
 
-    python scripts/gpu/device_wheels.py [--dest .whl]     # scripts/gpu/device_wheels.sh, make gpu-wheels
+    python scripts/gpu/device_wheels.py [--dest .whl] [--steps rollout tests]   # device_wheels.sh, make gpu-wheels
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -49,7 +52,7 @@ IMAGE_LIST = ROOT / "requirements" / "cuda-image.txt"
 LOCK = ROOT / "requirements" / "gpu-node-py310.txt"
 OVERRIDES = ROOT / "requirements" / "device-wheels.txt"
 MAX_BYTES = 64 * 2**20
-"""What the folder may weigh: it travels with the checkout."""
+"""What the folder and the checkout's tracked files may weigh together: they travel to the GPU machine at once."""
 
 PYTHON_VERSION = "3.12"
 """The image's Python."""
@@ -59,6 +62,18 @@ OAT_LEARNER_ROOTS = ("oat-llm", "deepspeed", "dm-tree", "levenshtein", "msgspec"
 DeepSpeed it pins, and oat's import-time modules the image lacks (``tree``, ``Levenshtein``, ``msgspec``, ``openai``),
 each at the GPU node lock's version. vLLM (imported by ``oat.actors``) and launchpad have import stand-ins on the
 device."""
+
+OAT_LEARNER_STEPS = ("oat-lora", "oat-learner")
+"""The steps of ``scripts/gpu/device_check.sh`` that run oat's learner (``scripts/bench/oat_learner_step.py``)."""
+
+DEVICE_STEPS = ("shaped-run", *OAT_LEARNER_STEPS, "tests", "rollout-ops", "rollout", "learner", "fused-head",
+                "default-run")
+"""Every step of ``scripts/gpu/device_check.sh``; all but the oat learner's run the local engine and need the
+package's requirements."""
+
+OAT_LEARNER_OWN_ROOTS = ("datasets", "tyro")
+"""The package's own requirements that oat's learner step imports: of ``[project.dependencies]``,
+``import dppo_oat.engines.oat.learner`` loads these two and no other that the image lacks."""
 
 NO_DEPENDENCIES = {"oat-llm"}
 """Packages whose ``Requires-Dist`` is not followed, fetched whatever Python they require: oat-llm pins Python 3.10,
@@ -198,6 +213,39 @@ def resolve(roots: Iterable[Requirement], image: set[str], pins: dict[str, str],
     return result
 
 
+def roots_for(steps: Iterable[str], project: list[Requirement]) -> list[Requirement]:
+    """What the device check's ``steps`` import, as requirements: the package's own (``project``) for a step of the
+    local engine, the oat learner's roots for an oat step (with the two of the package's own it imports)."""
+    steps = set(steps)
+    if not steps <= set(DEVICE_STEPS):
+        raise ValueError(f"unknown step(s) {', '.join(sorted(steps - set(DEVICE_STEPS)))}: {' '.join(DEVICE_STEPS)}")
+    oat = bool(steps & set(OAT_LEARNER_STEPS))
+    local = bool(steps - set(OAT_LEARNER_STEPS))
+    own = project if local else [r for r in project if canonical(r.name) in OAT_LEARNER_OWN_ROOTS]
+    return [*own, *(map(Requirement, OAT_LEARNER_ROOTS) if oat else ())]
+
+
+def checkout_bytes(root: Path) -> int:
+    """What the checkout's tracked files weigh (0 outside a git checkout): they travel with the folder."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if listed.returncode != 0:
+        return 0
+    files = (root / name for name in listed.stdout.decode().split("\0") if name)
+    return sum(path.stat().st_size for path in files if path.is_file())
+
+
+def travel_problem(wheels: int, checkout: int, steps: Iterable[str]) -> str | None:
+    """None when ``wheels`` bytes fit beside a ``checkout`` of that many bytes in :data:`MAX_BYTES`, else what to do."""
+    if wheels + checkout <= MAX_BYTES:
+        return None
+    steps = list(steps)
+    hint = ("fetch the wheels of fewer steps, one set per GPU session, e.g. --steps rollout tests, then --steps "
+            "oat-learner" if len(steps) > 1 else "the checkout alone leaves too little room")
+    return (f"{wheels / 2**20:.1f} MiB of wheels beside the checkout's {checkout / 2**20:.1f} MiB make "
+            f"{(wheels + checkout) / 2**20:.1f} MiB, over the {MAX_BYTES / 2**20:.0f} MiB that travel to the GPU "
+            f"machine: {hint}")
+
+
 def pip(*args: str, quiet: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m pip ARGS`` (this interpreter's pip), its output captured; ``env`` added to the environment."""
     command = [sys.executable, "-m", "pip", *args, *(["--quiet"] if quiet else [])]
@@ -233,6 +281,9 @@ def fetch_with_pip(name: str, version: str, dest: Path, python_version: str = PY
                                f"({(got.stderr.strip().splitlines() or ['?'])[-1]})")
         environment = BUILD_ENVIRONMENT.get(canonical(name))
         isolation = [] if environment is None else ["--no-build-isolation"]
+        if environment is not None and importlib.util.find_spec("torch") is None:
+            raise RuntimeError(f"{spec}: its sdist imports torch to build, and {sys.executable} has none: run with "
+                               "PYTHON= an interpreter that has torch (make gpu-wheels uses the project's .venv)")
         built = pip("wheel", "--no-deps", *isolation, "-w", str(scratch / "built"), str(sdists[0]), env=environment)
         wheels = list((scratch / "built").glob("*.whl")) if built.returncode == 0 else []
         if not wheels:
@@ -249,13 +300,14 @@ def keep(name: str, version: str, path: Path, metadata: str, dest: Path) -> Fetc
     return Fetched(name, version, Path(shutil.copy2(path, dest / path.name)), metadata)
 
 
-def report(resolution: Resolution) -> list[str]:
-    """The folder's contents, one line a package, and the total size."""
+def report(resolution: Resolution, room: int = MAX_BYTES) -> list[str]:
+    """The folder's contents, one line a package, and the total size against the ``room`` left beside the
+    checkout."""
     packages = sorted(resolution.fetched.values(), key=lambda f: f.name)
     lines = [f"  {p.name}=={p.version}  {p.path.name}  {p.path.stat().st_size / 2**20:.2f} MiB  ({p.kind})"
              for p in packages]
     total = sum(p.path.stat().st_size for p in packages)
-    lines.append(f"{len(packages)} packages, {total / 2**20:.1f} MiB in all (at most {MAX_BYTES / 2**20:.0f} MiB); "
+    lines.append(f"{len(packages)} packages, {total / 2**20:.1f} MiB in all (at most {room / 2**20:.1f} MiB); "
                  f"taken from the image: {', '.join(sorted(resolution.from_image))}")
     return lines
 
@@ -265,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", default=str(ROOT / ".whl"), help="the folder (its wheels and sdists are replaced)")
     parser.add_argument("--python-version", default=PYTHON_VERSION,
                         help="the image's Python (X.Y); another one only to rehearse the install elsewhere")
+    parser.add_argument("--steps", nargs="+", default=list(DEVICE_STEPS), metavar="STEP",
+                        help="only what these steps of device_check.sh import (default: every step: "
+                             f"{' '.join(DEVICE_STEPS)})")
     args = parser.parse_args(argv)
     dest = Path(args.dest)
     staging = Path(tempfile.mkdtemp(prefix="device-wheels-"))
     try:
-        roots = [*project_requirements(ROOT / "pyproject.toml"), *map(Requirement, OAT_LEARNER_ROOTS)]
+        roots = roots_for(args.steps, project_requirements(ROOT / "pyproject.toml"))
         resolution = resolve(roots, read_names(IMAGE_LIST), read_pins(LOCK),
                              read_pins(OVERRIDES), lambda name, version: fetch_with_pip(name, version, staging,
                                                                                         args.python_version),
@@ -277,11 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as error:
         print(f"device_wheels: {error}", file=sys.stderr)
         return 1
-    lines = report(resolution)
-    print("\n".join(lines))
+    checkout = checkout_bytes(ROOT)
+    print("\n".join(report(resolution, MAX_BYTES - checkout)))
     total = sum(f.path.stat().st_size for f in resolution.fetched.values())
-    if total > MAX_BYTES:
-        print(f"device_wheels: {total / 2**20:.1f} MiB is over {MAX_BYTES / 2**20:.0f} MiB", file=sys.stderr)
+    problem = travel_problem(total, checkout, args.steps)
+    if problem:
+        print(f"device_wheels: {problem}", file=sys.stderr)
         return 1
     dest.mkdir(parents=True, exist_ok=True)
     for old in [*dest.glob("*.whl"), *dest.glob("*.tar.gz"), *dest.glob("*.zip")]:

@@ -31,6 +31,10 @@ import vllm
 from oat.algorithms.ppo import PPOLearner
 from oat.utils import ipc
 from dppo_oat.engines.oat.learner import DPPOLearner
+from importlib.metadata import packages_distributions
+distributions = packages_distributions()
+loaded = sorted({d for m in list(sys.modules) for d in distributions.get(m.split(".")[0], [])})
+print(json.dumps({"loaded": loaded}))
 print(json.dumps({"vllm_stand_in": getattr(vllm, "STAND_IN", False),
                   "plasma_stand_in": ipc.plasma is sys.modules["pyarrow.plasma"]
                   and ipc.plasma.__name__ == "pyarrow.plasma"
@@ -43,8 +47,23 @@ def test_oats_learner_modules_import_through_the_stand_ins():
     done = subprocess.run([sys.executable, "-c", FORCED_STAND_INS, str(STAND_INS)], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    loaded, result = map(json.loads, done.stdout.strip().splitlines()[-2:])
     assert result == {"vllm_stand_in": True, "plasma_stand_in": True, "dppo_is_oats_ppo": True}
+    # the GPU check's wheels for oat's learner steps hold, of the package's own requirements, only these
+    wheels = load_device_wheels()
+    own = {wheels.canonical(r.name) for r in wheels.project_requirements(ROOT / "pyproject.toml")}
+    loaded_own = {wheels.canonical(name) for name in loaded["loaded"]} & own
+    assert loaded_own - wheels.read_names(wheels.IMAGE_LIST) <= set(wheels.OAT_LEARNER_OWN_ROOTS), loaded_own
+
+
+def load_device_wheels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("device_wheels", ROOT / "scripts" / "gpu" / "device_wheels.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
