@@ -350,7 +350,9 @@ GPU_BENCHES = {  # bench: (what scripts/gpu/device_check.sh measures, its target
                    "then RL at a learning rate and seed: wall time, held-out success before → after",
                    "after > before in every seed at the default `--lr`"),
     "oat_learner_step": ("oat's own learners under DeepSpeed ZeRO-2, bf16, at Qwen3-1.7B's shape: DPPO's step time ÷ "
-                         "PPO's (same batch), each one's peak memory and MFU", "≤ 0.85"),
+                         "PPO's (same batch), each one's peak memory and MFU; DPPO's learner resumed from its "
+                         "checkpoint: the resumed step's distance from the uninterrupted one ÷ the step's size",
+                         "≤ 0.85; ≤ 0.01"),
     "gpu_tests": ("`pytest -m gpu`", "all pass"),
     "default_run": ("the default run: wall time, held-out success before → after", "—"),
     "rollout_ops": ("one default-run rollout: operations dispatched (about one kernel launch each on a GPU) per "
@@ -447,7 +449,15 @@ def oat_learner_result(row: dict) -> str:
             f"{config['sequences']} × {config['prompt_tokens']} + {config['response_tokens']} tokens); peak "
             f"{row['peak_mem_total_gib']['ppo']:.1f} / {row['peak_mem_total_gib']['dppo']:.1f} GiB, MFU "
             f"{learners['ppo']['mfu']:.3f} / {learners['dppo']['mfu']:.3f} (PPO / DPPO); {optimizer}, DeepSpeed "
-            f"{row['deepspeed']}, {row['attention']} attention")
+            f"{row['deepspeed']}, {row['attention']} attention{resume_result(row.get('resume'))}")
+
+
+def resume_result(resume: dict | None) -> str:
+    """The resume check of an ``oat_learner_step`` row in a few words (nothing for a row without one)."""
+    if not resume:
+        return ""
+    return (f"; resumed step off by {resume['deviation']:.1e} of its size ({resume['checkpoint_gib']:.1f} GiB "
+            f"checkpoint saved in {resume['save_seconds']:.0f} s, loaded in {resume['load_seconds']:.0f} s)")
 
 
 def gpu_rows_table(folder: Path = ROOT / "docs" / "bench") -> str:

@@ -285,6 +285,17 @@ def test_the_docs_table_keeps_the_newest_default_run_whatever_its_seed_and_lr(tm
 
 
 @pytest.mark.slow
+def test_the_oat_learner_row_says_its_resume_check_when_it_has_one():
+    tables = load("scripts/docs_tables.py")
+    [row] = [json.loads(line) for line in (ROOT / "docs/bench/oat_learner_step_h200.jsonl").read_text().splitlines()
+             if line.strip()][-1:]
+    without = tables.oat_learner_result({**row, "resume": None})
+    assert "resumed" not in without
+    resume = {"deviation": 0.0042, "checkpoint_gib": 19.6, "save_seconds": 31.2, "load_seconds": 12.7}
+    assert tables.oat_learner_result({**row, "resume": resume}) == without + (
+        "; resumed step off by 4.2e-03 of its size (19.6 GiB checkpoint saved in 31 s, loaded in 13 s)")
+
+
 def test_a_budget_stops_the_running_step_with_its_processes_and_skips_the_rest(tmp_path):
     """BUDGET: a step still running when the budget runs out is stopped with every process it started (here a
     training run that would sleep 600 s) and reported in one line; the steps after it are skipped, each said so; the

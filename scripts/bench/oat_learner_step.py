@@ -55,6 +55,14 @@ overheads; with a real model's decoder the extra pass and the head are a smaller
     python scripts/bench/oat_learner_step.py --out docs/bench/oat_learner_step_cpu.jsonl
     python scripts/bench/oat_learner_step.py --lora-rank 16 ...                # the same under LoRA (peak memory)
 
+With ``--resume-check`` DPPO's learner also takes the oat engine's resume on this device, as
+``DPPOLearner.save_checkpoint`` and ``resume`` do it (DeepSpeed's weights, optimizer and schedule, and the learner's
+state with its random states): a step, a checkpoint, a second step (the reference); then back at the start under other
+seeds, the checkpoint loaded and the second step again. ``resume.deviation`` is the resumed step's distance from the
+reference's weights over the second step's own size (both as L2 norms over every trainable weight): 0 when the step is
+deterministic, as on the CPU; about one weight's rounding where the device's kernels are not; near 1 or above where
+the checkpoint lost the optimizer's moments or the shuffle's state.
+
 With ``--lora-rank`` r both learners train LoRA adapters (oat's ``--lora_rank``); the row's ``config`` records the
 rank and the trainable parameters, so the learner's memory with and without LoRA is two rows of the same shape.
 oat's own learner gets DPPO's fix of its learning-rate schedule under LoRA (``match_scheduler_to_groups``: DeepSpeed
@@ -363,6 +371,56 @@ def reset(learner, start: dict, seed: int) -> None:
         learner.shuffle_generator.manual_seed(seed)
 
 
+def resume_check(learner, trajectory: dict, start: dict, folder: Path) -> dict:
+    """The oat engine's resume, in one learner (module docstring): seconds to save and load, the checkpoint's size,
+    and how far the resumed second step lands from the uninterrupted one's, relative to that step's size."""
+    from dppo_oat.engines.oat.resume import (
+        learner_state,
+        read_learner_state,
+        restore_learner_state,
+        set_random_states,
+        write_learner_state,
+    )
+
+    engine, tag = learner.model.model, "round_1"
+    learner.steps = getattr(learner, "steps", 0)  # oat's run loop sets it; this learner runs no loop
+    reset(learner, start, seed=42)
+    learner.learning_step(trajectory)
+    started = time.perf_counter()
+    engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+    write_learner_state(folder / tag, 0, learner_state(learner))
+    saved = time.perf_counter() - started
+    after_first = trainable_copy(engine)
+    learner.learning_step(trajectory)
+    reference = trainable_copy(engine)
+    step_size = l2_distance(reference, after_first)
+    del after_first
+    reset(learner, start, seed=7)
+    started = time.perf_counter()
+    learner.strategy.load_ckpt(engine, str(folder), tag=tag)
+    state = read_learner_state(folder / tag, 0)
+    restore_learner_state(learner, state)
+    set_random_states(state.random_states, learner.shuffle_generator)
+    loaded = time.perf_counter() - started
+    learner.learning_step(trajectory)
+    resumed = trainable_copy(engine)
+    return {"deviation": l2_distance(resumed, reference) / max(step_size, 1e-30), "step_l2": step_size,
+            "max_abs_weight_diff": max((resumed[n].float() - reference[n].float()).abs().max().item()
+                                       for n in reference),
+            "save_seconds": saved, "load_seconds": loaded,
+            "checkpoint_gib": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / GiB}
+
+
+def trainable_copy(engine) -> dict:
+    """A copy of the trainable weights, in their dtype, where they are."""
+    return {name: p.detach().clone() for name, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def l2_distance(a: dict, b: dict) -> float:
+    """The L2 norm of ``a − b`` over every weight (each weight's difference taken in fp32)."""
+    return sum(float((a[name].float() - b[name].float()).pow(2).sum()) for name in a) ** 0.5
+
+
 def resident_kib(field: str) -> int:
     with open("/proc/self/status") as status:
         return int(re.search(rf"{field}:\s+(\d+) kB", status.read()).group(1))
@@ -473,10 +531,12 @@ def worker(variant: str, args, gpu: dict, model_dir: str, batch_path: str, conn)
                      "trust_region": getattr(learner, "trust_region", None),
                      "trainable": sum(p.numel() for p in learner.model.model.module.parameters() if p.requires_grad)}
             conn.send(("ready", ready))
-            while (message := conn.recv()) in ("step", "profile"):
+            while (message := conn.recv()) in ("step", "profile", "resume"):
                 reset(learner, start, seed=42)
                 if message == "step":
                     conn.send(("step", timed_step(learner, trajectory, args.device, counters)))
+                elif message == "resume":
+                    conn.send(("resume", resume_check(learner, trajectory, start, Path(save_path) / "resume")))
                 else:
                     conn.send(("profile", profiled_step(learner, trajectory, args.device, counters)))
     except BaseException:
@@ -611,6 +671,9 @@ def measure(args) -> tuple[list[dict], dict]:
                 facts["profile"] = {v: w.step("profile") for v, w in workers.items()}
                 progress("profiled: " + ", ".join(f"{v} device busy {p['device_busy_fraction']}"
                                                   for v, p in facts["profile"].items()))
+            if args.resume_check:
+                facts["resume"] = workers["dppo"].step("resume")
+                progress(f"resume: deviation {facts['resume']['deviation']:.2e} of the step's size")
         finally:
             for w in workers.values():
                 w.close()
@@ -683,6 +746,7 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "peak_flops": facts["gpu"]["peak_flops"], "peak_method": facts["gpu"]["peak_method"],
         "fused_adam": facts["gpu"]["fused_adam"], "attention": facts["gpu"]["attention"],
         "import_stand_ins": facts["gpu"]["import_stand_ins"], "profile": facts.get("profile"),
+        "resume": facts.get("resume"),
         "targets": {"dppo_vs_ppo_step_time": TARGET_STEP_TIME_RATIO},
         "meets_targets": statistics.median(p["dppo"]["seconds"] / p["ppo"]["seconds"] for p in pairs)
         <= TARGET_STEP_TIME_RATIO,
@@ -754,6 +818,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads per learner")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed pairs, one profiled step of each learner: where its time went")
+    parser.add_argument("--resume-check", action="store_true",
+                        help="then DPPO's learner saves a checkpoint, steps, loads it and steps again: the resumed "
+                             "step's deviation from the uninterrupted one")
     parser.add_argument("--out", default=None, help="also append the JSON line to this JSONL file")
     args = parser.parse_args()
     check_sizes(args)

@@ -69,9 +69,10 @@ SMOKE_SHAPED_RUN_FLAGS=(--device cpu --warm-start.shape qwen3-100m --warm-start.
                         --warm-start.batch-size 4 --steps 1 --groups-per-step 1 --group-size 2 --eval-episodes 2)
 # The benchmarks' sizes: full (CUDA) and smoke (CPU, seconds).
 OAT_LEARNER_FLAGS=(--device cuda --hidden 2048 --layers 28 --gradient-checkpointing --prompt-tokens 512
-                   --response-tokens 1536 --micro-batch 1 --reps 3 --profile)
+                   --response-tokens 1536 --micro-batch 1 --reps 3 --profile --resume-check)
 SMOKE_OAT_LEARNER_FLAGS=(--device cpu --vocab 1000 --hidden 128 --layers 1 --sequences 4 --group-size 2 --minibatch 2
-                         --micro-batch 1 --prompt-tokens 4 --response-tokens 8 --reps 1 --threads 1 --profile)
+                         --micro-batch 1 --prompt-tokens 4 --response-tokens 8 --reps 1 --threads 1 --profile
+                         --resume-check)
 ROLLOUT_OPS_FLAGS=(--repeats 3 -- --device cuda --dtype bfloat16)
 SMOKE_ROLLOUT_OPS_FLAGS=(--repeats 1 -- --device cpu --groups-per-step 2 --group-size 2)
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128

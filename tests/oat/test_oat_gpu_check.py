@@ -77,6 +77,8 @@ def test_the_smoke_check_of_the_oat_step_writes_its_row(tmp_path):
     row = json.loads((tmp_path / "out" / "oat_learner_step_cpu.jsonl").read_text())
     assert row["bench"] == "oat_learner_step" and row["smoke"] is True
     assert row["fused_adam"]["compiled"] is False and row["import_stand_ins"] == []
+    # the resume check (--resume-check): on the CPU the resumed step is the uninterrupted one, bit for bit
+    assert row["resume"]["deviation"] == 0.0 and row["resume"]["step_l2"] > 0
     for variant in ("ppo", "dppo"):
         assert row["learners"][variant]["model_flops_per_step"] > 0 and row["learners"][variant]["mfu"] is None
         assert row["peak_mem_total_gib"][variant] > 0
