@@ -17,7 +17,9 @@ counting wrapper of DPPO's fused head; they change nothing): optimizer steps, se
 without grad, and the token rows the LM head ran on.
 
 Set up by hand, and nothing else: oat's ``prepare_data`` of the PPO learner is DPPOLearner's (placeholder prompts:
-oat's own loads a prompt set from the hub, which no learning step reads); the batch is synthetic (uniform random
+oat's own loads a prompt set from the hub, which no learning step reads); neither learner has held-out seeds, and no
+environment is made (``validate_args(check_tasks=False)``), so Gem and its environments' packages need not be
+installed; the batch is synthetic (uniform random
 tokens, fixed prompt and response lengths, rewards 0/1 in GRPO groups, μ = the initial policy's log-probs + noise);
 before every repetition the weights, DeepSpeed's fp32 master copy (``refresh_fp32_params``), the Adam moments and the
 shuffling seeds are reset, so every repetition is the same step from the same state. On the CPU the learners run
@@ -59,9 +61,9 @@ With ``--resume-check`` DPPO's learner also takes the oat engine's resume on thi
 ``DPPOLearner.save_checkpoint`` and ``resume`` do it (DeepSpeed's weights, optimizer and schedule, and the learner's
 state with its random states): a step, a checkpoint, a second step (the reference); then back at the start under other
 seeds, the checkpoint loaded and the second step again. ``resume.deviation`` is the resumed step's distance from the
-reference's weights over the second step's own size (both as L2 norms over every trainable weight): 0 when the step is
-deterministic, as on the CPU; about one weight's rounding where the device's kernels are not; near 1 or above where
-the checkpoint lost the optimizer's moments or the shuffle's state.
+reference over the second step's own size (L2 norms over the fp32 weights the optimizer updates): 0 when the step is
+deterministic, as on the CPU; small where the device's kernels are not; a sizeable fraction of 1 where the checkpoint
+lost the optimizer's moments (0.27 on the CPU's smoke shape) or the shuffle's state (0.14).
 
 With ``--lora-rank`` r both learners train LoRA adapters (oat's ``--lora_rank``); the row's ``config`` records the
 rank and the trainable parameters, so the learner's memory with and without LoRA is two rows of the same shape.
@@ -270,18 +272,28 @@ def build_learner(variant: str, args, model_dir: str, save_path: str):
 
     from dppo_oat.engines.oat.args import validate_args
     from dppo_oat.engines.oat.launch import parse_args
-    from dppo_oat.engines.oat.learner import DPPOLearner
+    from dppo_oat.engines.oat.learner import DPPOLearner, EvalSeeds
     from dppo_oat.engines.oat.lora import match_scheduler_to_groups
+
+    def no_held_out_seeds(self, args) -> EvalSeeds:
+        """No evaluation: its seeds come from the environments, which need Gem, and no learning step reads them."""
+        return EvalSeeds([], args.eval_seed_start, args.num_eval_seeds)
 
     class OatPPOLearner(PPOLearner):
         """oat's PPO learner; only its prompt set is DPPO's placeholders (oat's own is downloaded)."""
 
-        prepare_data = DPPOLearner.prepare_data
+        prepare_data, held_out_seeds = DPPOLearner.prepare_data, no_held_out_seeds
 
-    oat_args = validate_args(parse_args(learner_argv(args, model_dir, save_path)), check_gpus=False)
+    class BenchDPPOLearner(DPPOLearner):
+        """DPPO's learner, without the evaluation's seeds."""
+
+        held_out_seeds = no_held_out_seeds
+
+    oat_args = validate_args(parse_args(learner_argv(args, model_dir, save_path)), check_gpus=False,
+                             check_tasks=False)  # no environment is made: Gem need not be installed
     if variant == "ppo":
         oat_args.tis_c = PPO_TIS_C
-    cls = OatPPOLearner if variant == "ppo" else DPPOLearner
+    cls = OatPPOLearner if variant == "ppo" else BenchDPPOLearner
     learner = cls(1, 0, 0, "127.0.0.1", get_free_port(), True, oat_args, [], None)
     learner._init(oat_args, [])
     if variant == "ppo":  # DPPOLearner does it in its _init; without it oat's first step fails under LoRA
@@ -405,20 +417,25 @@ def resume_check(learner, trajectory: dict, start: dict, folder: Path) -> dict:
     learner.learning_step(trajectory)
     resumed = trainable_copy(engine)
     return {"deviation": l2_distance(resumed, reference) / max(step_size, 1e-30), "step_l2": step_size,
-            "max_abs_weight_diff": max((resumed[n].float() - reference[n].float()).abs().max().item()
-                                       for n in reference),
+            "max_abs_weight_diff": max((resumed[n] - reference[n]).abs().max().item() for n in reference),
             "save_seconds": saved, "load_seconds": loaded,
             "checkpoint_gib": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / GiB}
 
 
 def trainable_copy(engine) -> dict:
-    """A copy of the trainable weights, in their dtype, where they are."""
-    return {name: p.detach().clone() for name, p in engine.module.named_parameters() if p.requires_grad}
+    """A copy, on the host, of what the optimizer updates: DeepSpeed's fp32 partitions under ZeRO (a step at the
+    bench's learning rate moves a weight far less than bf16 resolves, so the module's bf16 weights would count
+    roundings), else the trainable weights in fp32."""
+    partitions = getattr(engine.optimizer, "single_partition_of_fp32_groups", None)
+    if partitions is not None:
+        return {str(i): part.detach().to("cpu", torch.float32, copy=True) for i, part in enumerate(partitions)}
+    return {name: p.detach().to("cpu", torch.float32, copy=True)
+            for name, p in engine.module.named_parameters() if p.requires_grad}
 
 
 def l2_distance(a: dict, b: dict) -> float:
-    """The L2 norm of ``a − b`` over every weight (each weight's difference taken in fp32)."""
-    return sum(float((a[name].float() - b[name].float()).pow(2).sum()) for name in a) ** 0.5
+    """The L2 norm of ``a − b`` over every weight."""
+    return sum(float((a[name] - b[name]).double().pow(2).sum()) for name in a) ** 0.5
 
 
 def resident_kib(field: str) -> int:

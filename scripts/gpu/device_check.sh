@@ -86,7 +86,8 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
-OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile
+OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile, the
+                                          # resume check kept (the learner's resume under LoRA)
 STEPS=(shaped-run oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run)
 SMOKE_SKIPS=(oat-lora oat-learner shaped-run)  # steps --smoke runs only when named
 # What the installed wheels must import: the local engine's steps, and oat's learner steps (OAT_LEARNER_STEPS in
@@ -205,8 +206,10 @@ install_wheels() {
         --target "$SITE" "${files[@]}" || return 1
     torch_after=$("$PY" -c "import torch; print(torch.__file__, torch.__version__)") || return 1
     [[ $torch_before == "$torch_after" ]] || { echo "torch moved: $torch_before → $torch_after"; return 1; }
-    "$PY" -c "$IMPORTS" 2>/dev/null || { echo "the wheels in $wheels/ lack what these steps import: run" \
-        "scripts/gpu/device_wheels.sh --steps ${chosen[*]} where pip reaches the index (failed: $IMPORTS)"; return 1; }
+    local missing
+    missing=$("$PY" -c "$IMPORTS" 2>&1 >/dev/null) || { echo "the wheels in $wheels/ lack what these steps import:" \
+        "run scripts/gpu/device_wheels.sh --steps ${chosen[*]} where pip reaches the index ($(tail -n 1 <<<"$missing"))"
+        return 1; }
     echo "installed ${#files[@]} packages into $SITE beside $torch_after"
 }
 

@@ -226,8 +226,10 @@ def roots_for(steps: Iterable[str], project: list[Requirement]) -> list[Requirem
 
 
 def checkout_bytes(root: Path) -> int:
-    """What the checkout's tracked files weigh (0 outside a git checkout): they travel with the folder."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    """What the checkout's files weigh, tracked and untracked but not ignored (0 outside a git checkout): they
+    travel with the folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True)
     if listed.returncode != 0:
         return 0
     files = (root / name for name in listed.stdout.decode().split("\0") if name)
@@ -238,9 +240,10 @@ def travel_problem(wheels: int, checkout: int, steps: Iterable[str]) -> str | No
     """None when ``wheels`` bytes fit beside a ``checkout`` of that many bytes in :data:`MAX_BYTES`, else what to do."""
     if wheels + checkout <= MAX_BYTES:
         return None
-    steps = list(steps)
-    hint = ("fetch the wheels of fewer steps, one set per GPU session, e.g. --steps rollout tests, then --steps "
-            "oat-learner" if len(steps) > 1 else "the checkout alone leaves too little room")
+    steps = set(steps)
+    mixed = bool(steps & set(OAT_LEARNER_STEPS)) and bool(steps - set(OAT_LEARNER_STEPS))
+    hint = ("fetch the wheels of fewer steps, one set per GPU session: --steps with oat's learner steps alone, and "
+            "with the others alone" if mixed else "these steps' wheels alone do not fit: the checkout must shrink")
     return (f"{wheels / 2**20:.1f} MiB of wheels beside the checkout's {checkout / 2**20:.1f} MiB make "
             f"{(wheels + checkout) / 2**20:.1f} MiB, over the {MAX_BYTES / 2**20:.0f} MiB that travel to the GPU "
             f"machine: {hint}")

@@ -31,10 +31,6 @@ import vllm
 from oat.algorithms.ppo import PPOLearner
 from oat.utils import ipc
 from dppo_oat.engines.oat.learner import DPPOLearner
-from importlib.metadata import packages_distributions
-distributions = packages_distributions()
-loaded = sorted({d for m in list(sys.modules) for d in distributions.get(m.split(".")[0], [])})
-print(json.dumps({"loaded": loaded}))
 print(json.dumps({"vllm_stand_in": getattr(vllm, "STAND_IN", False),
                   "plasma_stand_in": ipc.plasma is sys.modules["pyarrow.plasma"]
                   and ipc.plasma.__name__ == "pyarrow.plasma"
@@ -47,13 +43,51 @@ def test_oats_learner_modules_import_through_the_stand_ins():
     done = subprocess.run([sys.executable, "-c", FORCED_STAND_INS, str(STAND_INS)], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded, result = map(json.loads, done.stdout.strip().splitlines()[-2:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"vllm_stand_in": True, "plasma_stand_in": True, "dppo_is_oats_ppo": True}
-    # the GPU check's wheels for oat's learner steps hold, of the package's own requirements, only these
+
+
+SMOKE_BENCH = ["--device", "cpu", "--vocab", "1000", "--hidden", "128", "--layers", "1", "--sequences", "4",
+               "--group-size", "2", "--minibatch", "2", "--micro-batch", "1", "--prompt-tokens", "4",
+               "--response-tokens", "8", "--reps", "1", "--threads", "1", "--resume-check"]
+
+
+def smoke_bench(tmp_path, sitecustomize: str) -> subprocess.CompletedProcess:
+    """The learner benchmark at a smoke size with ``--resume-check``, ``sitecustomize`` run first in it and in its
+    learners' processes."""
+    (tmp_path / "sitecustomize.py").write_text(sitecustomize)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "oat_learner_step.py"), *SMOKE_BENCH],
+                          cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_learner_step_needs_no_package_its_gpu_wheels_leave_out(tmp_path):
+    """``device_wheels.py --steps oat-learner`` fetches oat's roots and, of the package's own requirements the image
+    lacks, only ``OAT_LEARNER_OWN_ROOTS``: the benchmark runs, its resume check too, with every other one of them
+    unimportable (Gem, reasoning-gym, math-verify, ...)."""
+    from importlib.metadata import packages_distributions
+
     wheels = load_device_wheels()
     own = {wheels.canonical(r.name) for r in wheels.project_requirements(ROOT / "pyproject.toml")}
-    loaded_own = {wheels.canonical(name) for name in loaded["loaded"]} & own
-    assert loaded_own - wheels.read_names(wheels.IMAGE_LIST) <= set(wheels.OAT_LEARNER_OWN_ROOTS), loaded_own
+    left_out = own - wheels.read_names(wheels.IMAGE_LIST) - set(wheels.OAT_LEARNER_OWN_ROOTS)
+    modules = sorted(module for module, dists in packages_distributions().items()
+                     if {wheels.canonical(d) for d in dists} & left_out)
+    assert {"gem", "reasoning_gym", "math_verify"} <= set(modules)
+    done = smoke_bench(tmp_path, f"import sys\nfor name in {[*modules, 'envs']!r}:\n    sys.modules[name] = None\n")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["resume"]["deviation"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_resume_check_sees_a_checkpoint_that_lost_the_shuffles_state(tmp_path):
+    """With ``set_random_states`` doing nothing, the resumed step shuffles its minibatches otherwise than the
+    uninterrupted one: the check reports a deviation far above its 0.01 target."""
+    lost = ("import dppo_oat.engines.oat.resume as resume\n"
+            "resume.set_random_states = lambda states, shuffle: None\n")
+    done = smoke_bench(tmp_path, lost)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["resume"]["deviation"] > 0.05
 
 
 def load_device_wheels():

@@ -250,9 +250,10 @@ def learners_normalise(advantage_mode: str) -> bool:
     return advantage_mode == "rebn"
 
 
-def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
+def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
     """Everything DPPO needs of the arguments, without a GPU, a model or launchpad; the run's spec. Raises
-    ValueError with one line that says what to change."""
+    ValueError with one line that says what to change. ``check_tasks`` False leaves the environments unmade (a
+    learner with no actors, as ``scripts/bench/oat_learner_step.py`` builds one, plays none)."""
     _check_replaced_flags(args)
     _check_finite(args)
     check_float32_fields(args, lambda name: f"--{name}")  # every number fits the float32 it becomes
@@ -284,7 +285,8 @@ def check_dppo_args(args: DPPOOatArgs) -> RunSpec:
             "vLLM 0.8.4 reports raw log-probs, so μ is the sampling distribution only with --temperature 1 --top_p 1 "
             f"--top_k -1 (got {args.temperature}, {args.top_p}, {args.top_k})"
         )
-    _check_tasks(args, spec.rollout.env_seed)
+    if check_tasks:
+        _check_tasks(args, spec.rollout.env_seed)
     return spec
 
 
@@ -402,10 +404,10 @@ def _check_tasks(args: DPPOOatArgs, env_seed: int) -> None:
                          "one: give a number of seeds")
 
 
-def validate_args(args: DPPOOatArgs, *, check_gpus: bool = True) -> DPPOOatArgs:
-    """DPPO's checks, then oat's own validation, which also checks that ``args.gpus`` GPUs are visible unless
-    ``check_gpus`` is False (a dry run plans a node it does not run on)."""
-    check_dppo_args(args)
+def validate_args(args: DPPOOatArgs, *, check_gpus: bool = True, check_tasks: bool = True) -> DPPOOatArgs:
+    """DPPO's checks (``check_tasks``: :func:`check_dppo_args`'s), then oat's own validation, which also checks that
+    ``args.gpus`` GPUs are visible unless ``check_gpus`` is False (a dry run plans a node it does not run on)."""
+    check_dppo_args(args, check_tasks=check_tasks)
     if check_gpus:
         args = default_args_validation(args)
     else:

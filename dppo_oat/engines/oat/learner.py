@@ -10,12 +10,12 @@ set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run 
 (:mod:`~dppo_oat.engines.oat.run_dir`) into oat's ``save_path/<run>``, ``tokens.jsonl`` included (a sample of rank
 0's share of each learning round's tokens, :mod:`~dppo_oat.run.token_samples`).
 
-Overridden: ``_init`` (imports the ``--env_module`` plugins, adds the run's spec, the dataset that carries advantages
-and top-K sets, and the run directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out
-evaluation seeds), ``learning_step`` and ``run`` (a diverged run ends the program with one line). Every step, skip and
-stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and
-after each learning round every learner's shard of the weights is checked finite before oat may save them or send them
-to vLLM.
+Overridden: ``_init`` (adds the run's spec, the dataset that carries advantages and top-K sets, and the run
+directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds of the
+evaluation environments, the ``--env_module`` plugins' registered first), ``learning_step`` and ``run`` (a diverged
+run ends the program with one line). Every step, skip and stop of the update is agreed over the learners (an
+all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and after each learning round every learner's shard of
+the weights is checked finite before oat may save them or send them to vLLM.
 Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
 normalised here, over every learner's batch (Gem's ``norm_return``).
 """
@@ -213,9 +213,6 @@ class DPPOLearner(PPOLearner):
     """oat's PPO learner with the paper's trust regions (every preset), anchored on vLLM's μ."""
 
     def _init(self, args: DPPOOatArgs, actors) -> None:
-        import envs
-
-        envs.import_env_modules(args.env_module)  # a plugin's envs, in this learner's process (eval seeds)
         super()._init(args, actors)
         match_scheduler_to_groups(self.scheduler)  # LoRA: DeepSpeed dropped oat's empty no-decay group
         self.dataset_builder = DPPOTransitionDataset
@@ -392,13 +389,21 @@ class DPPOLearner(PPOLearner):
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
         self.prompts_dataset = PlaceholderPrompts(args.max_train)
-        self.eval_prompts_dataset = eval_seeds_of(args)
+        self.eval_prompts_dataset = self.held_out_seeds(args)
         self.prompts_dataloader = strategy.setup_dataloader(
             self.prompts_dataset, args.rollout_batch_size_per_device, shuffle=False
         )
         self.eval_prompts_dataloader = DataLoader(
             self.eval_prompts_dataset, batch_size=args.eval_batch_size, shuffle=False, drop_last=False
         )
+
+    def held_out_seeds(self, args: DPPOOatArgs) -> EvalSeeds:
+        """The evaluation's episodes: every evaluation environment's held-out seeds (a plugin's environments
+        registered in this learner's process first)."""
+        import envs
+
+        envs.import_env_modules(args.env_module)
+        return eval_seeds_of(args)
 
     def learning_step(self, trajectory: dict) -> dict[str, torch.Tensor]:
         """Every optimizer step of one rollout batch, by the core's update loop."""
