@@ -384,8 +384,9 @@ def reset(learner, start: dict, seed: int) -> None:
 
 
 def resume_check(learner, trajectory: dict, start: dict, folder: Path) -> dict:
-    """The oat engine's resume, in one learner (module docstring): seconds to save and load, the checkpoint's size,
-    and how far the resumed second step lands from the uninterrupted one's, relative to that step's size."""
+    """The oat engine's resume, in one learner just reset to ``start`` (module docstring): seconds to save and load,
+    the checkpoint's size, and how far the resumed second step lands from the uninterrupted one's, relative to that
+    step's size."""
     from dppo_oat.engines.oat.resume import (
         learner_state,
         read_learner_state,
@@ -396,7 +397,6 @@ def resume_check(learner, trajectory: dict, start: dict, folder: Path) -> dict:
 
     engine, tag = learner.model.model, "round_1"
     learner.steps = getattr(learner, "steps", 0)  # oat's run loop sets it; this learner runs no loop
-    reset(learner, start, seed=42)
     learner.learning_step(trajectory)
     started = time.perf_counter()
     engine.save_checkpoint(str(folder), tag=tag, save_latest=False)

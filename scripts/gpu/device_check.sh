@@ -57,9 +57,8 @@ SMOKE_RUN_FLAGS=(--device cpu --steps 2 --groups-per-step 2 --group-size 2 --eva
 # is a first guess for that size; at most 2,000 supervised steps to bound its time, and its log warns when it ends
 # below --warm-start.target-success), cached under LOG_DIR; then 20 RL steps per seed, held-out success at steps 0 and
 # 20. Their RL --lr is the default by shape (8.3e-6 for this policy) unless SHAPED_LRS names others: at 3e-4, the
-# tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md). 6 to 10 min on an H200 for 3 seeds: its
-# last row's 259 s held a 54 s warm start, 28 RL steps of 3.3 s and 112 s of evaluations, start-up and demonstrations
-# (not timed apart; the demonstrations and the tokenizer are made once).
+# tiny policy's rate, it collapsed after one step on an H200 (docs/gpu.md). 510 s on an H200 for 3 seeds: the first
+# run 205 s with the 55 s warm start, the others 135 s and 141 s.
 SHAPED_RUN_FLAGS=(--device cuda --dtype bfloat16 --warm-start.shape qwen3-100m --warm-start.lr 3e-4
                   --warm-start.max-steps 2000 --warm-start.check-every 200 --steps 20 --eval-every 20)
 SHAPED_SEEDS=${SHAPED_SEEDS:-0 1 2} SHAPED_LRS=${SHAPED_LRS:-default}  # strings, so a budgeted step's child sees them

@@ -15,7 +15,7 @@ wheel, its sdist is built here: a pure-Python build is kept as a wheel; a compil
 pure-Python wheel with no prebuilt ops (:data:`BUILD_ENVIRONMENT`): its ops are JIT-compiled by the device's nvcc.
 ``--steps`` fetches only what the named steps of ``scripts/gpu/device_check.sh`` import (:func:`roots_for`): the
 folder travels beside the checkout, and together they may weigh :data:`MAX_BYTES`. It prints the list and the total
-size and refuses a folder that does not fit beside the checkout's tracked files.
+size and refuses a folder that does not fit beside the checkout's files (:func:`checkout_bytes`).
 
     python scripts/gpu/device_wheels.py [--dest .whl] [--steps rollout tests]   # device_wheels.sh, make gpu-wheels
 """
@@ -52,7 +52,7 @@ IMAGE_LIST = ROOT / "requirements" / "cuda-image.txt"
 LOCK = ROOT / "requirements" / "gpu-node-py310.txt"
 OVERRIDES = ROOT / "requirements" / "device-wheels.txt"
 MAX_BYTES = 64 * 2**20
-"""What the folder and the checkout's tracked files may weigh together: they travel to the GPU machine at once."""
+"""What the folder and the checkout's files may weigh together: they travel to the GPU machine at once."""
 
 PYTHON_VERSION = "3.12"
 """The image's Python."""
@@ -72,8 +72,8 @@ DEVICE_STEPS = ("shaped-run", *OAT_LEARNER_STEPS, "tests", "rollout-ops", "rollo
 package's requirements."""
 
 OAT_LEARNER_OWN_ROOTS = ("datasets", "tyro")
-"""The package's own requirements that oat's learner step imports: of ``[project.dependencies]``,
-``import dppo_oat.engines.oat.learner`` loads these two and no other that the image lacks."""
+"""The package's own requirements that oat's learner step needs beyond the image: its benchmark makes no environment,
+so Gem and the environments' packages stay behind (``tests/oat/test_oat_gpu_check.py`` runs it without them)."""
 
 NO_DEPENDENCIES = {"oat-llm"}
 """Packages whose ``Requires-Dist`` is not followed, fetched whatever Python they require: oat-llm pins Python 3.10,
