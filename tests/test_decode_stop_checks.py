@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_generators import small_model
 
-from dppo_oat.rollout.decode import DrawHistory, decode, first_stop_length, prefill
+from dppo_oat.rollout.decode import StepUniforms, decode, first_stop_length, prefill
 
 STOP_IDS = torch.arange(40, 50)
 """A fifth of the small models' vocabulary: rows stop after a few tokens, at different steps."""
@@ -61,14 +61,33 @@ def test_the_first_stop_length_is_the_step_after_which_every_row_had_stopped():
     assert first_stop_length(flags[:2]) == 2  # no stop: every step counts
 
 
-def test_a_draw_history_gives_back_the_draws_of_the_steps_it_rewinds():
+def test_uniforms_drawn_at_once_are_the_per_step_draws_and_give_back_the_steps_not_kept():
+    """On the CPU one draw of ``steps × rows`` is the per-step draws one after another; ``draw_order`` permutes the
+    rows of every step; after ``give_back(k)`` the generator continues as after ``k`` per-step draws."""
     generator = torch.Generator().manual_seed(0)
-    history = DrawHistory(generator, torch.device("cpu"))
-    draws = []
-    for t in range(4):
-        history.before_step(t)
-        draws.append(torch.rand(3, generator=generator))
-    history.rewind_to(2)
-    assert torch.equal(torch.rand(3, generator=generator), draws[2])
-    history.forget()
-    assert history.states == {}
+    per_step = [torch.rand((3, 1), generator=generator, dtype=torch.float64) for _ in range(5)]
+    after_two = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        torch.rand((3, 1), generator=after_two, dtype=torch.float64)
+    generator.manual_seed(0)
+    uniforms = StepUniforms(generator, torch.device("cpu"), 5, 3, draw_order=torch.tensor([2, 0, 1]))
+    for t in range(5):
+        assert torch.equal(uniforms.draws[t], per_step[t][[2, 0, 1]])
+    uniforms.give_back(2)
+    assert torch.equal(generator.get_state(), after_two.get_state())
+
+
+def test_a_decode_leaves_the_generator_where_drawing_only_its_kept_steps_does():
+    """The uniforms of a whole decode are drawn before its first step; a batch that stops early gives back those of
+    the steps it did not run: the next batch draws what a draw per step would have given it."""
+    model = small_model("Qwen3")
+    with torch.inference_mode():
+        generator = torch.Generator().manual_seed(5)
+        decoded = decode(model, prefilled(model, rows=3, seed=0), max_new_tokens=24, temperature=1.0,
+                         stop_ids=STOP_IDS, pad_id=0, keep_logprobs=False, generator=generator)
+    length = decoded.new_ids.shape[1]
+    assert length < 24, "the batch did not stop early"
+    per_step = torch.Generator().manual_seed(5)
+    for _ in range(length):
+        torch.rand((3, 1), generator=per_step, dtype=torch.float64)
+    assert torch.equal(generator.get_state(), per_step.get_state())

@@ -170,12 +170,12 @@ def planted_distribution(probs: torch.Tensor, token: int) -> torch.Tensor:
 def plant(monkeypatch, path: str, token: int) -> None:
     """Bias the draw of ``path`` toward ``token`` while the engine still reports the unbiased μ."""
     if path == "direct":
-        original = decode_module.inverse_cdf_sample
+        original = decode_module.sample_at
 
-        def biased_sample(logprobs, draw_order=None, generator=None):
-            return original(planted_distribution(logprobs.exp(), token).log(), draw_order, generator)
+        def biased_sample(logprobs, uniforms):
+            return original(planted_distribution(logprobs.exp(), token).log(), uniforms)
 
-        monkeypatch.setattr(decode_module, "inverse_cdf_sample", biased_sample)
+        monkeypatch.setattr(decode_module, "sample_at", biased_sample)
     else:
         original_multinomial = torch.multinomial
 

@@ -115,11 +115,11 @@ def toy_prompts(tokenizer, n=16, seed=3):
     return [tokenizer(t, add_special_tokens=False)["input_ids"][:12] for t in toy_corpus(n, seed=seed)]
 
 
-def graphed_generator(model, tokenizer):
+def graphed_generator(model, tokenizer, graph_sampling=True):
     """The local engine's --dtype bfloat16 --cuda-graphs sampler: the rollout copy with bf16 linear weights, under
-    bf16 autocast, decoding with the graphs kept across calls."""
+    bf16 autocast, decoding with the graphs kept across calls (sampling in them, or the forward alone)."""
     return HFGenerator(rollout_model(model, "float32", "bfloat16", cuda_graphs=True), tokenizer,
-                       compute_dtype="bfloat16", cuda_graphs=True)
+                       compute_dtype="bfloat16", cuda_graphs=True, graph_sampling=graph_sampling)
 
 
 def mu_error(model, prompts, completions) -> float:
@@ -129,17 +129,19 @@ def mu_error(model, prompts, completions) -> float:
         return max_logprob_error(model, prompts, completions)
 
 
+@pytest.mark.parametrize("graph_sampling, step_name", [(True, "SampledStep"), (False, "GraphedStep")])
 @pytest.mark.parametrize("shape", ["tiny", "qwen3-100m"])
-def test_graphs_kept_across_calls_sample_the_eager_decodes_mu_to_bf16_rounding(shape):
+def test_graphs_kept_across_calls_sample_the_eager_decodes_mu_to_bf16_rounding(shape, graph_sampling, step_name):
     """--cuda-graphs: two calls (the second a turn after the first, through the prefix cache) decode in captured
     graphs (no fallback warning), and the μ they report for their tokens is the model's own (teacher-forced, under
     bf16 autocast on the fp32 weights) as closely as the eager decode's is: bf16 rounding. (Tokens are not compared:
-    the random qwen3-100m-shaped policy is near uniform over 32,768 tokens, where rounding moves a draw.)"""
+    the random qwen3-100m-shaped policy is near uniform over 32,768 tokens, where rounding moves a draw.) The graphs
+    sample in the graph, reading the stop flags behind the device, or run the forward alone."""
     import warnings
 
     model, tokenizer = graph_policy(shape)
     eager_generator = HFGenerator(model, tokenizer, compute_dtype="bfloat16")
-    generator = graphed_generator(model, tokenizer)
+    generator = graphed_generator(model, tokenizer, graph_sampling)
     eager_prompts = graphed_prompts = toy_prompts(tokenizer)
     for seed in (1, 2):
         settings = SamplingSettings(24, temperature=1.0, seed=seed)
@@ -152,7 +154,26 @@ def test_graphs_kept_across_calls_sample_the_eager_decodes_mu_to_bf16_rounding(s
         # each generator's next turn continues its own tokens, so the graphed one reads its copied-back columns
         eager_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(eager_prompts, eager, strict=True)]
         graphed_prompts = [list(p) + list(c.token_ids) + [5, 6] for p, c in zip(graphed_prompts, graphed, strict=True)]
-    assert eager_generator.decode_steps == {"EagerStep": 2} and generator.decode_steps == {"GraphedStep": 2}
+    assert eager_generator.decode_steps == {"EagerStep": 2} and generator.decode_steps == {step_name: 2}
+
+
+def test_sampling_in_the_graph_draws_the_tokens_of_the_graph_of_the_forward_alone():
+    """The same uniforms (one draw per decode, from the call's seed) and the same captured forward: the graph that
+    samples, its stop flags read behind the device, returns the tokens and μ of the graph whose draws run on the
+    host, call after call (stop tokens in every seventh id, so that batches stop before their last token)."""
+    model, tokenizer = graph_policy("tiny")
+    copy = rollout_model(model, "float32", "bfloat16", cuda_graphs=True)  # one copy: the same weights, bit for bit
+    generators = [HFGenerator(copy, tokenizer, compute_dtype="bfloat16", cuda_graphs=True, graph_sampling=sampling,
+                              eos_token_ids=list(range(3, len(tokenizer), 7))) for sampling in (True, False)]
+    prompts = toy_prompts(tokenizer)
+    for seed in (1, 2, 3):
+        settings = SamplingSettings(24, temperature=1.0, seed=seed)
+        in_graph, on_host = (generator.generate(prompts, settings) for generator in generators)
+        assert [c.token_ids for c in in_graph] == [c.token_ids for c in on_host]
+        assert max(abs(a - b) for x, y in zip(in_graph, on_host, strict=True)
+                   for a, b in zip(x.logprobs, y.logprobs, strict=True)) < 1e-6
+    assert any(len(c.token_ids) < 24 for c in in_graph), "no row stopped"
+    assert [dict(g.decode_steps) for g in generators] == [{"SampledStep": 3}, {"GraphedStep": 3}]
 
 
 def test_the_graph_of_a_bucket_is_captured_once_and_replayed_by_later_calls():
@@ -168,7 +189,7 @@ def test_the_graph_of_a_bucket_is_captured_once_and_replayed_by_later_calls():
         24, temperature=1.0, seed=2))
     assert mu_error(model, prompts[:13], padded) <= max(2 * mu_error(model, prompts[:13], eager), 1e-2)
     generator.generate(prompts, SamplingSettings(24, temperature=1.0, seed=3))
-    assert generator.graph_captures == 1 and generator.decode_steps == {"GraphedStep": 3}
+    assert generator.graph_captures == 1 and generator.decode_steps == {"SampledStep": 3}
     assert len(generator.graphs.graphs) == 1
 
 
@@ -189,7 +210,7 @@ def test_a_learner_update_between_calls_reaches_the_graph_through_the_refreshed_
     generator.update_weights(rollout_state_dict(learner.state_dict(), "float32"))
     assert [parameter.data_ptr() for parameter in generator.model.parameters()] == addresses
     after = generator.generate(prompts, settings)
-    assert generator.graph_captures == 1 and generator.decode_steps == {"GraphedStep": 2}
+    assert generator.graph_captures == 1 and generator.decode_steps == {"SampledStep": 2}
     bound = max(2 * mu_error(old, prompts, before), 1e-2)
     assert mu_error(learner, prompts, after) <= bound < 0.1 < mu_error(old, prompts, after)
 
@@ -231,8 +252,8 @@ def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate(mon
     capturing, real_capture = threading.Event(), cuda_graphs.captured_on
 
     @contextlib.contextmanager
-    def flagged_capture(graph, stream):
-        with real_capture(graph, stream):
+    def flagged_capture(graph, stream, pool=None):
+        with real_capture(graph, stream, pool):
             capturing.set()
             try:
                 yield
@@ -272,7 +293,7 @@ def test_a_capture_in_a_background_rollout_lets_the_learners_thread_allocate(mon
     assert during_captures > 0, "no allocation overlapped a capture: the case was not exercised"
     assert statuses == {0}, f"cudaMalloc/cudaFree returned CUDA errors {sorted(statuses)} during the captures"
     assert not [w for w in caught if "CUDA graph" in str(w.message)]
-    assert generator.decode_steps == {"GraphedStep": 8} and generator.graph_captures == 8
+    assert generator.decode_steps == {"SampledStep": 8} and generator.graph_captures == 8
 
 
 def test_a_run_with_cuda_graphs_and_background_rollouts_finishes(tmp_path, monkeypatch):
@@ -295,5 +316,5 @@ def test_a_run_with_cuda_graphs_and_background_rollouts_finishes(tmp_path, monke
         finished_run(tmp_path, "graphs", ["--dtype", "bfloat16", "--cuda-graphs", "--max-new-tokens", "16",
                                           "--max-staleness", "1"])
     assert not [w for w in caught if "CUDA graph" in str(w.message)]
-    assert (False, "GraphedStep") in built, "no background rollout captured its decode step"
-    assert {kind for _, kind in built} == {"GraphedStep"}
+    assert (False, "SampledStep") in built, "no background rollout captured its decode step"
+    assert {kind for _, kind in built} == {"SampledStep"}

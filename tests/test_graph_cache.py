@@ -216,10 +216,12 @@ def test_a_replayed_graph_checks_the_stop_flags_every_few_steps_and_the_eager_st
         assert stop_check_interval(cpu_cache().step(model, state.cache)) == STOP_CHECK_EVERY > 1
 
 
-def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_call():
+@pytest.mark.parametrize("sample_in_graph, step_name", [(False, "GraphedStep"), (True, "SampledStep")])
+def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_call(sample_in_graph, step_name):
     """Three turns of seven prompts (batches of three and one per call, the prefix cache across calls; a stop
     token in every eleventh, so that whole batches stop between two stop checks): the graphed generator samples
-    the eager one's tokens, μ to float rounding, and captures once per bucket."""
+    the eager one's tokens, μ to float rounding, and captures once per bucket, whether its graphs run the forward
+    alone or sample too."""
     model, tokenizer = build_tiny_policy(toy_corpus(), seed=0)
     texts = toy_corpus(7, seed=11)
     first_turn = [tokenizer.encode(text)[: 6 + 3 * i] for i, text in enumerate(texts)]
@@ -227,7 +229,7 @@ def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_
     for graphs in (False, True):
         generator = HFGenerator(model, tokenizer, batch_size=3, eos_token_ids=list(range(3, len(tokenizer), 11)))
         if graphs:
-            generator.graphs = cpu_cache()
+            generator.graphs = cpu_cache(sample_in_graph=sample_in_graph)
         calls, prompts = [], first_turn
         for seed in range(3):
             completions = generator.generate(prompts, SamplingSettings(max_new_tokens=12, seed=seed))
@@ -239,7 +241,7 @@ def test_the_generator_decodes_through_its_graphs_as_it_does_eagerly_call_after_
         assert [c.token_ids for c in graphed_call] == [c.token_ids for c in eager_call]
         for e, g in zip(eager_call, graphed_call, strict=True):
             assert max((abs(a - b) for a, b in zip(e.logprobs, g.logprobs, strict=True)), default=0.0) < 1e-4
-    assert eager.decode_steps == {"EagerStep": 9} and graphed.decode_steps == {"GraphedStep": 9}
+    assert eager.decode_steps == {"EagerStep": 9} and graphed.decode_steps == {step_name: 9}
     assert graphed.graph_captures == 1 and eager.graph_captures == 0  # batches of 4 and 1 row: the 4-row graph
     assert any(len(c.token_ids) < 12 for call in graphed_calls for c in call)
 
@@ -279,7 +281,7 @@ def test_the_engines_rollout_copy_is_refreshed_in_place_after_each_update(tmp_pa
         trainer.close(failed=True)
     assert storage_key(generator.model) == storage == generator.graphs.storage and generator.graph_captures > 0
     assert all(row["mismatch/first_abs_diff_mean"] < 1e-3 for row in rows), rows
-    assert set(generator.decode_steps) == {"GraphedStep"}
+    assert set(generator.decode_steps) == {"SampledStep"}  # --cuda-graphs samples in its graphs
 
 
 def test_an_update_without_the_head_is_refused_when_the_rollout_copys_head_is_its_own():

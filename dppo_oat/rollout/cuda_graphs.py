@@ -1,4 +1,4 @@
-"""The decode step captured in CUDA graphs kept across generator calls: one replay launches the whole forward of a step.
+"""The decode step captured in CUDA graphs kept across generator calls: one replay launches the whole step.
 
 A small policy's decode step is hundreds of small kernels, each launched by the host at a fixed cost of microseconds
 (about 12 µs each on the H100 host the GPU check measured), so the step takes far longer than the GPU computes. As
@@ -6,17 +6,24 @@ inference engines do for their decode batches, a :class:`GraphCache` records the
 CUDA graph, and each step then replays them with new inputs in one launch. A graph replays fixed shapes, fixed
 host-side values and fixed memory, so each graph (:class:`DecodeGraph`) owns its tensors: a KV buffer of a bucket's
 rows and columns (:func:`batch_bucket`, :func:`capacity_bucket`), the token and position inputs and the column to
-write; the captured step is :class:`~dppo_oat.rollout.decode.StaticStep`'s (attention over the buffer's whole
+write; the captured forward is :class:`~dppo_oat.rollout.decode.StaticStep`'s (attention over the buffer's whole
 capacity, the column given by a device tensor). A call of ``B`` rows loads its prefilled keys and values into the
-first ``B`` rows of the graph of its :class:`GraphKey` (the other rows decode padding, never returned), replays it per
-token (:class:`GraphedStep`) and copies the columns it decoded back into its own buffer at the end.
+first ``B`` rows of the graph of its :class:`GraphKey` (the other rows decode padding, never returned) and copies the
+columns it decoded back into its own buffer at the end.
+
+Two kinds of graph: by default (:class:`SamplingGraph`, :class:`SampledStep`) the graph samples too — μ, the draw at
+the step's uniform (all of a call's uniforms drawn before its first step), the stop flags and the next step's
+inputs stay on the device, so a step is one replay, and the host reads the stop flags behind the device without
+draining its queue (:class:`~dppo_oat.rollout.decode.StopPoller`); or the graph runs the forward alone
+(:class:`GraphedStep`), the host sampling between replays and reading the stop flags every
+:data:`STOP_CHECK_EVERY` steps. Both decode the eager loop's tokens from the same uniforms.
 
 The graphs read the weights where they are: an in-place change (an optimizer step, ``load_state_dict``, the rollout
 copy's refresh) is seen by the next replay, while a weight that is a new tensor (``p.data = ...``,
 ``load_state_dict(..., assign=True)``, ``model.to(...)``) is not, so the cache drops every graph when a parameter's or
 buffer's storage, dtype or shape changes, or the generator's model is another one (:func:`storage_key`). A capture
-first runs the step eagerly :data:`WARMUP_STEPS` times; a capture that fails warns and the call decodes eagerly. Not
-yet measured on a GPU: the GPU check's ``rollout`` step times it.
+first runs the step eagerly :data:`WARMUP_STEPS` times; a capture that fails warns and the call decodes eagerly. The
+GPU check's ``rollout`` step times each kind against ``generate`` and the decode roofline.
 """
 
 from __future__ import annotations
@@ -29,7 +36,17 @@ from dataclasses import dataclass
 
 import torch
 
-from dppo_oat.rollout.decode import DecodeStep, EagerStep, StaticStep
+from dppo_oat.rollout.decode import (
+    Decoded,
+    DecodeStep,
+    EagerStep,
+    Prefilled,
+    StaticStep,
+    decode,
+    decode_in_graph,
+    exact_dtype,
+    sample_at,
+)
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 
 MIN_GRAPH_STEPS = 2
@@ -74,14 +91,24 @@ def capacity_bucket(columns: int) -> int:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """What a graph that samples bakes in: the temperature, the stop ids and the pad token id."""
+
+    temperature: float
+    stop_ids: tuple[int, ...]
+    pad_id: int
+
+
+@dataclass(frozen=True)
 class GraphKey:
-    """What a graph is captured for: its rows and columns, its KV buffer's layout and the autocast in force (None:
-    none)."""
+    """What a graph is captured for: its rows and columns, its KV buffer's layout, the autocast in force (None:
+    none) and, for a graph that samples too (:class:`SamplingGraph`), its :class:`Sampling`."""
 
     batch: int
     capacity: int
     layout: Layout
     autocast: torch.dtype | None
+    sampling: Sampling | None = None
 
     @property
     def buffer_bytes(self) -> int:
@@ -93,8 +120,8 @@ class GraphKey:
     def serves(self, needed: GraphKey) -> bool:
         """Whether this graph can decode a call of ``needed``: the same layout and autocast, at least its rows and
         columns (the extra rows decode padding, the extra columns are masked)."""
-        return (self.layout == needed.layout and self.autocast == needed.autocast and self.batch >= needed.batch
-                and self.capacity >= needed.capacity)
+        return (self.layout == needed.layout and self.autocast == needed.autocast and self.sampling == needed.sampling
+                and self.batch >= needed.batch and self.capacity >= needed.capacity)
 
 
 def buffer_layout(buffer: KVBuffer) -> Layout:
@@ -103,13 +130,13 @@ def buffer_layout(buffer: KVBuffer) -> Layout:
                  for pair in zip(buffer.keys, buffer.values, strict=True) for tensor in pair)
 
 
-def graph_key(buffer: KVBuffer) -> GraphKey:
+def graph_key(buffer: KVBuffer, sampling: Sampling | None = None) -> GraphKey:
     """The key of the graph that decodes ``buffer`` (a call's prefilled buffer, with room for every token to sample)
-    under the autocast in force."""
+    under the autocast in force, sampling as ``sampling`` says (None: the graph of the forward alone)."""
     kind = buffer.valid.device.type
     autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
     return GraphKey(batch_bucket(buffer.valid.shape[0]), capacity_bucket(buffer.capacity), buffer_layout(buffer),
-                    autocast)
+                    autocast, sampling)
 
 
 def storage_key(model) -> tuple:
@@ -196,6 +223,88 @@ class GraphedStep:
         self.graph.copy_back(self.buffer, self.start)
 
 
+class SamplingGraph(DecodeGraph):
+    """A :class:`DecodeGraph` whose captured step samples too: after the forward of the last tokens, log μ =
+    ``log_softmax(logits / temperature)``, the token at the step's uniform
+    (:func:`~dppo_oat.rollout.decode.sample_at`), the pad token for a row that had stopped, the stop flags, and the
+    next step's inputs (tokens, positions, column), all on the device, so that a decode step is one replay and the
+    host copies nothing in. Its tensors besides the forward's: ``uniforms [columns, rows, 1]`` (a call's draws, step
+    ``t`` at ``t``), ``draw_index`` (the step being sampled), ``stopped [rows]`` (the rows past their stop, and the
+    padding rows), and per step the ``tokens`` and ``action_logprobs`` ``[columns, rows]`` and ``ended [columns]``
+    (every row had stopped after it)."""
+
+    def __init__(self, model, key: GraphKey, device: torch.device,
+                 capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]]):
+        columns, rows = key.capacity, key.batch
+        self.stop_ids = torch.tensor(key.sampling.stop_ids, dtype=torch.long, device=device)
+        self.uniforms = torch.zeros((columns, rows, 1), dtype=exact_dtype(device), device=device)
+        self.draw_index = torch.zeros(1, dtype=torch.long, device=device)
+        self.stopped = torch.ones(rows, dtype=torch.bool, device=device)
+        self.tokens = torch.zeros((columns, rows), dtype=torch.long, device=device)
+        self.action_logprobs = torch.zeros((columns, rows), dtype=torch.float32, device=device)
+        self.ended = torch.zeros(columns, dtype=torch.bool, device=device)
+        super().__init__(model, key, device, capture)
+
+    def forward(self) -> torch.Tensor:
+        """One step: the forward of ``token_ids`` at the column, then the draw of the next tokens at
+        ``uniforms[draw_index]``; returns log μ ``[rows, V]`` of the draw."""
+        sampling, step = self.key.sampling, self.draw_index
+        logprobs = torch.log_softmax(super().forward().float() / sampling.temperature, dim=-1)
+        token = sample_at(logprobs, self.uniforms.index_select(0, step)[0]).masked_fill(self.stopped, sampling.pad_id)
+        self.stopped |= (token[:, None] == self.stop_ids).any(dim=-1)  # torch.isin's sorting path (many stop ids)
+        # calls unique(), which waits for the device: a capture refuses it
+        self.tokens.index_copy_(0, step, token[None])
+        self.action_logprobs.index_copy_(0, step, logprobs.gather(-1, token[:, None]).T)
+        self.ended.index_copy_(0, step, self.stopped.all()[None])
+        self.token_ids.copy_(token[:, None])
+        self.positions += 1
+        self.static.column += 1
+        self.draw_index += 1
+        return logprobs
+
+
+class SampledStep:
+    """One call's decode on a :class:`SamplingGraph` (:func:`~dppo_oat.rollout.decode.decode_in_graph`): the call's
+    buffer goes to the graph's first rows; :meth:`start` loads step 0's tokens, the positions, the stop flags (the
+    padding rows stopped) and the uniforms; each :meth:`replay` forwards the last tokens and draws the next, on the
+    device; :meth:`finish` copies the decoded columns back."""
+
+    def __init__(self, graph: SamplingGraph, buffer: KVBuffer):
+        graph.load(buffer)
+        self.graph, self.buffer, self.ended = graph, buffer, graph.ended
+        self.rows, self.start_width = buffer.valid.shape[0], buffer.width
+
+    def start(self, token: torch.Tensor, positions: torch.Tensor, stopped: torch.Tensor,
+              uniforms: torch.Tensor) -> None:
+        graph, rows = self.graph, self.rows
+        graph.token_ids.zero_()
+        graph.token_ids[:rows, 0] = token
+        graph.positions.zero_()
+        graph.positions[:rows] = positions
+        graph.stopped.fill_(True)
+        graph.stopped[:rows] = stopped
+        graph.uniforms[: len(uniforms), :rows] = uniforms
+        graph.ended[:1] = stopped.all()
+        graph.draw_index.fill_(1)
+        graph.static.column.fill_(self.buffer.width)
+
+    def replay(self) -> torch.Tensor:
+        if self.buffer.width >= self.buffer.capacity:
+            raise RuntimeError("the KV buffer is full: allocate it with room for every token to sample")
+        logprobs = self.graph.replay()
+        self.graph.buffer.width += 1
+        self.buffer.width += 1
+        return logprobs[: self.rows]
+
+    def sampled(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        graph, rows = self.graph, self.rows
+        return graph.tokens[1:length, :rows].T, graph.action_logprobs[1:length, :rows].T
+
+    def finish(self) -> None:
+        """Copy the columns this call decoded (up to its buffer's width, which the decode may have taken back)."""
+        self.graph.copy_back(self.buffer, self.start_width)
+
+
 class GraphCache:
     """The decode graphs of a generator, kept across its calls, all dropped when the model's storage changes
     (:func:`storage_key`) or the model is another. A call takes the smallest cached graph that serves its
@@ -205,13 +314,15 @@ class GraphCache:
     side stream (a call replays one graph at a time, and each graph's output stays its own). A capture that fails
     turns the cache off (``failure`` says why; the generator decodes eagerly from then on, warned once). ``captures``
     counts the graphs captured. ``capture`` builds a graph's replay (:func:`capture_cuda_graph`; a test passes the
-    eager forward to run the same logic on the CPU), on the devices of ``device_types``."""
+    eager forward to run the same logic on the CPU), on the devices of ``device_types``. ``sample_in_graph``: the
+    graphs sample too (:class:`SamplingGraph`), else they run the forward alone (:class:`GraphedStep`)."""
 
     def __init__(self, capture: Callable[[DecodeGraph], Callable[[], torch.Tensor]] | None = None,
                  max_graphs: int = MAX_GRAPHS, device_types: tuple[str, ...] = ("cuda",),
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, sample_in_graph: bool = True):
         self.capture = capture if capture is not None else self._capture_on_cuda
         self.max_graphs, self.device_types, self.max_bytes = max_graphs, device_types, max_bytes
+        self.sample_in_graph = sample_in_graph
         self.graphs: collections.OrderedDict[GraphKey, DecodeGraph] = collections.OrderedDict()
         self.model, self.storage, self.captures = None, None, 0
         self.failure: str | None = None
@@ -221,10 +332,13 @@ class GraphCache:
         """Whether this cache captures on ``device`` (and no capture has failed)."""
         return device.type in self.device_types and self.failure is None
 
-    def step(self, model, buffer: KVBuffer) -> GraphedStep:
+    def step(self, model, buffer: KVBuffer, sampling: Sampling | None = None) -> GraphedStep | SampledStep:
         """The step that decodes the prefilled ``buffer`` with ``model``, on a graph that serves it (captured now if
-        the cache has none)."""
-        return GraphedStep(self.graph(model, graph_key(buffer), buffer.valid.device), buffer)
+        the cache has none): one that samples as ``sampling`` says when given and the cache samples in its graphs,
+        else one of the forward alone."""
+        key = graph_key(buffer, sampling if self.sample_in_graph else None)
+        graph = self.graph(model, key, buffer.valid.device)
+        return SampledStep(graph, buffer) if key.sampling is not None else GraphedStep(graph, buffer)
 
     def graph(self, model, key: GraphKey, device: torch.device) -> DecodeGraph:
         """The smallest cached graph that serves ``key``, else a new capture for ``key`` (the graphs used longest
@@ -237,7 +351,7 @@ class GraphCache:
             return self.graphs[best]
         self.evict(room_for=key, device=device)
         try:
-            graph = DecodeGraph(model, key, device, self.capture)
+            graph = (SamplingGraph if key.sampling is not None else DecodeGraph)(model, key, device, self.capture)
         except (RuntimeError, TypeError, ValueError) as error:
             self.failure = f"{type(error).__name__}: {error}"
             raise
@@ -330,15 +444,17 @@ def uncached_autocast(device: torch.device) -> contextlib.AbstractContextManager
     return torch.autocast(kind, dtype=torch.get_autocast_dtype(kind), cache_enabled=False)
 
 
-def decode_step(model, buffer: KVBuffer, max_new_tokens: int, graphs: GraphCache | None) -> DecodeStep:
-    """The step :func:`~dppo_oat.rollout.decode.decode` runs: a :class:`GraphedStep` from ``graphs`` on a device it
-    serves when at least :data:`MIN_GRAPH_STEPS` tokens are to be sampled, else
-    :class:`~dppo_oat.rollout.decode.EagerStep`. A capture that fails warns once and turns the graphs off: every
-    later call decodes eagerly (a retried capture would cost a warm-up and a failed capture at every call)."""
+def decode_step(model, buffer: KVBuffer, max_new_tokens: int, graphs: GraphCache | None,
+                sampling: Sampling | None = None) -> DecodeStep | SampledStep:
+    """The step :func:`run_decode` runs: one from ``graphs`` (:meth:`GraphCache.step`; sampling in the graph as
+    ``sampling`` says, when given) on a device it serves when at least :data:`MIN_GRAPH_STEPS` tokens are to be
+    sampled, else :class:`~dppo_oat.rollout.decode.EagerStep`. A capture that fails warns once and turns the graphs
+    off: every later call decodes eagerly (a retried capture would cost a warm-up and a failed capture at every
+    call)."""
     if graphs is None or not graphs.serves(buffer.valid.device) or max_new_tokens < MIN_GRAPH_STEPS:
         return EagerStep(model, buffer)
     try:
-        return graphs.step(model, buffer)
+        return graphs.step(model, buffer, sampling)
     except (RuntimeError, TypeError, ValueError) as error:
         warnings.warn(f"capturing the decode step in a CUDA graph failed ({error}); this generator decodes eagerly "
                       "from now on", stacklevel=2)
@@ -350,3 +466,20 @@ def stop_check_interval(step: DecodeStep) -> int:
     :data:`STOP_CHECK_EVERY` steps for a replayed graph (a read waits for the device), every step otherwise (the
     host is the bottleneck there, and a step past the stop costs a whole eager forward)."""
     return STOP_CHECK_EVERY if isinstance(step, GraphedStep) else 1
+
+
+def run_decode(model, state: Prefilled, step: DecodeStep | SampledStep, sampling: Sampling, *, max_new_tokens: int,
+               stop_ids: torch.Tensor, keep_logprobs: bool, draw_order: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> Decoded:
+    """Decode ``state`` with ``step`` (:func:`decode_step`) as ``sampling`` says (``stop_ids``: its stop ids, on the
+    model's device): :func:`~dppo_oat.rollout.decode.decode_in_graph` for a step that samples in its graph (which
+    must have been captured for ``sampling``), else :func:`~dppo_oat.rollout.decode.decode`, reading the stop flags
+    every :func:`stop_check_interval` steps."""
+    settings = dict(max_new_tokens=max_new_tokens, temperature=sampling.temperature, stop_ids=stop_ids,
+                    keep_logprobs=keep_logprobs, draw_order=draw_order, generator=generator)
+    if isinstance(step, SampledStep):
+        if step.graph.key.sampling != sampling:
+            raise ValueError(f"the step's graph samples as {step.graph.key.sampling}, the call asks {sampling}")
+        return decode_in_graph(state, step, **settings)
+    return decode(model, state, pad_id=sampling.pad_id, step=step, stop_check_every=stop_check_interval(step),
+                  **settings)

@@ -4,8 +4,9 @@
 processors, stopping criteria, score bookkeeping). For untruncated sampling at a temperature > 0 — every training
 rollout — the loop below does only what the rollout needs: one forward per token (:func:`direct_forward`, the
 model's own layers on a preallocated :class:`KVBuffer`), ``log_softmax`` of ``logits / temperature`` (μ exactly,
-the distribution the token is drawn from), one draw by inverting its cumulative sum (:func:`inverse_cdf_sample`,
-cheaper than ``torch.multinomial``), and log μ(a_t); when asked, μ's whole log-probs, from which the generator takes
+the distribution the token is drawn from), one draw by inverting its cumulative sum at a uniform (:func:`sample_at`,
+cheaper than ``torch.multinomial``; a decode's uniforms are drawn at once, :class:`StepUniforms`), and log μ(a_t);
+when asked, μ's whole log-probs, from which the generator takes
 ``TopK(μ, K) ∪ {a_t}``. Left-padded prompts get position ids from their attention mask, as ``generate`` gives them;
 rows that have stopped receive the pad token.
 
@@ -119,19 +120,50 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SH
 def inverse_cdf_sample(logprobs: torch.Tensor, draw_order: torch.Tensor | None = None,
                        generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of ``logprobs [B, V]``, drawn from ``exp(logprobs)`` by inverting its cumulative sum at a
-    uniform draw (:func:`invert_cumulative`). The same distribution as ``torch.multinomial``, at a fraction of its
-    cost on a CPU. Row ``b`` takes the ``draw_order[b]``-th uniform of the step (default: the ``b``-th), drawn from
-    ``generator`` (default: torch's global RNG).
+    uniform draw (:func:`sample_at`). The same distribution as ``torch.multinomial``, at a fraction of its cost on a
+    CPU. Row ``b`` takes the ``draw_order[b]``-th uniform of the draw (default: the ``b``-th), drawn from
+    ``generator`` (default: torch's global RNG)."""
+    return sample_at(logprobs, StepUniforms(generator, logprobs.device, 1, len(logprobs), draw_order).draws[0])
 
-    The cumulative sum and the uniforms are float64 (float32 on MPS, which has no float64): in float32 both resolve
-    only 2^-24 near 1, so with a large vocabulary the tokens of probability under about 6e-8 would be drawn in lumps
-    (many never, others at several times their μ) and the reported μ would not be the distribution drawn from."""
-    exact = torch.float32 if logprobs.device.type == "mps" else torch.float64
-    cumulative = logprobs.exp().to(exact).cumsum(dim=-1)
-    draws = torch.rand((len(cumulative), 1), generator=generator, dtype=exact, device=cumulative.device)
-    if draw_order is not None:
-        draws = draws[draw_order]
-    return invert_cumulative(cumulative, draws)
+
+def exact_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the cumulative sums and uniforms of a draw: float64 (float32 on MPS, which has no float64). In
+    float32 both resolve only 2^-24 near 1, so with a large vocabulary the tokens of probability under about 6e-8
+    would be drawn in lumps (many never, others at several times their μ) and the reported μ would not be the
+    distribution drawn from."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def sample_at(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row of ``logprobs [B, V]`` at its uniform ``uniforms [B, 1]``: the inverse of the
+    cumulative sum of ``exp(logprobs)`` (:func:`invert_cumulative`), in :func:`exact_dtype`."""
+    cumulative = logprobs.exp().to(uniforms.dtype).cumsum(dim=-1)
+    return invert_cumulative(cumulative, uniforms)
+
+
+class StepUniforms:
+    """The uniforms of a whole decode, drawn in one call before its first step: ``draws [steps, B, 1]``, step ``t``'s
+    row ``b`` being the ``draw_order[b]``-th uniform of the ``t``-th draw of ``B`` (default: the ``b``-th), from
+    ``generator`` (default: torch's global RNG of the device). On the CPU one draw of ``steps × B`` is the ``steps``
+    draws of ``B`` one after another, number for number. :meth:`give_back` leaves the generator where a decode that
+    drew only the steps it kept would have: what a decode runs past its last stop is not drawn for the next caller."""
+
+    def __init__(self, generator: torch.Generator | None, device: torch.device, steps: int, rows: int,
+                 draw_order: torch.Tensor | None = None):
+        self.generator, self.source = generator, draw_source(generator, device)
+        self.rows, self.dtype, self.device = rows, exact_dtype(device), device
+        self.before = self.source.get_state() if self.source is not None else None
+        draws = self._draw(steps)
+        self.draws = draws[:, draw_order] if draw_order is not None else draws
+
+    def _draw(self, steps: int) -> torch.Tensor:
+        return torch.rand((steps, self.rows, 1), generator=self.generator, dtype=self.dtype, device=self.device)
+
+    def give_back(self, kept: int) -> None:
+        """Put the generator where drawing only the first ``kept`` steps leaves it."""
+        if kept < len(self.draws) and self.source is not None:
+            self.source.set_state(self.before)
+            self._draw(kept)
 
 
 def invert_cumulative(cumulative: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -208,22 +240,22 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
     """Sample from a prefilled batch, one forward per token on its buffer (see :func:`sample_with_cache`). With
     ``draw_order``, row ``b`` takes each step's ``draw_order[b]``-th uniform: a batch laid out in another row order
     (length buckets) draws what the caller's order would; the uniforms come from ``generator`` (default: torch's
-    global RNG). ``temperature`` > 0 (the generator calls it only then:
-    :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`). ``step`` runs each forward on the state's buffer
-    (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same).
+    global RNG), all drawn before the first step (:class:`StepUniforms`). ``temperature`` > 0 (the generator calls
+    it only then: :func:`~dppo_oat.rollout.hf_generator.uses_sampling_loop`). ``step`` runs each forward on the
+    state's buffer (default :class:`EagerStep`; :class:`StaticStep` or a CUDA graph of it compute the same).
 
     Whether every row has stopped is read on the host (a device synchronisation) only every ``stop_check_every``
     steps; the steps run past the last row's stop sample pad tokens and are then undone (:class:`StopChecks`): the
     result, the buffer's width and the generator's state are those of a check at every step."""
     buffer, logits, next_position = state.cache, state.logits, state.next_position
     forward = step if step is not None else EagerStep(model, buffer)
-    checks = StopChecks(stop_check_every, generator, logits.device)
+    uniforms = StepUniforms(generator, logits.device, max_new_tokens, logits.shape[0], draw_order)
+    checks = StopChecks(stop_check_every)
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens, action_logprobs, all_logprobs = [], [], []
     for t in range(max_new_tokens):
-        checks.before_step(t)
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-        token = inverse_cdf_sample(logprobs, draw_order, generator)
+        token = sample_at(logprobs, uniforms.draws[t])
         token = torch.where(stopped, torch.full_like(token, pad_id), token)
         tokens.append(token)
         action_logprobs.append(logprobs.gather(-1, token.unsqueeze(-1)).squeeze(-1))
@@ -235,49 +267,44 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
         logits = forward(token.unsqueeze(-1), next_position)
         next_position = next_position + 1
     length = checks.steps_to_keep(len(tokens))
-    if length < len(tokens):
-        undo_steps_past_stop(buffer, len(tokens) - length)
-    forward.finish()
-    return Decoded(torch.stack(tokens[:length], dim=1), torch.stack(action_logprobs[:length], dim=1),
-                   torch.stack(all_logprobs[:length], dim=1) if keep_logprobs else None, buffer, length - 1)
+    return kept_steps(buffer, forward, uniforms, len(tokens), length, tokens, action_logprobs,
+                      all_logprobs if keep_logprobs else None)
+
+
+def kept_steps(buffer: KVBuffer, step: DecodeStep, uniforms: StepUniforms, run: int, length: int,
+               tokens: Sequence[torch.Tensor], action_logprobs: Sequence[torch.Tensor],
+               all_logprobs: Sequence[torch.Tensor] | None) -> Decoded:
+    """The :class:`Decoded` of the first ``length`` of the ``run`` steps a decode ran (each a ``[B]`` token and μ,
+    ``[B, V]`` log μ): the forwards of the steps past the last stop are taken back from ``buffer``, the generator
+    gets their uniforms back, and ``step`` finishes."""
+    if length < run:
+        undo_steps_past_stop(buffer, run - length)
+    uniforms.give_back(length)
+    step.finish()
+    return Decoded(torch.stack(list(tokens[:length]), dim=1), torch.stack(list(action_logprobs[:length]), dim=1),
+                   None if all_logprobs is None else torch.stack(list(all_logprobs[:length]), dim=1), buffer,
+                   length - 1)
 
 
 class StopChecks:
     """When :func:`decode` reads whether every row has stopped: after every step (``every`` 1), or after every
-    ``every``-th only; between two reads it keeps each step's flag on the device and the state of the uniforms'
-    generator (:class:`DrawHistory`), so that the steps run past the last stop can be taken back."""
+    ``every``-th only; between two reads it keeps each step's flag on the device, so that the steps run past the
+    last stop can be found and taken back."""
 
-    def __init__(self, every: int, generator: torch.Generator | None, device: torch.device):
+    def __init__(self, every: int):
         self.every = every
-        self.history = DrawHistory(generator, device) if every > 1 else None
         self.ended: list[torch.Tensor] = []
-
-    def before_step(self, t: int) -> None:
-        """Step ``t`` is about to draw."""
-        if self.history is not None:
-            self.history.before_step(t)
 
     def all_stopped(self, t: int, stopped: torch.Tensor) -> bool:
         """Whether the decode ends after step ``t``: every row has stopped, as read now if ``t`` is a check step."""
-        if self.history is None:
+        if self.every == 1:
             return bool(stopped.all())
         self.ended.append(stopped.all())
-        if (t + 1) % self.every:
-            return False
-        if bool(self.ended[-1]):
-            return True
-        self.history.forget()  # a row runs on: the steps so far, and their draws, are kept
-        return False
+        return (t + 1) % self.every == 0 and bool(self.ended[-1])
 
     def steps_to_keep(self, steps: int) -> int:
-        """How many of the ``steps`` run a check at every step would have run; the generator is put back to where
-        that decode leaves it."""
-        if self.history is None:
-            return steps
-        length = first_stop_length(self.ended)
-        if length < steps:
-            self.history.rewind_to(length)
-        return length
+        """How many of the ``steps`` run a check at every step would have run."""
+        return steps if self.every == 1 else first_stop_length(self.ended)
 
 
 def first_stop_length(ended: Sequence[torch.Tensor]) -> int:
@@ -288,6 +315,116 @@ def first_stop_length(ended: Sequence[torch.Tensor]) -> int:
     return next((t + 1 for t, flag in enumerate(flags) if flag), len(flags))
 
 
+RUN_AHEAD = 4
+"""How many steps an in-graph decode's host may launch past the newest stop flag it has read (:class:`StopPoller`):
+enough queued work that the device never waits for the host, few enough that little runs past the last stop."""
+
+
+class StopPoller:
+    """Reads the stop flags of :func:`decode_in_graph` without draining the device's queue. Behind each step the
+    host queues a copy of the step's flag (``ended[t]``: every row had stopped after step ``t``) to pinned host memory
+    and an event; before it launches a step it reads the flags of the steps whose events have completed, and it waits
+    only for a step ``run_ahead`` behind the newest (the device has that many steps queued meanwhile). The steps
+    launched past the first stop sample pad tokens and are taken back. Off CUDA each flag is read as it is written."""
+
+    def __init__(self, ended: torch.Tensor, run_ahead: int = RUN_AHEAD):
+        self.ended, self.run_ahead = ended, run_ahead
+        self.cuda = ended.device.type == "cuda"
+        self.host = torch.zeros(ended.shape, dtype=torch.bool, pin_memory=self.cuda)
+        self.events: dict[int, torch.cuda.Event] = {}
+        self.read = 0
+        """The flags of steps ``[0, read)`` are read, and false."""
+
+    def launched(self, t: int) -> None:
+        """Step ``t``'s work is queued: queue its flag's copy to the host behind it."""
+        self.host[t : t + 1].copy_(self.ended[t : t + 1], non_blocking=self.cuda)
+        if self.cuda:  # on the flags' device's stream (a thread's current device may be another), where the replay
+            # and the copy run; a blocking event lets a waiting host thread sleep rather than spin
+            self.events[t] = torch.cuda.Event(blocking=True)
+            self.events[t].record(torch.cuda.current_stream(self.ended.device))
+
+    def done(self, t: int) -> bool:
+        """Whether step ``t``'s flag is on the host (without waiting)."""
+        return not self.cuda or self.events[t].query()
+
+    def wait(self, t: int) -> None:
+        """Wait until step ``t``'s flag is on the host."""
+        if self.cuda:
+            self.events[t].synchronize()
+
+    def ended_before(self, launched: int) -> bool:
+        """Whether a flag of the ``launched`` steps says every row had stopped: the flags on the host are read, and
+        the host waits for the one ``run_ahead`` behind ``launched``."""
+        while self.read < launched:
+            t = self.read
+            if launched - t > self.run_ahead:
+                self.wait(t)
+            elif not self.done(t):
+                return False
+            if bool(self.host[t]):
+                return True
+            self.read += 1
+        return False
+
+    def stop_length(self, launched: int) -> int:
+        """How many of the ``launched`` steps a check at every step runs: up to and including the first whose flag
+        is true, else all (one wait for the last step)."""
+        self.wait(launched - 1)
+        flags = self.host[:launched].tolist()
+        return next((t + 1 for t, flag in enumerate(flags) if flag), launched)
+
+
+class InGraphStep(Protocol):
+    """A decode step that samples on the device (:class:`~dppo_oat.rollout.cuda_graphs.SampledStep`): ``ended``
+    holds each step's stop flag there."""
+
+    ended: torch.Tensor
+
+    def start(self, token: torch.Tensor, positions: torch.Tensor, stopped: torch.Tensor,
+              uniforms: torch.Tensor) -> None:
+        """Take step 0's tokens ``[B]``, the next positions ``[B, 1]``, the stop flags ``[B]`` and every step's
+        uniforms ``[steps, B, 1]``."""
+
+    def replay(self) -> torch.Tensor:
+        """Run one step: the last tokens' forward, then the next token's draw; return its log μ ``[B, V]``."""
+
+    def sampled(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens and their log μ ``[B, length - 1]`` of steps ``1 … length - 1``."""
+
+    def finish(self) -> None:
+        """See :meth:`DecodeStep.finish`."""
+
+
+@torch.inference_mode()
+def decode_in_graph(state: Prefilled, step: InGraphStep, *, max_new_tokens: int, temperature: float,
+                    stop_ids: torch.Tensor, keep_logprobs: bool, draw_order: torch.Tensor | None = None,
+                    generator: torch.Generator | None = None, poller: type[StopPoller] = StopPoller) -> Decoded:
+    """:func:`decode` with a ``step`` that samples on the device: the host draws step 0's token from the prefill, as
+    :func:`decode` does, then only launches steps (one replay each) and reads the stop flags behind them
+    (:class:`StopPoller`); the steps run past the last stop are taken back, so the result, the buffer and the
+    generator's state are :func:`decode`'s. The step's graph bakes in the temperature, the stop ids and the pad id
+    (``temperature`` and ``stop_ids`` here serve step 0's draw, on the host). ``poller``: how the flags are read
+    (:class:`StopPoller`)."""
+    logits = state.logits
+    uniforms = StepUniforms(generator, logits.device, max_new_tokens, logits.shape[0], draw_order)
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    first = sample_at(logprobs, uniforms.draws[0])
+    step.start(first, state.next_position, torch.isin(first, stop_ids), uniforms.draws)
+    flags, all_logprobs, run = poller(step.ended), [logprobs], 1
+    flags.launched(0)
+    while run < max_new_tokens and not flags.ended_before(run):
+        later = step.replay()
+        if keep_logprobs:
+            all_logprobs.append(later.clone())
+        flags.launched(run)
+        run += 1
+    length = flags.stop_length(run)
+    tokens, action_logprobs = step.sampled(length)
+    first_logprob = logprobs.gather(-1, first.unsqueeze(-1)).squeeze(-1)
+    return kept_steps(state.cache, step, uniforms, run, length, [first, *tokens.unbind(1)],
+                      [first_logprob, *action_logprobs.unbind(1)], all_logprobs if keep_logprobs else None)
+
+
 def undo_steps_past_stop(buffer: KVBuffer, steps: int) -> None:
     """Take back the last ``steps`` fed columns of ``buffer`` (the forwards of the steps past the last row's stop):
     its width returns to where a check at every step leaves it, and the columns are no longer valid."""
@@ -295,33 +432,11 @@ def undo_steps_past_stop(buffer: KVBuffer, steps: int) -> None:
     buffer.valid[:, buffer.width : buffer.width + steps] = False
 
 
-def draw_source(generator: torch.Generator | None, device: torch.device) -> torch.Generator:
-    """The generator the uniforms of :func:`inverse_cdf_sample` come from on ``device``: ``generator``, else torch's
-    default generator of that device."""
+def draw_source(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """The generator the uniforms of a decode come from on ``device``: ``generator``, else torch's default generator
+    of that device (None on a device other than the CPU and CUDA: its global RNG, whose state is not put back)."""
     if generator is not None:
         return generator
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-    return torch.default_generator
-
-
-class DrawHistory:
-    """The state of the uniforms' generator before each step since the last stop check (a host-side copy, no
-    device synchronisation), so that a decode that ran past its last row's stop can give back the draws of the steps
-    it undoes: the next batch of the call, or the next caller of the global RNG, then draws what it would have."""
-
-    def __init__(self, generator: torch.Generator | None, device: torch.device):
-        self.source = draw_source(generator, device)
-        self.states: dict[int, torch.Tensor] = {}
-
-    def before_step(self, t: int) -> None:
-        """Keep the state before step ``t``'s draw."""
-        self.states[t] = self.source.get_state()
-
-    def forget(self) -> None:
-        """Drop the states kept so far (a stop check found a row running: those steps stay)."""
-        self.states.clear()
-
-    def rewind_to(self, t: int) -> None:
-        """Put the generator back to its state before step ``t``'s draw."""
-        self.source.set_state(self.states[t])
+    return torch.default_generator if device.type == "cpu" else None

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from dppo_oat.learner.autocast import autocast, torch_dtype, use_shape_agnostic_attention
-from dppo_oat.rollout.cuda_graphs import GraphCache, decode_step, stop_check_interval
-from dppo_oat.rollout.decode import Prefilled, decode, prefill, prefill_after_past, shared_prefix_length
+from dppo_oat.rollout.cuda_graphs import GraphCache, Sampling, decode_step, run_decode
+from dppo_oat.rollout.decode import Prefilled, prefill, prefill_after_past, shared_prefix_length
 from dppo_oat.rollout.direct_forward import KVBuffer, runs_direct
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.rollout.prefix_cache import (
@@ -167,6 +167,17 @@ def uses_sampling_loop(settings: SamplingSettings) -> bool:
     return settings.temperature > 0 and not settings.truncates
 
 
+def own_draws(seed: int | None, device: torch.device) -> torch.Generator:
+    """The sampling loop's own generator on ``device``, seeded by ``seed``, else by one number drawn from torch's CPU
+    RNG (so an unseeded call still follows ``torch.manual_seed``). The device's default generator is left alone:
+    a decode gives back the uniforms of the steps it did not run by rewinding its generator, which on the shared one
+    would take back what another thread drew meanwhile, and a CUDA graph capture that fails can leave the default
+    CUDA generator unusable."""
+    if seed is None:
+        seed = int(torch.randint(2**62, (1,)))
+    return torch.Generator(device).manual_seed(seed)
+
+
 class HFGenerator:
     """Samples in batches of ``batch_size`` prompts, left-padded, with the KV cache: its own sampling loop, that of
     :mod:`~dppo_oat.rollout.decode` for the settings of :func:`uses_sampling_loop` on a model that
@@ -180,18 +191,20 @@ class HFGenerator:
     (:mod:`dppo_oat.learner.autocast`), as the learner's; μ is fp32 log-probs of those logits. ``cuda_graphs``:
     on a CUDA device, the sampling loop decodes with CUDA graphs of its decode step, captured once per batch and buffer
     bucket and kept across calls (``graphs``, a :class:`~dppo_oat.rollout.cuda_graphs.GraphCache`;
-    ``graph_captures`` counts its captures); ``decode_steps`` counts the sampling loop's calls by the step that
-    decoded them (``EagerStep``, ``GraphedStep``), so that a capture that failed, and decoded eagerly, shows.
+    ``graph_captures`` counts its captures); the graphs sample too (``graph_sampling``, the default: one replay a
+    step) or run the forward alone. ``decode_steps`` counts the sampling loop's calls by the step that decoded them
+    (``EagerStep``, ``GraphedStep``, ``SampledStep``), so that a capture that failed, and decoded eagerly, shows.
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, eos_token_ids: Sequence[int] | None = None,
-                 reuse_prefixes: bool = True, compute_dtype: str = "float32", cuda_graphs: bool = False):
+                 reuse_prefixes: bool = True, compute_dtype: str = "float32", cuda_graphs: bool = False,
+                 graph_sampling: bool = True):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         torch_dtype(compute_dtype)  # a known name
         self.compute_dtype = compute_dtype
         self.cuda_graphs = cuda_graphs
-        self.graphs = GraphCache() if cuda_graphs else None
+        self.graphs = GraphCache(sample_in_graph=graph_sampling) if cuda_graphs else None
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -223,16 +236,15 @@ class HFGenerator:
         return autocast(self.device, self.compute_dtype)
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Completion]:
-        """One completion per prompt, in order; seeded by ``settings.seed`` when set."""
+        """One completion per prompt, in order; seeded by ``settings.seed`` when set (else the sampling loop's
+        generator by one draw of torch's RNG: :func:`own_draws`)."""
         if settings.top_k_logprobs > self.max_topk:
             raise ValueError(f"top_k_logprobs={settings.top_k_logprobs} exceeds the vocabulary ({self.max_topk})")
         completions: list[Completion] = []
         self._cached_parts = []
         self._version = weights_version(self.model) if self.prefix_cache is not None else None
         loop = self.runs_direct and uses_sampling_loop(settings)
-        self._draws = None  # the sampling loop's own generator: the global RNG is left alone, at no fork's cost
-        if loop and settings.seed is not None:
-            self._draws = torch.Generator(self.device).manual_seed(settings.seed)
+        self._draws = own_draws(settings.seed, self.device) if loop else None
         eos = torch.as_tensor(self.eos_token_ids, device=self.device)
         with contextlib.nullcontext() if loop else seeded(settings.seed, self.device), torch.inference_mode(), \
                 self.autocast():
@@ -266,12 +278,12 @@ class HFGenerator:
         prompt order); the batch's keys and values are then cached for the next call."""
         order, state = self._prefill(prompts, settings.max_new_tokens)
         draw_order = torch.as_tensor(order, device=self.device)
-        step = decode_step(self.model, state.cache, settings.max_new_tokens, self.graphs)
+        sampling = Sampling(float(settings.temperature), tuple(self.eos_token_ids), self.pad_token_id)
+        step = decode_step(self.model, state.cache, settings.max_new_tokens, self.graphs, sampling)
         self.decode_steps[type(step).__name__] += 1
-        decoded = decode(self.model, state, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                         stop_ids=eos, pad_id=self.pad_token_id, keep_logprobs=settings.top_k_logprobs > 0,
-                         draw_order=draw_order, generator=self._draws, step=step,
-                         stop_check_every=stop_check_interval(step))
+        decoded = run_decode(self.model, state, step, sampling, max_new_tokens=settings.max_new_tokens, stop_ids=eos,
+                             keep_logprobs=settings.top_k_logprobs > 0, draw_order=draw_order,
+                             generator=self._draws)
         if self.prefix_cache is not None:
             self._cached_parts.append(self._rows_to_cache([prompts[i] for i in order], state, decoded, eos))
         prompt_order = torch.argsort(draw_order)

@@ -216,8 +216,8 @@ class TrainConfig(spec.DPPOFlags):
     device: str = "cpu"
     """Torch device of the policy, rollouts, update and warm start: cpu, cuda, cuda:1, ..."""
     cuda_graphs: bool = False
-    """On a CUDA device, decode rollouts by replaying CUDA graphs of the decode step (one launch per token in place
-    of hundreds of kernels): the eager decode's distribution, up to float rounding."""
+    """On a CUDA device, decode rollouts by replaying CUDA graphs of the decode step, sampling included (one launch
+    per token in place of hundreds of kernels): the eager decode's distribution, up to float rounding."""
     threads: int | None = None
     """CPU threads torch may use. None: half the CPUs this process may use, at least 1, so that work beside the run
     does not stall it. Each count sums floats in its own order, so draws other tokens."""
