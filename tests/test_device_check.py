@@ -288,6 +288,30 @@ def test_the_docs_table_keeps_the_newest_default_run_whatever_its_seed_and_lr(tm
     assert "99 s, success 0.765 → 0.900" in line and "112 s" not in line
 
 
+def test_the_docs_table_keeps_a_rollout_row_per_model_and_decode_kind(tmp_path):
+    """Eager, graphs of the forward (older rows have no ``graph_sampling``), graphs that sample, and the 1.7B shape's
+    row: one each, the newest of a kind replacing the older."""
+    tables = load("scripts/docs_tables.py")
+    stamp = {"bench": "rollout", "gpu": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "smoke": False,
+             "date": "2026-11-29T00:00:00+00:00", "batch": 64, "model": "qwen3-100m", "commit": "abcdef01"}
+
+    def row(rate, **kind):
+        return {**stamp, **kind, "multi_turn": {"generator_tokens_per_s": rate, "ratio": rate / 4000,
+                                                "graph_captures": 2 if kind.get("cuda_graphs") else 0},
+                "roofline": {"generator_vs_roofline": rate / 500_000}}
+
+    rows = [row(5000.0), row(13_000.0, cuda_graphs=True), row(14_000.0, cuda_graphs=True, graph_sampling=False),
+            row(40_000.0, cuda_graphs=True, graph_sampling=True), row(50_000.0, cuda_graphs=True, graph_sampling=True),
+            row(45_000.0, cuda_graphs=True, graph_sampling=True, model="qwen3-1.7b")]
+    (tmp_path / "rollout_h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = next(r for r in tables.gpu_rows_table(tmp_path).splitlines() if r.startswith("| `rollout`"))
+    assert "5,000 tokens/s: 1.25× generate, 0.010 of the roofline (batch 64)" in line
+    assert "14,000 tokens/s" in line and "13,000" not in line and "decode in CUDA graphs of the forward" in line
+    assert "50,000 tokens/s: 12.50× generate, 0.100 of the roofline (batch 64, decode in CUDA graphs that sample, 2 " \
+           "captured)" in line and "40,000" not in line
+    assert "qwen3-1.7b: 45,000 tokens/s" in line
+
+
 def test_the_oat_learner_row_says_its_resume_check_when_it_has_one():
     tables = load("scripts/docs_tables.py")
     [row] = [json.loads(line) for line in (ROOT / "docs/bench/oat_learner_step_h200.jsonl").read_text().splitlines()
@@ -404,3 +428,19 @@ def test_a_stopped_runs_row_says_where_it_stopped_and_its_seconds_per_step(tmp_p
     assert (row["median_rollout_seconds"], row["median_update_seconds"]) == (7.0, 0.5)
     assert row["rollout_success_by_step"] == {"1": 0.75, "2": 0.016, "3": 0.0}
     assert row["success_by_step"] == {"0": 0.785, "25": 0.0}
+
+
+def test_the_oat_learner_rows_keep_one_per_lora_rank_and_dppo_micro_batch(tmp_path):
+    """The oat-learner step's rows (micro-batch 1 both, DPPO at micro-batch 4, LoRA): one each in the table, the row
+    of DPPO's own micro-batch and the LoRA row saying so."""
+    tables = load("scripts/docs_tables.py")
+    [row] = [json.loads(line) for line in (ROOT / "docs/bench/oat_learner_step_h200.jsonl").read_text().splitlines()
+             if line.strip()][-1:]
+    config = {**row["config"], "micro_batch": 1}
+    rows = [{**row, "config": config}, {**row, "config": {**config, "dppo_micro_batch": 4}},
+            {**row, "config": {**config, "lora_rank": 16}}]
+    (tmp_path / "oat_learner_step_h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bullets = tables.oat_learner_gpu_rows(tmp_path).splitlines()
+    assert len(bullets) == 3
+    assert sum("micro-batch 1 / 4 (PPO / DPPO)" in bullet for bullet in bullets) == 1
+    assert sum("LoRA rank 16" in bullet for bullet in bullets) == 1

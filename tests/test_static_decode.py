@@ -113,3 +113,31 @@ def test_the_rollout_bench_refuses_a_graphs_row_it_could_not_measure(flags, mess
     result = subprocess.run([sys.executable, str(script), "--cuda-graphs", *flags], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_rollout_bench_refuses_graphs_of_the_forward_alone_without_graphs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts/bench/rollout.py"
+    result = subprocess.run([sys.executable, str(script), "--graph-forward-only"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "--graph-forward-only is a kind of --cuda-graphs" in result.stderr
+
+
+def test_the_rollout_bench_holds_the_1_7b_shape_to_half_its_roofline_and_the_100m_one_to_both_targets():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/bench/rollout.py"
+    spec = importlib.util.spec_from_file_location("rollout_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    multi, roofline = {"ratio": 6.0}, {"generator_vs_roofline": 0.3}
+    assert bench.targets_met(bench.model_targets("qwen3-100m"), multi, roofline, 64) == {
+        "multi_turn_vs_generate": True, "vs_roofline_at_batch_64": True}
+    assert bench.targets_met(bench.model_targets("qwen3-1.7b"), multi, roofline, 64) == {
+        "vs_roofline_at_batch_64": False}
+    assert bench.targets_met(bench.model_targets("qwen3-1.7b"), multi, roofline, 32) == {
+        "vs_roofline_at_batch_64": None}

@@ -65,6 +65,12 @@ reference over the second step's own size (L2 norms over the fp32 weights the op
 deterministic, as on the CPU; small where the device's kernels are not; a sizeable fraction of 1 where the checkpoint
 lost the optimizer's moments (0.27 on the CPU's smoke shape) or the shuffle's state (0.14).
 
+With ``--dppo-micro-batch`` m DPPO's learner forwards m sequences at once while PPO's keeps ``--micro-batch``: the
+memory DPPO's fused head leaves unused (no ``[N, V]`` logits), spent on fewer, larger micro-batches. Both still take
+the same optimizer steps on the same sequences, and the core's loss weighs each micro-batch by its share of the
+minibatch, so DPPO's loss and gradient norm (``pg_loss``, ``grad_norm``) are those of its micro-batch 1 up to float
+rounding; ``per_step.forwards_grad`` counts the micro-batches.
+
 With ``--lora-rank`` r both learners train LoRA adapters (oat's ``--lora_rank``); the row's ``config`` records the
 rank and the trainable parameters, so the learner's memory with and without LoRA is two rows of the same shape.
 oat's own learner gets DPPO's fix of its learning-rate schedule under LoRA (``match_scheduler_to_groups``: DeepSpeed
@@ -181,10 +187,17 @@ def transitions(args, model) -> list:
 # ------------------------------------------------------------------------------------------- learners (workers)
 
 
-def learner_argv(args, model_dir: str, save_path: str) -> list[str]:
-    """The oat engine's command line both learners are built from: the GPU scripts' ZeRO-2, learning rate and
-    Dr.GRPO aggregation (``critic_type drgrpo``); on the CPU fp32 and oat's eager attention, on a GPU bf16 and
-    flash-attn 2 where it is installed (else ``--no-flash_attn``, which :func:`prepare_process` turns into sdpa)."""
+def micro_batch(variant: str, args) -> int:
+    """The sequences ``variant``'s learner forwards at once: ``--dppo-micro-batch`` for DPPO's when given (the memory
+    its fused head leaves unused, spent on larger micro-batches), else ``--micro-batch``."""
+    return args.dppo_micro_batch if variant == "dppo" and args.dppo_micro_batch else args.micro_batch
+
+
+def learner_argv(args, model_dir: str, save_path: str, variant: str = "ppo") -> list[str]:
+    """The oat engine's command line ``variant``'s learner is built from: the GPU scripts' ZeRO-2, learning rate and
+    Dr.GRPO aggregation (``critic_type drgrpo``), its :func:`micro_batch`; on the CPU fp32 and oat's eager attention,
+    on a GPU bf16 and flash-attn 2 where it is installed (else ``--no-flash_attn``, which :func:`prepare_process`
+    turns into sdpa)."""
     on_gpu = args.device.startswith("cuda")
     flash = on_gpu and flash_attn_installed()
     return [
@@ -194,7 +207,7 @@ def learner_argv(args, model_dir: str, save_path: str) -> list[str]:
         "--trust_region", args.trust_region, *tr_delta_flags(args), "--lm_head", args.lm_head,
         "--learning_rate", "1e-6", "--lr_scheduler", "constant", "--lr_warmup_ratio", "0",
         "--critic_type", "drgrpo", "--num_ppo_epochs", str(args.epochs),
-        "--train_batch_size", str(args.minibatch), "--train_batch_size_per_device", str(args.micro_batch),
+        "--train_batch_size", str(args.minibatch), "--train_batch_size_per_device", str(micro_batch(variant, args)),
         "--rollout_batch_size", str(args.sequences), "--rollout_batch_size_per_device", str(args.sequences),
         "--pi_buffer_maxlen_per_device", str(args.sequences), "--num_samples", str(args.group_size),
         "--generate_max_length", str(args.response_tokens), "--max_train", "100000", "--token_samples", "0",
@@ -289,7 +302,7 @@ def build_learner(variant: str, args, model_dir: str, save_path: str):
 
         held_out_seeds = no_held_out_seeds
 
-    oat_args = validate_args(parse_args(learner_argv(args, model_dir, save_path)), check_gpus=False,
+    oat_args = validate_args(parse_args(learner_argv(args, model_dir, save_path, variant)), check_gpus=False,
                              check_tasks=False)  # no environment is made: Gem need not be installed
     if variant == "ppo":
         oat_args.tis_c = PPO_TIS_C
@@ -317,8 +330,8 @@ def oat_advantages(learner, trajectory: dict) -> list[float]:
 
 
 class Counters:
-    """Per step: decoder tokens forwarded with and without grad, sequences with grad, rows the LM head ran on (with
-    and without grad)."""
+    """Per step: decoder forwards (micro-batches) and tokens forwarded with and without grad, sequences with grad, rows
+    the LM head ran on (with and without grad)."""
 
     def __init__(self, learner) -> None:
         import dppo_oat.learner.forward
@@ -341,6 +354,7 @@ class Counters:
     def _decoder(self, module, inputs, output) -> None:
         batch, length = output[0].shape[:2]
         kind = "grad" if torch.is_grad_enabled() else "no_grad"
+        self.add(f"forwards_{kind}", 1)
         self.add(f"decoder_tokens_{kind}", batch * length)
         self.add(f"sequences_{kind}", batch)
 
@@ -487,6 +501,7 @@ def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> di
     return {"seconds": seconds, "peak_bytes": memory.extra, "peak_total_bytes": memory.total,
             "optimizer_steps": engine.global_steps - steps,
             "skipped_steps": engine.skipped_steps - skipped, "pg_loss": float(infos["pg_loss"]),
+            "grad_norm": float(infos.get("policy_grad_norm", float("nan"))),
             "weights_after": fingerprint, **counters.take()}
 
 
@@ -747,8 +762,8 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         values = [facts["warmup"][variant]["weights_after"]] + [pair[variant]["weights_after"] for pair in pairs]
         return (max(values) - min(values)) / max(abs(statistics.mean(values)), 1e-30)
 
-    counts = ("optimizer_steps", "sequences_grad", "decoder_tokens_grad", "decoder_tokens_no_grad", "lm_head_rows",
-              "lm_head_rows_grad", "lm_head_rows_no_grad")
+    counts = ("optimizer_steps", "sequences_grad", "forwards_grad", "forwards_no_grad", "decoder_tokens_grad",
+              "decoder_tokens_no_grad", "lm_head_rows", "lm_head_rows_grad", "lm_head_rows_no_grad")
     tr = facts["trust_region"]
     on_gpu = args.device.startswith("cuda")
     return {
@@ -773,13 +788,14 @@ def summary(args, pairs: list[dict], facts: dict) -> dict:
         "step_seconds": {v: [p[v]["seconds"] for p in pairs] for v in VARIANTS},
         "per_step": {v: {key: pairs[0][v].get(key, 0) for key in counts} for v in VARIANTS},
         "pg_loss": {v: median(v, "pg_loss") for v in VARIANTS},
+        "grad_norm": {v: median(v, "grad_norm") for v in VARIANTS},
         "weights_after_step_spread": {v: spread(v) for v in VARIANTS},
         "config": {
             "vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "parameters": facts["parameters"],
             "lora_rank": args.lora_rank, "trainable_parameters": facts["trainable_parameters"],
             "sequences": args.sequences, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
             "tokens": args.sequences * (args.prompt_tokens + args.response_tokens), "group_size": args.group_size,
-            "micro_batch": args.micro_batch, "minibatch": args.minibatch,
+            "micro_batch": args.micro_batch, "dppo_micro_batch": micro_batch("dppo", args), "minibatch": args.minibatch,
             "grad_accumulation": args.minibatch // args.micro_batch, "epochs": args.epochs,
             "zero_stage": 2, "dtype": "bfloat16" if on_gpu else "float32",
             "gradient_checkpointing": args.gradient_checkpointing,
@@ -805,6 +821,8 @@ def check_sizes(args) -> None:
     """Whole minibatches and whole GRPO groups (oat's learner and DPPO's both need them)."""
     if args.sequences % args.minibatch or args.minibatch % args.micro_batch:
         raise SystemExit("--sequences must be a multiple of --minibatch, and --minibatch of --micro-batch")
+    if args.dppo_micro_batch and args.minibatch % args.dppo_micro_batch:
+        raise SystemExit("--minibatch must be a multiple of --dppo-micro-batch")
     if args.sequences % args.group_size:
         raise SystemExit("--sequences must be a multiple of --group-size")
 
@@ -821,6 +839,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens of every sequence")
     parser.add_argument("--response-tokens", type=int, default=48, help="response tokens of every sequence")
     parser.add_argument("--micro-batch", type=int, default=4, help="oat's --train_batch_size_per_device")
+    parser.add_argument("--dppo-micro-batch", type=int, default=None,
+                        help="DPPO's learner's own --train_batch_size_per_device (default: --micro-batch): the "
+                             "memory its fused head saves, spent on larger micro-batches; the same optimizer steps "
+                             "on the same sequences, so the same update up to float rounding")
     parser.add_argument("--minibatch", type=int, default=8, help="oat's --train_batch_size: sequences per step")
     parser.add_argument("--epochs", type=int, default=2, help="oat's --num_ppo_epochs")
     parser.add_argument("--trust-region", default="dppo_binary_tv", choices=presets_without_topk(),

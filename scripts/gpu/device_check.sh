@@ -17,11 +17,12 @@
 # step's bench with LoRA adapters of rank 16 on both learners, one timed pair: the learner's memory under LoRA beside
 # oat-learner's without: oat_learner_step; on the CPU only when named), oat-learner
 # (scripts/bench/oat_learner_step.py: oat's PPO learner and DPPO's on oat under DeepSpeed ZeRO-2 in bf16 at
-# Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc; its import stand-ins are in
-# tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed: make test-oat's
-# environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the operations one
+# Qwen3-1.7B's shape, FusedAdam JIT-compiled by the device's nvcc, then DPPO's at micro-batch 4; its import
+# stand-ins are in tests/oat/import_stand_ins: oat_learner_step; on the CPU only when named, with oat installed:
+# make test-oat's environment), tests (pytest -m gpu: gpu_tests), rollout-ops (scripts/bench/rollout_ops.py: the operations one
 # default-run rollout dispatches and where its host time goes: rollout_ops), rollout (scripts/bench/rollout.py: the
-# generator against generate and the decode roofline: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and
+# generator against generate and the decode roofline, in CUDA graphs that sample at the ~100M policy and at Qwen3-1.7B's
+# shape, then in graphs of the forward alone and eagerly: rollout), learner (scripts/bench/learner_mfu.py: tokens/s and
 # MFU of the update: learner_mfu), fused-head (scripts/bench/learner_memory.py at V 151,936, H 2,048 / 4,096, 8k / 16k
 # response tokens: learner_memory), default-run (python -m dppo_oat.train $RUN_FLAGS: wall time and held-out success
 # before → after: default_run). A step that fails is reported in one line (its log has the rest) and the next one
@@ -76,6 +77,7 @@ ROLLOUT_OPS_FLAGS=(--repeats 3 -- --device cuda --dtype bfloat16)
 SMOKE_ROLLOUT_OPS_FLAGS=(--repeats 1 -- --device cpu --groups-per-step 2 --group-size 2)
 ROLLOUT_FLAGS=(--model qwen3-100m --device cuda --dtype bfloat16 --batch 64 --prompt-tokens 256 --new-tokens 128
                --turns 2 --repeats 5)
+ROLLOUT_1_7B_FLAGS=(--model qwen3-1.7b --repeats 3)  # after ROLLOUT_FLAGS (the later flags win)
 SMOKE_ROLLOUT_FLAGS=(--model smoke --device cpu --batch 4 --prompt-tokens 16 --new-tokens 4 --turns 2 --repeats 1
                      --copy-mib 32)
 LEARNER_FLAGS=(--shape qwen3-100m --device cuda --dtype bfloat16)
@@ -85,6 +87,7 @@ FUSED_HEAD_SIZES=("2048 8192" "2048 16384" "4096 8192" "4096 16384")  # hidden, 
 FUSED_HEAD_FLAGS=(--device cuda --dtype bfloat16 --rounds 2)
 SMOKE_FUSED_HEAD_SIZES=("64 128")
 SMOKE_FUSED_HEAD_FLAGS=(--device cpu --vocab 2048 --prompt 8 --rounds 1)
+OAT_MICRO_BATCH_FLAGS=(--dppo-micro-batch 4 --reps 2)  # after OAT_LEARNER_FLAGS, without its profile and resume
 OAT_LORA_FLAGS=(--lora-rank 16 --reps 1)  # after OAT_LEARNER_FLAGS (the later --reps wins); no profile, the
                                           # resume check kept (the learner's resume under LoRA)
 STEPS=(shaped-run oat-lora oat-learner tests rollout-ops rollout learner fused-head default-run)
@@ -280,19 +283,36 @@ rollout_ops() {
         && stamp rollout_ops "$LOG_DIR/rollout-ops.json"
 }
 
-rollout() {  # on a GPU twice: the eager decode, then the decode step captured in a CUDA graph
-    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" >"$LOG_DIR/rollout.json" && stamp rollout "$LOG_DIR/rollout.json" \
-        || return 1
-    [[ $SMOKE == 1 ]] && return 0
-    "$PY" scripts/bench/rollout.py "${ROLLOUT_FLAGS[@]}" --cuda-graphs >"$LOG_DIR/rollout-graphs.json" \
-        && stamp rollout "$LOG_DIR/rollout-graphs.json"
+rollout_row() {  # NAME FLAGS...: one rollout row, stamped as soon as it is measured
+    local name=$1
+    shift
+    "$PY" scripts/bench/rollout.py "$@" >"$LOG_DIR/$name.json" && stamp rollout "$LOG_DIR/$name.json"
 }
 
-# oat's learner step against DPPO's; DeepSpeed's JIT builds (FusedAdam) cached under LOG_DIR
+# on a GPU, new rows first: graphs that sample (the ~100M policy, then Qwen3-1.7B's shape), graphs of the forward
+# alone, the eager decode
+rollout() {
+    [[ $SMOKE == 1 ]] && { rollout_row rollout "${ROLLOUT_FLAGS[@]}"; return; }
+    local rc=0
+    rollout_row rollout-graphs "${ROLLOUT_FLAGS[@]}" --cuda-graphs || rc=1
+    rollout_row rollout-1.7b "${ROLLOUT_FLAGS[@]}" "${ROLLOUT_1_7B_FLAGS[@]}" --cuda-graphs || rc=1
+    rollout_row rollout-forward-graphs "${ROLLOUT_FLAGS[@]}" --cuda-graphs --graph-forward-only || rc=1
+    rollout_row rollout "${ROLLOUT_FLAGS[@]}" || rc=1
+    return $rc
+}
+
+# oat's learner step against DPPO's (profiled, with the resume check), then DPPO's at its own larger micro-batch
+# (OAT_MICRO_BATCH_FLAGS: the memory its fused head saves, spent on fewer, larger micro-batches); DeepSpeed's JIT
+# builds (FusedAdam) cached under LOG_DIR
 oat_learner() {
-    TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$LOG_DIR/torch_extensions} \
-        "$PY" scripts/bench/oat_learner_step.py "${OAT_LEARNER_FLAGS[@]}" >"$LOG_DIR/oat-learner.json" \
-        && stamp oat_learner_step "$LOG_DIR/oat-learner.json"
+    local flag flags=()
+    export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$LOG_DIR/torch_extensions}
+    "$PY" scripts/bench/oat_learner_step.py "${OAT_LEARNER_FLAGS[@]}" >"$LOG_DIR/oat-learner.json" \
+        && stamp oat_learner_step "$LOG_DIR/oat-learner.json" || return 1
+    [[ $SMOKE == 1 ]] && return 0
+    for flag in "${OAT_LEARNER_FLAGS[@]}"; do [[ $flag == --profile || $flag == --resume-check ]] || flags+=("$flag"); done
+    "$PY" scripts/bench/oat_learner_step.py "${flags[@]}" "${OAT_MICRO_BATCH_FLAGS[@]}" \
+        >"$LOG_DIR/oat-learner-micro-batch.json" && stamp oat_learner_step "$LOG_DIR/oat-learner-micro-batch.json"
 }
 
 oat_lora() {
