@@ -162,8 +162,8 @@ def test_sampling_in_the_graph_draws_the_tokens_of_the_graph_of_the_forward_alon
     samples, its stop flags read behind the device, returns the tokens and μ of the graph whose draws run on the
     host, call after call (stop tokens in every seventh id, so that batches stop before their last token)."""
     model, tokenizer = graph_policy("tiny")
-    copy = rollout_model(model, "float32", "bfloat16", cuda_graphs=True)  # one copy: the same weights, bit for bit
-    generators = [HFGenerator(copy, tokenizer, compute_dtype="bfloat16", cuda_graphs=True, graph_sampling=sampling,
+    sampler = rollout_model(model, "float32", "bfloat16", cuda_graphs=True)  # one copy: the same weights, bit for bit
+    generators = [HFGenerator(sampler, tokenizer, compute_dtype="bfloat16", cuda_graphs=True, graph_sampling=sampling,
                               eos_token_ids=list(range(3, len(tokenizer), 7))) for sampling in (True, False)]
     prompts = toy_prompts(tokenizer)
     for seed in (1, 2, 3):
