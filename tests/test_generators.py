@@ -299,25 +299,33 @@ def test_models_whose_forward_does_more_are_sampled_with_generate(policy, prompt
     assert max_logprob_error(model, prompts, completions, temperature=1.0) <= TOLERANCE
 
 
+def cdf_uniforms(values) -> torch.Tensor:
+    """Uniforms ``[B, 1]`` in the dtype the sampling loop draws them in on the CPU."""
+    from dppo_oat.rollout.decode import exact_dtype
+
+    return torch.as_tensor(values, dtype=exact_dtype(torch.device("cpu"))).reshape(-1, 1)
+
+
 def test_inverse_cdf_sampling_draws_from_the_distribution_and_never_a_zero_probability_token():
-    from dppo_oat.rollout.decode import inverse_cdf_sample
+    from dppo_oat.rollout.decode import sample_at
 
     probabilities = torch.tensor([0.1, 0.0, 0.25, 0.65, 0.0])  # zero-probability tokens inside and at the end
     logprobs = probabilities.log().expand(100_000, -1)
-    torch.manual_seed(0)
-    counts = torch.bincount(inverse_cdf_sample(logprobs), minlength=5).double()
+    uniforms = cdf_uniforms(torch.rand(len(logprobs), generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    counts = torch.bincount(sample_at(logprobs, uniforms), minlength=5).double()
     assert counts[1] == 0 and counts[4] == 0
     expected = probabilities.double() * len(logprobs)
     chi_square = float((((counts - expected) ** 2)[expected > 0] / expected[expected > 0]).sum())
     assert chi_square < 13.8  # χ²(2 dof) at p = 0.001
-    assert inverse_cdf_sample(torch.tensor([[0.0, float("-inf")]])).item() == 0  # all mass on one token
+    single = torch.tensor([[0.0, float("-inf")]])  # all mass on one token
+    assert sample_at(single, cdf_uniforms([0.0])).item() == sample_at(single, cdf_uniforms([0.999999])).item() == 0
 
 
-def test_inverse_cdf_sampling_draws_each_rare_token_of_a_large_vocabulary_on_its_own_interval(monkeypatch):
+def test_inverse_cdf_sampling_draws_each_rare_token_of_a_large_vocabulary_on_its_own_interval():
     """Qwen's 151,936 tokens, one at 0.999 and the others sharing 0.001 (about 6.6e-9 each, under float32's step of
     2^-24 near 1): a uniform in the middle of a rare token's interval of the exact cumulative draws that token. In
     float32 most of them could never be drawn and others would be drawn at many times their μ."""
-    from dppo_oat.rollout.decode import inverse_cdf_sample
+    from dppo_oat.rollout.decode import sample_at
 
     vocabulary, rows = 151_936, 64
     logits = torch.zeros(1, vocabulary)
@@ -326,6 +334,4 @@ def test_inverse_cdf_sampling_draws_each_rare_token_of_a_large_vocabulary_on_its
     cumulative = np.cumsum(np.exp(logprobs[0].numpy().astype(np.float64)))
     tokens = np.linspace(1, vocabulary - 1, rows).astype(np.int64)  # rare tokens across the whole tail
     middles = (cumulative[tokens - 1] + cumulative[tokens]) / 2 / cumulative[-1]
-    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, dtype=None, device=None:
-                        torch.tensor(middles, dtype=dtype, device=device).reshape(shape))
-    np.testing.assert_array_equal(inverse_cdf_sample(logprobs).numpy(), tokens)
+    np.testing.assert_array_equal(sample_at(logprobs, cdf_uniforms(middles)).numpy(), tokens)

@@ -64,7 +64,8 @@ def decoded_batches(model, generator, decode_one, batches=4):
     return results, source.get_state()
 
 
-SETTINGS = dict(max_new_tokens=24, temperature=1.0, stop_ids=torch.tensor(STOP_IDS), keep_logprobs=True)
+SETTINGS = dict(max_new_tokens=24, temperature=1.0, stop_ids=torch.tensor(STOP_IDS), pad_id=SAMPLING.pad_id,
+                keep_logprobs=True)
 
 
 @pytest.mark.parametrize("lag, run_ahead", [(0, 4), (2, 4), (9, 4), (9, 1), (30, 6)])
@@ -82,7 +83,7 @@ def test_sampling_in_the_graph_returns_the_eager_decode_whatever_the_flags_lag(l
         return decoded
 
     def eager(state):
-        return decode(model, state, pad_id=SAMPLING.pad_id, generator=generator, **SETTINGS)
+        return decode(model, state, generator=generator, **SETTINGS)
 
     with torch.inference_mode():
         for decode_one in (eager, in_graph):

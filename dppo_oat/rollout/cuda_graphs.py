@@ -44,8 +44,8 @@ from dppo_oat.rollout.decode import (
     StaticStep,
     decode,
     decode_in_graph,
+    draw_tokens,
     exact_dtype,
-    sample_at,
 )
 from dppo_oat.rollout.direct_forward import KVBuffer, decode_forward
 
@@ -226,7 +226,7 @@ class GraphedStep:
 class SamplingGraph(DecodeGraph):
     """A :class:`DecodeGraph` whose captured step samples too: after the forward of the last tokens, log μ =
     ``log_softmax(logits / temperature)``, the token at the step's uniform
-    (:func:`~dppo_oat.rollout.decode.sample_at`), the pad token for a row that had stopped, the stop flags, and the
+    (:func:`~dppo_oat.rollout.decode.draw_tokens`), the pad token for a row that had stopped, the stop flags, and the
     next step's inputs (tokens, positions, column), all on the device, so that a decode step is one replay and the
     host copies nothing in. Its tensors besides the forward's: ``uniforms [columns, rows, 1]`` (a call's draws, step
     ``t`` at ``t``), ``draw_index`` (the step being sampled), ``stopped [rows]`` (the rows past their stop, and the
@@ -249,12 +249,11 @@ class SamplingGraph(DecodeGraph):
         """One step: the forward of ``token_ids`` at the column, then the draw of the next tokens at
         ``uniforms[draw_index]``; returns log μ ``[rows, V]`` of the draw."""
         sampling, step = self.key.sampling, self.draw_index
-        logprobs = torch.log_softmax(super().forward().float() / sampling.temperature, dim=-1)
-        token = sample_at(logprobs, self.uniforms.index_select(0, step)[0]).masked_fill(self.stopped, sampling.pad_id)
-        self.stopped |= (token[:, None] == self.stop_ids).any(dim=-1)  # torch.isin's sorting path (many stop ids)
-        # calls unique(), which waits for the device: a capture refuses it
+        logprobs, token, action_logprob = draw_tokens(
+            super().forward(), self.uniforms.index_select(0, step)[0], self.stopped,
+            temperature=sampling.temperature, pad_id=sampling.pad_id, stop_ids=self.stop_ids)
         self.tokens.index_copy_(0, step, token[None])
-        self.action_logprobs.index_copy_(0, step, logprobs.gather(-1, token[:, None]).T)
+        self.action_logprobs.index_copy_(0, step, action_logprob[None])
         self.ended.index_copy_(0, step, self.stopped.all()[None])
         self.token_ids.copy_(token[:, None])
         self.positions += 1
@@ -476,10 +475,9 @@ def run_decode(model, state: Prefilled, step: DecodeStep | SampledStep, sampling
     must have been captured for ``sampling``), else :func:`~dppo_oat.rollout.decode.decode`, reading the stop flags
     every :func:`stop_check_interval` steps."""
     settings = dict(max_new_tokens=max_new_tokens, temperature=sampling.temperature, stop_ids=stop_ids,
-                    keep_logprobs=keep_logprobs, draw_order=draw_order, generator=generator)
+                    pad_id=sampling.pad_id, keep_logprobs=keep_logprobs, draw_order=draw_order, generator=generator)
     if isinstance(step, SampledStep):
         if step.graph.key.sampling != sampling:
             raise ValueError(f"the step's graph samples as {step.graph.key.sampling}, the call asks {sampling}")
         return decode_in_graph(state, step, **settings)
-    return decode(model, state, pad_id=sampling.pad_id, step=step, stop_check_every=stop_check_interval(step),
-                  **settings)
+    return decode(model, state, step=step, stop_check_every=stop_check_interval(step), **settings)

@@ -117,15 +117,6 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SH
     return length if length >= minimum else 0
 
 
-def inverse_cdf_sample(logprobs: torch.Tensor, draw_order: torch.Tensor | None = None,
-                       generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``logprobs [B, V]``, drawn from ``exp(logprobs)`` by inverting its cumulative sum at a
-    uniform draw (:func:`sample_at`). The same distribution as ``torch.multinomial``, at a fraction of its cost on a
-    CPU. Row ``b`` takes the ``draw_order[b]``-th uniform of the draw (default: the ``b``-th), drawn from
-    ``generator`` (default: torch's global RNG)."""
-    return sample_at(logprobs, StepUniforms(generator, logprobs.device, 1, len(logprobs), draw_order).draws[0])
-
-
 def exact_dtype(device: torch.device) -> torch.dtype:
     """The dtype of the cumulative sums and uniforms of a draw: float64 (float32 on MPS, which has no float64). In
     float32 both resolve only 2^-24 near 1, so with a large vocabulary the tokens of probability under about 6e-8
@@ -139,6 +130,20 @@ def sample_at(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cumulative sum of ``exp(logprobs)`` (:func:`invert_cumulative`), in :func:`exact_dtype`."""
     cumulative = logprobs.exp().to(uniforms.dtype).cumsum(dim=-1)
     return invert_cumulative(cumulative, uniforms)
+
+
+def draw_tokens(logits: torch.Tensor, uniforms: torch.Tensor, stopped: torch.Tensor, *, temperature: float,
+                pad_id: int, stop_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step's draw from next-token ``logits [B, V]``: ``(log μ [B, V], tokens [B], log μ(a_t) [B])``, with
+    log μ = ``log_softmax(logits / temperature)`` (μ exactly, the distribution drawn from) and each row's token at
+    its uniform (:func:`sample_at`), the pad token for a row already ``stopped``; ``stopped [B]`` then also marks the
+    rows whose token is one of ``stop_ids`` (in place). Every operation keeps its shapes and reads nothing back to the
+    host, so a CUDA graph captures it (:class:`~dppo_oat.rollout.cuda_graphs.SamplingGraph`): the stop ids are
+    compared directly, as ``torch.isin`` with many of them sorts and calls ``unique()``, which waits for the device."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    tokens = sample_at(logprobs, uniforms).masked_fill(stopped, pad_id)
+    stopped |= (tokens[:, None] == stop_ids).any(dim=-1)
+    return logprobs, tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 class StepUniforms:
@@ -254,14 +259,12 @@ def decode(model, state: Prefilled, *, max_new_tokens: int, temperature: float, 
     stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     tokens, action_logprobs, all_logprobs = [], [], []
     for t in range(max_new_tokens):
-        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-        token = sample_at(logprobs, uniforms.draws[t])
-        token = torch.where(stopped, torch.full_like(token, pad_id), token)
+        logprobs, token, action_logprob = draw_tokens(logits, uniforms.draws[t], stopped, temperature=temperature,
+                                                      pad_id=pad_id, stop_ids=stop_ids)
         tokens.append(token)
-        action_logprobs.append(logprobs.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+        action_logprobs.append(action_logprob)
         if keep_logprobs:
             all_logprobs.append(logprobs)
-        stopped |= torch.isin(token, stop_ids)
         if checks.all_stopped(t, stopped) or t == max_new_tokens - 1:
             break
         logits = forward(token.unsqueeze(-1), next_position)
@@ -397,19 +400,21 @@ class InGraphStep(Protocol):
 
 @torch.inference_mode()
 def decode_in_graph(state: Prefilled, step: InGraphStep, *, max_new_tokens: int, temperature: float,
-                    stop_ids: torch.Tensor, keep_logprobs: bool, draw_order: torch.Tensor | None = None,
+                    stop_ids: torch.Tensor, pad_id: int, keep_logprobs: bool, draw_order: torch.Tensor | None = None,
                     generator: torch.Generator | None = None, poller: type[StopPoller] = StopPoller) -> Decoded:
     """:func:`decode` with a ``step`` that samples on the device: the host draws step 0's token from the prefill, as
     :func:`decode` does, then only launches steps (one replay each) and reads the stop flags behind them
     (:class:`StopPoller`); the steps run past the last stop are taken back, so the result, the buffer and the
     generator's state are :func:`decode`'s. The step's graph bakes in the temperature, the stop ids and the pad id
-    (``temperature`` and ``stop_ids`` here serve step 0's draw, on the host). ``poller``: how the flags are read
+    (``temperature``, ``stop_ids`` and ``pad_id`` here serve step 0's draw, on the host). ``poller``: how the flags are
+    read
     (:class:`StopPoller`)."""
     logits = state.logits
     uniforms = StepUniforms(generator, logits.device, max_new_tokens, logits.shape[0], draw_order)
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    first = sample_at(logprobs, uniforms.draws[0])
-    step.start(first, state.next_position, torch.isin(first, stop_ids), uniforms.draws)
+    stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    logprobs, first, first_logprob = draw_tokens(logits, uniforms.draws[0], stopped, temperature=temperature,
+                                                 pad_id=pad_id, stop_ids=stop_ids)
+    step.start(first, state.next_position, stopped, uniforms.draws)
     flags, all_logprobs, run = poller(step.ended), [logprobs], 1
     flags.launched(0)
     while run < max_new_tokens and not flags.ended_before(run):
@@ -420,7 +425,6 @@ def decode_in_graph(state: Prefilled, step: InGraphStep, *, max_new_tokens: int,
         run += 1
     length = flags.stop_length(run)
     tokens, action_logprobs = step.sampled(length)
-    first_logprob = logprobs.gather(-1, first.unsqueeze(-1)).squeeze(-1)
     return kept_steps(state.cache, step, uniforms, run, length, [first, *tokens.unbind(1)],
                       [first_logprob, *action_logprobs.unbind(1)], all_logprobs if keep_logprobs else None)
 
