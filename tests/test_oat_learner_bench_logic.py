@@ -166,3 +166,19 @@ def test_a_profile_counts_the_devices_kernels_once_and_ranks_host_ops_by_the_ker
     assert summary["top"][0] == {"op": "aten::mm", "calls": 10, "own_device_ms": 3.0, "own_host_ms": 0.1}
     on_cpu = bench.profile_summary(events[:2], wall_seconds=0.01, on_gpu=False)
     assert on_cpu["device_busy_fraction"] is None and on_cpu["top"][0]["op"] == "aten::copy_"
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(micro_batch=0), "--micro-batch must be at least 1, got 0"),
+    (dict(dppo_micro_batch=0), "--dppo-micro-batch must be at least 1, got 0"),
+    (dict(dppo_micro_batch=3), "--minibatch must be a multiple of --dppo-micro-batch"),
+    (dict(minibatch=3), "--sequences must be a multiple of --minibatch"),
+])
+def test_the_bench_refuses_sizes_it_cannot_split_in_one_line(sizes, message):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(**{"sequences": 16, "minibatch": 8, "micro_batch": 1, "dppo_micro_batch": None,
+                              "group_size": 4, **sizes})
+    with pytest.raises(SystemExit, match=message):
+        bench.check_sizes(args)
+    assert bench.micro_batch("ppo", args) == args.micro_batch

@@ -190,7 +190,7 @@ def transitions(args, model) -> list:
 def micro_batch(variant: str, args) -> int:
     """The sequences ``variant``'s learner forwards at once: ``--dppo-micro-batch`` for DPPO's when given (the memory
     its fused head leaves unused, spent on larger micro-batches), else ``--micro-batch``."""
-    return args.dppo_micro_batch if variant == "dppo" and args.dppo_micro_batch else args.micro_batch
+    return args.dppo_micro_batch if variant == "dppo" and args.dppo_micro_batch is not None else args.micro_batch
 
 
 def learner_argv(args, model_dir: str, save_path: str, variant: str = "ppo") -> list[str]:
@@ -819,9 +819,14 @@ def presets_without_topk() -> list[str]:
 
 def check_sizes(args) -> None:
     """Whole minibatches and whole GRPO groups (oat's learner and DPPO's both need them)."""
+    sizes = {"--sequences": args.sequences, "--minibatch": args.minibatch, "--micro-batch": args.micro_batch,
+             "--dppo-micro-batch": micro_batch("dppo", args)}
+    for flag, size in sizes.items():
+        if size < 1:
+            raise SystemExit(f"{flag} must be at least 1, got {size}")
     if args.sequences % args.minibatch or args.minibatch % args.micro_batch:
         raise SystemExit("--sequences must be a multiple of --minibatch, and --minibatch of --micro-batch")
-    if args.dppo_micro_batch and args.minibatch % args.dppo_micro_batch:
+    if args.minibatch % micro_batch("dppo", args):
         raise SystemExit("--minibatch must be a multiple of --dppo-micro-batch")
     if args.sequences % args.group_size:
         raise SystemExit("--sequences must be a multiple of --group-size")
