@@ -8,6 +8,7 @@ The defaults (hidden 128, 2 layers, 4 heads x 32, 4 KV heads, FFN 512, tied embe
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -177,7 +178,22 @@ def save_policy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, dir
     hf_logging.disable_progress_bar()  # a one-shard progress bar would only clutter the trainer's output
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    portable_tokenizer_config(directory / "tokenizer_config.json")
     return directory
+
+
+def portable_tokenizer_config(path: Path) -> None:
+    """Rewrite a saved ``tokenizer_config.json`` in the form that transformers 4.51 (the GPU node's, oat's pin) and
+    transformers 5 both read as the same tokenizer: transformers 5 names the class ``TokenizersBackend`` (unknown
+    to 4.51) and lists ``extra_special_tokens`` (4.51 takes a mapping there); ``PreTrainedTokenizerFast`` and
+    ``additional_special_tokens`` mean the same in both."""
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.pop("backend", None)
+    if isinstance(config.get("extra_special_tokens"), list):
+        config["additional_special_tokens"] = config.pop("extra_special_tokens")
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def load_policy(directory: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:

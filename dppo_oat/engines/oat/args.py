@@ -141,6 +141,10 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     where readable here, else its name)."""
     price_decode_efficiency: float = 0.5
     """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
+    on_cpu: bool = False
+    """Run oat's program on this machine's CPU: one actor and one learner (--gpus 1), oat's CUDA-only calls replaced
+    in their processes (dppo_oat/engines/oat/on_cpu.py); for a short run with a small policy on a laptop, in the
+    node's software (make oat-cpu-run, docs/engines/oat.md)."""
 
     tr_calibrate: float | None = None
     """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
@@ -176,7 +180,7 @@ HELP_GROUPS = (
     FlagGroup("dppo advantage", "", ("advantage_mode", "turn_baseline")),
     FlagGroup("dppo learner", "", ("loss_aggregation", "lm_head", "logprob_chunk_size", "pi_buffer_maxlen_per_device")),
     FlagGroup("dppo output", "", ("token_samples", "token_export", "checkpoint_every", "keep_checkpoints")),
-    FlagGroup("dppo plan", "", ("dry_run", "price_gpu", "price_model", "price_decode_efficiency")),
+    FlagGroup("dppo plan", "", ("dry_run", "on_cpu", "price_gpu", "price_model", "price_decode_efficiency")),
 )
 """The sections of DPPO's flags in ``--engine oat --help``, after oat's own flags (the first section, as oat shows
 them); the flags keep their names (:mod:`dppo_oat.settings.grouped_cli`)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import os
 import shlex
 import signal
 import sys
@@ -50,10 +49,14 @@ def build_program(args):
     """oat's launchpad program and local resources, with :class:`DPPOLearner` and :class:`DPPOGemActor`."""
     from oat.interface import get_program
 
-    from dppo_oat.engines.oat.actor import DPPOGemActor
-    from dppo_oat.engines.oat.learner import DPPOLearner
+    if args.on_cpu:
+        from dppo_oat.engines.oat.on_cpu import CPUActor as actor_cls
+        from dppo_oat.engines.oat.on_cpu import CPULearner as learner_cls
+    else:
+        from dppo_oat.engines.oat.actor import DPPOGemActor as actor_cls
+        from dppo_oat.engines.oat.learner import DPPOLearner as learner_cls
 
-    return get_program(args, learner_cls=DPPOLearner, actor_cls=DPPOGemActor)
+    return get_program(args, learner_cls=learner_cls, actor_cls=actor_cls)
 
 
 def is_dry_run(argv: Sequence[str]) -> bool:
@@ -89,8 +92,22 @@ def checked_plan(argv: Sequence[str]):
     from dppo_oat.engines.oat.plan import priced_plan
 
     args = parse_args(argv)
+    if args.on_cpu:
+        check_on_cpu(args)
     args = validate_args(args, check_gpus=not args.dry_run)
     return args, priced_plan(args)
+
+
+CPU_OPTIMIZER_LINE = "optimizer: torch's AdamW over oat's parameter groups (--on_cpu: DeepSpeed's FusedAdam needs CUDA)"
+
+
+def check_on_cpu(args) -> None:
+    """``--on_cpu`` runs one actor and one learner in this machine's CPU: oat then counts one GPU here."""
+    from dppo_oat.engines.oat.on_cpu import CPU_GPUS, count_one_gpu
+
+    if args.gpus != CPU_GPUS:
+        raise ValueError(f"--on_cpu runs one actor and one learner: pass --gpus {CPU_GPUS} (got --gpus {args.gpus})")
+    count_one_gpu()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -110,10 +127,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         _fail("interrupted before anything was launched", status=130)
     toolkit = optimizer_toolkit(args.adam_offload)
-    print(render_plan(plan), checkpoint_line(args, plan), toolkit_line(toolkit), sep="\n", flush=True)
+    optimizer = CPU_OPTIMIZER_LINE if args.on_cpu else toolkit_line(toolkit)
+    print(render_plan(plan), checkpoint_line(args, plan), optimizer, sep="\n", flush=True)
     if args.dry_run:
         return
-    problem = toolkit_problem(toolkit)
+    problem = None if args.on_cpu else toolkit_problem(toolkit)
     if problem:
         _fail(problem)
     with run_lock(args):
@@ -122,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(outcome.failure, status=1)
     if outcome.stopped_by is not None:
         _fail(stopped_message(argv, outcome.run_dir, outcome.stopped_by), status=128 + outcome.stopped_by)
+    if outcome.ended_early is not None:
+        _fail(ended_early_message(argv, outcome.run_dir, outcome.ended_early), status=1)
 
 
 CHECKPOINT_BYTES_PER_PARAMETER = {True: 14, False: 16}
@@ -172,70 +192,107 @@ def run_lock(args):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """How a launched program ended: the one line a learner reported (a divergence, a failed checkpoint), the
-    run directory it wrote, and the signal that stopped it (None for each when there was none)."""
+    """How a launched program ended: the one line a learner reported (a divergence, a failed checkpoint, a failed
+    learner), the run directory it wrote, the signal that stopped it, and the worker that ended first without the
+    run having ended (a learner killed or out of memory); None for each when there was none."""
 
     failure: str | None
     run_dir: str | None
     stopped_by: int | None
+    ended_early: str | None = None
 
 
 def launch_and_wait(args) -> Outcome:
-    """Launch the program on this node and wait until its workers are gone (``lp.stop``: the end of the run, a
-    divergence or a failed checkpoint; or Ctrl-C / SIGTERM, on which launchpad stops the workers itself)."""
+    """Launch the program on this node and wait until its workers are gone: the end of the run (the learner's
+    ``lp.stop``, which launchpad delivers to this process as SIGTERM), a divergence or a failed checkpoint, Ctrl-C
+    or SIGTERM from the user, on which launchpad stops every worker (SIGTERM to each; a worker still running after
+    ``--lp_termination_notice_secs``, 10 s, is killed), or a worker that ended on its own (a learner killed), after
+    which the others are stopped. The learner's status files tell a run that ended from one that was stopped."""
     import launchpad as lp
 
-    from dppo_oat.engines.oat.status import FAILURE_FILE, RUN_DIR_FILE, program_status, read_status
+    from dppo_oat.engines.oat.status import FAILURE_FILE, FINISHED_FILE, RUN_DIR_FILE, program_status, read_status
 
-    with program_status() as status:
+    with program_status() as status, recorded_stop_signals() as stops:
         program, local_resources = build_program(args)
         manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources,
                             terminal="current_terminal")
-        stops: list[int] = []
-        record_stop_signals(stops)  # launchpad's handlers are in place now
-        if callable(getattr(manager, "wait", None)):
-            manager.wait()  # launchpad's worker manager
-        return Outcome(read_status(status, FAILURE_FILE), read_status(status, RUN_DIR_FILE),
-                       stops[0] if stops else None)
+        ended_early = None
+        if callable(getattr(manager, "wait", None)):  # launchpad's worker manager
+            ended_early = wait_for_workers(manager, lambda: bool(stops) or read_status(status, FINISHED_FILE)
+                                           is not None or read_status(status, FAILURE_FILE) is not None)
+        failure, finished = read_status(status, FAILURE_FILE), read_status(status, FINISHED_FILE)
+        ended = failure or finished is not None
+        stopped_by = None if ended or not stops else stops[0]
+        return Outcome(failure, read_status(status, RUN_DIR_FILE), stopped_by,
+                       None if ended or stopped_by else ended_early)
+
+
+def wait_for_workers(manager, stopping) -> str | None:
+    """Wait until every worker is gone; when the first one ends while nothing is ``stopping`` (the run did not end,
+    no signal came), stop the others and return its label.
+
+    launchpad 0.5.2's WorkerManager (``launch/worker_manager.py``) cannot tell how a worker it runs in the current
+    terminal ended, so it would wait for the others forever; and after a stop it SIGKILLs the workers still running
+    ``--lp_termination_notice_secs`` later, and with them its own process, the launcher, which would then end
+    without the line that says how to go on: with ``_kill_main_thread`` off it kills the workers only."""
+    manager._kill_main_thread = False
+    manager.wait(return_on_first_completed=True)
+    if stopping():
+        manager.wait()
+        return None
+    ended = [label for label, workers in manager._active_workers.items()
+             if len(workers) < manager._workers_count[label]]
+    manager.stop_and_wait()
+    return ", ".join(sorted(ended)) or None
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def record_stop_signals(received: list) -> None:
-    """Put a recorder in front of this process's Ctrl-C and SIGTERM handlers. launchpad's worker manager handles
-    both by stopping every worker (SIGTERM to each, a kill after its notice), after which ``wait()`` returns as at
-    the end of a run: the recorder lets the launcher tell a stopped run from a finished one. A signal whose handler
-    is the default is re-sent with the default restored, so it still ends the process."""
+@contextlib.contextmanager
+def recorded_stop_signals():
+    """While the program runs, Ctrl-C and SIGTERM are only recorded here (the list this yields): launchpad's worker
+    manager, set up by ``lp.launch``, keeps these handlers beside its own, which stop the workers. The handlers from
+    before come back afterwards."""
+    received: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in STOP_SIGNALS:
-        inner = signal.getsignal(sig)
-
-        def record(signum, frame, inner=inner):
-            received.append(signum)
-            if callable(inner):
-                inner(signum, frame)
-            elif inner == signal.SIG_DFL:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        signal.signal(sig, record)
+        signal.signal(sig, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stopped_message(argv: Sequence[str], run_dir: str | None, signum: int) -> str:
     """What a stopped run left behind and the command that goes on from it (the same command with ``--resume_dir``
     naming the run, whose newest whole checkpoint it resumes from)."""
+    what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    return f"{what}: {what_was_left(argv, run_dir)}"
+
+
+def ended_early_message(argv: Sequence[str], run_dir: str | None, labels: str) -> str:
+    """A worker ended before the run did, without a word (killed, or out of memory): which, and how to go on."""
+    return f"{labels} ended before the run did (killed, or out of memory: see its last lines above); " \
+           f"{what_was_left(argv, run_dir)}"
+
+
+def what_was_left(argv: Sequence[str], run_dir: str | None) -> str:
+    """After launchpad stopped every worker: the run's newest whole checkpoint and the command that resumes it, or
+    that there is none."""
     from dppo_oat.engines.oat.resume import complete_checkpoints
     from dppo_oat.run.directory import RunDir
 
-    what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if run_dir is None:
-        return f"{what} before the learner made its run directory: nothing to resume; start the run again"
+        return "launchpad stopped every worker before the learner made its run directory: nothing to resume; " \
+               "start the run again"
     newest = complete_checkpoints(RunDir(run_dir).round_checkpoints)
     if not newest:
-        return (f"{what}: launchpad stopped every worker before the first checkpoint (every --checkpoint_every "
-                f"learning rounds) of {run_dir}: start the run again")
-    return (f"{what}: launchpad stopped every worker; {run_dir} resumes from {newest[-1].name}: "
-            f"{resume_command(argv, run_dir)}")
+        return (f"launchpad stopped every worker before the first checkpoint (every --checkpoint_every learning "
+                f"rounds) of {run_dir}: start the run again")
+    return f"launchpad stopped every worker; {run_dir} resumes from {newest[-1].name}: " \
+           f"{resume_command(argv, run_dir)}"
 
 
 def resume_command(argv: Sequence[str], run_dir: str) -> str:

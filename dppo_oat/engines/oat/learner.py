@@ -55,7 +55,7 @@ from dppo_oat.engines.oat.resume import (
     write_resume_record,
 )
 from dppo_oat.engines.oat.run_dir import RunDirectoryLogger
-from dppo_oat.engines.oat.status import report_failure, report_run_dir
+from dppo_oat.engines.oat.status import report_failure, report_finished, report_run_dir
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp
 from dppo_oat.learner.guard import (
     HEALTHY,
@@ -183,6 +183,15 @@ def stop_program(error: TrainingBlewUp | CheckpointFailed, rank_0: bool, finish_
     lp.stop()
 
 
+def stop_after_failure(error: Exception) -> None:
+    """End the whole program after a learner raised (its traceback follows on stderr): the actors and the IPC server
+    serve until launchpad stops them, so without this the launcher would wait for them forever."""
+    import launchpad as lp
+
+    report_failure(f"a learner failed ({type(error).__name__}: {error}); its traceback is above")
+    lp.stop()
+
+
 def sample_staleness(weight_versions: Sequence[int], rounds_trained: int,
                      broadcast_rounds: Sequence[int]) -> dict[str, torch.Tensor]:
     """How many weight versions old the actors' weights were when they sampled a learning round's batch, its mean
@@ -254,6 +263,9 @@ class DPPOLearner(PPOLearner):
             self.train()
         except (TrainingBlewUp, CheckpointFailed) as error:
             stop_program(error, self.strategy.is_rank_0(), finish_logs=lambda: self._wandb and self._wandb.finish())
+        except Exception as error:  # any other failure: the traceback above, one line from the launcher, no hang
+            stop_after_failure(error)
+            raise
 
     def train(self) -> None:
         """oat's loop over actor steps (``LearnerBase.run`` after ``_init``; tests/oat holds its source to oat 0.2.4's),
@@ -294,6 +306,7 @@ class DPPOLearner(PPOLearner):
             self._wandb.finish() if self._wandb else None
             import launchpad as lp
 
+            report_finished()
             lp.stop()
 
     def remaining_epochs(self, steps_done: int) -> Iterator[tuple[int, int]]:

@@ -1,7 +1,7 @@
 """What a learner tells the launcher, so that ``python -m dppo_oat.train --engine oat`` ends with one line that says
 what happened and how to go on (launchpad ignores its workers' exit statuses when they run in the current terminal):
-the run directory rank 0 writes, and the reason the run stopped early (it diverged, or a checkpoint could not be
-written).
+the run directory rank 0 writes, that the run reached its end, and the reason it stopped early (it diverged, a
+checkpoint could not be written, or a learner failed).
 
 The launcher names a folder in :data:`STATUS_DIR_ENV` before it launches (launchpad's workers inherit its
 environment); rank 0 writes into it; the launcher reads it once the workers are gone. Imports nothing of oat or
@@ -21,6 +21,7 @@ from pathlib import Path
 STATUS_DIR_ENV = "DPPO_OAT_STATUS_DIR"
 FAILURE_FILE = "failure"
 RUN_DIR_FILE = "run_dir"
+FINISHED_FILE = "finished"
 
 
 @contextlib.contextmanager
@@ -59,6 +60,13 @@ def report_run_dir(run_dir: str | Path) -> None:
     path = _status_file(RUN_DIR_FILE)
     if path is not None:
         path.write_text(str(Path(run_dir).absolute()), encoding="utf-8")
+
+
+def report_finished() -> None:
+    """Tell the launcher that the run reached its end (before ``lp.stop``, which reaches the launcher as SIGTERM)."""
+    path = _status_file(FINISHED_FILE)
+    if path is not None:
+        path.write_text("", encoding="utf-8")
 
 
 def read_status(folder: Path, name: str) -> str | None:
