@@ -148,3 +148,29 @@ def test_a_group_size_below_one_is_refused(value):
     with pytest.raises(ValueError, match="--num_samples must be an integer >= 1"):
         check_group_size(value)
     check_group_size(8)
+
+
+@pytest.mark.parametrize("changes,line", [
+    ({}, "trust region: --trust_region dppo_binary_tv (DPPO-Binary-TV, rule binary_tv): band δ 0.15; also reads C inf, "
+         "τ 0"),
+    (dict(trust_region="dppo_binary_tv", tr_delta=0.2),
+     "trust region: --trust_region dppo_binary_tv (DPPO-Binary-TV, rule binary_tv): band δ 0.2 (--tr_delta; the "
+     "preset's 0.15); also reads C inf, τ 0"),
+    (dict(trust_region="ppo"), "trust region: --trust_region ppo (PPO, rule ratio): band ε_low 0.2, ε_high 0.2; also "
+                               "reads C inf, τ 0"),
+    (dict(trust_region="ppo", tr_eps_low=0.3, tr_is_cap=2.0),
+     "trust region: --trust_region ppo (PPO, rule ratio): band ε_low 0.3 (--tr_eps_low; the preset's 0.2), ε_high "
+     "0.2; also reads C 2 (--tr_is_cap; the preset's inf), τ 0"),
+    (dict(trust_region="cispo"), "trust region: --trust_region cispo (CISPO (PG-TIS), rule none): no band (its mask "
+                                 "thresholds nothing); also reads C 3, τ 0"),
+])
+def test_the_plan_names_the_trust_region_and_its_band(changes, line):
+    """`gem.sh sudoku ppo` and DPPO differ in the plan: the preset, its rule and the numbers it reads, an override
+    beside the preset's own value."""
+    text = render_plan(plan_of(args(**changes)))
+    assert [row for row in text.splitlines() if row.startswith("trust region:")] == [line]
+
+
+def test_an_override_the_preset_does_not_read_is_refused_by_the_plan_as_by_the_learner():
+    with pytest.raises(ValueError, match="--tr-delta: not read by the trust region ppo"):
+        plan_of(args(trust_region="ppo", tr_delta=0.2))

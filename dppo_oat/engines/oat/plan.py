@@ -14,8 +14,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from dppo_oat.engines.oat.price import ModelShape, Price, nvidia_smi_gpu, price_of, render_price, resolve_shape
+from dppo_oat.engines.oat.price import (
+    EpisodeTurns,
+    Lora,
+    ModelShape,
+    Price,
+    StepCalls,
+    checkpoint_bytes,
+    env_turn_limit,
+    episode_turns,
+    lora_line,
+    lora_of,
+    nvidia_smi_gpu,
+    price_of,
+    render_price,
+    resolve_shape,
+    step_calls,
+)
+
+if TYPE_CHECKING:
+    from dppo_oat.trust_region import TrustRegion
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,22 @@ class Plan:
     """Where the shape comes from, or which flag gives it."""
     price: Price | None = None
     """The run's price (:func:`priced_plan`)."""
+    trust_region: TrustRegion | None = None
+    """The trust region the learner will use: the preset ``--trust_region`` with the ``--tr_*`` overrides."""
+    tr_overrides: tuple[str, ...] = ()
+    """The trust-region fields the ``--tr_*`` overrides set."""
+    lora_rank: int = 0
+    """``--lora_rank`` (0: full fine-tuning)."""
+    lora: Lora | None = None
+    """The adapters (``--lora_rank`` > 0) where the model's shape and ``--target_modules`` let them be counted;
+    :attr:`lora_note` says why not otherwise."""
+    lora_note: str = ""
+    checkpoint: tuple[float, str] | None = None
+    """Bytes of one resumable checkpoint and what they hold (:func:`~dppo_oat.engines.oat.price.checkpoint_bytes`),
+    None without the model's shape or countable adapters."""
+    slot_turns: tuple[EpisodeTurns, ...] | None = None
+    """The turns of the episode each of an actor's ``decode_batch`` slots plays (:func:`plan_turns`, resolved by
+    :func:`priced_plan`)."""
 
 
 def topology(args) -> tuple[int, int, int]:
@@ -107,6 +143,8 @@ def plan_of(args) -> Plan:
     actor_steps = args.max_train // learners // args.rollout_batch_size_per_device
     shape, shape_note = resolve_shape(args.pretrain, getattr(args, "price_model", None))
     gib, note = logits_memory(args, shape)
+    lora, lora_note = lora_of(args, shape) if shape is not None else (None, "no model shape")
+    tr, overrides = trust_region_of(args)
     return Plan(
         gpus=args.gpus, collocate=args.collocate, actors=actor_gpus // args.num_gpus_per_actor,
         gpus_per_actor=args.num_gpus_per_actor, num_groups=args.num_groups, learners=learners,
@@ -123,14 +161,57 @@ def plan_of(args) -> Plan:
         actor_steps=actor_steps, rounds=actor_steps // interval,
         eval_every_rounds=_every_rounds(args.eval_steps, interval),
         save_every_rounds=_every_rounds(args.save_steps, interval), logits_gib=gib, logits_note=note,
-        lm_head=learner_head(args), shape=shape, shape_note=shape_note,
+        lm_head=learner_head(args), shape=shape, shape_note=shape_note, trust_region=tr, tr_overrides=overrides,
+        lora_rank=getattr(args, "lora_rank", 0) or 0, lora=lora, lora_note=lora_note,
+        checkpoint=plan_checkpoint(args, shape, lora, lora_note),
     )
 
 
+def trust_region_of(args):
+    """The trust region of ``args`` as the learner builds it (``DPPOFlags.build_trust_region``: the preset
+    ``--trust_region`` with the ``--tr_*`` overrides, one it does not read refused), and the fields overridden."""
+    from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, DPPOFlags
+
+    overrides = {f"tr_{name}": getattr(args, f"tr_{name}", None) for name in TRUST_REGION_OVERRIDES}
+    preset = {"trust_region": args.trust_region} if getattr(args, "trust_region", None) else {}
+    tr = DPPOFlags(**preset, **overrides).build_trust_region()
+    return tr, tuple(name for name in TRUST_REGION_OVERRIDES if overrides[f"tr_{name}"] is not None)
+
+
+def plan_checkpoint(args, shape: ModelShape | None, lora: Lora | None, lora_note: str) -> tuple[float, str] | None:
+    """One resumable checkpoint's bytes and contents, None where they cannot be counted."""
+    if shape is None or (lora is None and lora_note):
+        return None
+    return checkpoint_bytes(shape, lora, bool(args.bf16 or args.fp16), getattr(args, "zero_stage", 2))
+
+
+def plan_turns(args) -> tuple[EpisodeTurns, ...]:
+    """The turns of each of an actor's slots, in the collector's order (``--env_ids`` assigned to groups round-robin,
+    ``num_samples`` slots a group): each env's own limit (:func:`~dppo_oat.engines.oat.price.env_turn_limit`) under
+    ``--max_turns``, and its measured mean."""
+    from dppo_oat.settings.spec import split_ids
+
+    ids = getattr(args, "env_ids", ("game:Sudoku-v0-easy",))
+    ids = split_ids((ids,) if isinstance(ids, str) else ids)
+    env_seed, max_turns = getattr(args, "env_seed", 42), getattr(args, "max_turns", None)
+    turns = {env_id: episode_turns(env_id, *env_turn_limit(env_id, env_seed), max_turns) for env_id in ids}
+    return tuple(turns[ids[g % len(ids)]] for g in range(groups_per_step(args)) for _ in range(args.num_samples))
+
+
+def actor_step_calls(plan: Plan) -> StepCalls:
+    """The vLLM generate calls one actor step of ``plan`` makes (a :func:`priced_plan`, whose turns are resolved):
+    at most (for any episode lengths within the turn limits) and at the measured mean turns (None without one), and
+    the episode turns (sequences) they decode (:func:`~dppo_oat.engines.oat.price.step_calls`)."""
+    if plan.slot_turns is None:
+        raise ValueError("the plan's episode turns are not resolved: make it with priced_plan(args)")
+    return step_calls(plan.rollout_per_device, plan.slot_turns)
+
+
 def priced_plan(args) -> Plan:
-    """:func:`plan_of` with the run's price, for arguments whose plan :func:`check_plan` passed (no price without
-    the model's shape: the plan's ``shape_note`` then says which flag gives it)."""
-    plan = plan_of(args)
+    """:func:`plan_of` with its episodes' turns (:func:`plan_turns`) and the run's price, for arguments whose plan
+    :func:`check_plan` passed (no price without the model's shape: the plan's ``shape_note`` then says which flag
+    gives it)."""
+    plan = replace(plan_of(args), slot_turns=plan_turns(args))
     if plan.shape is None:
         return plan
     smi_name = None if getattr(args, "price_gpu", None) else nvidia_smi_gpu()
@@ -251,20 +332,80 @@ def render_plan(plan: Plan) -> str:
         f"node: {plan.gpus} GPU(s), {placement}: {plan.actors} actor(s) × {plan.gpus_per_actor} GPU, "
         f"{plan.learners} learner(s)",
         f"per learner and actor step: {plan.rollout_per_device} turn samples from its actor",
+        *turns_lines(plan),
         f"learning round (every {plan.actor_steps_per_round} actor step(s)): {plan.samples_per_round} samples per "
         f"learner, buffer {plan.buffer}",
         f"update: {plan.epochs} epoch(s) × {plan.samples_per_round // plan.minibatch} minibatch(es) of "
         f"{plan.minibatch} = {plan.optimizer_steps_per_round} optimizer step(s) per round; micro-batch "
         f"{plan.micro_batch}, gradient accumulation {plan.grad_acc_step}",
+        *([trust_region_line(plan.trust_region, plan.tr_overrides)] if plan.trust_region is not None else []),
         f"run: {plan.actor_steps} actor steps = {plan.rounds} learning round(s) = "
         f"{plan.rounds * plan.optimizer_steps_per_round} optimizer steps (oat lays its learning-rate schedule over "
         f"{plan.scheduled_optimizer_steps}: max_train / train_batch_size)",
         f"evaluation: {_schedule(plan.eval_every_rounds, 'before training, ')}",
         f"model saved: {_schedule(plan.save_every_rounds, '')}",
         head_line(plan),
+        *plan_lora_lines(plan),
         *price_lines(plan),
     ]
     return "\n".join(lines)
+
+
+def turns_lines(plan: Plan) -> list[str]:
+    """The turns of the episodes an actor step plays, per env id, each number with its source (none before
+    :func:`priced_plan` resolved them)."""
+    if plan.slot_turns is None:
+        return []
+    parts = []
+    for turns in {slot.env_id: slot for slot in plan.slot_turns}.values():
+        if turns.limit == 1:
+            parts.append(f"{turns.env_id} 1 turn ({turns.limit_note})")
+            continue
+        mean = turns.mean_note if turns.mean is None else f"{turns.mean:.2f} on average ({turns.mean_note})"
+        parts.append(f"{turns.env_id} at most {turns.limit} turns ({turns.limit_note}), {mean}")
+    return [f"episodes: {plan.decode_batch} played at once, one vLLM generate call per turn; " + "; ".join(parts)]
+
+
+def trust_region_line(tr, overrides: tuple[str, ...]) -> str:
+    """The preset and the numbers its rule reads: its band first (δ, ε_low and ε_high, or τ_M2: what its mask
+    thresholds), each ``--tr_*`` override named beside the preset's own value."""
+    from dppo_oat.trust_region import NUMBER_FIELDS, PRESETS, TrustRegion
+    from dppo_oat.trust_region.registry import FIELD_SYMBOLS, RULE_TABLE, THRESHOLDS
+
+    rule = RULE_TABLE[tr.rule]
+    threshold = ("delta", *THRESHOLDS.get(rule.threshold, ())) if rule.threshold else ()
+    band = [name for name in dict.fromkeys(threshold) if name in tr.fields_read]
+    others = [name for name in NUMBER_FIELDS if name in tr.fields_read and name not in band]
+    preset = TrustRegion.preset(tr.name)
+
+    def value(name: str) -> str:
+        given = f" (--tr_{name}; the preset's {getattr(preset, name):g})" if name in overrides else ""
+        return f"{FIELD_SYMBOLS[name]} {getattr(tr, name):g}{given}"
+
+    band_text = f"band {', '.join(map(value, band))}" if band else "no band (its mask thresholds nothing)"
+    label = PRESETS[tr.name].label or tr.name
+    return (f"trust region: --trust_region {tr.name} ({label}, rule {tr.rule}): {band_text}; also reads "
+            f"{', '.join(map(value, others))}")
+
+
+def plan_lora_lines(plan: Plan) -> list[str]:
+    """LoRA's line (``--lora_rank`` > 0): its adapters, merge and checkpoint, or why they are not counted."""
+    if plan.lora_rank <= 0:
+        return []
+    if plan.lora is None or plan.shape is None or plan.checkpoint is None:
+        return [f"LoRA: rank {plan.lora_rank}, not priced: {plan.lora_note}"]
+    gpu = plan.price.gpu if plan.price is not None else None
+    return [lora_line(plan.lora, plan.shape, gpu, plan.checkpoint)]
+
+
+def checkpoint_size(plan: Plan) -> str:
+    """The size part of the launcher's line on resumable checkpoints (``", about 24.1 GB each (1.72B parameters)"``,
+    under LoRA what they hold), "" where it is not known."""
+    if plan.checkpoint is None or plan.shape is None:
+        return ""
+    what = (f"LoRA rank {plan.lora_rank}: {plan.checkpoint[1]}" if plan.lora is not None
+            else f"{plan.shape.parameters / 1e9:.2f}B parameters")
+    return f", about {plan.checkpoint[0] / 1e9:.1f} GB each ({what})"
 
 
 def price_lines(plan: Plan) -> list[str]:
