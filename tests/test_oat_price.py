@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dppo_oat.engines.oat.plan import (
@@ -37,6 +37,7 @@ from dppo_oat.engines.oat.price import (
     ModelShape,
     StepCalls,
     check_price_flags,
+    decode_seconds,
     env_turn_limit,
     episode_turns,
     learner_flops,
@@ -579,3 +580,24 @@ def test_the_docs_sudoku_price_is_what_the_price_computes():
     page = " ".join((REPO / "docs" / "engines" / "oat.md").read_text().split())
     assert step_1 in page and lora_section in page
     assert f"mean turns per episode with its source (for Sudoku-v0-easy, {SUDOKU_MEAN:.2f}:" in page
+
+
+@settings(max_examples=60, deadline=None)
+@given(wanted=st.integers(1, 40), batch=st.integers(2, 6), limit=st.integers(1, 15), data=st.data(),
+       model=st.sampled_from(sorted(SHAPES)), gpu=st.sampled_from(sorted(GPUS)), prompt=st.integers(1, 9000),
+       response=st.integers(1, 5000))
+def test_the_priced_bound_covers_the_decode_time_of_any_episode_lengths(wanted, batch, limit, data, model, gpu,
+                                                                          prompt, response):
+    """The bound's calls of k ≤ B running episodes are priced on the chord of the decode roofline from 1 to B
+    sequences, C·f(1) + (S − C)·(f(B) − f(1))/(B − 1): no lengths within the limit make an actor step slower."""
+    def f(k):
+        return decode_seconds(SHAPES[model], GPUS[gpu], k, prompt, response)
+
+    bound = step_calls(wanted, slots(*[limit] * batch))
+    priced = bound.bound_calls * f(1) + (bound.bound_sequences - bound.bound_calls) * (f(batch) - f(1)) / (batch - 1)
+    spent = samples = 0.0
+    while samples < wanted:
+        lengths = [data.draw(st.integers(1, limit)) for _ in range(batch)]
+        spent += sum(f(sum(length > turn for length in lengths)) for turn in range(max(lengths)))
+        samples += sum(lengths)
+    assert spent <= priced * (1 + 1e-12)
