@@ -18,7 +18,6 @@ than silently ignored (:data:`REPLACED_OAT_FLAGS`).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Literal
@@ -36,7 +35,15 @@ from dppo_oat.engines.oat.plan import (  # noqa: F401 (groups_per_step: the acto
     plan_of,
     round_samples,
 )
-from dppo_oat.engines.oat.price import check_price_flags
+from dppo_oat.engines.oat.preflight import (
+    architecture_modules,
+    check_context_lengths,
+    check_lora_targets,
+    check_model_source,
+    check_numbers,
+    check_save_path,
+)
+from dppo_oat.engines.oat.price import check_price_flags, read_config
 from dppo_oat.ranges import check_float32_fields
 from dppo_oat.run.log import check_run_name, check_wandb
 from dppo_oat.settings.grouped_cli import FlagGroup
@@ -259,13 +266,14 @@ def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
     ValueError with one line that says what to change. ``check_tasks`` False leaves the environments unmade (a
     learner with no actors, as ``scripts/bench/oat_learner_step.py`` builds one, plays none)."""
     _check_replaced_flags(args)
-    _check_finite(args)
+    check_numbers(args)  # the ranges oat, DeepSpeed, vLLM, torch and NumPy take
     check_float32_fields(args, lambda name: f"--{name}")  # every number fits the float32 it becomes
     args.check_logging()
     if args.use_wb:
         check_wandb("--use_wb")
     _check_precision(args)
     _check_checkpoints(args)
+    _check_files(args)
     _check_lora(args)
     _check_calibration(args)
     if args.algo != "PPO":
@@ -291,6 +299,7 @@ def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
         )
     if check_tasks:
         _check_tasks(args, spec.rollout.env_seed)
+        check_context_lengths(args, read_config(args.pretrain), args.pretrain)  # the actors' vLLM
     return spec
 
 
@@ -300,18 +309,6 @@ ASYNCHRONOUS_REFUSED = (
     "synchronously (samples are then on-policy: train/staleness/max 0)"
 )
 """Why oat's ``--asynchronous`` is refused: the program would fail after every model has loaded."""
-
-
-FINITE_FLAGS = ("learning_rate", "max_norm", "l2", "gamma")
-"""Numbers that must be finite (an ``inf`` learning rate would write NaN weights at the first step); the
-temperatures are the spec's to check (:func:`~dppo_oat.settings.spec.check_temperature`)."""
-
-
-def _check_finite(args: DPPOOatArgs) -> None:
-    for name in FINITE_FLAGS:
-        value = getattr(args, name, 0.0)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--{name} must be a finite number, got {value}")
 
 
 def _check_precision(args: DPPOOatArgs) -> None:
@@ -339,6 +336,18 @@ def _check_checkpoints(args: DPPOOatArgs) -> None:
     if args.resume_dir and not args.checkpoint_every:
         raise ValueError("--resume_dir with --checkpoint_every 0: the resumed run would write no checkpoint to go on "
                          "from; give --checkpoint_every")
+    if args.resume_tag and not args.resume_dir:
+        raise ValueError(f"--resume_tag {args.resume_tag} names a checkpoint of the run --resume_dir names: give "
+                         "--resume_dir <run> too (oat would start a new run and ignore the tag)")
+
+
+def _check_files(args: DPPOOatArgs) -> None:
+    """The model, tokenizer and folder the learners and actors open first, as the launch would find them here
+    (:mod:`~dppo_oat.engines.oat.preflight`)."""
+    check_model_source("--pretrain", args.pretrain)
+    if args.tokenizer:
+        check_model_source("--tokenizer", args.tokenizer, model=False)
+    check_save_path(args.save_path)
 
 
 CALIBRATION_REFUSED = (
@@ -360,26 +369,35 @@ def _check_calibration(args: DPPOOatArgs) -> None:
 
 def _check_lora(args: DPPOOatArgs) -> None:
     """LoRA (``--lora_rank`` > 0): oat merges the adapters into whole weights for every broadcast; under ZeRO-3 the
-    weights it merges into are partitioned away from the process that merges."""
+    weights it merges into are partitioned away from the process that merges. ``--target_modules`` are the model's,
+    where its architecture can be built here from a readable config.json (as peft matches them)."""
     if args.lora_rank < 0 or (args.lora_rank > 0 and args.lora_alpha <= 0):
         raise ValueError(f"--lora_rank must be >= 0 (0: full fine-tuning) and --lora_alpha > 0, got "
                          f"{args.lora_rank} and {args.lora_alpha}")
     if args.lora_rank > 0 and args.zero_stage == 3:
         raise ValueError("--lora_rank with --zero_stage 3: oat merges the adapters into weights ZeRO-3 has "
                          "partitioned across the learners; use --zero_stage 2")
+    config = read_config(args.pretrain) if args.lora_rank > 0 else None
+    modules = architecture_modules(config) if config is not None else None
+    if modules is not None:
+        check_lora_targets(args.target_modules, modules, args.pretrain)
 
 
 def check_resume(args: DPPOOatArgs, learners: int) -> None:
-    """``--resume_dir``: a whole checkpoint is there, of as many learners, and the run's settings are these (but
-    :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`). Raises ValueError with one line."""
-    from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point
+    """``--resume_dir``: a whole checkpoint is there, with a sound record, of as many learners, and the run's
+    settings are these (but :data:`~dppo_oat.engines.oat.resume.MAY_CHANGE_ON_RESUME`), each compared as the run's
+    ``config.json`` records it (:func:`logged_config`: the trust region as the settings the preset and the ``--tr_*``
+    overrides resolve to). Raises ValueError with one line."""
+    from dppo_oat.engines.oat.resume import check_resume_settings, find_resume_point, free_on_resume
     from dppo_oat.run.directory import RunDir
 
     point = find_resume_point(args.resume_dir, args.resume_tag)
-    if int(point.record.get("learners", -1)) != learners:
-        raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record.get('learners')} "
+    if point.record["learners"] != learners:
+        raise ValueError(f"--resume_dir: {point.folder.name} was written by {point.record['learners']} "
                          f"learner(s) and this plan has {learners}: resume on the node layout the run started on")
-    check_resume_settings(RunDir(point.run_dir).read_config(), vars(args))
+    spec = spec_of(args)
+    check_resume_settings(RunDir(point.run_dir).read_config(), logged_config(args, spec),
+                          free_on_resume(spec.trust_region))
 
 
 def _check_replaced_flags(args: DPPOOatArgs) -> None:

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -239,33 +240,80 @@ def find_resume_point(resume_dir: str | Path, tag: str | None = None) -> ResumeP
     try:
         record = json.loads((folder / RESUME_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise ValueError(f"{folder / RESUME_RECORD} is damaged ({error}): resume from an older checkpoint with "
-                         "--resume_tag, or start a new run") from None
+        raise ValueError(f"{folder / RESUME_RECORD} is damaged ({error}): {DAMAGED_HINT}") from None
+    check_resume_record(folder, record)
     return ResumePoint(run_dir=run_dir, folder=folder, record=record)
+
+
+DAMAGED_HINT = "resume from an older checkpoint with --resume_tag, or start a new run"
+RECORD_COUNTS = ("learning_round", "actor_steps", "learners")
+"""The fields of ``resume.json`` a resume reads (the launcher, the log cut and the learners), each a whole number
+>= 1."""
+
+
+def check_resume_record(folder: Path, record: object) -> None:
+    """``resume.json`` as the learner writes it (:meth:`~dppo_oat.engines.oat.learner.DPPOLearner.resume_record`): a
+    JSON object whose :data:`RECORD_COUNTS` are whole numbers >= 1, whose round is the folder's and takes at least as
+    many actor steps, beside a ``learner_<rank>.pt`` of each learner. Raises ValueError with one line naming the
+    file and what is wrong in it, before any model loads (else a learner fails on it after the models loaded)."""
+    where = folder / RESUME_RECORD
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is damaged (a JSON {type(record).__name__}, not an object): {DAMAGED_HINT}")
+    for name in RECORD_COUNTS:
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            missing = "has no" if name not in record else f"has {json.dumps(value)} for"
+            raise ValueError(f"{where} is damaged (it {missing} {name}, a whole number >= 1): {DAMAGED_HINT}")
+    learning_round, actor_steps = record["learning_round"], record["actor_steps"]
+    if folder.name != checkpoint_tag(learning_round):
+        raise ValueError(f"{where} is damaged (its learning_round {learning_round} is not the round of the folder "
+                         f"{folder.name}): {DAMAGED_HINT}")
+    if actor_steps < learning_round:
+        raise ValueError(f"{where} is damaged (actor_steps {actor_steps} is fewer than its learning_round "
+                         f"{learning_round}, each of which takes an actor step at least): {DAMAGED_HINT}")
+    absent = [learner_file(rank) for rank in range(record["learners"]) if not (folder / learner_file(rank)).is_file()]
+    if absent:
+        raise ValueError(f"{folder} lacks {', '.join(absent)} of the {record['learners']} learner(s) resume.json "
+                         f"names: {DAMAGED_HINT}")
 
 
 MAY_CHANGE_ON_RESUME = (
     "resume_dir", "resume_tag", "dry_run", "debug", "use_wb", "wb_org", "wb_group", "wb_project", "wb_run_name",
-    "save_path", "checkpoint_every", "keep_checkpoints", "max_save_num", "max_save_mem", "launch_type",
-    "learner_gpus_per_group", "local_rank", "algo",
+    "run_name", "logging_steps", "token_samples", "token_export", "price_gpu", "price_model",
+    "price_decode_efficiency", "save_path", "save_steps", "save_from", "checkpoint_every", "keep_checkpoints",
+    "max_save_num", "max_save_mem", "launch_type", "learner_gpus_per_group", "local_rank", "algo",
 )
-"""Settings a resume may give anew: where and how the run is logged and saved, not what it trains (``algo``, oat's
-algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``, an earlier run's as ``algo``;
-``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
+"""Settings a resume may give anew: where and how the run is logged and saved (the dry run's price included), not
+what it trains (``algo``, oat's algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``,
+an earlier run's as ``algo``; ``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and
+strategy)."""
 
 
-def check_resume_settings(stored: dict, current: dict) -> None:
+def free_on_resume(trust_region) -> list[str]:
+    """The ``config.json`` keys a resume may give anew beside :data:`MAY_CHANGE_ON_RESUME`, as the local engine's
+    resume has them: the trust-region override flags (``tr_delta`` ...), which are compared as the trust region they
+    resolve to (``trust_region.delta`` ...), and the fields of ``trust_region`` its rule never reads."""
+    from dppo_oat.settings.spec import OVERRIDE_FLAGS, TRUST_REGION_OVERRIDES
+
+    unread = [f"trust_region.{name}" for name in TRUST_REGION_OVERRIDES if name not in trust_region.fields_read]
+    return [*OVERRIDE_FLAGS, *unread]
+
+
+def check_resume_settings(stored: dict, current: dict, free: Iterable[str] = ()) -> None:
     """Refuse, in one line naming them, the settings that differ from the run's ``config.json`` (a resume continues
-    the run it names, with its own settings) beyond :data:`MAY_CHANGE_ON_RESUME`."""
+    the run it names, with its own settings) beyond :data:`MAY_CHANGE_ON_RESUME` and ``free``. ``current`` is what
+    this command's run would record (:func:`~dppo_oat.engines.oat.args.logged_config`), so that each setting is
+    compared in the form the run recorded it: the trust region as the settings it resolved to, not a preset's name."""
     from dppo_oat.run.log import config_differences
 
     if not stored:
         raise ValueError("--resume_dir: the run has no config.json: it cannot be told what it trained with")
-    differences = config_differences(stored, current, MAY_CHANGE_ON_RESUME)
+    differences = config_differences(stored, current, [*MAY_CHANGE_ON_RESUME, *free])
     if differences:
         shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
         raise ValueError(f"--resume_dir: {len(differences)} setting(s) differ from the run's config.json ({shown}): "
-                         "resume with the command that started the run, plus --resume_dir")
+                         "a resume may change only where and how the run logs and saves (--save_path, --wb_*, "
+                         "--checkpoint_every, ...); resume with the command that started the run, plus --resume_dir")
 
 
 def checkpoint_failure(root: Path, tag: str, error: BaseException | None) -> str:
