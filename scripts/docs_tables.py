@@ -509,6 +509,31 @@ def oat_learner_gpu_rows(folder: Path = ROOT / "docs" / "bench") -> str:
     return "\n".join(f"- {gpu_result(row)}" for row in rows) or "- none recorded yet"
 
 
+# --------------------------------------------------------------------------------- the oat engine's CPU rehearsal
+
+NODE_CPU_DIFFERENCES = ROOT / "requirements" / "oat-node-cpu.txt"
+
+
+def node_cpu_differences(path: Path = NODE_CPU_DIFFERENCES) -> list[tuple[str, str, str, str]]:
+    """The packages in which the CPU rehearsal's environment differs from the GPU node's lock:
+    ``(name, on the node, in the rehearsal, why)``, one per line ``name | node | rehearsal | why`` of ``path``."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            cells = [cell.strip() for cell in line.split(" | ")]
+            if len(cells) != 4:
+                raise ValueError(f"{path.name}: not 'name | node | rehearsal | why': {line}")
+            rows.append(tuple(cells))
+    return rows
+
+
+def node_cpu_table() -> str:
+    """requirements/oat-node-cpu.txt as the docs' table of what the CPU rehearsal runs differently."""
+    lines = ["| package | on the GPU node | in the CPU rehearsal | why |", "|---|---|---|---|"]
+    lines += [f"| {name} | {node} | {rehearsal} | {why} |" for name, node, rehearsal, why in node_cpu_differences()]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "readme-presets": ("README.md", readme_presets_table),
     "presets": ("docs/trust-region.md", presets_table),
@@ -516,6 +541,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "oat-flags": ("docs/engines/oat.md", oat_flags_table),
     "oat-refused": ("docs/engines/oat.md", oat_refused_table),
     "oat-defaults": ("docs/engines/oat.md", oat_defaults_table),
+    "oat-node-cpu": ("docs/engines/oat.md", node_cpu_table),
     "verl-presets": ("docs/engines/verl.md", verl_presets_table),
     "faults": ("docs/faults.md", faults_table),
     "gpu-rows": ("docs/gpu.md", gpu_rows_table),

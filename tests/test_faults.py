@@ -769,28 +769,43 @@ def test_the_policy_cache_key_follows_a_plugins_code(tmp_path):
                    "130), not an exit 0 that looks finished")
 def test_the_oat_launcher_tells_a_stopped_run_from_a_finished_one(tmp_path):
     """launchpad handles Ctrl-C and SIGTERM itself (its worker manager stops every worker, then ``wait()`` returns as
-    at the end of a run); the launcher records the signal in front of launchpad's handler, which still runs, and
-    ends in one line with where oat's models are. The handler here stands in for launchpad's."""
+    at the end of a run); while the program runs the launcher's own handlers only record the signal, and launchpad
+    keeps them beside its own, as the dispatcher here does in its place (tests/oat/test_oat_cpu_command.py sends the
+    signals to the real one). The line then says where the run resumes from."""
 
     from dppo_oat.engines.oat import launch
 
     previous = {sig: signal.getsignal(sig) for sig in launch.STOP_SIGNALS}
-    stopped_workers, received = [], []
+    stopped_workers = []
     try:
-        signal.signal(signal.SIGTERM, lambda signum, frame: stopped_workers.append(signum))
-        launch.record_stop_signals(received)
-        os.kill(os.getpid(), signal.SIGTERM)
+        with launch.recorded_stop_signals() as received:
+            recorder = signal.getsignal(signal.SIGTERM)
+
+            def launchpad_dispatcher(signum, frame):  # launchpad calls the handler it found beside its own
+                recorder(signum, frame)
+                stopped_workers.append(signum)
+
+            signal.signal(signal.SIGTERM, launchpad_dispatcher)
+            os.kill(os.getpid(), signal.SIGTERM)
         assert received == [signal.SIGTERM] and stopped_workers == [signal.SIGTERM]
+        assert {sig: signal.getsignal(sig) for sig in launch.STOP_SIGNALS} == previous, "handlers restored"
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    checkpoint = tmp_path / "sudoku_1128T09:00:00" / "checkpoints" / "round_000004"
+    run_dir = tmp_path / "sudoku_1128T09:00:00"
+    checkpoint = run_dir / "checkpoints" / "round_000004"
     checkpoint.mkdir(parents=True)
     (checkpoint / "resume.json").write_text('{"learning_round": 4}')
-    message = launch.stopped_message(["--seed", "3"], str(checkpoint.parents[1]), signal.SIGTERM)
+    message = launch.stopped_message(["--seed", "3"], str(run_dir), signal.SIGTERM)
     assert message.startswith("terminated (SIGTERM): launchpad stopped every worker")
     assert message.endswith("resumes from round_000004: python -m dppo_oat.train --engine oat --seed 3 --resume_dir "
-                            + shlex.quote(str(checkpoint.parents[1])))
+                            + shlex.quote(str(run_dir)))
+    killed = launch.ended_early_message(["--seed", "3"], str(run_dir), "learner_0_0/0")
+    assert killed.startswith("learner_0_0/0 ended before the run did (killed, or out of memory")
+    assert killed.endswith(message.split(": ", 1)[1])
+    assert launch.stopped_message([], None, signal.SIGINT) == (
+        "interrupted: launchpad stopped every worker before the learner made its run directory: nothing to resume; "
+        "start the run again")
 
 
 REPOSITORY = __import__("pathlib").Path(__file__).resolve().parents[1]

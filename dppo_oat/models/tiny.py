@@ -196,12 +196,21 @@ def portable_tokenizer_config(path: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+def weights_dtype(dtype: torch.dtype) -> dict:
+    """``from_pretrained``'s keyword for the weights' dtype: ``dtype`` from transformers 4.56 on, ``torch_dtype``
+    before it (the GPU node's transformers 4.51 passes an unknown ``dtype`` on to the model's constructor)."""
+    import transformers
+    from packaging.version import Version
+
+    return {"dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype": dtype}
+
+
 def load_policy(directory: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
     """Open a directory written by :func:`save_policy` (fp32, eval mode)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar over a tiny model's 24 tensors would only clutter the trainer's output
-    model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model = Qwen3ForCausalLM.from_pretrained(directory, **weights_dtype(torch.float32))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     return model.eval(), tokenizer
 

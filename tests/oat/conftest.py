@@ -71,3 +71,4 @@ def gpu_node():
             yield
 
     return visible
+

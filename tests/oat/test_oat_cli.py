@@ -9,6 +9,7 @@ launchpad is the recorder in ``launchpad_stub`` (see conftest).
 
 import dataclasses
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -23,10 +24,11 @@ import launchpad  # noqa: E402  (after pytest.importorskip)
 from oat.algorithms.ppo import PPOArgs  # noqa: E402  (after pytest.importorskip)
 from oat.types import RLAlgo  # noqa: E402  (after pytest.importorskip)
 from oat.utils.ipc import PlasmaShmServer  # noqa: E402  (after pytest.importorskip)
+from program_nodes import program_nodes  # noqa: E402  (after pytest.importorskip)
 from shared_data import MATH_DATA, needs_math_data  # noqa: E402  (after pytest.importorskip)
 
 from dppo_oat.engines.oat import args as oat_args  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.engines.oat import launch  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.engines.oat import launch, preflight  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.engines.oat.actor import DPPOGemActor  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.engines.oat.args import REPLACED_OAT_FLAGS, DPPOOatArgs, spec_of, validate_args  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
@@ -36,9 +38,6 @@ from dppo_oat.trust_region import PRESETS, TrustRegion  # noqa: E402  (after pyt
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "gpu"
 PREFIX = "-m dppo_oat.train --engine oat"
-recorder_only = pytest.mark.skipif(
-    not hasattr(launchpad, "LAUNCHES"), reason="inspects the launchpad recorder (the real launchpad would launch)"
-)
 SMALL = ["--pretrain", "some/model", "--gpus", "2", "--rollout_batch_size", "16",
          "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "16", "--train_batch_size", "8",
          "--num_samples", "4"]
@@ -358,7 +357,12 @@ def test_help_lists_oats_flags_then_dppos_in_sections_without_launchpad():
     reader_gone.stdout.close()  # the reader stops before the first line
     _, errors = reader_gone.communicate(timeout=600)
     assert reader_gone.returncode == 0, errors[-2000:]
-    assert errors.count(b"Traceback") == errors.count(b"--- Logging error ---"), errors[-2000:]
+    raised = set(re.findall(rb"^[\w.]+(?:Error|Exception)\b.*$", errors, re.M))
+    # a log line vLLM 0.8's CPU build writes while it handles its own probe for a distribution named "vllm" reports
+    # that exception as the context of the broken pipe
+    assert raised <= {b"BrokenPipeError: [Errno 32] Broken pipe", b"importlib.metadata.PackageNotFoundError: No "
+                      b"package metadata was found for vllm"}, errors[-2000:]
+    assert errors.count(b"BrokenPipeError") == errors.count(b"--- Logging error ---"), errors[-2000:]
 
 
 def test_the_price_flags_default_to_the_prices_own():
@@ -483,7 +487,6 @@ def test_the_scripts_default_to_the_exported_gpus():
     assert "node: 2 GPU(s)" in done.stdout and "64 samples per learner" in done.stdout
 
 
-@recorder_only
 def test_fp16_is_accepted_in_place_of_bf16(gpu_node):
     """``--fp16 --no-bf16`` reaches oat's DeepSpeed config as fp16 with a dynamic loss scale (the learner counts the
     scaler's skips apart from divergence); bf16 stays oat's default."""
@@ -503,32 +506,32 @@ def test_program_runs_dppo_learners_and_actors(gpu_node):
         args = validate_args(launch.parse_args(script_commands("gem.sh", "sudoku")[0]))
         program, resources = launch.build_program(args)
     by_class = {}
-    for node in program.nodes:
+    for node in program_nodes(program):
         by_class.setdefault(node.constructor, []).append(node)
     assert set(by_class) == {PlasmaShmServer, DPPOGemActor, DPPOLearner}
     actors, learners = by_class[DPPOGemActor], by_class[DPPOLearner]
     assert len(actors) == len(learners) == 8
-    assert all(isinstance(node, launchpad.CourierNode) for node in actors)
-    assert all(isinstance(node, launchpad.PyClassNode) for node in learners)
+    assert all(isinstance(view.node, launchpad.CourierNode) for view in actors)
+    assert all(isinstance(view.node, launchpad.PyClassNode) for view in learners)
     ipc, vllm_args, actor_args = actors[0].args
     assert actor_args is args and isinstance(args, DPPOOatArgs)
     assert vllm_args["model"] == "Qwen/Qwen3-1.7B-Base" and vllm_args["max_model_len"] == 12800
     world_size, rank, *_, learner_args, learner_actors, learner_ipc = learners[3].args
-    assert (world_size, rank, learner_args, learner_ipc) == (8, 3, args, ipc)
-    assert learner_actors == actors
+    assert (world_size, rank, learner_args) == (8, 3, args)
+    assert len(learner_actors) == len(actors)  # each learner gets every actor's handle (dm-launchpad: new handles)
     assert resources[learners[3].label].env == {"CUDA_VISIBLE_DEVICES": "3"}
 
 
-@recorder_only
 def test_main_prints_the_plan_and_launches_the_program(gpu_node, monkeypatch, capsys):
     launched = []
-    monkeypatch.setattr(launchpad, "LAUNCHES", launched)
+    monkeypatch.setattr(launchpad, "launch", lambda program, **kwargs: launched.append((program, kwargs)))
+    monkeypatch.setattr(preflight, "toolkit_problem", lambda toolkit: None)  # no CUDA toolkit to compile Adam here
     with gpu_node(2):
         launch.main(SMALL + ["--trust_region", "dppo_topk_tv"])
     (program, kwargs), = launched
     assert kwargs["launch_type"] == "local_mp" and kwargs["terminal"] == "current_terminal"
-    assert any(node.constructor is DPPOLearner for node in program.nodes)
-    assert any(node.constructor is DPPOGemActor for node in program.nodes)
+    assert any(node.constructor is DPPOLearner for node in program_nodes(program))
+    assert any(node.constructor is DPPOGemActor for node in program_nodes(program))
     assert "node: 2 GPU(s)" in capsys.readouterr().out
 
 

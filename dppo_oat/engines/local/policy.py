@@ -24,7 +24,7 @@ from rich.progress import Progress
 from dppo_oat.engines.local.config import run_spec
 from dppo_oat.engines.local.seeds import DEMO_SEED, EVAL_SAMPLING_SEED, VALIDATION_SEED
 from dppo_oat.learner.forward import causal_lm_forward
-from dppo_oat.models.tiny import build_shaped_policy, load_policy, save_policy
+from dppo_oat.models.tiny import build_shaped_policy, load_policy, save_policy, weights_dtype
 from dppo_oat.rollout.episodes import EpisodeCollector, adds_bos, prompt_token_ids
 from dppo_oat.rollout.hf_generator import HFGenerator
 from dppo_oat.rollout.templates import render_prompt
@@ -224,7 +224,8 @@ def load_pretrained(name_or_path: str):
     local_only = not directory and cached_on_disk(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=local_only,
+                                                     **weights_dtype(torch.float32))
     except Exception as error:
         if directory:  # a damaged or partial model directory: nothing the hub could fix
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -243,4 +244,4 @@ def load_from_hub(name: str):
     tokenizer = AutoTokenizer.from_pretrained(name)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32), tokenizer
+    return AutoModelForCausalLM.from_pretrained(name, **weights_dtype(torch.float32)), tokenizer

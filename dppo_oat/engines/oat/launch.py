@@ -142,11 +142,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(stopped_message(argv, outcome.run_dir, outcome.stopped_by), status=128 + outcome.stopped_by)
     if outcome.ended_early is not None:
         _fail(ended_early_message(argv, outcome.run_dir, outcome.ended_early), status=1)
-
-
-CHECKPOINT_BYTES_PER_PARAMETER = {True: 14, False: 16}
-"""A resumable checkpoint's bytes per parameter under ZeRO with Adam: the weights (2 in bf16 or fp16, 4 in fp32),
-the fp32 master copy where the weights are not fp32 (4) and Adam's two moments (8); LoRA's adapters aside."""
+    if outcome.run_dir is not None:
+        print(f"finished: {outcome.run_dir} (metrics.jsonl, eval.jsonl; curves: python -m dppo_oat.plot "
+              f"{outcome.run_dir})", flush=True)
 
 
 def checkpoint_line(args, plan) -> str:
@@ -156,11 +154,9 @@ def checkpoint_line(args, plan) -> str:
 
     if not args.checkpoint_every:
         return "resumable checkpoints: none (--checkpoint_every 0): a stopped run cannot be resumed"
-    size = ""
-    if getattr(plan, "shape", None) is not None:
-        half = bool(args.bf16 or args.fp16)
-        gigabytes = plan.shape.parameters * CHECKPOINT_BYTES_PER_PARAMETER[half] / 1e9
-        size = f", about {gigabytes:.1f} GB each ({plan.shape.parameters / 1e9:.2f}B parameters)"
+    from dppo_oat.engines.oat.plan import checkpoint_size
+
+    size = checkpoint_size(plan)
     line = f"resumable checkpoints: every {args.checkpoint_every} learning round(s), the newest " \
            f"{args.keep_checkpoints} kept{size}"
     if not args.resume_dir:
@@ -221,10 +217,11 @@ def launch_and_wait(args) -> Outcome:
             ended_early = wait_for_workers(manager, lambda: bool(stops) or read_status(status, FINISHED_FILE)
                                            is not None or read_status(status, FAILURE_FILE) is not None)
         failure, finished = read_status(status, FAILURE_FILE), read_status(status, FINISHED_FILE)
-        ended = failure or finished is not None
-        stopped_by = None if ended or not stops else stops[0]
-        return Outcome(failure, read_status(status, RUN_DIR_FILE), stopped_by,
-                       None if ended or stopped_by else ended_early)
+        if failure or finished is not None:  # the learners ended the run (their lp.stop is a SIGTERM here)
+            return Outcome(failure, read_status(status, RUN_DIR_FILE), None)
+        # a worker that ended first was stopped by no signal: the SIGTERMs after it are oat's IPC server's lp.stop
+        stopped_by = None if ended_early or not stops else stops[0]
+        return Outcome(None, read_status(status, RUN_DIR_FILE), stopped_by, ended_early)
 
 
 def wait_for_workers(manager, stopping) -> str | None:

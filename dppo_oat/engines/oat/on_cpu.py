@@ -11,7 +11,8 @@ uses for collocated actors), and vLLM's ``load_weights``. What is replaced, line
   launcher counts one (:func:`count_one_gpu`);
 - ``oat/utils/distributed.py:171``, the actor's end of the weight broadcast, receives each parameter into
   ``torch.empty(shape, dtype=dtype, device="cuda")``: here into CPU memory (:func:`receive_weight_on_cpu`, otherwise
-  the same three lines);
+  the same three lines; under ``--fp16`` on vLLM 0.8.x, whose CPU backend has no float16 kernels and runs in
+  float32, the float16 weights are widened, exactly, before vLLM loads them);
 - ``oat/learners/base.py:242`` asks for an NCCL group when actors and learners are not collocated
   (``--asynchronous``), which a CPU lacks: gloo, as collocated ones use (:func:`gloo_for_nccl`);
 - ``torch.cuda.synchronize`` (``learners/base.py`` 273, 496; ``algorithms/ppo.py``) raises without a GPU, and
@@ -99,13 +100,14 @@ def receive_weight_on_cpu(self, name, dtype, shape, cuda_ipc_handles=None, empty
     from oat.utils.distributed import torch_type_codec
 
     dtype = torch_type_codec(dtype)
-    if dtype != self.model_config.dtype:
+    widened = dtype == torch.float16 and self.model_config.dtype == torch.float32  # --fp16 on vLLM 0.8.x's CPU
+    if dtype != self.model_config.dtype and not widened:
         raise TypeError(f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}")
     if cuda_ipc_handles:
         raise NotImplementedError("CUDA IPC handles cannot be opened on a CPU")
     weight = torch.empty(shape, dtype=dtype, device="cpu")
     torch.distributed.broadcast(weight, 0, group=self._model_update_group)
-    self.model_runner.model.load_weights(weights=[(name, weight)])
+    self.model_runner.model.load_weights(weights=[(name, weight.to(self.model_config.dtype))])
 
 
 def actor_without_cuda() -> None:
