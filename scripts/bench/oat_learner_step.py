@@ -22,13 +22,14 @@ environment is made (``validate_args(check_tasks=False)``), so Gem and its envir
 installed; the batch is synthetic (uniform random
 tokens, fixed prompt and response lengths, rewards 0/1 in GRPO groups, μ = the initial policy's log-probs + noise);
 before every repetition the weights, DeepSpeed's fp32 master copy (``refresh_fp32_params``), the Adam moments and the
-shuffling seeds are reset, so every repetition is the same step from the same state. On the CPU the learners run
-with the CPU patches of the oat rehearsal, imported from ``tests/oat/oat_cpu_prelude.py`` (``patch_learner_for_cpu``:
-``torch.cuda.synchronize``/``set_device``/``current_device`` made CPU-safe, torch's AdamW over oat's parameter groups
-in place of DeepSpeed's CUDA FusedAdam, DeepSpeed's JIT shared-memory collective off), fp32 and gloo in one process
-per learner. With ``--device cuda`` the learners run bf16 and NCCL with DeepSpeed's FusedAdam, JIT-compiled by the
-device's nvcc before they start; on a stock CUDA image (``scripts/gpu/device_check.sh oat-learner``) where a package
-is missing, ``oat_gpu_setup.py`` says what stands in, and the row records it: import stand-ins for vLLM and
+shuffling seeds are reset, so every repetition is the same step from the same state. On the CPU the learners run with
+the oat engine's own CPU replacements of oat's CUDA-only calls (``dppo_oat.engines.oat.without_cuda``,
+``learner_without_cuda``: ``torch.cuda.synchronize``/``set_device``/``current_device`` made CPU-safe, torch's AdamW
+over oat's parameter groups in place of DeepSpeed's CUDA FusedAdam, DeepSpeed's JIT shared-memory collective off),
+fp32 and gloo in one process per learner. With ``--device cuda`` the learners run bf16 and NCCL with DeepSpeed's
+FusedAdam, JIT-compiled by the device's nvcc before they start; on a stock CUDA image (``scripts/gpu/device_check.sh
+oat-learner``) where a package is missing, ``oat_gpu_setup.py`` says what stands in, and the row records it: import
+stand-ins for vLLM and
 ``pyarrow.plasma`` (``tests/oat/import_stand_ins``; a learner without actors never calls them), sdpa attention where
 flash-attn is missing, torch's fused AdamW where FusedAdam does not compile (``fused_adam.compiled`` false).
 
@@ -250,10 +251,9 @@ def prepare_process(device: str, gpu: dict) -> None:
     fused AdamW where DeepSpeed's FusedAdam did not compile (``gpu``: :func:`gpu_setup`'s facts)."""
     import_stand_ins(device)
     if device == "cpu":
-        sys.path.insert(0, str(ROOT / "tests" / "oat"))
-        from oat_cpu_prelude import patch_learner_for_cpu
+        from dppo_oat.engines.oat.without_cuda import learner_without_cuda
 
-        patch_learner_for_cpu()
+        learner_without_cuda()
         return
     if gpu["attention"] == "sdpa":
         use_sdpa_for_eager()

@@ -536,7 +536,8 @@ def test_main_prints_the_plan_and_launches_the_program(gpu_node, monkeypatch, ca
 
 
 @pytest.mark.fault("oat engine: Ctrl-C before anything is launched",
-                   "`error: interrupted before anything was launched` (exit 130)")
+                   "`error: interrupted before anything was launched: nothing was written; run the same command again` "
+                   "(exit 130)")
 def test_ctrl_c_before_launch_is_one_line(monkeypatch, capsys):
     def interrupted(argv):
         raise KeyboardInterrupt
@@ -545,4 +546,5 @@ def test_ctrl_c_before_launch_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         launch.main(SMALL)
     assert stopped.value.code == 130
-    assert capsys.readouterr().err.strip() == "error: interrupted before anything was launched"
+    assert capsys.readouterr().err.strip() == ("error: interrupted before anything was launched: nothing was written; "
+                                               "run the same command again")

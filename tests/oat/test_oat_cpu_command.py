@@ -69,6 +69,10 @@ def logged_rounds(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.fault("oat engine (`make oat-cpu-run`, under the real launchpad): SIGTERM after the first checkpoint",
+                   "`error: terminated (SIGTERM): launchpad stopped every worker; <run> resumes from round_NNNNNN: "
+                   "python -m dppo_oat.train --engine oat … --resume_dir <run>` (exit 143); that command finishes the "
+                   "run, every learning round logged once")
 def test_sigterm_after_the_first_checkpoint_prints_the_command_that_finishes_the_run(tmp_path):
     process = start(tmp_path / "run", "--max_train", str(8 * ROUNDS))
     wait_for(lambda: any(whole_checkpoints(d) for d in run_dirs(tmp_path / "run")), process, "first checkpoint")
@@ -88,6 +92,9 @@ def test_sigterm_after_the_first_checkpoint_prints_the_command_that_finishes_the
     assert f"finished: {run_dir}" in resumed.stdout
 
 
+@pytest.mark.fault("oat engine (`make oat-cpu-run`, under the real launchpad): Ctrl-C at any moment",
+                   "one line, exit 130: start the run again while no whole checkpoint exists, else the command that "
+                   "resumes from the newest")
 @pytest.mark.parametrize("after_s", [1.0, 12.0])
 def test_ctrl_c_at_any_moment_says_what_is_true(tmp_path, after_s):
     """Ctrl-C while the command starts (imports, the plan), or once the program runs: the one line says to start

@@ -62,6 +62,22 @@ def smoke_bench(tmp_path, sitecustomize: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+def packages_of(distributions: set[str]) -> set[str]:
+    """The top-level packages the installed ``distributions`` hold, from their files (Python 3.10's
+    ``packages_distributions`` misses a distribution whose first file is a script outside site-packages, as
+    reasoning-gym's ``rgc``)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    packages = set()
+    for name in distributions:
+        try:
+            files = distribution(name).files or []
+        except PackageNotFoundError:
+            continue
+        packages |= {f.parts[0] for f in files if len(f.parts) == 2 and f.name == "__init__.py"}
+    return packages
+
+
 def test_the_learner_step_needs_no_package_its_gpu_wheels_leave_out(tmp_path):
     """``device_wheels.py --steps oat-learner`` fetches oat's roots and, of the package's own requirements the image
     lacks, only ``OAT_LEARNER_OWN_ROOTS``: the benchmark runs, its resume check too, with every other one of them
@@ -71,8 +87,8 @@ def test_the_learner_step_needs_no_package_its_gpu_wheels_leave_out(tmp_path):
     wheels = load_device_wheels()
     own = {wheels.canonical(r.name) for r in wheels.project_requirements(ROOT / "pyproject.toml")}
     left_out = own - wheels.read_names(wheels.IMAGE_LIST) - set(wheels.OAT_LEARNER_OWN_ROOTS)
-    modules = sorted(module for module, dists in packages_distributions().items()
-                     if {wheels.canonical(d) for d in dists} & left_out)
+    modules = sorted({module for module, dists in packages_distributions().items()
+                      if {wheels.canonical(d) for d in dists} & left_out} | packages_of(left_out))
     assert {"gem", "reasoning_gym", "math_verify"} <= set(modules)
     done = smoke_bench(tmp_path, f"import sys\nfor name in {[*modules, 'envs']!r}:\n    sys.modules[name] = None\n")
     assert done.returncode == 0, done.stderr[-3000:]

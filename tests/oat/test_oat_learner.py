@@ -41,8 +41,9 @@ OPTIMIZERS = {
 
 CASES = [
     # preset, extra flags, ZeRO stage, optimizer, learning rate, seed of the behavior samples
-    # Binary-TV at δ = 0.2 masks only in the second epoch, and only a few tokens of some batches: seed 8 has some.
-    ("dppo_binary_tv", ["--tr_delta", "0.2"], 0, "sgd", 2.0, 8),
+    # Binary-TV at δ = 0.2 masks only in the second epoch, and only a few tokens of some batches: with the node's
+    # torch 2.6 (make test-oat), seed 7 has some.
+    ("dppo_binary_tv", ["--tr_delta", "0.2"], 0, "sgd", 2.0, 7),
     ("dppo_topk_tv", ["--tr_k", "5", "--tr_delta", "0.02"], 2, "adamw", 1e-3, 0),
     ("minirl_tis", [], 0, "sgd", 2.0, 0),
     ("decoupled_ppo", [], 0, "sgd", 2.0, 0),  # a mismatch preset: π_θ' recomputed by the learner, masks on π_θ'/μ
@@ -322,7 +323,7 @@ def test_a_run_stopped_by_every_learner_ends_in_one_line_and_status_1(error, lin
 
     monkeypatch.delenv(STATUS_DIR_ENV, raising=False)
     fake_args = type("Args", (), {"dry_run": False, "adam_offload": False, "launch_type": "local_mp",
-                                  "checkpoint_every": 0, "resume_dir": ""})()
+                                  "checkpoint_every": 0, "resume_dir": "", "on_cpu": True})()
     monkeypatch.setattr(launch, "checked_plan", lambda argv: (fake_args, None))
     monkeypatch.setattr("dppo_oat.engines.oat.plan.render_plan", lambda plan: "plan")
     monkeypatch.setattr(launch, "build_program", lambda args: (None, {}))

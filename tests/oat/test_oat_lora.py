@@ -65,9 +65,9 @@ def oat_grouped_learner(args, monkeypatch):
     second is empty, which DeepSpeed removes after oat's schedule was made), in torch's AdamW (the rehearsal's)."""
     from oat.utils.deepspeed import DeepspeedStrategy
     from oat.utils.launcher import get_free_port
-    from oat_cpu_prelude import torch_adamw
 
     from dppo_oat.engines.oat.learner import DPPOLearner
+    from dppo_oat.engines.oat.without_cuda import torch_adamw
 
     monkeypatch.setattr(DeepspeedStrategy, "create_optimizer", torch_adamw)
     learner = DPPOLearner(1, 0, 0, "127.0.0.1", get_free_port(), True, args, [], None)

@@ -453,6 +453,11 @@ def training_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not any(part in k for part in TIME_KEYS)} for row in rows]
 
 
+@pytest.mark.fault("oat engine: a learner killed (SIGKILL, out of memory) halfway through writing a checkpoint",
+                   "launchpad stops the other workers; `error: learner_0_0/0 ended before the run did (killed, or out "
+                   "of memory …); launchpad stopped every worker; <run> resumes from round_NNNNNN: python -m "
+                   "dppo_oat.train … --resume_dir <run>` (exit 1); the previous checkpoint is whole and that command "
+                   "resumes exactly")
 def test_a_kill_mid_checkpoint_leaves_the_previous_one_whole(resumed):
     assert resumed.left_by_kill == ["round_000001", "round_000002.partial"]
     assert [r["round"] for r in resumed.killed.learner("learn")] == [1, 2]

@@ -103,7 +103,7 @@ CPU_OPTIMIZER_LINE = "optimizer: torch's AdamW over oat's parameter groups (--on
 
 def check_on_cpu(args) -> None:
     """``--on_cpu`` runs one actor and one learner in this machine's CPU: oat then counts one GPU here."""
-    from dppo_oat.engines.oat.on_cpu import CPU_GPUS, count_one_gpu
+    from dppo_oat.engines.oat.without_cuda import CPU_GPUS, count_one_gpu
 
     if args.gpus != CPU_GPUS:
         raise ValueError(f"--on_cpu runs one actor and one learner: pass --gpus {CPU_GPUS} (got --gpus {args.gpus})")
@@ -125,13 +125,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ValueError, AssertionError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
-        _fail("interrupted before anything was launched", status=130)
-    toolkit = optimizer_toolkit(args.adam_offload)
-    optimizer = CPU_OPTIMIZER_LINE if args.on_cpu else toolkit_line(toolkit)
+        _fail("interrupted before anything was launched: nothing was written; run the same command again", status=130)
+    toolkit = None if args.on_cpu else optimizer_toolkit(args.adam_offload)
+    optimizer = CPU_OPTIMIZER_LINE if toolkit is None else toolkit_line(toolkit)
     print(render_plan(plan), checkpoint_line(args, plan), optimizer, sep="\n", flush=True)
     if args.dry_run:
         return
-    problem = None if args.on_cpu else toolkit_problem(toolkit)
+    problem = None if toolkit is None else toolkit_problem(toolkit)
     if problem:
         _fail(problem)
     with run_lock(args):

@@ -185,11 +185,24 @@ def stop_program(error: TrainingBlewUp | CheckpointFailed, rank_0: bool, finish_
 
 def stop_after_failure(error: Exception) -> None:
     """End the whole program after a learner raised (its traceback follows on stderr): the actors and the IPC server
-    serve until launchpad stops them, so without this the launcher would wait for them forever."""
+    serve until launchpad stops them, so without this the launcher would wait for them forever. A learner that
+    raised because the program was already stopping (Ctrl-C, SIGTERM: oat's IPC server is gone at once) reports
+    nothing: the launcher's line is about the stop."""
     import launchpad as lp
 
-    report_failure(f"a learner failed ({type(error).__name__}: {error}); its traceback is above")
+    if not stop_requested():
+        report_failure(f"a learner failed ({type(error).__name__}: {error}); its traceback is above")
     lp.stop()
+
+
+def stop_requested() -> bool:
+    """Whether launchpad was asked to stop this worker (its worker manager's stop event: a SIGTERM or Ctrl-C came)."""
+    import launchpad as lp
+
+    try:
+        return lp.stop_event().is_set()
+    except (RuntimeError, AttributeError):  # not in a launchpad worker
+        return False
 
 
 def sample_staleness(weight_versions: Sequence[int], rounds_trained: int,
