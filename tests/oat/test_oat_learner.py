@@ -331,7 +331,7 @@ def test_a_run_stopped_by_every_learner_ends_in_one_line_and_status_1(error, lin
     with pytest.raises(SystemExit) as stopped:
         launch.main([])
     assert stopped.value.code == 1 and stops == [True] and finished == [True]
-    assert capsys.readouterr().err == f"error: {line or error}\n"
+    assert capsys.readouterr().err == f"\nerror: {line or error}\n"  # on a line of its own after the workers'
 
 
 def test_a_zero3_shard_is_checked_without_its_padding(monkeypatch):

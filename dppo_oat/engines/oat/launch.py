@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(problem)
     with run_lock(args):
         outcome = launch_and_wait(args)
+    print(file=sys.stderr, flush=True)  # the workers' last output may end mid-line (launchpad's countdown)
     if outcome.failure:
         _fail(outcome.failure, status=1)
     if outcome.stopped_by is not None:
