@@ -75,6 +75,9 @@ def outside(accepts: Accepts) -> list:
     return [value for value in values if value not in accepts.also]
 
 
+@pytest.mark.fault("oat dry run: a number the launch would refuse (`--zero_stage 4`, `--gpus 0`, "
+                   "`--sync_params_every 0`, `--learning_rate nan`, `--max_model_len` past the model's context, ...)",
+                   "`error: --X must be <range> (<what it is>), got V` (exit 2), before any model loads")
 @pytest.mark.parametrize("name", sorted(NUMBER_RULES))
 def test_every_number_out_of_its_range_is_refused_in_one_line_naming_the_flag(name):
     accepts = NUMBER_RULES[name]
@@ -129,6 +132,9 @@ def write_model(folder: Path, config: dict | None = None, weights: bool = True) 
     return folder
 
 
+@pytest.mark.fault("oat dry run: a `--pretrain` folder that does not exist, a `--save_path` that is a file, LoRA "
+                   "`--target_modules` the model lacks",
+                   "one `error:` line naming the flag and what to change (exit 2), before any model loads")
 @pytest.mark.parametrize("name", ["/nonexistent/model", "./missing-model", "../missing-model", ".missing", "~/m",
                                   "~", "models/missing", "models/deeper/missing"])
 def test_a_local_looking_pretrain_that_is_no_folder_is_refused(name, tmp_path, monkeypatch):
@@ -315,6 +321,10 @@ BAD_COUNTS = st.one_of(st.none(), st.booleans(), st.integers(max_value=0), st.fl
                        st.text(max_size=5), st.lists(st.integers(), max_size=2))
 
 
+@pytest.mark.fault("oat engine: `--resume_dir` whose checkpoint record is damaged (a count missing, null or "
+                   "mistyped, the wrong round)",
+                   "`error: <path> is damaged (...): resume from an older checkpoint with --resume_tag, or start a new "
+                   "run` (exit 2), before any model loads")
 @settings(max_examples=60, **WITH_FIXTURES)
 @given(field=st.sampled_from(RECORD_COUNTS), value=BAD_COUNTS, drop=st.booleans())
 def test_a_resume_record_with_a_missing_null_or_mistyped_count_is_one_line(field, value, drop, tmp_path_factory):
@@ -361,6 +371,9 @@ def recorded(trust_region: TrustRegion, **flags) -> dict:
             "trust_region": dataclasses.asdict(trust_region)}
 
 
+@pytest.mark.fault("oat engine: a resume with another `--trust_region` (or `--tr_*` that resolves to another band)",
+                   "`error: ... trust_region.name: 'dppo_binary_tv' → 'ppo' ...` (exit 2): the run's settings are "
+                   "compared in their canonical form")
 @pytest.mark.parametrize("preset", ["ppo", "dppo_binary_kl", "cispo"])
 def test_a_resume_with_another_preset_is_refused_though_the_flag_was_never_compared_as_a_name(preset):
     """config.json records the trust region as the settings it resolved to; the flag names a preset."""
