@@ -398,7 +398,7 @@ def test_an_override_is_compared_as_the_trust_region_it_resolves_to():
 def test_a_field_the_rule_never_reads_may_differ_and_logging_may_change():
     run, current = TrustRegion.preset("dppo_binary_tv"), TrustRegion.preset("dppo_binary_tv")
     stored = recorded(run)
-    stored["trust_region"]["k"] = 99  # recorded by an earlier version, never read by a binary rule
+    stored["trust_region"]["k"] = 99  # a value a binary rule never reads (the run recorded another)
     resume.check_resume_settings(stored, recorded(current, wb_run_name="b", run_name="b", token_samples=0),
                                  free_on_resume(current))
     assert "k" not in current.fields_read
