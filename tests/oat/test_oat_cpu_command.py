@@ -44,7 +44,8 @@ def start(workdir: Path, *flags: str) -> subprocess.Popen:
 def finish(process: subprocess.Popen, workdir: Path) -> tuple[int, str]:
     """Wait for the command; its exit status and its last line."""
     returncode = process.wait(timeout=TIMEOUT_S)
-    lines = [line for line in (workdir / "output.txt").read_text().splitlines() if line.strip()]
+    output = (workdir / "output.txt").read_text(encoding="utf-8", errors="replace")  # workers may cut a character
+    lines = [line for line in output.splitlines() if line.strip()]
     return returncode, lines[-1] if lines else ""
 
 
@@ -86,7 +87,7 @@ def test_sigterm_after_the_first_checkpoint_prints_the_command_that_finishes_the
     command = shlex.split(last.rsplit(": ", 1)[1])
     assert command[-2:] == ["--resume_dir", str(run_dir)]
     resumed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path / "run", stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
+                             stderr=subprocess.STDOUT, encoding="utf-8", errors="replace", timeout=TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert logged_rounds(run_dir) == list(range(1, ROUNDS + 1)), "every learning round logged once"
     assert f"finished: {run_dir}" in resumed.stdout

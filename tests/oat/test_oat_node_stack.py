@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,14 @@ def lock_pins() -> dict[str, str]:
     return pins
 
 
+SITE_PACKAGES = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+"""Where the environment's packages are installed (ray puts its own psutil 7.0.0 on ``sys.path`` when imported)."""
+
+
 def installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The version of distribution ``name`` installed in the environment, or None."""
+    found = next(iter(importlib.metadata.distributions(name=name, path=SITE_PACKAGES)), None)
+    return None if found is None else found.version
 
 
 def differences() -> dict[str, tuple[str, str, str]]:

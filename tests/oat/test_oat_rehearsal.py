@@ -123,7 +123,8 @@ def run_command(command: list[str], workdir: Path, probe_ids: list[int], **fault
     """Run ``command`` (``python -m ...``, with this interpreter) in ``workdir`` until it ends."""
     workdir.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, *command[1:]], cwd=workdir, env=command_environment(workdir, probe_ids,
-                          **faults), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
+                          **faults), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                          encoding="utf-8", errors="replace")  # the workers' output may cut a character in two
     (workdir / "output.txt").write_text(done.stdout)
     return Launched(done.returncode, done.stdout)
 
