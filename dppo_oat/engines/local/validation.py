@@ -16,6 +16,7 @@ from dppo_oat.calibrate import recorded_band
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.learner.autocast import check_compute_dtype
+from dppo_oat.models.directory import check_model_directory
 from dppo_oat.models.shapes import PADDED_VOCAB_SIZE
 from dppo_oat.ranges import check_float32_fields
 from dppo_oat.rollout.generation import check_logprob_semantics
@@ -201,7 +202,7 @@ def _check_pretrain(c: TrainConfig) -> None:
     path = Path(c.pretrain)
     looks_local = c.pretrain.startswith((".", "/", "~")) or path.exists()
     if looks_local:
-        _check_model_directory(c.pretrain, path.expanduser())
+        check_model_directory(c.pretrain, path.expanduser())
         return
     from dppo_oat.engines.local.hub import cached_on_disk, hub_reachable
 
@@ -212,29 +213,6 @@ def _check_pretrain(c: TrainConfig) -> None:
     if not cached and not hub_reachable():
         raise ValueError(f"--pretrain {c.pretrain}: no such directory, not in the Hugging Face cache, and the hub is "
                          "unreachable: download the model where the hub is reachable and pass its directory")
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-"""The files a Hugging Face model directory keeps its weights in (one of them)."""
-
-
-def _check_model_directory(flag_value: str, path: Path) -> None:
-    """A local ``--pretrain`` directory has a readable config.json and weights (else a traceback from deep in
-    transformers, after validation)."""
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ValueError(f"--pretrain {flag_value!r} is not a model directory (no config.json)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"--pretrain {flag_value!r}: {config_path} is not valid JSON ({error}): restore it from "
-                         "the model's source") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"--pretrain {flag_value!r}: {config_path} is not a model config (a JSON object)")
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise ValueError(f"--pretrain {flag_value!r} has no weights ({' or '.join(WEIGHT_FILES[::2])}): save the "
-                         "model with save_pretrained, or give the directory that holds them")
 
 
 def _vocab_size(c: TrainConfig) -> int:

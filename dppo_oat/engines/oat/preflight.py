@@ -156,9 +156,9 @@ def check_model_source(flag: str, name: str, *, model: bool = True) -> None:
     path = Path(name)
     if path.is_dir():
         if model:
-            from dppo_oat.engines.local.validation import _check_model_directory  # one rule for both engines
+            from dppo_oat.models.directory import check_model_directory  # one rule for every engine
 
-            _check_model_directory(name, path)
+            check_model_directory(name, path)
         return
     if path.exists():
         raise ValueError(f"{flag} {name} is a file: give the folder that holds the model's config.json")
