@@ -234,26 +234,35 @@ def test_error_lines_go_to_stderr(tmp_path, capsys):
 # ---------------------------------------------------------------- signals from the first instruction
 
 
+SIGNAL_ON_IMPORT = """
+import importlib.abc, os, runpy, sys
+
+MODULE, SIGNAL = sys.argv[1], int(sys.argv[2])
+
+
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), SIGNAL)  # handled on the next bytecode: inside this very import
+        return None
+
+
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["dppo_oat.train"] + sys.argv[3:]
+runpy.run_module("dppo_oat.train", run_name="__main__", alter_sys=True)
+"""
+
+
 def signalled_while_importing(module: str, sig, tmp_path):
-    """``python -m dppo_oat.train`` sent ``sig`` as soon as it imports ``module`` (``-X importtime`` says when):
-    (exit status, stderr without the import lines)."""
+    """``python -m dppo_oat.train`` sends itself ``sig`` the moment it starts importing ``module`` (a finder at the
+    head of ``sys.meta_path``; a signal from outside would race the imports): (exit status, stderr lines)."""
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "dppo_oat.train", "--run-dir",
-                                str(tmp_path / "runs"), "--steps", "1"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if "import time:" in line and line.split("|")[-1].strip() == module:  # at any import depth
-            process.send_signal(sig)
-            break
-    else:
-        process.wait(timeout=300)
-        raise AssertionError(f"`python -m dppo_oat.train` never imported {module}: the signal was not sent")
-    rest = process.communicate(timeout=300)[1]
-    return process.returncode, [line for line in lines + rest.splitlines() if "import time:" not in line]
+    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_IMPORT, module, str(int(sig)), "--run-dir",
+                           str(tmp_path / "runs"), "--steps", "1"], capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stderr.splitlines()
 
 
 @pytest.mark.fault("Ctrl-C or SIGTERM in the first seconds of `python -m dppo_oat.train` (its imports, parsing, "
