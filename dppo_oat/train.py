@@ -213,7 +213,7 @@ def _parse(argv: list[str]) -> TrainConfig:
     from dppo_oat.settings.grouped_cli import as_help
     from dppo_oat.settings.usage import one_line_usage_errors
 
-    description = as_help(f"{__doc__}\n{inspect.cleandoc(TrainConfig.__doc__)}")
+    description = as_help(f"{__doc__.splitlines()[0]}\n\n{inspect.cleandoc(TrainConfig.__doc__)}")
     with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
         return parse_config(argv, prog=PROG, description=description)
 

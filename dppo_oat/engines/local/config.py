@@ -36,20 +36,16 @@ class WarmStartConfig:
     batch_size: int = 64
     """Demonstration turns per optimizer step."""
     target_success: float = 0.65
-    """Stop at the first check whose validation success reaches this, and leave RL the rest of the way (the CPU
-    study stops at 0.25, the paper's sanity-test regime)."""
+    """Stop at the first check whose validation success reaches this; RL goes the rest of the way."""
     check_every: int = 100
     """Optimizer steps between success checks."""
     check_episodes: int = 96
     """Validation episodes per success check (seeds apart from the held-out evaluation ones)."""
     max_steps: int = 4000
-    """Optimizer steps at most; a warm start stopped short of --warm-start.target-success is cached as such, with a
-    warning on every use."""
+    """Optimizer steps at most (short of the target: cached, with a warning on every use)."""
     shape: PolicyShape = "tiny"
-    """tiny (a Qwen3 of --warm-start.hidden-size and --warm-start.num-layers over the tokenizer's own vocabulary,
-    ~0.6M parameters: seconds per step on a CPU), tiny-8k (tiny over a vocabulary padded to 8,192 entries, for top-K
-    divergences that leave mass outside their K tokens) or qwen3-100m (~100M parameters, hidden 768, 12 layers,
-    32,768 entries: a realistic LM head for a GPU run)."""
+    """tiny (~0.6M parameters: seconds a step on a CPU), tiny-8k (its vocabulary padded to 8,192, for top-K
+    divergences) or qwen3-100m (~100M, 32,768 entries: a realistic LM head for a GPU)."""
     vocab_size: int = 512
     """BPE merges of the policy's tokenizer, trained on the demonstrations (fewer when they need fewer)."""
     hidden_size: int = 128
@@ -57,8 +53,7 @@ class WarmStartConfig:
     num_layers: int = 2
     """Transformer layers of the tiny shape."""
     seed: int | None = 0
-    """Seed of the tokenizer, model and demonstrations: every RL --seed starts from this one policy, as the paper's
-    seeds share one initial model. None: the run's --seed."""
+    """Seed of the tokenizer, model and demonstrations (every RL --seed starts from this one policy). None: --seed."""
 
     def check(self) -> None:
         """Every flag in its range (one line naming it), before any model loads or any warm start begins."""
@@ -133,9 +128,8 @@ class TrainConfig(spec.DPPOFlags):
     """Rollout sampler (μ): hf samples with the training model's own layers (any device); vllm runs a vLLM
     engine in this process on the GPU, synced after every update."""
     max_staleness: int = 0
-    """Sample the next rollout batch in a background thread while the learner updates, from weights at most k
-    updates old: step t samples with those after step max(0, t − 1 − k), so runs are reproducible and resume
-    exactly, and μ is theirs. 0: synchronous. hf generator only; not with --probe-every."""
+    """Sample the next batch in a background thread during the update, with the weights after step
+    max(0, t − 1 − k) for step t (reproducible; μ is theirs). 0: synchronous. hf only; not with --probe-every."""
     steps: int = 100
     """RL steps, each one rollout batch (--groups-per-step × --group-size episodes) and its update."""
     groups_per_step: int = 16
@@ -153,71 +147,65 @@ class TrainConfig(spec.DPPOFlags):
     num_epochs: int = 1
     """Passes over every rollout batch (each pass reshuffles it into minibatches)."""
     lr: float | None = None
-    """AdamW learning rate of the RL update (see --lr-schedule). None: by the policy: 1e-6 (the paper's) with
-    --pretrain; for the built-in policy 3e-4 × (128 / hidden size) × (2 / layers): 3e-4 for the tiny default, 8.3e-6
-    for qwen3-100m (one step then moves the policy about as far whatever its shape)."""
+    """AdamW learning rate of the RL update (see --lr-schedule). None: 1e-6 (the paper's) with --pretrain; for the
+    built-in policy 3e-4 × (128 / hidden size) × (2 / layers) (3e-4 tiny, 8.3e-6 qwen3-100m)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
-    """linear: --lr decayed linearly to 0 over --steps (lr · (steps − t + 1) / steps at step t); constant: --lr
-    throughout. --resume continues it exactly; a resume that extends --steps re-plans the decay."""
+    """linear: lr · (steps − t + 1) / steps at step t (a resume that extends --steps re-plans it); constant."""
     weight_decay: float = 0.0
     """AdamW weight decay of the RL update."""
     grad_clip: float = 1.0
     """Clip each optimizer step's gradient to this global L2 norm."""
     gamma: float = 0.0
-    """Discount of per-turn returns. 0: each turn gets its own reward (Sudoku's: one per correct cell); with γ > 0,
-    a pooled group baseline also favours early turns (see --turn-baseline)."""
+    """Discount of per-turn returns. 0: each turn gets its own reward; with γ > 0 a pooled group baseline also
+    favours early turns (see --turn-baseline)."""
     temperature: float = 1.0
-    """Sampling temperature of rollouts and evaluations; the learner scores tokens at it too."""
+    """Sampling temperature of rollouts and evaluations (the learner scores at it too)."""
     top_p: float = 1.0
     """Nucleus sampling threshold (1: the full distribution)."""
     max_new_tokens: int = 12
     """Tokens the policy may generate per turn (also the normaliser of seq-mean-token-sum-norm)."""
     max_prompt_tokens: int = 256
-    """Longest prompt (rendered observation) in tokens; an env whose first prompt is longer is refused before
-    training."""
+    """Longest prompt in tokens (an env whose first prompt is longer is refused before training)."""
     train_pool: int | None = None
-    """Draw training puzzles from a fixed pool of this many seeds, as the paper's sanity test trains on a fixed
-    problem set. None: fresh puzzles every step."""
+    """Draw training puzzles from a fixed pool of this many seeds (the paper's sanity test). None: fresh ones."""
     seed: int = 0
     """Seed of the RL run: torch, the training puzzles and the sampling (the warm-started policy follows
     --warm-start.seed)."""
     eval_every: int = 50
-    """Evaluate held-out success every N steps (and at step 0 and the last step)."""
+    """Evaluate held-out success every N steps (and at steps 0 and last)."""
     eval_episodes: int = 200
     """Held-out evaluation episodes (fixed seeds, the same for every run)."""
     probe_every: int = 0
     """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
     (probe/* metrics; HF generator only). 0: never."""
     dtype: ComputeDtype = "float32"
-    """Compute precision of the learner and the hf sampler alike (torch.autocast; weights and AdamW state stay
-    fp32). float16 also scales the loss; bfloat16 needs a CPU or a GPU of compute capability 8.0+."""
+    """Compute precision of the learner and the hf sampler (autocast; weights and AdamW state stay fp32).
+    float16 also scales the loss; bfloat16 needs a CPU or a GPU of compute capability 8.0+."""
     rollout_dtype: RolloutPrecision = "float32"
     """Sample from a lower-precision copy of the policy: bfloat16 or float16 weights and arithmetic, or
     int-quantised weights computing at --dtype. float32: none."""
     rollout_redraw: bool = False
-    """With an int --rollout-dtype: round on a grid shifted by a random offset redrawn at every re-sync (seeded by
-    the run's seed and step): nearest rounding's error size, but a new error each rollout."""
+    """With an int --rollout-dtype: round on a grid shifted by a seeded random offset at every re-sync (a new
+    error each rollout, of nearest rounding's size)."""
     logprob_noise: float = 0.0
     """Add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
     run_dir: str = "runs"
-    """Directory of the run directories (metrics.jsonl, config.json, checkpoint)."""
+    """Folder of the run directories (metrics.jsonl, config.json, checkpoint)."""
     run_name: str | None = None
     """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = False
-    """Continue <run-dir>/<run-name> from its last checkpoint."""
+    """Continue <run-dir>/<run-name> from its checkpoint."""
     overwrite: bool = False
-    """Start a new run where a run of this name is, moving its files aside into <run>/overwritten-<UTC time>/ (never
-    deleted). Without it a new run refuses to start there."""
+    """Start a new run where one of this name is, its files moved aside into <run>/overwritten-<UTC time>/."""
     allow_metrics_gap: bool = False
-    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (they stay missing from its
-    curves). Without it such a resume is refused."""
+    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (they stay missing)."""
     cache_dir: str | None = None
     """Where the tiny policy is cached. None: $DPPO_CACHE, else ~/.cache/dppo_oat."""
     device: str = "cpu"
-    """Torch device of the policy, rollouts, update and warm start: cpu, cuda, cuda:1, ..."""
+    """Torch device of the whole run: cpu, cuda, cuda:1, ..."""
     cuda_graphs: bool = False
-    """On a CUDA device, decode rollouts by replaying CUDA graphs of the decode step, sampling included (one launch
-    per token in place of hundreds of kernels): the eager decode's distribution, up to float rounding."""
+    """On CUDA, decode by replaying CUDA graphs of the decode step, sampling included (one launch per token): the
+    eager decode's distribution, up to float rounding."""
     threads: int | None = None
     """CPU threads torch may use. None: half the CPUs this process may use, at least 1, so that work beside the run
     does not stall it. Each count sums floats in its own order, so draws other tokens."""
