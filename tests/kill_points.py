@@ -1,6 +1,6 @@
 """``python tests/kill_points.py OUT POINTS ARGS...``: kill a run at write points, then go on as its user would.
 
-Used by ``tests/test_kill_points.py``. Every write of a run file goes through :mod:`dppo_oat.safe_io`, and each
+Used by ``tests/test_kill_points.py``. Every write of a run file goes through :mod:`dppo_oat.run.safe_io`, and each
 gives two *write points*: an atomic write after its content is written to its temporary file but before the
 rename, and after the rename; an append after half its text (a torn line), and after all of it. This process imports the
 package once and forks a child per run (it runs no torch operation itself, so the children fork safely):
@@ -26,7 +26,9 @@ import traceback
 from pathlib import Path
 
 import dppo_oat.engines.local.trainer  # noqa: F401  (imported once here, not again in every child)
-from dppo_oat import runlog, safe_io
+from dppo_oat.run import log as run_log
+from dppo_oat.run import safe_io
+from dppo_oat.run.directory import CHECKPOINT_FILE
 from dppo_oat.train import main
 
 
@@ -45,7 +47,7 @@ class WritePoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def install(self) -> None:
-        """Wrap the atomic writes (:mod:`dppo_oat.safe_io`'s) and the run log's appends (module globals: every run
+        """Wrap the atomic writes (:mod:`dppo_oat.run.safe_io`'s) and the run log's appends (module globals: every run
         file is written through them)."""
         points, real_replacing, real_append = self, safe_io._replacing, safe_io.append_text
 
@@ -64,7 +66,7 @@ class WritePoints:
             points.point(path)
 
         safe_io._replacing = replacing
-        runlog.append_text = safe_io.append_text = append_text
+        run_log.append_text = safe_io.append_text = append_text
 
 
 def in_child(argv: list[str], runs: Path, log: Path, kill_at: int = 0, count_to: Path | None = None) -> int:
@@ -110,7 +112,7 @@ def battery(out: Path, points: str, args: list[str]) -> None:
     for n in chosen:
         name = f"kill{n}"
         killed = in_child([*runs, "--run-name", name], folder, logs / f"{name}-killed", kill_at=n)
-        then = "--resume" if (folder / name / runlog.CHECKPOINT_FILE).exists() else "--overwrite"
+        then = "--resume" if (folder / name / CHECKPOINT_FILE).exists() else "--overwrite"
         outcomes[name] = {"killed": killed, "then": then,
                           "status": in_child([*runs, "--run-name", name, then], folder, logs / f"{name}-then")}
     (out / "outcomes.json").write_text(json.dumps(outcomes, indent=1))

@@ -394,7 +394,7 @@ def test_a_std_band_stays_in_the_metrics_range(tmp_path):
                    "a `ValueError` naming the run and the steps it has (never an empty table or a FileNotFoundError); "
                    "missing steps between the first and last are one warning")
 def test_token_exports_that_are_missing_are_said(tmp_path):
-    from dppo_oat.token_export import read_token_export
+    from dppo_oat.run.token_export import read_token_export
 
     run = write_run(tmp_path, "a", metrics=hand_metrics([0.1, 0.2, 0.3]))
     with pytest.raises(ValueError, match="has no token exports .* trained without --token-export all"):

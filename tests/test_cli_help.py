@@ -215,7 +215,7 @@ def test_a_usage_error_of_the_plot_is_one_line():
 
 
 def test_an_unknown_box_is_still_one_line():
-    from dppo_oat.usage import usage_line
+    from dppo_oat.settings.usage import usage_line
 
     box = ("╭─ Something new ──────╮\n│ a first line that    │\n│ goes on here.        │\n│ ──────────────────── │\n"
            "│ For full helptext    │\n╰──────────────────────╯\n")

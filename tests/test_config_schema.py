@@ -16,7 +16,7 @@ from test_faults import TINY, one_error, run
 from dppo_oat.engines.local.config import TrainConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, as_written, migrate_config
 from dppo_oat.engines.local.validation import settings_free_on_resume
-from dppo_oat.runlog import settings_hash
+from dppo_oat.run.log import settings_hash
 from dppo_oat.train import main
 
 OLD_CONFIG = Path(__file__).parent / "data" / "config_schema1.json"

@@ -20,7 +20,7 @@ from test_notebooks import assert_clean, execute, images, outputs, printed
 
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
-from dppo_oat.runlog import read_jsonl
+from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.trust_region import PRESETS, TrustRegion
 from studies.cpu import pack as pack_study
 from studies.cpu import run as cpu_study

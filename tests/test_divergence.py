@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dppo_oat import divergence as div
-from dppo_oat.logprobs import entropy_chunked, gather_logprobs_chunked, topk_of_logprobs
+from dppo_oat.divergence.logprobs import entropy_chunked, gather_logprobs_chunked, topk_of_logprobs
 
 TOL = 1e-9
 """The ordering is a mathematical property: it is checked in fp64 (the divergence functions keep fp64 inputs)."""

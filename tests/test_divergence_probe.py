@@ -4,9 +4,9 @@ exact TV equal to ½ Σ |μ − π| computed by hand."""
 import pytest
 import torch
 
-from dppo_oat.divergence_probe import divergence_estimates, probe_metrics, response_actions, response_logits
+from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
-from dppo_oat.samples import TurnSample, build_update_batch
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 
 @pytest.fixture(scope="module")

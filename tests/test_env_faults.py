@@ -23,7 +23,7 @@ import envs
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.validation import validate_config
 from dppo_oat.rollout.episodes import EpisodeCollector
-from dppo_oat.spec import RolloutSettings, SamplingSettings
+from dppo_oat.settings.spec import RolloutSettings, SamplingSettings
 from envs.contract import BrokenEnvError
 from envs.math_local import load_math_dataset, math_oracle_action
 
@@ -347,7 +347,7 @@ def test_a_contract_violation_stops_a_rollout_and_is_not_an_env_error(flaw, mess
                    "each episode ends at the default turn cap (100 turns, counted in `end/max_turns`), with one "
                    "warning per env naming the cap and `--max-turns`; never a rollout that runs forever")
 def test_an_env_that_never_ends_is_stopped_by_the_default_turn_cap(tmp_path, tokenizer):
-    from dppo_oat.spec import DEFAULT_MAX_TURNS
+    from dppo_oat.settings.spec import DEFAULT_MAX_TURNS
 
     plugin, env_id = write_plugin(tmp_path, "step never ends the episode", "Endless-v0")
     envs.import_env_modules([plugin])
@@ -447,7 +447,7 @@ SHIPPED = ["--groups-per-step", "2", "--group-size", "4", "--minibatch-size", "3
 def run_beside_sudoku(tmp_path, capsys, flaw, name):
     """One step on Sudoku and a plugin env ``mine:<name>`` with ``flaw``: its output, and the metrics line."""
     from dppo_oat.engines.local.config import DEFAULT_ENV
-    from dppo_oat.runlog import read_jsonl
+    from dppo_oat.run.safe_io import read_jsonl
     from dppo_oat.train import main
 
     tmp_path.mkdir(exist_ok=True)
@@ -508,7 +508,7 @@ def test_rewards_that_overflow_are_one_line(tmp_path, capsys):
 def test_a_step_whose_every_update_is_skipped_is_said_once(tmp_path, capsys):
     """``--trust-region ipo --tr-kl-tau 1e30``: the penalty's gradient overflows, the guard skips every optimizer step
     and the run would end with exit 0 and no word."""
-    from dppo_oat.runlog import read_jsonl
+    from dppo_oat.run.safe_io import read_jsonl
     from dppo_oat.train import main
 
     main(["--run-dir", str(tmp_path / "runs"), "--run-name", "ipo", "--cache-dir", str(tmp_path / "cache"),

@@ -431,7 +431,7 @@ def test_a_local_math_reset_does_not_log_gems_testing_only_notice(tmp_path, capl
 def test_the_format_error_penalty_is_gems():
     from gem.utils.constants import LanguageGameReward
 
-    from dppo_oat.spec import FORMAT_ERROR_PENALTY
+    from dppo_oat.settings.spec import FORMAT_ERROR_PENALTY
 
     assert FORMAT_ERROR_PENALTY == LanguageGameReward.format_error_reward
 

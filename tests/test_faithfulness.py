@@ -31,8 +31,8 @@ from dppo_oat.models.tiny import load_policy
 from dppo_oat.rollout import decode as decode_module
 from dppo_oat.rollout.episodes import EpisodeCollector
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_copy, rollout_state_dict
-from dppo_oat.spec import RolloutSettings, SamplingSettings
+from dppo_oat.rollout.rollout_copy import rollout_copy, rollout_state_dict
+from dppo_oat.settings.spec import RolloutSettings, SamplingSettings
 from envs import ensure_registered
 
 DRAWS = {"direct": 60_000, "generate": 10_000}

@@ -7,8 +7,8 @@ never blocks), so that a threshold a few percent off blocks other tokens. This t
 from eq:binary_kl and eq:dppo_obj alone (a plain forward of the learner, float64 arithmetic, nothing of
 ``dppo_oat.trust_region`` or ``dppo_oat.divergence``), every token's binary KL D, its ratio r = π_θ/μ, DPPO's mask
 M and the per-token objective M·r·Â, and the gradient of the Dr.GRPO-aggregated objective; the engine's own update
-path (the fused head, micro-batches, :func:`~dppo_oat.update.update_policy`) must give the same mask, weights and
-gradient. Planted defects make the comparison fail: the binary KL taken the other way round (KL(π‖μ)), and the
+path (the fused head, micro-batches, :func:`~dppo_oat.learner.update.update_policy`) must give the same mask, weights
+and gradient. Planted defects make the comparison fail: the binary KL taken the other way round (KL(π‖μ)), and the
 mask's threshold 2% (or 10%) off δ either way.
 """
 
@@ -23,12 +23,12 @@ import torch
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import SHIPPED_POLICIES, policy_cache_key
 from dppo_oat.engines.local.validation import validate_config
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.update import update_policy
 from dppo_oat.models.tiny import load_policy
-from dppo_oat.rollout.precision import rollout_copy
-from dppo_oat.samples import UpdateBatch
+from dppo_oat.rollout.rollout_copy import rollout_copy
 from dppo_oat.trust_region import policy_loss, rules
-from dppo_oat.update import update_policy
+from dppo_oat.update_batch import UpdateBatch
 
 BATCH = Path(__file__).resolve().parent / "data" / "int4_batch.pt"
 DELTA = 0.05

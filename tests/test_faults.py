@@ -20,7 +20,8 @@ import tyro
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.runlog import RunLock, read_jsonl
+from dppo_oat.run.directory import RunLock
+from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.train import main
 
 TINY = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--warm-start.check-every", "20",
@@ -165,7 +166,7 @@ def test_a_missing_logging_package_is_one_line_before_any_model(tmp_path, capsys
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from dppo_oat.runlog import RunLock
+from dppo_oat.run.directory import RunLock
 lock = RunLock(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(120)

@@ -9,22 +9,22 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dppo_oat.fused_head as fused_head
-import dppo_oat.learner_forward as learner_forward_module
+import dppo_oat.learner.forward as learner_forward_module
+import dppo_oat.learner.fused_head as fused_head
 from dppo_oat.aggregation import aggregate_loss
-from dppo_oat.fused_head import (
+from dppo_oat.divergence.logprobs import logits_logprobs, topk_of_logprobs
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.fused_head import (
     FusedHeadUnsupported,
     fused_head_logprobs,
     head_of,
     last_hidden_states,
 )
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.logprobs import logits_logprobs, topk_of_logprobs
+from dppo_oat.learner.update import minibatch_step, recompute_logprobs
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion, policy_loss
-from dppo_oat.update import minibatch_step, recompute_logprobs
+from dppo_oat.update_batch import UpdateBatch
 
 B, T, H, V, K = 3, 11, 16, 97, 4
 

@@ -11,7 +11,7 @@ from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import check_topk_set, max_logprob_error, teacher_forced_logprobs
 from dppo_oat.rollout.generation import Generator
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 TOLERANCE = 1e-4
 

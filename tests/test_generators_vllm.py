@@ -10,7 +10,7 @@ from dppo_oat.models import build_tiny_policy, max_logprob_error, save_policy, t
 from dppo_oat.models.scoring import check_topk_set
 from dppo_oat.rollout.generation import Generator
 from dppo_oat.rollout.vllm_generator import VLLMGenerator
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 TOLERANCE = 1e-4
 """fp32 on CPU: vLLM's kernels and an HF forward agree to ~1e-6 on the tiny model."""

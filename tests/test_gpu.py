@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.update import minibatch_step
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.direct_forward import runs_direct
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import minibatch_step
+from dppo_oat.update_batch import UpdateBatch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROOT = Path(__file__).resolve().parents[1]

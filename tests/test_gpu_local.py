@@ -11,17 +11,17 @@ import math
 import pytest
 import torch
 
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.mixed_precision import autocast_forward
+from dppo_oat.learner.autocast import autocast_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.update import minibatch_step
 from dppo_oat.models.scoring import max_logprob_error
 from dppo_oat.models.tiny import build_shaped_policy, build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import rollout_model, rollout_state_dict
-from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.rollout.rollout_copy import rollout_model, rollout_state_dict
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.train import main
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import minibatch_step
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

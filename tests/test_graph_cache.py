@@ -26,7 +26,7 @@ from dppo_oat.rollout.cuda_graphs import (
 )
 from dppo_oat.rollout.decode import EagerStep, decode, prefill
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 
 def eager_replay(graph):
@@ -287,7 +287,7 @@ def test_the_engines_rollout_copy_is_refreshed_in_place_after_each_update(tmp_pa
 def test_an_update_without_the_head_is_refused_when_the_rollout_copys_head_is_its_own():
     """The bf16 copy of the decode graphs holds its LM head apart from the embedding: an update that leaves the head
     out would leave it stale, so it is refused; the tied model takes the same update."""
-    from dppo_oat.rollout.precision import autocast_weights_copy
+    from dppo_oat.rollout.rollout_copy import autocast_weights_copy
 
     model, tokenizer = build_tiny_policy(toy_corpus(50), seed=0, vocab_size=120)
     update = {name: tensor for name, tensor in model.state_dict().items() if name != "lm_head.weight"}

@@ -166,7 +166,7 @@ def test_an_unseeded_generator_call_draws_from_its_own_generator_seeded_from_tor
     one draw of torch's RNG, so ``torch.manual_seed`` fixes the tokens, and the global RNG moves by that one draw."""
     from dppo_oat.models import build_tiny_policy, toy_corpus
     from dppo_oat.rollout.hf_generator import HFGenerator
-    from dppo_oat.spec import SamplingSettings
+    from dppo_oat.settings.spec import SamplingSettings
 
     model, tokenizer = build_tiny_policy(toy_corpus(), seed=0)
     prompts = [tokenizer.encode(text)[:8] for text in toy_corpus(5, seed=1)]

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.guard import SKIPPED, BlowUpGuard, nonfinite_cause
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.guard import SKIPPED, BlowUpGuard, nonfinite_cause
+from dppo_oat.learner.update import clip_and_step, minibatch_step, summarize_steps, update_policy
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.runlog import atomic_torch_save, nonfinite_tensors
-from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import AdvantageSettings, RolloutSettings, RunSpec, SamplingSettings, UpdateSettings
+from dppo_oat.run.safe_io import atomic_torch_save, nonfinite_tensors
+from dppo_oat.settings.spec import AdvantageSettings, RolloutSettings, RunSpec, SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TopK, TrustRegion
-from dppo_oat.update import clip_and_step, minibatch_step, summarize_steps, update_policy
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 
 @pytest.fixture(scope="module")

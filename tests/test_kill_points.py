@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_oat.runlog import CHECKPOINT_FILE, read_jsonl, temporaries
+from dppo_oat.run.directory import CHECKPOINT_FILE
+from dppo_oat.run.log import temporaries
+from dppo_oat.run.safe_io import read_jsonl
 
 HELPER = Path(__file__).with_name("kill_points.py")
 RUN = ["--steps", "5", "--groups-per-step", "2", "--group-size", "4", "--minibatches-per-rollout", "2",

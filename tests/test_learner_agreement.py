@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.guard import DIVERGED, HEALTHY, SKIP, SKIPPED, check_weights_finite
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.guard import DIVERGED, HEALTHY, SKIP, SKIPPED, check_weights_finite
+from dppo_oat.learner.update import clip_and_step, finish_minibatch, update_policy
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import clip_and_step, finish_minibatch, update_policy
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 
 class ThreadedAllReduceMax:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from dppo_oat.learner.update import summarize_steps
 from dppo_oat.trust_region import TrustRegion, mismatch_diagnostics, policy_loss
-from dppo_oat.update import summarize_steps
 
 NAMES = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/k3_kl_seq", "rollout_corr/chi2_token",
          "rollout_corr/chi2_seq", "rollout_corr/training_ppl", "rollout_corr/rollout_ppl", "rollout_corr/log_ppl_diff",

@@ -10,20 +10,26 @@ import pytest
 import torch
 from test_faults import one_error
 
-import dppo_oat.mixed_precision as mixed_precision
+import dppo_oat.learner.autocast as mixed_precision
 from dppo_oat.errors import TrainingBlewUp
-from dppo_oat.fused_head import fused_head_logprobs
-from dppo_oat.guard import LOSS_SCALE_SKIPS, SKIPPED, BlowUpGuard
-from dppo_oat.learner_forward import causal_lm_forward
-from dppo_oat.mixed_precision import autocast, autocast_forward, check_compute_dtype, loss_scaler, rollout_compute_dtype
+from dppo_oat.learner.autocast import (
+    autocast,
+    autocast_forward,
+    check_compute_dtype,
+    loss_scaler,
+    rollout_compute_dtype,
+)
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.fused_head import fused_head_logprobs
+from dppo_oat.learner.guard import LOSS_SCALE_SKIPS, SKIPPED, BlowUpGuard
+from dppo_oat.learner.update import clip_and_step, minibatch_step, scaled_clip_and_step, summarize_steps
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.direct_forward import KVBuffer
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.train import main
 from dppo_oat.trust_region import TrustRegion
-from dppo_oat.update import clip_and_step, minibatch_step, scaled_clip_and_step, summarize_steps
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 HALF = ["bfloat16", "float16"]
 

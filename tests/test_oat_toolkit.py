@@ -1,4 +1,4 @@
-"""The dry run's optimizer line and the launch's refusal (:mod:`dppo_oat.engines.oat.toolkit`): DeepSpeed 0.16.8
+"""The dry run's optimizer line and the launch's refusal (:mod:`dppo_oat.engines.oat.preflight`): DeepSpeed 0.16.8
 from source compiles FusedAdam at learner start, which needs nvcc of torch's CUDA version and ninja. Pure functions
 of the machine's answers, so these run in the main suite; the probe itself runs on this machine at the end."""
 
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from dppo_oat.engines.oat.toolkit import (
+from dppo_oat.engines.oat.preflight import (
     OptimizerToolkit,
     cuda_versions_compatible,
     nvcc_release,

@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from dppo_oat.learner.update import summarize_steps
 from dppo_oat.models import build_tiny_policy, toy_corpus
 from dppo_oat.models.scoring import teacher_forced_logprobs
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.rollout.precision import (
+from dppo_oat.rollout.rollout_copy import (
     INT8_LEVELS,
     autocast_weights_copy,
     quantize,
@@ -21,7 +22,6 @@ from dppo_oat.rollout.precision import (
     rollout_model,
     rollout_state_dict,
 )
-from dppo_oat.update import summarize_steps
 
 
 @settings(max_examples=50, deadline=None)

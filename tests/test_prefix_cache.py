@@ -22,7 +22,7 @@ from dppo_oat.rollout.prefix_cache import (
     length_buckets,
     padded_costs,
 )
-from dppo_oat.spec import SamplingSettings
+from dppo_oat.settings.spec import SamplingSettings
 
 TOLERANCE = 1e-4
 

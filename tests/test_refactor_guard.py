@@ -98,7 +98,7 @@ def with_entry(full_logp, ids, entry_logp):
 
 
 def topk_set(full_mu, full_pi, sampled):
-    from dppo_oat.logprobs import topk_of_logprobs
+    from dppo_oat.divergence.logprobs import topk_of_logprobs
     from dppo_oat.trust_region import TopK
 
     ids, mu_k = topk_of_logprobs(full_mu, sampled, TOPK_K)

@@ -17,7 +17,7 @@ from dppo_oat.models.tiny import build_tiny_policy
 from dppo_oat.rollout.episodes import BROKEN_ENV_EPISODES, EpisodeCollector, turn_sampling
 from dppo_oat.rollout.generation import Completion
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.spec import RolloutSettings, SamplingSettings
+from dppo_oat.settings.spec import RolloutSettings, SamplingSettings
 from envs.contract import INVALID_ACTION
 from envs.oracles import oracle_action
 from envs.sudoku_compact import COMPACT_ENV_ID, compact_sudoku_observation

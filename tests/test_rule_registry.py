@@ -72,7 +72,7 @@ def test_its_band_calibrates_with_no_other_edit(throwaway):
 
 
 def test_the_command_line_overrides_what_the_rule_reads_and_refuses_the_rest(throwaway):
-    from dppo_oat.spec import DPPOFlags
+    from dppo_oat.settings.spec import DPPOFlags
 
     assert DPPOFlags(trust_region="throwaway_preset", tr_delta=0.4).trust_region_spec().delta == 0.4
     with pytest.raises(ValueError, match="--tr-eps-low: not read by the trust region throwaway_preset"):
@@ -138,8 +138,8 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     import dataclasses
     import typing
 
-    from dppo_oat.docstrings import field_docstrings
-    from dppo_oat.spec import DPPOFlags, TrustRegionFlags
+    from dppo_oat.settings.docstrings import field_docstrings
+    from dppo_oat.settings.spec import DPPOFlags, TrustRegionFlags
 
     numeric = [f.name for f in dataclasses.fields(T.TrustRegion) if f.type in ("float", "int")]
     flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(TrustRegionFlags) if f.name.startswith("tr_")]

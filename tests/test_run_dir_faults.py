@@ -8,7 +8,7 @@ The runs here start from the tiny policy shipped with the package (no warm start
 import pytest
 
 from dppo_oat.engines.local.trainer import LocalTrainer
-from dppo_oat.runlog import read_jsonl
+from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.train import main
 
 TINY = ["--groups-per-step", "2", "--group-size", "4", "--minibatch-size", "32", "--eval-episodes", "4",
@@ -160,7 +160,7 @@ def test_a_run_killed_in_its_first_save_is_refused_with_its_litter_removed(resum
 
 def test_a_live_runs_temporaries_are_not_touched_by_a_refused_start(run_copy, cache_dir, capsys, no_model):
     """Only the lock's holder may remove them: a second start that is refused (the run is in use) leaves them."""
-    from dppo_oat.runlog import RunLock
+    from dppo_oat.run.directory import RunLock
 
     temporary = run_copy / ".checkpoint.pt.l1ve0000"
     lock = RunLock(run_copy)
@@ -287,7 +287,7 @@ def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, tmp_p
                    "accepted, as `--token-samples` is (what a run logs and exports may change on resume, never what "
                    "it trains): one warning line names the checkpointed steps that have no export")
 def test_a_resume_may_start_exporting_tokens(run_copy, cache_dir, capsys):
-    from dppo_oat.token_export import read_token_export
+    from dppo_oat.run.token_export import read_token_export
 
     code, errors, text = run(argv_of(run_copy, cache_dir, "--resume", "--steps", "3", "--token-export", "all"), capsys)
     assert code == 0 and not errors, text
@@ -303,7 +303,7 @@ def test_a_checkpoint_that_hashed_the_token_export_still_resumes(run_copy, cache
 
     from dppo_oat.engines.local.config import TrainConfig, run_spec
     from dppo_oat.engines.local.validation import settings_free_on_resume
-    from dppo_oat.runlog import settings_hash
+    from dppo_oat.run.log import settings_hash
 
     state = torch.load(run_copy / "checkpoint.pt", weights_only=True)
     config = json.loads((run_copy / "config.json").read_text())

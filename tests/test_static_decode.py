@@ -89,7 +89,7 @@ def test_the_generator_counts_its_calls_by_the_step_that_decoded_them():
     calls); ``generate``'s own path takes no step."""
     from dppo_oat.models import build_tiny_policy, toy_corpus
     from dppo_oat.rollout.hf_generator import HFGenerator
-    from dppo_oat.spec import SamplingSettings
+    from dppo_oat.settings.spec import SamplingSettings
 
     model, tokenizer = build_tiny_policy(toy_corpus(50), seed=0, vocab_size=200)
     prompts = [tokenizer.encode(text)[:8] for text in toy_corpus(5, seed=1)]

@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from dppo_oat.runlog import to_jsonable
+from dppo_oat.run.safe_io import to_jsonable
 from dppo_oat.trust_region import TrustRegion
 from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
 from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines

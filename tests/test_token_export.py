@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dppo_oat.token_export import (
+from dppo_oat.run.token_export import (
     BOOL_COLUMNS,
     FLOAT_COLUMNS,
     TokenExporter,
@@ -215,7 +215,7 @@ def one_step(straight, cache_dir, tmp_path):
 
 PATCHED = """
 import resource, signal, sys, threading, time
-import dppo_oat.token_export as token_export
+import dppo_oat.run.token_export as token_export
 from dppo_oat.train import main
 fault, argv = sys.argv[1], sys.argv[2:]
 if fault == "full":  # a write past the limit fails with EFBIG, as a full disk's does
@@ -260,7 +260,7 @@ def run_with(fault, argv, timeout=300):
 
 
 def same_exports(run_dir, straight):
-    from dppo_oat.runlog import temporaries
+    from dppo_oat.run.log import temporaries
 
     assert sorted(p.name for p in (run_dir / "token_exports").iterdir()) == [f"step_00000{s}.jsonl" for s in (1, 2, 3)]
     for step in (1, 2, 3):
@@ -351,7 +351,7 @@ def test_a_hung_folder_is_refused_before_the_run_starts(tmp_path, monkeypatch):
     """The probe write of :func:`check_export_folder` does not answer: one line after its timeout."""
     import threading
 
-    import dppo_oat.token_export as token_export
+    import dppo_oat.run.token_export as token_export
 
     (tmp_path / "token_exports").mkdir()
     monkeypatch.setattr(token_export, "_probe_folder", lambda folder: threading.Event().wait())

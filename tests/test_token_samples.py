@@ -1,4 +1,4 @@
-"""The tokens.jsonl sample (dppo_oat.token_samples): hand-computed decisions, the stratified sample and its weights,
+"""The tokens.jsonl sample (dppo_oat.run.token_samples): hand-computed decisions, the stratified sample and its weights,
 and the update loop feeding it π_θ of the first epoch's forward pass."""
 
 import math
@@ -7,12 +7,12 @@ import pytest
 import torch
 from test_update import policy, sampled_batch  # noqa: F401  (fixture)
 
-from dppo_oat.learner_forward import PolicyOutputs
-from dppo_oat.samples import UpdateBatch
-from dppo_oat.spec import UpdateSettings
-from dppo_oat.token_samples import TokenSampler, _stratum_sizes, reference_masks
+from dppo_oat.learner.forward import PolicyOutputs
+from dppo_oat.learner.update import update_policy
+from dppo_oat.run.token_samples import TokenSampler, _stratum_sizes, reference_masks
+from dppo_oat.settings.spec import UpdateSettings
 from dppo_oat.trust_region import TrustRegion, policy_loss
-from dppo_oat.update import update_policy
+from dppo_oat.update_batch import UpdateBatch
 
 
 def test_reference_masks_by_hand():

@@ -13,12 +13,12 @@ from dppo_oat.advantages import group_advantages
 from dppo_oat.engines.local.config import TrainConfig
 from dppo_oat.engines.local.policy import SHIPPED_POLICIES, policy_cache_key
 from dppo_oat.engines.local.trainer import perturb_logprobs
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
 from dppo_oat.models.tiny import load_policy
 from dppo_oat.rollout.episodes import EpisodeCollector
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.samples import build_update_batch
-from dppo_oat.spec import RolloutSettings, SamplingSettings, UpdateSettings
+from dppo_oat.settings.spec import RolloutSettings, SamplingSettings, UpdateSettings
+from dppo_oat.update_batch import build_update_batch
 from envs import ensure_registered
 
 K = 20

@@ -74,7 +74,7 @@ def test_token_export_all_writes_every_trained_token(tmp_path):
     """``--token-export all``: one file for the step whose records hold every response token the update trained on
     (the step's ``tokens``, one epoch), each with π, μ and the run's mask (the default writes no folder:
     ``test_a_one_step_run_writes_token_samples``)."""
-    from dppo_oat.token_export import read_token_export
+    from dppo_oat.run.token_export import read_token_export
 
     main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "export", "--cache-dir", str(tmp_path / "cache"),
           "--token-export", "all", *SHIPPED])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dppo_oat.logprobs import topk_of_logprobs
+from dppo_oat.divergence.logprobs import topk_of_logprobs
 from dppo_oat.trust_region import PRESETS, RULE_TABLE, TopK, TrustRegion, divergence_keep, policy_loss, ratio_keep
 
 REPO = Path(__file__).resolve().parents[1]

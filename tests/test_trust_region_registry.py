@@ -42,7 +42,7 @@ def test_the_field_registry_is_the_dataclass_numeric_fields_in_order():
 
 
 def test_the_command_line_overrides_the_registrys_fields():
-    from dppo_oat.spec import TRUST_REGION_OVERRIDES, DPPOFlags
+    from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, DPPOFlags
 
     assert TRUST_REGION_OVERRIDES == NUMBER_FIELDS
     hints = typing.get_type_hints(DPPOFlags)
@@ -125,7 +125,7 @@ def test_the_thresholds_name_fields():
 
 
 def test_the_old_names_still_work_and_say_so():
-    from dppo_oat.spec import DPPOFlags
+    from dppo_oat.settings.spec import DPPOFlags
 
     inputs = T.mask_inputs(TrustRegion(), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
     with pytest.warns(DeprecationWarning, match="MaskInputs.response"):

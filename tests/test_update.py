@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from dppo_oat.advantages import group_advantages
-from dppo_oat.learner_forward import causal_lm_forward
+from dppo_oat.learner.forward import causal_lm_forward
+from dppo_oat.learner.update import minibatch_step, recompute_logprobs, update_policy
 from dppo_oat.models.tiny import build_tiny_policy, toy_corpus
 from dppo_oat.rollout.hf_generator import HFGenerator
-from dppo_oat.samples import TurnSample, build_update_batch
-from dppo_oat.spec import SamplingSettings, UpdateSettings
+from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
 from dppo_oat.trust_region import TrustRegion, policy_loss
-from dppo_oat.update import minibatch_step, recompute_logprobs, update_policy
+from dppo_oat.update_batch import TurnSample, build_update_batch
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ netrc."""
 
 import pytest
 
-from dppo_oat.runlog import check_wandb
+from dppo_oat.run.log import check_wandb
 
 pytest.importorskip("wandb")  # the dev extra installs it
 

@@ -30,8 +30,8 @@ from dppo_oat.engines.oat.launch import build_program, parse_args  # noqa: E402 
 from dppo_oat.engines.oat.learner import eval_seeds_of  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.models import teacher_forced_logprobs  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.rollout.generation import Completion  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.samples import TOPK_PAD_ID  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.settings.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.update_batch import TOPK_PAD_ID  # noqa: E402  (after pytest.importorskip)
 
 TOLERANCE = 1e-4
 K = 5

@@ -25,12 +25,12 @@ from dppo_oat.engines.oat.data import DPPOTransitionDataset, transition_from_sam
 from dppo_oat.engines.oat.launch import parse_args  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.engines.oat.learner import DPPOLearner  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.errors import CheckpointFailed, TrainingBlewUp  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner.forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner.update import update_policy  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.models import load_policy, toy_corpus  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.rollout.hf_generator import HFGenerator  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.samples import TurnSample, build_update_batch  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.update import update_policy  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.settings.spec import SamplingSettings  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.update_batch import TurnSample, build_update_batch  # noqa: E402  (after pytest.importorskip)
 
 OPTIMIZERS = {
     "sgd": lambda params, lr, **_: torch.optim.SGD(params, lr=lr),
@@ -258,7 +258,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
     """A non-finite weight that the update's π_θ check does not see (it reads the first rows of the batch only; here
     it is switched off, and the last optimizer step breaks a weight) is found by the scan of every learner's weight
     shards at the end of the learning step, before oat's save or its weight sync to vLLM."""
-    import dppo_oat.update
+    import dppo_oat.learner.update
     from dppo_oat.errors import TrainingBlewUp
 
     args = learner_args(gpu_node, tiny_policy_dir, str(tmp_path), "dppo_binary_tv", [], 2, 1e-3)
@@ -278,7 +278,7 @@ def test_a_broken_weight_after_learning_stops_before_oat_saves_it(tiny_policy, t
                 target[0, 0] = float("inf")
         return out
 
-    monkeypatch.setattr(dppo_oat.update, "check_policy_finite", lambda *args, **kwargs: None)
+    monkeypatch.setattr(dppo_oat.learner.update, "check_policy_finite", lambda *args, **kwargs: None)
     monkeypatch.setattr(learner, "_optimizer_step", step_then_break_a_weight)
     learner.model.train()
     with pytest.raises(TrainingBlewUp, match="weights are non-finite .*down_proj"):

@@ -20,7 +20,7 @@ from test_oat_learner import behavior_samples, learner_args, oat_trajectory  # n
 
 from dppo_oat.engines.oat.data import transition_from_sample, update_batch_from_trajectory  # noqa: E402  (after pytest.importorskip)
 from dppo_oat.engines.oat.lora import adapted_base_weights, base_weights_restored  # noqa: E402  (after pytest.importorskip)
-from dppo_oat.learner_forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
+from dppo_oat.learner.forward import causal_lm_forward  # noqa: E402  (after pytest.importorskip)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # oat's default
 
