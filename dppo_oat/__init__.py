@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import importlib
 
-from dppo_oat import _moved
-
-_moved.install()  # the old paths of the modules that moved into the core's folders (dppo_oat.update, ...)
-
 __all__ = ["PRESETS", "PolicyLossOutput", "TopK", "TrustRegion", "policy_loss"]
 __version__ = "0.2.0"
 

@@ -158,6 +158,27 @@ def test_is_cap_as_string_null_or_number(tmp_path, is_cap, expected):
     assert run.config["trust_region"]["is_cap"] == expected
 
 
+def write_config_run(folder: Path, config: dict) -> Path:
+    """A run directory of ``config`` and one metrics row."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    write_jsonl(folder / "metrics.jsonl", [{"step": 1, "reward": 0.5}])
+    return folder
+
+
+def test_an_oat_runs_algo_key_is_not_read_as_its_preset(tmp_path):
+    """An oat run's config may record oat's algorithm (PPO) as ``algo``, the analysis's name for a trust-region
+    preset: the preset comes from the trust region, and never from oat's algorithm."""
+    oat = write_config_run(tmp_path / "oat", {"engine": "oat", "algo": "PPO",
+                                              "trust_region": {"name": "dppo_binary_tv"}})
+    assert load_run(oat).algo == "dppo_binary_tv"
+    nameless = write_config_run(tmp_path / "nameless", {"engine": "oat", "algo": "PPO",
+                                                        "trust_region": {"rule": "ratio"}})
+    assert load_run(nameless).algo == "custom"
+    local = write_config_run(tmp_path / "local", {"engine": "local", "algo": "cispo"})
+    assert load_run(local).algo == "cispo"
+
+
 def test_load_runs_long_table(tmp_path):
     write_run(tmp_path, "a", steps=10)
     write_run(tmp_path, "b", algo="grpo_clip_higher", steps=8, trust_region={"rule": "ratio"})
