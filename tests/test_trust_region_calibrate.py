@@ -283,6 +283,53 @@ def test_a_rule_without_a_band_is_refused(name):
     assert one_line(error)
 
 
+@pytest.fixture
+def declared_rules():
+    """Two rules registered for one test: one whose δ weighs a loss term (``threshold_blocks=False``), one with a
+    soft gate on a field it reads (``soft_gate``); and a preset of each. Removed after it."""
+    from dppo_oat.trust_region import PRESETS, RULE_TABLE, Preset, Rule, register_rule
+
+    def keep_all(x, tr):
+        return torch.ones_like(x.response)
+
+    def half_gate(x, tr):
+        return torch.exp(-tr.tau_pos * (x.logp - x.anchor_logp).abs())
+
+    register_rule("weighted_only", Rule("binary_tv", keep_all, threshold="delta", threshold_blocks=False))
+    register_rule("gated_only", Rule("ratio", keep_all, reads=("tau_pos",), soft_gate=half_gate))
+    PRESETS["weighted_only"] = Preset({"rule": "weighted_only", "delta": 0.2}, "a test's rule")
+    PRESETS["gated_only"] = Preset({"rule": "gated_only", "tau_pos": 1.0}, "a test's rule")
+    try:
+        yield
+    finally:
+        for name in ("weighted_only", "gated_only"):
+            del RULE_TABLE[name], PRESETS[name]
+
+
+def test_what_a_rule_declares_decides_its_band(declared_rules):
+    """No list names a rule: one whose threshold weighs a loss term has no band; a soft gate's band is the fields
+    the rule reads, a token blocked where its gate is below one half."""
+    from dppo_oat.trust_region.calibrate import GATE_BAND, band_choices
+
+    with pytest.raises(ValueError, match="weighted_only has no band to calibrate.*its delta weighs a loss term"):
+        TrustRegion.preset("weighted_only").calibrate(eight_tokens(), 0.1)
+    gated = TrustRegion.preset("gated_only")
+    assert band_choices(gated) == (GATE_BAND,)
+    batch = batch_of([[0.5, 0.2, 0.9]], [[0.25, 0.2, 0.3]], [1.0])  # |log r|: ln 2, 0, ln 3
+    calibrated, report = gated.calibrate(batch, 1 / 3)
+    assert report.band == GATE_BAND and report.achieved == pytest.approx(1 / 3)
+    # exp(−τ·ln 3) < ½ ≤ exp(−τ·ln 2): τ in (ln 2 / ln 3, 1]
+    assert math.log(2) / math.log(3) < calibrated.tau_pos <= 1.0 + 1e-4
+
+
+def test_a_soft_gate_on_a_rule_with_a_threshold_is_refused():
+    from dppo_oat.trust_region import Rule, register_rule
+
+    with pytest.raises(ValueError, match="soft gate: its band is the fields it reads"):
+        register_rule("never_registered", Rule("ratio", lambda x, tr: x.response, threshold="clip_range",
+                                               soft_gate=lambda x, tr: x.response.float()))
+
+
 @pytest.mark.fault("`TrustRegion.calibrate` with a target outside [0, 1)",
                    "refused in one line: a target is the fraction of tokens to block, in [0, 1)")
 @pytest.mark.parametrize("target", [-0.1, 1.0, 1.5, math.nan])

@@ -38,17 +38,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dppo_oat.trust_region.masks import ROLLOUT_CORR_LOG_BOUND, mismatch_keep
+from dppo_oat.trust_region.masks import mismatch_keep
 from dppo_oat.trust_region.registry import (
     DIVERGENCES,
     FIELD_SYMBOLS,
+    GATE_BAND,
     RULE_TABLE,
     THRESHOLDS,
     MaskInputs,
+    Rule,
     TopK,
     finite_tokens,
 )
-from dppo_oat.trust_region.weights import sapo_gate_slope
 
 if TYPE_CHECKING:
     from dppo_oat.trust_region.config import TrustRegion
@@ -64,13 +65,6 @@ BAND_RTOL = 1e-6
 """Bisection stops when the band is known to this relative precision."""
 UNMOVED_LOG_RATIO = 1e-4
 """|log π_θ − log μ| at or below this on every token is π_θ = μ up to rounding: nothing to calibrate on."""
-NO_BAND = {
-    "none": "M_t = 1: the IS weight alone bounds the update",
-    "minpro": "M_t = 1: its trust region is its w_t, the prefix minimum of the ratio",
-    "drpo": "M_t = 1: its δ weighs a regularizer",
-}
-"""Rules that block no token at any setting, and why."""
-
 
 class UnmovedBatch(ValueError):
     """A batch whose π_θ equals μ up to rounding (:data:`UNMOVED_LOG_RATIO`) wherever a band could act: no band
@@ -120,37 +114,33 @@ class Band:
     soft: Callable[[MaskInputs, TrustRegion], torch.Tensor] | None = None
 
 
-def sapo_gate(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
-    """SAPO's gate f'(r) (:func:`~dppo_oat.trust_region.weights.sapo_gate_slope`; 1 at r = 1), r as its w_t reads
-    it (log r clamped at ±:data:`~dppo_oat.trust_region.masks.ROLLOUT_CORR_LOG_BOUND`)."""
-    ratio = (x.logp - x.anchor_logp).clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND).exp()
-    return sapo_gate_slope(ratio, x.advantages, tr.tau_pos, tr.tau_neg)
-
-
-SOFT_BANDS = {"sapo": Band("gate_temperature", ("tau_pos", "tau_neg"), soft=sapo_gate)}
-"""The rules without a mask whose soft gate is calibrated, and their band."""
-
-
 BOTH_BANDS = "both"
 """The band of a rule with two (TRM, DeepSeek-V3.2's mask, VACO: a sequence bound δ and a PPO clip) that moves both
 together: δ, ε_low and ε_high scaled by one factor, so that the two bands keep their proportion."""
 
 
-BAND_NAMES = (*THRESHOLDS, *(band.name for band in SOFT_BANDS.values()), BOTH_BANDS)
+BAND_NAMES = (*THRESHOLDS, GATE_BAND, BOTH_BANDS)
 """Every band name some rule has (``--tr-calibrate-band``'s choices; :func:`band_choices` says which a rule has)."""
 
 
 def band_choices(tr: TrustRegion) -> tuple[str, ...]:
     """The bands ``tr``'s rule reads, the default first: a sequence bound δ (in its ``reads``), else its
-    threshold; or its soft gate's; and, for a rule with two, :data:`BOTH_BANDS`. Empty for :data:`NO_BAND`'s
-    rules."""
-    if tr.rule in SOFT_BANDS:
-        return (SOFT_BANDS[tr.rule].name,)
+    threshold; or its soft gate's (:data:`~dppo_oat.trust_region.registry.GATE_BAND`); and, for a rule with two,
+    :data:`BOTH_BANDS`. Empty for a rule without a band (:attr:`~dppo_oat.trust_region.registry.Rule.has_band`)."""
     rule = RULE_TABLE[tr.rule]
-    if tr.rule in NO_BAND or rule.threshold is None:
+    if not rule.has_band:
         return ()
+    if rule.soft_gate is not None:
+        return (GATE_BAND,)
     bands = tuple(dict.fromkeys((*(("delta",) if "delta" in rule.reads else ()), rule.threshold)))
     return (*bands, BOTH_BANDS) if len(bands) == 2 else bands
+
+
+def no_band_reason(rule: Rule) -> str:
+    """Why ``rule`` blocks no token at any setting, from its declaration."""
+    if rule.threshold is not None:
+        return f"its {rule.threshold} weighs a loss term, not M_t"
+    return "M_t = 1: it declares no threshold and no soft gate"
 
 
 def band_fields(name: str, choices: tuple[str, ...]) -> tuple[str, ...]:
@@ -165,14 +155,16 @@ def band_of(tr: TrustRegion, band: str | None = None) -> Band:
     none, a band it does not read, or a band that is 0 or ∞ is refused in one line."""
     choices = band_choices(tr)
     if not choices:
-        why = NO_BAND.get(tr.rule, "it declares no threshold")
+        why = no_band_reason(RULE_TABLE[tr.rule])
         raise ValueError(f"trust region {tr.name} has no band to calibrate (rule {tr.rule!r}, {why}): choose a preset "
                          "whose mask has a band (δ, ε or τ_M2), e.g. dppo_binary_tv")
     name = choices[0] if band is None else band
     if name not in choices:
         raise ValueError(f"trust region {tr.name} has no band {name!r} to calibrate: "
                          f"choose one of {', '.join(choices)}")
-    chosen = SOFT_BANDS[tr.rule] if tr.rule in SOFT_BANDS else Band(name, band_fields(name, choices))
+    rule = RULE_TABLE[tr.rule]
+    chosen = (Band(name, rule.reads, soft=rule.soft_gate) if rule.soft_gate is not None
+              else Band(name, band_fields(name, choices)))
     values = [getattr(tr, f) for f in chosen.fields]
     if not all(math.isfinite(v) for v in values) or max(values) <= 0:
         shown = ", ".join(f"{f} {v}" for f, v in zip(chosen.fields, values, strict=True))
@@ -346,7 +338,7 @@ def calibrate(tr: TrustRegion, batch: CalibrationBatch | Sequence[CalibrationBat
 
 
 def _soft_of(tr: TrustRegion):
-    return SOFT_BANDS[tr.rule].soft if tr.rule in SOFT_BANDS else None
+    return RULE_TABLE[tr.rule].soft_gate
 
 
 def _fraction_of(tr: TrustRegion, band: Band, calls: Sequence[PreparedCall], unit: str) -> Callable[[float], float]:

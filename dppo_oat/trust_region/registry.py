@@ -127,6 +127,8 @@ THRESHOLDS = {"delta": ("delta",), "clip_range": ("eps_low", "eps_high"), "tau_m
 """What a rule's mask may threshold (:attr:`Rule.threshold`), by name, with the
 :class:`~dppo_oat.trust_region.config.TrustRegion` fields that hold it: the divergence bound δ, PPO's clip range
 ``[1 − ε_low, 1 + ε_high]`` (and α when relaxed) or M2PO's τ_M2."""
+GATE_BAND = "gate_temperature"
+"""The band of a rule's soft gate (:attr:`Rule.soft_gate`): the fields it reads, SAPO's τ_pos and τ_neg."""
 FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
                  "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
                  "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
@@ -192,6 +194,18 @@ class Rule:
     reads_batch: bool = False
     """True when M_t reads the whole batch, not only the token's row (M2PO's second moment): a row's mask then
     depends on the other rows of the loss call (one micro-batch). Such a rule couples tokens."""
+    threshold_blocks: bool = True
+    """False when its threshold's fields weigh a loss term instead of bounding M_t (DRPO's δ): no setting of them
+    blocks a token, so it has no band to calibrate."""
+    soft_gate: Callable[..., torch.Tensor] | None = None
+    """For a rule without a threshold whose w_t gates softly (SAPO): the gate of ``(x, tr)``, 1 at r = 1, below it
+    where the gate passes less gradient; its band (:data:`GATE_BAND`) is every field it ``reads``, scaled
+    together."""
+
+    @property
+    def has_band(self) -> bool:
+        """True when some setting of it blocks tokens: a threshold that bounds M_t, or a soft gate."""
+        return (self.threshold is not None and self.threshold_blocks) or self.soft_gate is not None
 
     @property
     def uses_topk(self) -> bool:
@@ -238,6 +252,9 @@ def _add_rule(name: str, rule: Rule) -> None:
         raise ValueError(f"rule {name!r} reads a top-K divergence: name its binary_twin")
     if rule.reads_batch and not rule.couples_tokens:
         raise ValueError(f"rule {name!r} reads the whole batch: declare couples_tokens=True too")
+    if rule.soft_gate is not None and (rule.threshold is not None or not rule.reads):
+        raise ValueError(f"rule {name!r} has a soft gate: its band is the fields it reads, so declare reads and no "
+                         "threshold")
     if rule.binary_twin is not None and (rule.binary_twin not in RULE_TABLE or RULE_TABLE[rule.binary_twin].uses_topk):
         raise ValueError(f"rule {name!r}: its binary_twin {rule.binary_twin!r} is no registered binary rule "
                          "(register the twin first)")

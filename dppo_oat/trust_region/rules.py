@@ -95,7 +95,8 @@ def drpo_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> Metrics:
     }
 
 
-@register_rule("drpo", divergence="binary_tv", threshold="delta", loss_term=drpo_term, metrics=drpo_metrics)
+@register_rule("drpo", divergence="binary_tv", threshold="delta", threshold_blocks=False, loss_term=drpo_term,
+               metrics=drpo_metrics)
 def drpo(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     """DRPO (arXiv 2606.09821): M_t = 1; its trust region is the regularizer :func:`drpo_term` adds to the loss."""
     return keep_all(x, tr)
@@ -230,13 +231,22 @@ def gspo(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     return gspo_keep(gspo_log_ratio(x), x.advantages, tr.eps_low, tr.eps_high)
 
 
+def sapo_ratio(x: MaskInputs) -> torch.Tensor:
+    """r_t as SAPO's w_t reads it: log r clamped at ±:data:`~dppo_oat.trust_region.masks.ROLLOUT_CORR_LOG_BOUND`."""
+    return (x.logp - x.anchor_logp).clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND).exp()
+
+
+def sapo_gate(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
+    """SAPO's soft gate f'(r_t) (:func:`~dppo_oat.trust_region.weights.sapo_gate_slope`; 1 at r = 1)."""
+    return sapo_gate_slope(sapo_ratio(x), x.advantages, tr.tau_pos, tr.tau_neg)
+
+
 def sapo_weight(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
-    """SAPO's w_t = r_t·f'(r_t) (:func:`~dppo_oat.trust_region.weights.sapo_gate_slope`)."""
-    ratio = (x.logp - x.anchor_logp).clamp(-ROLLOUT_CORR_LOG_BOUND, ROLLOUT_CORR_LOG_BOUND).exp()
-    return ratio * sapo_gate_slope(ratio, x.advantages, tr.tau_pos, tr.tau_neg)
+    """SAPO's w_t = r_t·f'(r_t) (:func:`sapo_gate`)."""
+    return sapo_ratio(x) * sapo_gate(x, tr)
 
 
-@register_rule("sapo", divergence="ratio", reads=("tau_pos", "tau_neg"), weight=sapo_weight,
+@register_rule("sapo", divergence="ratio", reads=("tau_pos", "tau_neg"), weight=sapo_weight, soft_gate=sapo_gate,
                metrics=own_weight_metrics("sapo"))
 def sapo(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     """SAPO's M_t: 1 but where verl's clamp of log r at ±:data:`~dppo_oat.trust_region.masks.ROLLOUT_CORR_LOG_BOUND`
