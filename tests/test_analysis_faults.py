@@ -443,8 +443,8 @@ def test_a_panel_of_nan_values_says_nan(tmp_path, capsys):
                    "one lacks it), so SAPO runs with other temperatures are a curve of their own, never pooled with "
                    "the default's")
 def test_every_preset_and_field_of_the_registry_has_a_label(tmp_path):
-    from dppo_oat.analysis.runs import FIELD_SYMBOLS, PRESET_NAMES
-    from dppo_oat.trust_region import CHOICE_FIELDS, NUMBER_FIELDS, PRESETS, TrustRegion
+    from dppo_oat.analysis.runs import PRESET_NAMES
+    from dppo_oat.trust_region import CHOICE_FIELDS, FIELD_SYMBOLS, NUMBER_FIELDS, PRESETS, TrustRegion
 
     assert sorted(set(PRESETS) - set(PRESET_NAMES)) == [], "presets without a legend name"
     assert sorted({*CHOICE_FIELDS, *NUMBER_FIELDS, "k"} - set(FIELD_SYMBOLS)) == [], "fields without a symbol"

@@ -38,7 +38,7 @@ from dppo_oat.analysis.run_checks import (
 from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
 from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.trust_region import CHOICE_FIELDS as TR_CHOICE_FIELDS
-from dppo_oat.trust_region import NUMBER_FIELDS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
+from dppo_oat.trust_region import FIELD_SYMBOLS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
 RUN_COLUMNS = ("run", "label", "method", "variant", "algo", "env", "seed", "path")
 """Per-run columns of the long table. ``variant``: the preset's paper name with its non-default trust-region
@@ -49,20 +49,6 @@ directory."""
 PRESET_NAMES = {name: preset.label or name for name, preset in PRESETS.items()}
 """The paper's (or the source framework's) name of each trust-region preset (legend entries): its
 :attr:`~dppo_oat.trust_region.presets.Preset.label`."""
-
-FIELD_SYMBOLS = {
-    "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
-    "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K", "is_weight": "w",
-    "mismatch_mask": "mismatch mask", "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ",
-    "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg",
-    "mask_side": "mask side",
-}
-"""How a label writes each trust-region field (a test fails while a field of the registry lacks one)."""
-TRUST_REGION_SYMBOLS = {**FIELD_SYMBOLS, **{name: name for name in (*TR_CHOICE_FIELDS, *NUMBER_FIELDS, "k")
-                                            if name not in FIELD_SYMBOLS}}
-"""Every trust-region field of the registry (:data:`~dppo_oat.trust_region.CHOICE_FIELDS`,
-:data:`~dppo_oat.trust_region.NUMBER_FIELDS` and K), as a label mentions it when a run overrides its preset's
-default: its symbol (:data:`FIELD_SYMBOLS`), else its name."""
 
 PathLike = str | Path
 
@@ -255,7 +241,7 @@ def trust_region_overrides(algo: str, trust_region: dict) -> dict:
     actual = {**defaults, **{k: v for k, v in trust_region.items() if v is not None}}
     return {
         key: actual[key]
-        for key in TRUST_REGION_SYMBOLS
+        for key in FIELD_SYMBOLS
         if key in relevant_fields(actual)
         and actual[key] != defaults[key]
     }
@@ -264,7 +250,7 @@ def trust_region_overrides(algo: str, trust_region: dict) -> dict:
 def variant_name(algo: str, trust_region: dict) -> str:
     """Legend name of a preset with its non-default settings, e.g. ``DPPO-Binary-TV (δ=0.2)``."""
     overrides = trust_region_overrides(algo, trust_region)
-    settings = ", ".join(f"{TRUST_REGION_SYMBOLS[key]}={_format_value(value)}" for key, value in overrides.items())
+    settings = ", ".join(f"{FIELD_SYMBOLS[key]}={_format_value(value)}" for key, value in overrides.items())
     return f"{preset_name(algo)} ({settings})" if settings else preset_name(algo)
 
 

@@ -129,10 +129,16 @@ THRESHOLDS = {"delta": ("delta",), "clip_range": ("eps_low", "eps_high"), "tau_m
 ``[1 − ε_low, 1 + ε_high]`` (and α when relaxed) or M2PO's τ_M2."""
 GATE_BAND = "gate_temperature"
 """The band of a rule's soft gate (:attr:`Rule.soft_gate`): the fields it reads, SAPO's τ_pos and τ_neg."""
-FIELD_SYMBOLS = {"delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C", "alpha": "α", "k": "K",
-                 "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ", "w_min": "w_min",
-                 "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg"}
-"""How the docs write each of :data:`~dppo_oat.trust_region.config.NUMBER_FIELDS`."""
+FIELD_SYMBOLS = {
+    "rule": "rule", "delta": "δ", "eps_low": "ε_low", "eps_high": "ε_high", "is_cap": "C",
+    "anchor": "anchor", "alpha": "α", "relax": "relax", "k": "K", "is_weight": "w",
+    "mismatch_mask": "mismatch mask", "mismatch_low": "ρ_low", "mismatch_high": "ρ_high", "kl_tau": "τ",
+    "w_min": "w_min", "delta_b": "δ_b", "tau_m2": "τ_M2", "tau_pos": "τ_pos", "tau_neg": "τ_neg",
+    "mask_side": "mask side",
+}
+"""How the docs, the dry run's plan and the curves' labels write each field of
+:class:`~dppo_oat.trust_region.config.TrustRegion` (:data:`~dppo_oat.trust_region.config.NUMBER_FIELDS` and
+:data:`~dppo_oat.trust_region.config.CHOICE_FIELDS`), in the order a label lists them."""
 
 
 def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:
