@@ -73,10 +73,22 @@ def preset_numbers(name: str) -> str:
                      if field in fields) or "—"
 
 
+PAPER_CITATION = re.compile(r"\b(?:eq|sec|app|fig):[A-Za-z_\-]*[A-Za-z_]")
+"""A preset whose source cites one of the paper's labels is one of the paper's methods."""
+
+
 def readme_presets_table() -> str:
-    """The README's table: every preset with its name, what its mask blocks and the numbers it sets (``PRESETS``)."""
+    """The README's table: each of the paper's presets (its source cites the paper) with its name, what its mask
+    blocks and the numbers it sets; then one row naming the others (other frameworks, later papers, the CPU study's
+    ablations), whose masks and sources docs/trust-region.md gives (``PRESETS``)."""
+    papers = {name: preset for name, preset in PRESETS.items() if PAPER_CITATION.search(preset.source)}
     rows = [f"| `{name}` | {cell(preset.label)} | {cell(preset.blocks)} | {preset_numbers(name)} |"
-            for name, preset in PRESETS.items()]
+            for name, preset in papers.items()]
+    others = [name for name in PRESETS if name not in papers]
+    if others:
+        names = ", ".join(f"`{name}`" for name in others)
+        rows.append(f"| {names} | {len(others)} presets of other frameworks, later papers and the CPU study | "
+                    "docs/trust-region.md gives each one's mask, numbers and source | |")
     return "\n".join(["| preset | name | mask blocks … | defaults |", "|---|---|---|---|", *rows])
 
 

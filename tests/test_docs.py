@@ -68,6 +68,16 @@ def test_the_readme_stays_short():
                                       "generated tables aside): move text to docs/")
 
 
+README_TOTAL_MAX_BYTES = 15_000
+"""The whole README, its generated tables included (the presets table gives the paper's presets a row each)."""
+
+
+def test_the_readme_with_its_tables_stays_under_its_cap():
+    size = len(README.read_bytes())
+    assert size <= README_TOTAL_MAX_BYTES, (
+        f"README.md is {size} bytes (at most {README_TOTAL_MAX_BYTES}): move text to docs/")
+
+
 def test_the_readme_limit_leaves_out_only_the_generated_blocks():
     text = "intro\n<!-- generated:t -->\n| a |\n<!-- end generated:t -->\nend\n"
     assert written_text(text) == "intro\n\nend\n"
