@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 import tyro
+from cli_runs import one_error, run
 
 import dppo_oat.engines.local.trainer as trainer_module
 from dppo_oat.engines.local.config import TrainConfig
@@ -32,28 +33,6 @@ TINY = ["--warm-start.demo-episodes", "150", "--warm-start.max-steps", "20", "--
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("policy-cache"))
-
-
-def run(argv, capsys):
-    """``python -m dppo_oat.train argv``: (exit code, the ``error:`` lines, all output)."""
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    text = out.out + out.err
-    return code, [line for line in text.splitlines() if line.startswith("error:")], text
-
-
-def one_error(capsys, argv, code, *fragments):
-    """The command exits with ``code`` and exactly one ``error:`` line that holds every fragment (no traceback)."""
-    got, errors, text = run(argv, capsys)
-    assert got == code, text
-    assert len(errors) == 1 and "Traceback" not in text, text
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.fixture

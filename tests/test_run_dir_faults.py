@@ -6,6 +6,7 @@ The runs here start from the tiny policy shipped with the package (no warm start
 """
 
 import pytest
+from cli_runs import one_error, run
 
 from dppo_oat.engines.local.trainer import LocalTrainer
 from dppo_oat.run.safe_io import read_jsonl
@@ -39,27 +40,6 @@ def run_copy(finished_run, tmp_path):
 
 def argv_of(run_dir, cache_dir, *flags):
     return ["--run-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *TINY, *flags]
-
-
-def run(argv, capsys):
-    """``python -m dppo_oat.train argv``: (exit code, the ``error:`` lines of stderr, all output)."""
-    code = 0
-    try:
-        main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, [line for line in out.err.splitlines() if line.startswith("error:")], out.out + out.err
-
-
-def one_error(capsys, argv, code, *fragments):
-    """The command exits with ``code`` and exactly one ``error:`` line, on stderr, holding every fragment."""
-    got, errors, text = run(argv, capsys)
-    assert got == code, text
-    assert len(errors) == 1 and "Traceback" not in text, text
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def files_of(directory):
