@@ -7,9 +7,6 @@ themselves are :mod:`dppo_oat.run.safe_io`'s. Every line of ``metrics.jsonl`` / 
 written, and checkpoints are written to a temporary file and renamed, so a crash or a kill loses at most the step in
 progress. Resuming drops log lines past the checkpoint's step (they are recomputed identically). wandb and
 TensorBoard mirror the same numbers when asked.
-
-This module was ``dppo_oat.runlog``, which still imports it: the names that module held (the run files' names, the
-lock, the IO helpers, :func:`read_config`, :func:`temporaries`) are re-exported here for the code that imports them.
 """
 
 from __future__ import annotations
@@ -25,30 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dppo_oat.run.directory import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
-    CHECKPOINT_FILE,
-    CONFIG_FILE,
-    EVAL_FILE,
-    METRICS_FILE,
-    TOKEN_EXPORT_DIR,
-    TOKENS_FILE,
-    RunDir,
-    RunLock,
-)
-from dppo_oat.run.safe_io import (  # noqa: F401  (re-exported: dppo_oat.runlog's names)
-    append_text,
-    atomic_torch_save,
-    atomic_write_bytes,
-    atomic_write_lines,
-    check_can_write,
-    current_umask,
-    honour_umask,
-    make_writable_dir,
-    nonfinite_tensors,
-    read_jsonl,
-    temporary_prefix,
-    to_jsonable,
-)
+from dppo_oat.run.directory import RunDir
+from dppo_oat.run.safe_io import append_text, atomic_write_bytes, make_writable_dir, to_jsonable
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
