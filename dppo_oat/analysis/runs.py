@@ -36,7 +36,11 @@ from dppo_oat.analysis.run_checks import (
     step_numbers,
 )
 from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.log import PROVENANCE
 from dppo_oat.run.safe_io import read_jsonl
+from dppo_oat.settings.kinds import non_settings
+from dppo_oat.settings.run_flags import RunFlags
+from dppo_oat.settings.spec import DPPOFlags
 from dppo_oat.trust_region import CHOICE_FIELDS as TR_CHOICE_FIELDS
 from dppo_oat.trust_region import FIELD_SYMBOLS, PRESETS, REAL_FIELDS, TrustRegion, numeric_fields_read
 
@@ -456,13 +460,16 @@ def summarize_runs(df: pd.DataFrame, metrics=("reward", "success", "eval/success
     return runs.reset_index()
 
 
-NOT_SETTINGS = frozenset({"run_name", "run_id", "code_commit", "started_at", "run_dir", "seed", "threads", "device",
-                          "cuda_graphs", "resume", "resumes", "cache_dir", "wandb", "tensorboard", "token_samples",
-                          "probe_every", "trust_region", "calibration"})
-"""Config fields that do not change what a run trains: its name, identity, provenance and folders, its seed, its
-resumes, where and how it ran (device, threads, a decode replayed from a CUDA graph), what it logs besides its
-metrics (``trust_region`` and the ``tr_*`` overrides are the curve's method), and a calibration's record (the band
-it measured on the run's own first batch: the request, ``tr_calibrate*``, is the method)."""
+RECORDS = frozenset({"run_id", "resumes", "trust_region", "calibration", *PROVENANCE})
+"""What ``config.json`` records of a run besides its flags: its identity and provenance, its resumes, the trust region
+its preset and ``tr_*`` overrides resolved to (the preset and overrides are the curve's method), and a
+calibration's record (the band it measured on the run's own first batch; the request, ``tr_calibrate*``, is the
+method)."""
+POOLED_OVER = "seed"
+"""The setting that runs averaged as seeds differ in."""
+NOT_SETTINGS = non_settings(DPPOFlags, RunFlags) | RECORDS | {POOLED_OVER}
+"""Config keys that do not change what a run trains: the flags that declare so (where a run writes and runs, what it
+logs besides its metrics: :func:`~dppo_oat.settings.kinds.flag`), :data:`RECORDS` and the seed."""
 
 
 def is_setting(name: str) -> bool:

@@ -28,6 +28,7 @@ from dppo_oat.ranges import check_float32
 from dppo_oat.run.token_export import TOKEN_EXPORT_MODES
 from dppo_oat.run.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.settings.docstrings import field_docstrings
+from dppo_oat.settings.kinds import flag
 from dppo_oat.trust_region import (
     INTEGER_FIELDS,
     NUMBER_FIELDS,
@@ -327,10 +328,10 @@ class DPPOFlags(TrustRegionFlags):
     """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
     loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated (see each engine's default)."""
-    token_samples: int = DEFAULT_TOKEN_SAMPLES
+    token_samples: int = flag(DEFAULT_TOKEN_SAMPLES, resumable=True, setting=False)
     """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
     step; half of them tokens some rule blocked). 0: none."""
-    token_export: Literal[TOKEN_EXPORT_MODES] = "none"  # type: ignore[valid-type]
+    token_export: Literal[TOKEN_EXPORT_MODES] = flag("none", resumable=True, setting=False)  # type: ignore[valid-type]
     """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
     in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
     tr_calibrate: float | None = None

@@ -18,6 +18,8 @@ from dppo_oat.rollout.rollout_copy import RolloutPrecision
 from dppo_oat.run.directory import RunDir
 from dppo_oat.settings import spec
 from dppo_oat.settings.grouped_cli import FlagGroup, parse_grouped
+from dppo_oat.settings.kinds import flag
+from dppo_oat.settings.run_flags import RunFlags
 
 DEFAULT_ENV = "game:Sudoku-v0-easy-compact-wrong"
 
@@ -103,7 +105,7 @@ def flag_of(name: str) -> str:
 
 
 @dataclass
-class TrainConfig(spec.DPPOFlags):
+class TrainConfig(spec.DPPOFlags, RunFlags):
     """DPPO (or any preset of the paper) on Gem environments, in one process.
 
     Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
@@ -130,7 +132,7 @@ class TrainConfig(spec.DPPOFlags):
     max_staleness: int = 0
     """Sample the next batch in a background thread during the update, with the weights after step
     max(0, t − 1 − k) for step t (reproducible; μ is theirs). 0: synchronous. hf only; not with --probe-every."""
-    steps: int = 100
+    steps: int = flag(100, resumable=True)
     """RL steps, each one rollout batch (--groups-per-step × --group-size episodes) and its update."""
     groups_per_step: int = 16
     """Groups per rollout batch; each group plays one puzzle seed --group-size times."""
@@ -171,13 +173,10 @@ class TrainConfig(spec.DPPOFlags):
     seed: int = 0
     """Seed of the RL run: torch, the training puzzles and the sampling (the warm-started policy follows
     --warm-start.seed)."""
-    eval_every: int = 50
+    eval_every: int = flag(50, resumable=True)
     """Evaluate held-out success every N steps (and at steps 0 and last)."""
     eval_episodes: int = 200
     """Held-out evaluation episodes (fixed seeds, the same for every run)."""
-    probe_every: int = 0
-    """Every N steps, also log binary, top-K and exact D_TV/D_KL between μ and the updated π on the step's batch
-    (probe/* metrics; HF generator only). 0: never."""
     dtype: ComputeDtype = "float32"
     """Compute precision of the learner and the hf sampler (autocast; weights and AdamW state stay fp32).
     float16 also scales the loss; bfloat16 needs a CPU or a GPU of compute capability 8.0+."""
@@ -189,30 +188,6 @@ class TrainConfig(spec.DPPOFlags):
     error each rollout, of nearest rounding's size)."""
     logprob_noise: float = 0.0
     """Add N(0, σ²) to the reported log μ (clamped ≤ 0), as an imperfect inference engine."""
-    run_dir: str = "runs"
-    """Folder of the run directories (metrics.jsonl, config.json, checkpoint)."""
-    run_name: str | None = None
-    """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
-    resume: bool = False
-    """Continue <run-dir>/<run-name> from its checkpoint."""
-    overwrite: bool = False
-    """Start a new run where one of this name is, its files moved aside into <run>/overwritten-<UTC time>/."""
-    allow_metrics_gap: bool = False
-    """With --resume: continue a run whose metrics.jsonl lost steps its checkpoint has (they stay missing)."""
-    cache_dir: str | None = None
-    """Where the tiny policy is cached. None: $DPPO_CACHE, else ~/.cache/dppo_oat."""
-    device: str = "cpu"
-    """Torch device of the whole run: cpu, cuda, cuda:1, ..."""
-    cuda_graphs: bool = False
-    """On CUDA, decode by replaying CUDA graphs of the decode step, sampling included (one launch per token): the
-    eager decode's distribution, up to float rounding."""
-    threads: int | None = None
-    """CPU threads torch may use. None: half the CPUs this process may use, at least 1, so that work beside the run
-    does not stall it. Each count sums floats in its own order, so draws other tokens."""
-    wandb: bool = False
-    """Also log metrics to Weights & Biases (needs wandb installed and logged in)."""
-    tensorboard: bool = False
-    """Also write TensorBoard event files into the run directory."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """The built-in policy's shape and supervised warm start (with --pretrain None)."""
 

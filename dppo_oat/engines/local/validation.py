@@ -32,6 +32,7 @@ from dppo_oat.run.log import (
 )
 from dppo_oat.run.safe_io import check_can_write, temporary_prefix
 from dppo_oat.run.token_export import check_export_folder
+from dppo_oat.settings.kinds import resumable_fields
 from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec
 
 
@@ -330,11 +331,10 @@ def _check_resume(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int:
     return step
 
 
-RESUMABLE = ("steps", "resume", "overwrite", "allow_metrics_gap", "threads", "device", "cuda_graphs", "wandb",
-             "tensorboard", "cache_dir", "run_dir", "eval_every", "probe_every", "token_samples", "token_export")
-"""Settings a resumed run may change: how long it runs, where it runs, and what it logs, evaluates and exports
-(evaluations, probes, token samples and exports draw on streams of their own: the trained steps are the same) — never
-the experiment itself."""
+RESUMABLE = resumable_fields(TrainConfig)
+"""Settings a resumed run may change, as each field declares it (:func:`~dppo_oat.settings.kinds.flag`): how long it
+runs, where it runs, and what it logs, evaluates and exports (evaluations, probes, token samples and exports draw on
+streams of their own: the trained steps are the same) — never the experiment itself."""
 RESUMABLE_SINCE_CHECKPOINTS = ("token_export",)
 """Settings :data:`RESUMABLE` took in after checkpoints had been written that hash them as settings of the run
 (:func:`_check_checkpoint_identity` accepts those checkpoints' hash too)."""

@@ -34,6 +34,8 @@ import torch
 
 from dppo_oat.run.directory import CHECKPOINTS_DIR, RunDir
 from dppo_oat.run.safe_io import atomic_torch_save, atomic_write_bytes
+from dppo_oat.settings.kinds import resumable_fields
+from dppo_oat.settings.spec import DPPOFlags
 
 PARTIAL_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
@@ -277,16 +279,19 @@ def check_resume_record(folder: Path, record: object) -> None:
                          f"names: {DAMAGED_HINT}")
 
 
-MAY_CHANGE_ON_RESUME = (
+OAT_MAY_CHANGE_ON_RESUME = (
     "resume_dir", "resume_tag", "dry_run", "debug", "use_wb", "wb_org", "wb_group", "wb_project", "wb_run_name",
-    "run_name", "logging_steps", "token_samples", "token_export", "price_gpu", "price_model",
-    "price_decode_efficiency", "save_path", "save_steps", "save_from", "checkpoint_every", "keep_checkpoints",
-    "max_save_num", "max_save_mem", "launch_type", "learner_gpus_per_group", "local_rank", "algo",
+    "run_name", "logging_steps", "price_gpu", "price_model", "price_decode_efficiency", "save_path", "save_steps",
+    "save_from", "checkpoint_every", "keep_checkpoints", "max_save_num", "max_save_mem", "launch_type",
+    "learner_gpus_per_group", "local_rank", "algo",
 )
-"""Settings a resume may give anew: where and how the run is logged and saved (the dry run's price included), not
-what it trains (``algo``, oat's algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``,
-an earlier run's as ``algo``; ``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and
-strategy)."""
+"""The fields of oat's own argument class (which cannot declare them) and of this engine's that a resume may give
+anew: where and how the run is logged and saved (the dry run's price included), not what it trains (``algo``, oat's
+algorithm, is checked to be PPO: a run's ``config.json`` records it as ``oat_algo``, an earlier run's as ``algo``;
+``learner_gpus_per_group`` and ``local_rank`` are set by oat's ``get_program`` and strategy)."""
+MAY_CHANGE_ON_RESUME = (*OAT_MAY_CHANGE_ON_RESUME, *resumable_fields(DPPOFlags))
+"""Settings a resume may give anew: :data:`OAT_MAY_CHANGE_ON_RESUME` and the DPPO flags that declare so
+(:func:`~dppo_oat.settings.kinds.flag`: the token samples and exports)."""
 
 
 def free_on_resume(trust_region) -> list[str]:
