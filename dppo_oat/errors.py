@@ -15,7 +15,3 @@ class TrainingBlewUp(RunError):
 class CheckpointFailed(RunError):
     """A resumable checkpoint could not be written (a full disk, a folder that cannot be written): the run stops,
     and the newest whole checkpoint stays."""
-
-
-TrainingDiverged = TrainingBlewUp
-"""Deprecated name of :class:`TrainingBlewUp` (until 0.3)."""

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from dppo_oat.engines.local.policy import SHIPPED_POLICIES
-from dppo_oat.engines.local.progress import PLAIN_LINES, StepProgress, plain_every
+from dppo_oat.engines.local.progress import PROGRESS_LINES, StepProgress, line_every
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +24,8 @@ def test_without_a_terminal_a_line_every_few_steps_and_at_the_last():
         for step in range(1, 46):
             progress.update(step, f"RL steps: success {step / 100:.2f}")
     lines = out.getvalue().splitlines()
-    every = plain_every(45)
-    assert every == 45 // PLAIN_LINES == 2
+    every = line_every(45)
+    assert every == 45 // PROGRESS_LINES == 2
     assert [line.split("step ")[1].split("/")[0] for line in lines] == [str(s) for s in range(2, 46, 2)] + ["45"]
     assert lines[-1].startswith("RL steps: success 0.45: step 45/45, ")
 

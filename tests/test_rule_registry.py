@@ -25,10 +25,10 @@ def keep_low_mu_positive(x, tr):
     return ~((x.advantages < 0) & (x.behavior_logp.exp() < tr.delta))
 
 def plus_delta_logp(logp, x, tr):
-    return tr.delta * torch.where(x.mask, logp, 0.0)
+    return tr.delta * torch.where(x.response, logp, 0.0)
 
 def count_blocked(x, keep, tr):
-    return {"throwaway/blocked": (~keep & x.mask).sum().float()}
+    return {"throwaway/blocked": (~keep & x.response).sum().float()}
 
 T.register_rule("throwaway", T.Rule("binary_tv", keep_low_mu_positive, threshold="delta", loss_term=plus_delta_logp,
                                     metrics=count_blocked))
@@ -74,9 +74,9 @@ def test_its_band_calibrates_with_no_other_edit(throwaway):
 def test_the_command_line_overrides_what_the_rule_reads_and_refuses_the_rest(throwaway):
     from dppo_oat.settings.spec import DPPOFlags
 
-    assert DPPOFlags(trust_region="throwaway_preset", tr_delta=0.4).trust_region_spec().delta == 0.4
+    assert DPPOFlags(trust_region="throwaway_preset", tr_delta=0.4).build_trust_region().delta == 0.4
     with pytest.raises(ValueError, match="--tr-eps-low: not read by the trust region throwaway_preset"):
-        DPPOFlags(trust_region="throwaway_preset", tr_eps_low=0.1).trust_region_spec()
+        DPPOFlags(trust_region="throwaway_preset", tr_eps_low=0.1).build_trust_region()
 
 
 def test_the_verl_mapping_and_the_docs_table_list_it(throwaway):
@@ -94,7 +94,7 @@ def test_the_local_engines_command_line_takes_a_rule_registered_before_it_is_bui
     program = ("import sys, json, tyro; sys.path.insert(0, sys.argv[1]); import throwaway_plugin\n"
                "from dppo_oat.engines.local.config import TrainConfig\n"
                "config = tyro.cli(TrainConfig, args=['--trust-region', 'throwaway_preset', '--tr-delta', '0.25'])\n"
-               "tr = config.trust_region_spec()\n"
+               "tr = config.build_trust_region()\n"
                "print(json.dumps({'rule': tr.rule, 'delta': tr.delta}))")
     done = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)

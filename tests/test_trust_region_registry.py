@@ -124,17 +124,6 @@ def test_the_thresholds_name_fields():
     assert TrustRegion.preset("ppo").fields_read >= {"eps_low", "eps_high"}
 
 
-def test_the_old_names_still_work_and_say_so():
-    from dppo_oat.settings.spec import DPPOFlags
-
-    inputs = T.mask_inputs(TrustRegion(), torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
-    with pytest.warns(DeprecationWarning, match="MaskInputs.response"):
-        assert inputs.mask is inputs.response
-    flags = DPPOFlags(trust_region="dppo_binary_kl", tr_delta=0.1)
-    with pytest.warns(DeprecationWarning, match="build_trust_region"):
-        assert flags.trust_region_spec() == flags.build_trust_region()
-
-
 def test_the_row_reductions_leave_empty_rows_at_zero():
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     response = torch.tensor([[True, False, True], [False, False, False]])

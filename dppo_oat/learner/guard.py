@@ -170,7 +170,3 @@ def check_weights_finite(named_weights: Iterable[tuple[str, torch.Tensor]],
     if any_learner(DIVERGED if broken else HEALTHY) == DIVERGED:
         named = f" (e.g. {broken[0]})" if broken else where(False)
         raise TrainingBlewUp(f"weights are non-finite{named}: the update diverged (lower --lr and start a new run)")
-
-
-DivergenceGuard = BlowUpGuard
-"""Deprecated name of :class:`BlowUpGuard` (until 0.3)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -384,12 +383,6 @@ class DPPOFlags(TrustRegionFlags):
         except ValueError as error:
             raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in names)}: {error}") from None
         return settings
-
-    def trust_region_spec(self, also_read: Iterable[str] = ()) -> TrustRegion:
-        """Deprecated name of :meth:`build_trust_region` (it returns a :class:`TrustRegion`, no spec)."""
-        warnings.warn("DPPOFlags.trust_region_spec() is deprecated: use build_trust_region()", DeprecationWarning,
-                      stacklevel=2)
-        return self.build_trust_region(also_read)
 
 
 def topk_logprobs_of(trust_region: TrustRegion) -> int:

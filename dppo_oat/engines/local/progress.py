@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,19 +24,6 @@ steps, and the last)."""
 def line_every(total: int) -> int:
     """Print a progress line every this many steps of ``total``."""
     return max(1, total // PROGRESS_LINES)
-
-
-DEPRECATED = {"PLAIN_LINES": "PROGRESS_LINES", "plain_every": "line_every"}
-"""Earlier names of this module's progress lines ("plain" names the prompt template alone), kept for old imports."""
-
-
-def __getattr__(name: str):
-    """A :data:`DEPRECATED` name: its new name's value, with a ``DeprecationWarning``."""
-    if name in DEPRECATED:
-        warnings.warn(f"dppo_oat.engines.local.progress.{name} is deprecated: use {DEPRECATED[name]}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[DEPRECATED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StepProgress:
