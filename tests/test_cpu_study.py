@@ -181,6 +181,38 @@ def test_the_placebo_blocks_its_half_at_its_rates_and_draws_from_the_call(monkey
         placebo_keep(first, types.SimpleNamespace(mask_side="both"))
 
 
+PLACEBO_CHOICES = """
+import json, sys, typing
+from studies.cpu import placebo
+if sys.argv[1] == "late":
+    import dppo_oat.settings.spec  # reads the presets into --trust-region's choices
+else:
+    import dppo_oat.trust_region  # the package's rules, as placebo.main imports them first
+try:
+    placebo.register()
+    refused = None
+except RuntimeError as error:
+    refused = str(error)
+from dppo_oat.settings.spec import PresetName
+print(json.dumps({"refused": refused, "choices": list(typing.get_args(PresetName))}))
+"""
+
+
+@pytest.mark.parametrize("when", ["in_time", "late"])
+def test_the_placebo_is_refused_once_the_trust_region_choices_are_fixed(when):
+    """In a fresh process: registered before :mod:`dppo_oat.settings.spec` is imported, the placebo presets are
+    ``--trust-region`` choices; registered after, they could never be one, and :func:`register` refuses."""
+    done = subprocess.run([sys.executable, "-c", PLACEBO_CHOICES, when], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    if when == "in_time":
+        assert result["refused"] is None and {"placebo_neg", "placebo_pos"} <= set(result["choices"])
+    else:
+        assert "before dppo_oat.settings.spec is imported" in (result["refused"] or ""), result
+        assert "placebo_neg" not in result["choices"]
+
+
 def test_a_placebo_run_trains_with_the_study_rule_registered_in_its_own_process(tmp_path):
     """``python -m studies.cpu.placebo`` is the trainer with the placebo presets registered: a real run of
     ``placebo_neg`` records its rule and never blocks a token with Â > 0, and this process's presets stay the

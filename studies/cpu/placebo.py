@@ -76,14 +76,20 @@ def placebo_keep(x, tr) -> torch.Tensor:
     return keep
 
 
+FREEZES_PRESET_CHOICES = "dppo_oat.settings.spec"
+"""The module whose import reads the presets into the command line's ``--trust-region`` choices (its
+``PresetName``): a preset added after it is imported is not one of them."""
+
+
 def register() -> None:
-    """Add the placebo rule and its two presets to the package's tables, in this process (before the command line
-    is parsed: its ``--trust-region`` choices are read from the presets when ``dppo_oat.spec`` is imported)."""
+    """Add the placebo rule and its two presets to the package's tables, in this process, before
+    :data:`FREEZES_PRESET_CHOICES` is imported (else :class:`RuntimeError`: the command line would refuse them)."""
     from dppo_oat.trust_region.presets import PRESETS, Preset
     from dppo_oat.trust_region.registry import RULE_TABLE, register_rule
 
-    if "dppo_oat.spec" in sys.modules:
-        raise RuntimeError("register the placebo before dppo_oat.spec is imported: its preset choices are fixed then")
+    if FREEZES_PRESET_CHOICES in sys.modules:
+        raise RuntimeError(f"register the placebo before {FREEZES_PRESET_CHOICES} is imported: its --trust-region "
+                           "choices are fixed then")
     if PLACEBO_RULE not in RULE_TABLE:
         register_rule(PLACEBO_RULE, divergence="binary_kl", reads_mask_side=True, couples_tokens=True,
                       reads_batch=True)(placebo_keep)
