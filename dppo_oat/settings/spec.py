@@ -318,24 +318,22 @@ class DPPOFlags(TrustRegionFlags):
     wrappers: tuple[str, ...] = ()
     """Gem observation wrappers by name, applied to every env (e.g. concat: the episode's history in each prompt)."""
     max_turns: int | None = None
-    """Turn limit on top of the env's own. None: the env's own, else 100 turns for an env without one (a warning
-    says so when it binds)."""
+    """Turn limit on top of the env's own. None: the env's own, else 100 (a warning says so when it binds)."""
     advantage_mode: Literal[ADVANTAGE_MODES] = "drgrpo"  # type: ignore[valid-type]
-    """drgrpo (the paper's default), grpo, rloo (group baselines over per-turn returns) or rebn (batch-normalised
-    returns, Gem's norm_return)."""
+    """drgrpo (the paper's), grpo, rloo (group baselines of per-turn returns) or rebn (Gem's norm_return)."""
     turn_baseline: bool = False
     """Group baseline per turn index: compare turn t only with turn t of the group's other episodes."""
     loss_aggregation: Literal[AGGREGATIONS] | None = None  # type: ignore[valid-type]
     """How per-token losses are aggregated (see each engine's default)."""
     token_samples: int = flag(DEFAULT_TOKEN_SAMPLES, resumable=True, setting=False)
-    """Response tokens per RL step written to the run's tokens.jsonl for the clipped-token analysis (about 9 KB a
-    step; half of them tokens some rule blocked). 0: none."""
+    """Response tokens per RL step written to tokens.jsonl for the clipped-token analysis (half of them tokens
+    some rule blocked). 0: none."""
     token_export: Literal[TOKEN_EXPORT_MODES] = flag("none", resumable=True, setting=False)  # type: ignore[valid-type]
-    """all: every trained token of each RL step (ids, loss mask, advantage, μ, π, ratio, entropy, masked high/low)
-    in token_exports/step_<step>.jsonl, written by a background thread; none: nothing."""
+    """all: every trained token of each RL step (ids, mask, A, μ, π, ratio, entropy, masked sides) in
+    token_exports/step_<step>.jsonl; none: nothing."""
     tr_calibrate: float | None = None
     """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
-    first RL step's batch, and train with it from the second step on (docs/trust-region.md, Calibrating a band)."""
+    first RL step's batch, and train with it from then on (docs/trust-region.md)."""
     tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
                                  tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
@@ -343,8 +341,8 @@ class DPPOFlags(TrustRegionFlags):
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
     tr_calibrate_band: Literal[BAND_NAMES] | None = None  # type: ignore[valid-type]
-    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO: a sequence bound and a PPO clip):
-    delta, clip_range, or both (the two scaled by one factor). None: the rule's default (its sequence bound δ)."""
+    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO): delta, clip_range or both (one
+    factor). None: δ."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""

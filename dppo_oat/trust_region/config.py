@@ -72,10 +72,9 @@ class TrustRegion:
     rule: str = "binary_tv"
     """Which mask M_t: a name of :data:`RULE_TABLE`."""
     delta: float = 0.15
-    """divergence threshold δ (DPPO's mask, eq:dppo_obj; mask_negative; CPPO; DRPO's regularization δ; the IPO band;
-    the sequence masks of TRM, DeepSeek-V3.2 and VACO)."""
+    """divergence threshold δ (DPPO's mask, eq:dppo_obj, and the other δ masks; DRPO's regularizer weight)."""
     eps_low: float = 0.2
-    """lower clip range ε_low: PPO's clip range is [1 − ε_low, 1 + ε_high] (ratio rules)."""
+    """lower clip range ε_low: PPO's [1 − ε_low, 1 + ε_high] (ratio rules)."""
     eps_high: float = 0.28
     """upper clip range ε_high (ratio rules)."""
     is_cap: float = math.inf
@@ -83,29 +82,29 @@ class TrustRegion:
     anchor: str = "behavior"
     """The distribution the mask compares π_θ with: ``behavior`` (μ) or ``recompute`` (π_θ')."""
     alpha: float = 0.1
-    """α of the α study (sec:training_efficiency): for tokens with μ < α the relaxed side's ε is ∞."""
+    """α of sec:training_efficiency: for μ < α the relaxed side's ε is ∞."""
     relax: str = "none"
     """Which side of the clip range is relaxed for μ < α: ``none``, ``low``, ``high`` or ``both``."""
     k: int = 20
-    """K of the top-K rules: the set is TopK(μ, K) ∪ {a_t}, which the rollout returns with each token."""
+    """K of the top-K rules' set TopK(μ, K) ∪ {a_t} (the rollout returns it with each token)."""
     is_weight: str = "behavior"
     """How w_t is built (:data:`IS_WEIGHTS`)."""
     mismatch_mask: str = "none"
     """The mask on ρ_t = π_θ'/μ (:data:`MISMATCH_MASKS`)."""
     mismatch_low: float = 0.0
-    """lower bound of the band on ρ_t = π_θ'/μ (0: none)."""
+    """lower bound on ρ_t = π_θ'/μ (0: none)."""
     mismatch_high: float = math.inf
-    """upper bound of the band on ρ_t = π_θ'/μ."""
+    """upper bound on ρ_t = π_θ'/μ."""
     kl_tau: float = 0.0
-    """τ of the penalty τ·log²(π_θ/μ) added to every response token's loss (0: none)."""
+    """τ of the penalty τ·log²(π_θ/μ) on every response token (0: none)."""
     w_min: float = 0.8
     """position weight w_min of a response's last token, in (0, 1] (CPPO; its first has 1: :func:`position_weights`)."""
     delta_b: float = 0.02
-    """floor δ_b of CPPO's per-response prefix budget (:func:`prefix_budget`)."""
+    """floor δ_b of CPPO's per-response prefix budget."""
     tau_m2: float = 0.04
-    """bound τ_M2 of M2PO on the batch's mean (log r)² (inf: no mask; :func:`second_moment_keep`)."""
+    """bound τ_M2 of M2PO on the batch's mean (log r)² (inf: no mask)."""
     tau_pos: float = 1.0
-    """SAPO gate temperature τ for tokens with A > 0 (:func:`sapo_gate_slope`)."""
+    """SAPO gate temperature τ for tokens with A > 0."""
     tau_neg: float = 1.05
     """SAPO gate temperature τ for tokens with A ≤ 0."""
     mask_side: str = "both"
