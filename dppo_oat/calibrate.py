@@ -5,7 +5,7 @@
 The offline command reads ``<run>/token_exports/step_<step>.jsonl`` (``--token-export all``; the first exported step
 unless ``--step``), sets the band of ``--trust-region`` (the run's own trust region, from its ``config.json``, when
 left out) so that it blocks ``--target`` of the step's A ≠ 0 tokens, or as many as ``--like`` blocks there
-(:func:`~dppo_oat.trust_region.calibrate.calibrate`), and prints one line with the band and the flags that train with
+(:func:`~dppo_oat.trust_region.band_search.calibrate`), and prints one line with the band and the flags that train with
 it (``--json``: the report as JSON). An export holds π_θ as each token's loss read it, μ, A and the response mask:
 not μ's top-K set nor the recomputed π_θ', so the rules that read them are refused; and not which rows shared a
 loss call, so M2PO's mask (which reads its whole loss call) reads the whole step.
@@ -42,7 +42,7 @@ from dppo_oat.trust_region import (
     band_of,
     calibrate,
 )
-from dppo_oat.trust_region.calibrate import check_target
+from dppo_oat.trust_region.band_search import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 

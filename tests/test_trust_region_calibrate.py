@@ -1,4 +1,4 @@
-"""Band calibration (:mod:`dppo_oat.trust_region.calibrate`): hand-computed bands, the mask it counts is
+"""Band calibration (:mod:`dppo_oat.trust_region.band_search`): hand-computed bands, the mask it counts is
 ``policy_loss``'s, the achieved fraction sits at the step that crosses the target (hypothesis), and every refusal is
 one line."""
 
@@ -22,7 +22,7 @@ from dppo_oat.trust_region import (
     calibrate,
     policy_loss,
 )
-from dppo_oat.trust_region.calibrate import blocked_tokens, prepare, scaled
+from dppo_oat.trust_region.band_search import blocked_tokens, prepare, scaled
 
 TOPK_K = 3
 CALIBRATED = [name for name in PRESETS if band_choices(TrustRegion.preset(name))]
@@ -309,7 +309,7 @@ def declared_rules():
 def test_what_a_rule_declares_decides_its_band(declared_rules):
     """No list names a rule: one whose threshold weighs a loss term has no band; a soft gate's band is the fields
     the rule reads, a token blocked where its gate is below one half."""
-    from dppo_oat.trust_region.calibrate import GATE_BAND, band_choices
+    from dppo_oat.trust_region.band_search import GATE_BAND, band_choices
 
     with pytest.raises(ValueError, match="weighted_only has no band to calibrate.*its delta weighs a loss term"):
         TrustRegion.preset("weighted_only").calibrate(eight_tokens(), 0.1)

@@ -38,7 +38,7 @@ from dppo_oat.trust_region import (
     band_of,
     check_batch_serves,
 )
-from dppo_oat.trust_region.calibrate import BAND_NAMES, check_target
+from dppo_oat.trust_region.band_search import BAND_NAMES, check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
@@ -183,10 +183,10 @@ class UpdateSettings:
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    """Band calibration during training (:func:`~dppo_oat.trust_region.calibrate.calibrate`): the trust region's
+    """Band calibration during training (:func:`~dppo_oat.trust_region.band_search.calibrate`): the trust region's
     band is set on the first RL step's rollout batch, with π_θ as that step's first epoch read it, to block
     ``target`` of its A ≠ 0 tokens (or sequences: ``unit``) or as many as the preset ``like`` blocks there; ``band``:
-    which band moves where a rule has two (:func:`~dppo_oat.trust_region.calibrate.band_choices`; None: its
+    which band moves where a rule has two (:func:`~dppo_oat.trust_region.band_search.band_choices`; None: its
     default)."""
 
     target: float | None = None

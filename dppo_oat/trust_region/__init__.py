@@ -44,7 +44,7 @@ The modules, each one concept:
 - :mod:`~dppo_oat.trust_region.rules`: one function per rule, with the weight, loss term and metrics it declares.
 - :mod:`~dppo_oat.trust_region.masks` and :mod:`~dppo_oat.trust_region.weights`: M_t and w_t as pure tensor
   functions, as each source writes them.
-- :mod:`~dppo_oat.trust_region.calibrate`: :func:`calibrate`, a band set to block a target fraction of a batch.
+- :mod:`~dppo_oat.trust_region.band_search`: :func:`calibrate`, a band set to block a target fraction of a batch.
 - :mod:`~dppo_oat.trust_region.loss`: :func:`policy_loss` and the IS weight it builds.
   :mod:`~dppo_oat.trust_region.metrics`: the batch
   statistics, the shadow masks and the mismatch diagnostics. :mod:`~dppo_oat.trust_region.reductions`: masked means,
@@ -55,7 +55,7 @@ Every name below is importable from ``dppo_oat.trust_region`` itself.
 
 from __future__ import annotations
 
-from dppo_oat.trust_region.calibrate import (
+from dppo_oat.trust_region.band_search import (
     BAND_RANGE,
     BAND_RTOL,
     SOFT_BLOCK_LEVEL,

@@ -231,9 +231,9 @@ class TrustRegion:
     def calibrate(self, batch, target: float | None = None, *, like: TrustRegion | None = None, unit: str = "token",
                   band: str | None = None):
         """A copy whose band blocks ``target`` of ``batch``'s A ≠ 0 tokens (or as many as ``like`` does), and the
-        :class:`~dppo_oat.trust_region.calibrate.CalibrationReport`
-        (:func:`~dppo_oat.trust_region.calibrate.calibrate`)."""
-        from dppo_oat.trust_region.calibrate import calibrate
+        :class:`~dppo_oat.trust_region.band_search.CalibrationReport`
+        (:func:`~dppo_oat.trust_region.band_search.calibrate`)."""
+        from dppo_oat.trust_region.band_search import calibrate
 
         return calibrate(self, batch, target, like=like, unit=unit, band=band)
 
