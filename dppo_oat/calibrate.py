@@ -1,4 +1,5 @@
-"""Band calibration on a run's tokens: during training (``--tr-calibrate``) and offline, from a token export.
+"""Band calibration offline, on a run's token export (the local engine calibrates while it trains,
+:mod:`dppo_oat.engines.local.calibration`).
 
     python -m dppo_oat.calibrate runs/<run> --trust-region gspo --target 0.01 [--step N] [--json]
 
@@ -9,10 +10,6 @@ left out) so that it blocks ``--target`` of the step's A ≠ 0 tokens, or as man
 it (``--json``: the report as JSON). An export holds π_θ as each token's loss read it, μ, A and the response mask:
 not μ's top-K set nor the recomputed π_θ', so the rules that read them are refused; and not which rows shared a
 loss call, so M2PO's mask (which reads its whole loss call) reads the whole step.
-
-During training, :class:`BatchCollector` keeps the first epoch's loss calls of the first RL step's update (π_θ
-as each loss call read it) for the local engine to calibrate on (:func:`calibration_record` is what
-``config.json`` records).
 """
 
 from __future__ import annotations
@@ -37,7 +34,6 @@ from dppo_oat.trust_region import (
     UNITS,
     CalibrationBatch,
     CalibrationReport,
-    PolicyLossOutput,
     TrustRegion,
     band_of,
     calibrate,
@@ -45,41 +41,6 @@ from dppo_oat.trust_region import (
 from dppo_oat.trust_region.band_search import check_target
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
-
-
-# --------------------------------------------------------------------------------------------- during training
-
-
-class BatchCollector:
-    """A token observer (as :class:`~dppo_oat.run.token_export.TokenExporter`) that keeps every loss call of a rollout
-    batch's first epoch as a :class:`~dppo_oat.trust_region.CalibrationBatch`: π_θ of its forward pass, μ, A, the
-    response mask, π_θ' where the trust region recomputes it, and its top-K divergence where it reads one."""
-
-    def __init__(self, tr: TrustRegion) -> None:
-        self.divergence = RULE_TABLE[tr.rule].divergence if tr.uses_topk else None
-        self.calls: list[CalibrationBatch] = []
-
-    def observe(self, micro_rows, micro, logp: torch.Tensor, entropy, result: PolicyLossOutput) -> None:
-        divergences = {self.divergence: result.divergence.detach()} if self.divergence else {}
-        self.calls.append(CalibrationBatch(logp.detach().float(), micro.behavior_logp, micro.advantages,
-                                           micro.response_mask, micro.recomputed_logp, divergences=divergences))
-
-
-def calibration_record(report: CalibrationReport, step: int) -> dict:
-    """What ``config.json`` records of a calibration (its ``calibration`` entry): the report and the RL step whose
-    batch it was measured on; a resumed run reads its band back (``after``)."""
-    return to_jsonable({**report.as_dict(), "step": step})
-
-
-def recorded_band(record, tr: TrustRegion) -> TrustRegion:
-    """``tr`` with the band a ``config.json`` calibration record holds; a record without a band of ``tr``'s
-    numeric fields is one line."""
-    after = record.get("after") if isinstance(record, dict) else None
-    if not (isinstance(after, dict) and after and set(after) <= set(REAL_FIELDS)
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in after.values())):
-        raise ValueError(f"config.json's calibration record holds no band ({record!r}): restore the file, or start a "
-                         "new run with another --run-name")
-    return tr.replace(**{name: float(value) for name, value in after.items()})
 
 
 # --------------------------------------------------------------------------------------------- from a token export

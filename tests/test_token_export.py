@@ -159,7 +159,7 @@ def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, cap
 def test_the_training_collector_keeps_each_loss_call_with_its_top_k_divergence():
     """``--tr-calibrate`` on a top-K rule: the collector keeps each loss call's own top-K divergence (the rollout's
     set is not kept), and calibration reads it: a batch a top-K rule could not calibrate on without it."""
-    from dppo_oat.calibrate import BatchCollector
+    from dppo_oat.engines.local.calibration import BatchCollector
     from dppo_oat.trust_region import TopK, calibrate
 
     micro, pi, _ = micro_batch()

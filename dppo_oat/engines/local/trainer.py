@@ -24,15 +24,20 @@ import torch
 from rich.console import Console
 
 from dppo_oat.advantages import RewardOverflow, sample_advantages
-from dppo_oat.calibrate import BatchCollector, calibration_record
 from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
+from dppo_oat.engines.local.calibration import (
+    BatchCollector,
+    calibrated_band,
+    calibration_flags,
+    calibration_record,
+)
 from dppo_oat.engines.local.config import TrainConfig, logged_config
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
 from dppo_oat.engines.local.rollout_schedule import RolloutSchedule
 from dppo_oat.engines.local.seeds import EVAL_SAMPLING_SEED, EVAL_SEED, step_seed, train_group_seeds
-from dppo_oat.engines.local.validation import calibration_flags, settings_free_on_resume, validate_config
+from dppo_oat.engines.local.validation import settings_free_on_resume, validate_config
 from dppo_oat.errors import RunError
 from dppo_oat.learner.autocast import (
     autocast,
@@ -58,7 +63,6 @@ from dppo_oat.run.safe_io import atomic_torch_save, read_jsonl
 from dppo_oat.run.token_export import TokenExporter, TokenObservers
 from dppo_oat.run.token_samples import TokenSampler, decode_each
 from dppo_oat.settings.spec import SamplingSettings, UpdateSettings
-from dppo_oat.trust_region import UnmovedBatch, calibrate
 from dppo_oat.update_batch import build_update_batch
 from envs import ensure_registered, unseeded_plugin_envs
 
@@ -342,18 +346,7 @@ class LocalTrainer:
     def _calibrate(self, step: int, calls) -> None:
         """Set the trust region's band on step ``step``'s loss calls (``--tr-calibrate``), record it in config.json
         (with the settings hash the next checkpoints carry), and train with it from the next step on."""
-        request = self.spec.calibration
-        try:
-            tr, report = calibrate(self.tr, calls, request.target, like=request.reference, unit=request.unit,
-                                   band=request.band)
-        except UnmovedBatch:
-            raise RunError(f"{calibration_flags(self.config)} at step {step}: π_θ equals μ on the step's batch up to "
-                           "rounding, so no band blocks a token that moved: give each rollout batch several optimizer "
-                           "steps (--minibatches-per-rollout 4, --num-epochs 2) or a stale or mismatched μ "
-                           "(--max-staleness 1, --rollout-dtype bfloat16)") from None
-        except ValueError as error:
-            raise RunError(f"{calibration_flags(self.config)} at step {step}: {error}") from None
-        report = replace(report, source=f"step {step}'s rollout batch")
+        tr, report = calibrated_band(self.tr, calls, self.spec.calibration, step, calibration_flags(self.config))
         self.tr, self.spec = tr, replace(self.spec, trust_region=tr)
         self.calibration = calibration_record(report, step)
         changes = {"trust_region": logged_config(self.config, self.spec)["trust_region"],

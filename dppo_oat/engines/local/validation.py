@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
-from dppo_oat.calibrate import recorded_band
+from dppo_oat.engines.local.calibration import recorded_calibration
 from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.learner.autocast import check_compute_dtype
@@ -56,23 +55,6 @@ def validate_config(config: TrainConfig) -> tuple[RunSpec, int | None]:
     run_dir = config.run_directory()
     spec = recorded_calibration(config, spec, run_dir)
     return spec, _check_run_dir(config, spec, run_dir)
-
-
-def calibration_flags(c: TrainConfig) -> str:
-    """The calibration flags a command line set, as it spells them (for messages)."""
-    flags = [f"--tr-calibrate {c.tr_calibrate}" if c.tr_calibrate is not None else "",
-             f"--tr-calibrate-like {c.tr_calibrate_like}" if c.tr_calibrate_like is not None else ""]
-    return " ".join(flag for flag in flags if flag)
-
-
-def recorded_calibration(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> RunSpec:
-    """A resumed run that calibrated its band trains with the band its config.json recorded, never a new one."""
-    if not (c.resume and spec.calibration is not None):
-        return spec
-    record = run_dir.read_config().get("calibration")
-    if record is None:
-        return spec
-    return replace(spec, trust_region=recorded_band(record, spec.trust_region))
 
 
 def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
