@@ -87,6 +87,28 @@ def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, ca
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
+@pytest.mark.fault("`--threads` far beyond the machine (`--threads 1000000`, `--threads 99999999999`: more than 4 "
+                   "per CPU the process may use)",
+                   "one line naming the flag, the bound and the CPUs (exit 2), before any model loads; nothing is "
+                   "left in `--run-dir`")
+@pytest.mark.parametrize("threads", ["past the bound", "1000000", "99999999999"])
+def test_a_thread_count_beyond_the_machine_is_one_line_before_any_model(threads, tmp_path, capsys, no_model):
+    from dppo_oat.engines.local.config import MAX_THREADS_PER_CPU, usable_cpus
+
+    bound = MAX_THREADS_PER_CPU * usable_cpus()
+    value = str(bound + 1) if threads == "past the bound" else threads
+    one_error(capsys, ["--run-dir", str(tmp_path), "--threads", value], 2,
+              f"--threads must be at most {bound}", f"{usable_cpus()} CPU", f"got {value}")
+    assert not any(tmp_path.iterdir()), "a refused command left something behind"
+
+
+def test_a_thread_count_at_the_bound_is_accepted(tmp_path):
+    from dppo_oat.engines.local.config import MAX_THREADS_PER_CPU, usable_cpus
+    from dppo_oat.engines.local.validation import validate_config
+
+    validate_config(TrainConfig(run_dir=str(tmp_path), threads=MAX_THREADS_PER_CPU * usable_cpus()))
+
+
 @pytest.mark.fault("a warm-start flag or `--weight-decay` out of range (`--warm-start.check-every 0`, "
                    "`--warm-start.num-layers 0`, `--warm-start.target-success 2`, `--warm-start.mistake-rate nan`, "
                    "`--warm-start.lr -1`, `--warm-start.batch-size 0`, `--warm-start.demo-episodes 0`, "

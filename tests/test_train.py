@@ -256,26 +256,38 @@ def test_unknown_preset_is_rejected_by_the_cli(capsys):
     assert "dpo" in capsys.readouterr().err
 
 
-def test_the_default_thread_count_is_half_the_usable_cpus(tmp_path, monkeypatch):
-    """--threads left out: half the CPUs the process may use, at least 1, and the trainer gives torch that many
-    (torch's own default takes every core, which beside other work stalls every small operation:
-    docs/engines/local.md#cpu-threads); --threads N is N."""
+@pytest.mark.parametrize("cpus, load, threads", [
+    (2, 0.0, 2), (2, 0.3, 2), (2, 0.6, 1), (2, 1.5, 1), (2, 7.0, 1), (1, 0.0, 1), (16, 3.2, 13), (16, 0.0, 16),
+    (8, 8.4, 1), (2, None, 1), (8, None, 4), (1, None, 1)])
+def test_the_default_thread_count_is_the_cpus_free_at_the_start(cpus, load, threads):
+    """--threads left out: the usable CPUs less the 1-minute load average, rounded, at least 1 and at most the
+    CPUs (an idle machine uses every core, a busy one is not oversubscribed: docs/engines/local.md#cpu-threads);
+    half the CPUs where the system reports no load."""
+    from dppo_oat.engines.local.config import threads_for_free_cpus
+
+    assert threads_for_free_cpus(cpus, load) == threads
+
+
+def test_the_trainer_gives_torch_the_default_count_and_says_so(tmp_path, monkeypatch, capsys):
+    """The count the default chose is the one torch gets, and the run's first lines say it and why; --threads N
+    is N; config.json keeps --threads as given (None), which a resume compares."""
     import torch
     from rich.console import Console
 
     import dppo_oat.engines.local.config as config_module
 
-    for cpus, threads in ((1, 1), (2, 1), (3, 1), (4, 2), (16, 8)):
-        monkeypatch.setattr(config_module, "usable_cpus", lambda cpus=cpus: cpus)
-        assert TrainConfig().torch_threads() == threads and TrainConfig(threads=3).torch_threads() == 3
     before = torch.get_num_threads()
     monkeypatch.setattr(config_module, "usable_cpus", lambda: 6)
+    monkeypatch.setattr(config_module, "one_minute_load", lambda: 2.2)
+    assert TrainConfig(threads=3).torch_threads() == 3
     try:
-        trainer = LocalTrainer(TrainConfig(run_dir=str(tmp_path), run_name="threads", steps=1), Console(quiet=True))
+        trainer = LocalTrainer(TrainConfig(run_dir=str(tmp_path), run_name="threads", steps=1), Console())
+        assert torch.get_num_threads() == 4
+        assert json.loads((tmp_path / "threads" / "config.json").read_text())["threads"] is None
         trainer.close(failed=True)
-        assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+    assert "torch threads: 4 (the CPUs free at the start: 6 usable, 1-minute load 2.20" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------- band calibration

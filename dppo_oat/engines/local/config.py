@@ -224,8 +224,8 @@ class TrainConfig(spec.DPPOFlags, RunFlags):
         return Path(self.cache_dir or os.environ.get("DPPO_CACHE") or Path.home() / ".cache" / "dppo_oat")
 
     def torch_threads(self) -> int:
-        """The CPU threads the run gives torch: ``--threads``, else :func:`default_threads`."""
-        return self.threads or default_threads()
+        """The CPU threads the run gives torch: ``--threads``, else the CPUs free now (:func:`resolved_threads`)."""
+        return resolved_threads(self.threads)[0]
 
 
 HELP_GROUPS = (
@@ -264,12 +264,42 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def default_threads() -> int:
-    """``--threads``' default: half of :func:`usable_cpus`, at least 1. torch's own default takes every core, and
-    its OpenMP threads wait for each other at the end of every operation: when other work takes a core, each of the
-    tiny policy's many small operations waits for a descheduled thread. On 2 cores beside other work, the default
-    run's steps took 7 to 10 times as long with two threads as with one (docs/engines/local.md#cpu-threads)."""
-    return max(1, usable_cpus() // 2)
+MAX_THREADS_PER_CPU = 4
+"""``--threads`` may be at most this many times :func:`usable_cpus` (past it, torch's thread pool only costs memory
+and start-up time: a count in the millions ran out of memory)."""
+
+
+def one_minute_load() -> float | None:
+    """The system's 1-minute load average (runnable and waiting processes), None where it reports none."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this system (AttributeError: no os.getloadavg)
+        return None
+
+
+def threads_for_free_cpus(cpus: int, load: float | None) -> int:
+    """``--threads``' default on ``cpus`` usable CPUs under a 1-minute load average of ``load``: the CPUs the load
+    leaves free, ``cpus - load`` rounded half up, at least 1 and at most ``cpus``; half of ``cpus`` (at least 1)
+    where the load is unknown (None). torch's OpenMP threads wait for each other at the end of every operation, so
+    a thread on a core that other work holds stalls every small operation of the tiny policy: on 2 cores beside
+    other work, two threads took 7 to 10 times as long a step as one; on an idle 2-core machine, two threads
+    trained the default run in 175 s where one took 319 s (docs/engines/local.md#cpu-threads)."""
+    if load is None:
+        return max(1, cpus // 2)
+    return min(cpus, max(1, math.floor(cpus - load + 0.5)))
+
+
+def resolved_threads(threads: int | None) -> tuple[int, str]:
+    """The CPU threads a run gives torch, and the line of the run's output that says why: ``threads``
+    (``--threads``) when given, else :func:`threads_for_free_cpus` of :func:`usable_cpus` and
+    :func:`one_minute_load` read now."""
+    if threads is not None:
+        return threads, f"torch threads: {threads} (--threads {threads})"
+    cpus, load = usable_cpus(), one_minute_load()
+    count = threads_for_free_cpus(cpus, load)
+    why = (f"half of the {cpus} usable CPUs: this system reports no load average" if load is None else
+           f"the CPUs free at the start: {cpus} usable, 1-minute load {load:.2f}")
+    return count, f"torch threads: {count} ({why}; --threads N pins the count)"
 
 
 PROBE_READS = ("delta", "k")

@@ -31,7 +31,7 @@ from dppo_oat.engines.local.calibration import (
     calibration_flags,
     calibration_record,
 )
-from dppo_oat.engines.local.config import TrainConfig, logged_config
+from dppo_oat.engines.local.config import TrainConfig, logged_config, resolved_threads
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
 from dppo_oat.engines.local.progress import StepProgress, line_console
@@ -114,7 +114,9 @@ class LocalTrainer:
     def _build(self, config: TrainConfig) -> None:
         """The policy, optimizer, generators, env collectors and run log, then the checkpoint when resuming."""
         self.tr = self.spec.trust_region
-        torch.set_num_threads(config.torch_threads())
+        threads, threads_line = resolved_threads(config.threads)
+        torch.set_num_threads(threads)
+        self.console.print(threads_line, soft_wrap=True, markup=False)
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
             ensure_registered(env_id)

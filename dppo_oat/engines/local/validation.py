@@ -12,7 +12,14 @@ import math
 from pathlib import Path
 
 from dppo_oat.engines.local.calibration import recorded_calibration
-from dppo_oat.engines.local.config import TrainConfig, WarmStartConfig, logged_config, run_spec
+from dppo_oat.engines.local.config import (
+    MAX_THREADS_PER_CPU,
+    TrainConfig,
+    WarmStartConfig,
+    logged_config,
+    run_spec,
+    usable_cpus,
+)
 from dppo_oat.engines.local.config_schema import SCHEMA_KEYS, as_written, migrate_config
 from dppo_oat.learner.autocast import check_compute_dtype
 from dppo_oat.models.directory import check_model_directory
@@ -82,15 +89,28 @@ def _check_numbers(c: TrainConfig, spec: RunSpec) -> None:
     for flag, seed in (("--seed", c.seed), ("--warm-start.seed", c.warm_start.seed)):
         if seed is not None and not 0 <= seed < 2**32:
             raise ValueError(f"{flag} must be an integer in [0, 2^32), got {seed}")
-    if c.threads is not None and c.threads < 1:
-        raise ValueError("--threads must be >= 1 (leave it out for the default: half the CPUs, at least 1), "
-                         f"got {c.threads}")
+    _check_threads(c.threads)
     if c.wrappers and c.pretrain is None:
         raise ValueError("--wrappers needs --pretrain: the built-in tiny policy is warm-started on unwrapped "
                          "observations")
     if c.group_size < 2 and spec.advantages.needs_groups:
         raise ValueError(f"--advantage-mode {c.advantage_mode} compares samples within a group: "
                          "use --group-size >= 2")
+
+
+def _check_threads(threads: int | None) -> None:
+    """``--threads``: at least 1, and at most :data:`MAX_THREADS_PER_CPU` per CPU this process may use (far beyond
+    the machine, torch's thread pool runs out of memory once the policy loads)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError("--threads must be >= 1 (leave it out for the default: the CPUs free at the start), "
+                         f"got {threads}")
+    cpus = usable_cpus()
+    if threads > MAX_THREADS_PER_CPU * cpus:
+        raise ValueError(f"--threads must be at most {MAX_THREADS_PER_CPU * cpus} ({MAX_THREADS_PER_CPU} per CPU: "
+                         f"this process may use {cpus} CPU(s)), got {threads}: give --threads {cpus} or fewer, or "
+                         "leave it out for the CPUs free at the start")
 
 
 def _check_envs(c: TrainConfig, env_seed: int) -> None:
