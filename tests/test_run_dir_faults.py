@@ -5,6 +5,8 @@ that ends before the checkpoint, a ``config.json`` that is not an object), and i
 The runs here start from the tiny policy shipped with the package (no warm start), on real Sudoku.
 """
 
+from pathlib import Path
+
 import pytest
 from cli_runs import one_error, run
 
@@ -91,6 +93,86 @@ def test_overwrite_moves_the_old_files_aside(run_copy, cache_dir, capsys):
 def test_contradictory_or_unprintable_run_flags_are_one_line(flags, fragments, tmp_path, capsys, no_model):
     one_error(capsys, ["--run-dir", str(tmp_path / "runs"), *flags], 2, *fragments)
     assert not (tmp_path / "runs").exists()
+
+
+def name_limit(folder) -> int:
+    import os
+
+    return os.pathconf(folder, "PC_NAME_MAX")
+
+
+@pytest.mark.fault("a `--run-name` (or a folder of `--run-dir`) longer than the file system takes (255 bytes: "
+                   "`PC_NAME_MAX`), in ASCII or in multi-byte characters",
+                   "one line before anything is written (exit 2): the name's length, the limit and to shorten it; "
+                   "no folder is created")
+@pytest.mark.parametrize("where, name, flag", [
+    ("run name", "x" * 256, "--run-name"),
+    ("run name", "é" * 128, "--run-name"),  # 128 characters, 256 bytes
+    ("run name", "r" * 1000, "--run-name"),
+    ("run dir", "d" * 300, "--run-dir"),
+])
+def test_a_name_past_the_file_systems_limit_is_one_line_before_anything_is_written(where, name, flag, tmp_path,
+                                                                                   capsys, no_model):
+    limit = name_limit(tmp_path)
+    runs = tmp_path / "runs"
+    argv = (["--run-dir", str(runs), "--run-name", name] if where == "run name" else
+            ["--run-dir", str(runs / name), "--run-name", "r"])
+    one_error(capsys, argv, 2, flag, f"{len(name.encode())} bytes", f"at most {limit} bytes", "shorter")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_at_the_file_systems_limit_is_accepted(tmp_path):
+    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.engines.local.validation import validate_config
+
+    validate_config(TrainConfig(run_dir=str(tmp_path / "runs"), run_name="x" * name_limit(tmp_path)))
+
+
+@pytest.mark.fault("a `--run-dir` (or a folder on its way, or the run's own folder) that is a symbolic link to a "
+                   "missing target, or a loop of links",
+                   "one line before any model (exit 2) naming the link and what it is (a link to a missing target / "
+                   "a link loop) and what to do; nothing is created")
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+@pytest.mark.parametrize("where", ["run dir", "inside the run dir", "run folder"])
+def test_a_broken_link_on_the_run_path_is_named_for_what_it_is(kind, where, tmp_path, capsys, no_model):
+    link = tmp_path / "link"
+    if kind == "dangling":
+        link.symlink_to(tmp_path / "missing")
+    else:
+        (tmp_path / "other").symlink_to(link)
+        link.symlink_to(tmp_path / "other")
+    before = sorted(tmp_path.iterdir())
+    argv = {"run dir": ["--run-dir", str(link), "--run-name", "r"],
+            "inside the run dir": ["--run-dir", str(link / "runs"), "--run-name", "r"],
+            "run folder": ["--run-dir", str(tmp_path), "--run-name", "link"]}[where]
+    what = f"a symbolic link to {tmp_path / 'missing'}, which does not exist" if kind == "dangling" else \
+        "a loop of symbolic links"
+    flag = "--run-name" if where == "run folder" else "--run-dir"
+    error = one_error(capsys, argv, 2, str(link), what, f"or give another {flag}")
+    assert "File exists" not in error
+    assert sorted(tmp_path.iterdir()) == before and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.fault("a `--run-dir` that climbs out of folders that do not exist (`runs/../x/..//y`, `new/..`, "
+                   "`a/b/../../c`)",
+                   "the run is written where the path leads (`y`, `.`, `c`) and no empty folder is left on the way")
+@pytest.mark.parametrize("run_dir, lands_in", [
+    ("new1/../x/..//y", "y"), ("new2/..", "."), ("a/b/../../c", "c"), ("runs/../z/..", "."),
+    ("missing/../existing/../existing", "existing")])
+def test_a_run_dir_through_missing_folders_leaves_no_empty_folder(run_dir, lands_in, tmp_path, monkeypatch):
+    from dppo_oat.engines.local.config import TrainConfig
+    from dppo_oat.engines.local.validation import validate_config
+    from dppo_oat.run.directory import RunLock
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "existing").mkdir()
+    config = TrainConfig(run_dir=run_dir, run_name="r")
+    validate_config(config)
+    RunLock(config.run_directory()).release()
+    assert config.run_directory().path.resolve() == (tmp_path / lands_in / "r").resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"runs", "existing", *Path(lands_in, "r").parts[:1]}
+                                                                 - {"."})
 
 
 @pytest.mark.fault("`--resume` of a run killed before its first checkpoint (its `config.json` and logs are there, "

@@ -57,6 +57,21 @@ EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
 ``.partial`` file (which exporters that wrote in place left)."""
 
 
+def without_climbs_through_missing_folders(path: Path) -> Path:
+    """``path`` with each ``..`` that follows a folder that does not exist taken out together with that folder
+    (``new/../x`` → ``x``, ``new/..`` → ``.``): where the file system would create the folder only to climb out of
+    it, leaving it empty behind. A ``..`` after an existing folder is kept: the file system follows it as it does
+    (through a symbolic link, to the link target's parent)."""
+    kept: list[str] = []
+    for part in Path(path).parts:
+        climbs_out_of_missing = part == ".." and kept and kept[-1] != ".." and not Path(*kept).exists()
+        if climbs_out_of_missing:
+            kept.pop()
+        else:
+            kept.append(part)
+    return Path(*kept) if kept else Path(".")
+
+
 def missing_steps(rows: list[dict], last: int) -> list[int]:
     """The steps 1..``last`` that no row of a log holds (a log that lost lines, or all of them)."""
     logged = {row.get("step") for row in rows}

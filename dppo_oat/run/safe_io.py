@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gzip
 import json
 import math
@@ -35,6 +36,60 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+DEFAULT_NAME_MAX = 255
+"""The longest file or folder name, in bytes, where the file system does not say (ext4's, tmpfs's, NTFS's in
+UTF-16 units)."""
+
+
+def name_max(folder: Path) -> int:
+    """The longest file or folder name, in bytes, the file system of ``folder`` (an existing path) takes: its
+    ``PC_NAME_MAX``, else :data:`DEFAULT_NAME_MAX`."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf on this system, or no such setting
+        return DEFAULT_NAME_MAX
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` when it exists, else its nearest parent that does (``path`` made absolute first)."""
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokenLink:
+    """A symbolic link that cannot be followed: to a ``target`` that does not exist, or (``target`` None) one of a
+    loop of links."""
+
+    link: Path
+    target: str | None
+
+    def describe(self) -> str:
+        """What the link is, as a message says it."""
+        if self.target is None:
+            return f"{self.link} is a loop of symbolic links (following it leads back to it)"
+        return f"{self.link} is a symbolic link to {self.target}, which does not exist"
+
+
+def broken_link_on(path: Path) -> BrokenLink | None:
+    """The first folder on the way to ``path`` (``path`` itself included) that is a symbolic link to a missing
+    target or a loop of links, None when there is none: creating ``path`` there would fail with a misleading
+    ``File exists`` or ``Too many levels of symbolic links``."""
+    path = Path(path).absolute()
+    for step in (*reversed(path.parents), path):
+        if not step.is_symlink():
+            continue
+        try:
+            step.stat()
+        except FileNotFoundError:
+            return BrokenLink(step, os.readlink(step))
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return BrokenLink(step, None)
+            raise
+    return None
 
 
 def check_can_write(directory: Path) -> None:

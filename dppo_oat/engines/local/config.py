@@ -15,7 +15,7 @@ from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.learner.autocast import ComputeDtype
 from dppo_oat.models.shapes import FIXED_SHAPES, PolicyShape
 from dppo_oat.rollout.rollout_copy import RolloutPrecision
-from dppo_oat.run.directory import RunDir
+from dppo_oat.run.directory import RunDir, without_climbs_through_missing_folders
 from dppo_oat.settings import spec
 from dppo_oat.settings.grouped_cli import FlagGroup, parse_grouped
 from dppo_oat.settings.kinds import flag
@@ -105,7 +105,7 @@ def flag_of(name: str) -> str:
 
 
 @dataclass
-class TrainConfig(spec.DPPOFlags, RunFlags):
+class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
     """DPPO (or any preset of the paper) on Gem environments, in one process.
 
     Env ids: game:Sudoku-v0-easy-compact-wrong (default: compact board + last wrong move),
@@ -213,8 +213,10 @@ class TrainConfig(spec.DPPOFlags, RunFlags):
         return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
     def run_directory(self) -> RunDir:
-        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs."""
-        return RunDir(Path(self.run_dir) / self.resolved_run_name())
+        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs, a ``..`` out of a
+        folder that does not exist taken out with it (:func:`~dppo_oat.run.directory.without_climbs_through_missing_
+        folders`: no empty folder is created on the way)."""
+        return RunDir(without_climbs_through_missing_folders(Path(self.run_dir)) / self.resolved_run_name())
 
     @property
     def warm_start_seed(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from dppo_oat.engines.local.calibration import recorded_calibration
@@ -36,7 +37,7 @@ from dppo_oat.run.log import (
     config_differences,
     settings_hash,
 )
-from dppo_oat.run.safe_io import check_can_write, temporary_prefix
+from dppo_oat.run.safe_io import broken_link_on, check_can_write, name_max, nearest_existing, temporary_prefix
 from dppo_oat.run.token_export import check_export_folder
 from dppo_oat.settings.kinds import resumable_fields
 from dppo_oat.settings.spec import TRUST_REGION_OVERRIDES, RunSpec
@@ -277,6 +278,7 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int | None
     """The checkpoint step when resuming; refuses an unwritable directory, a resume it cannot continue, and a new run
     where a run's files are (without ``--overwrite``, which moves them aside once the run holds its lock)."""
     check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
+    _check_run_path(c, run_dir)
     check_can_write(run_dir.path)
     if c.token_export == "all":
         check_export_folder(run_dir)
@@ -293,6 +295,41 @@ def _check_run_dir(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int | None
                          f"beside it, --overwrite starts over (its files are moved aside into {run_dir}/"
                          f"{OVERWRITTEN_PREFIX}<UTC time>/)")
     return None
+
+
+def _check_run_path(c: TrainConfig, run_dir: RunDir) -> None:
+    """The run directory's path can be created: no folder on its way is a broken symbolic link (to a missing target,
+    or a loop), and every name in it fits the file system (:func:`_check_name_lengths`)."""
+    broken = broken_link_on(run_dir.path)
+    if broken is not None:
+        flag = "--run-name" if broken.link == run_dir.path.absolute() else "--run-dir"
+        fix = ("remove the link or point it at a folder" if broken.target is None else
+               f"create {broken.target}, or remove the link")
+        raise ValueError(f"run directory {str(run_dir)!r} cannot be created: {broken.describe()}: {fix} "
+                         f"(rm {broken.link}), or give another {flag}")
+    _check_name_lengths(c, run_dir)
+
+
+def _check_name_lengths(c: TrainConfig, run_dir: RunDir) -> None:
+    """The run's name and every folder name of ``--run-dir`` fit the file system's limit on a name
+    (:func:`~dppo_oat.run.safe_io.name_max`, 255 bytes on most), counted in bytes as it counts them."""
+    limit = name_max(nearest_existing(run_dir.path))
+    name = c.resolved_run_name()
+    if len(os.fsencode(name)) > limit:
+        what = "--run-name" if c.run_name is not None else \
+            "the run's default name (from --trust-region, the first --env-ids and --seed)"
+        raise ValueError(f"{what} {_shortened(name)} is {len(os.fsencode(name))} bytes long: the file system of "
+                         f"{nearest_existing(run_dir.path)} takes names of at most {limit} bytes; give a shorter "
+                         "--run-name")
+    for folder in Path(c.run_dir).parts:
+        if len(os.fsencode(folder)) > limit:
+            raise ValueError(f"--run-dir: its folder name {_shortened(folder)} is {len(os.fsencode(folder))} bytes "
+                             f"long: the file system takes names of at most {limit} bytes; give a shorter --run-dir")
+
+
+def _shortened(name: str, keep: int = 40) -> str:
+    """A long name as a message shows it: its first ``keep`` characters, then ``…`` (quoted)."""
+    return repr(name if len(name) <= keep else name[:keep] + "…")
 
 
 def _remove_killed_writes(run_dir: RunDir) -> str:
