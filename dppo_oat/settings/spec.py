@@ -331,18 +331,6 @@ class DPPOFlags(TrustRegionFlags):
     token_export: Literal[TOKEN_EXPORT_MODES] = flag("none", resumable=True, setting=False)  # type: ignore[valid-type]
     """all: every trained token of each RL step (ids, mask, A, μ, π, ratio, entropy, masked sides) in
     token_exports/step_<step>.jsonl; none: nothing."""
-    tr_calibrate: float | None = None
-    """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
-    first RL step's batch, and train with it from then on (docs/trust-region.md)."""
-    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
-                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
-    """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
-    that batch."""
-    tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
-    """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
-    tr_calibrate_band: Literal[BAND_NAMES] | None = None  # type: ignore[valid-type]
-    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO): delta, clip_range or both (one
-    factor). None: δ."""
 
     def check_logging(self) -> None:
         """The flags no settings class validates (one line each, before any model loads)."""
@@ -368,6 +356,24 @@ class DPPOFlags(TrustRegionFlags):
                              f"{', '.join(sorted(read))}): leave it out, or choose a preset that uses it")
         return tr
 
+@dataclass
+class CalibrationFlags:
+    """The flags of band calibration while a run trains (:class:`CalibrationSettings`), for an engine that
+    calibrates (the local engine's); tyro reads the docstrings below as help."""
+
+    tr_calibrate: float | None = None
+    """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
+    first RL step's batch, and train with it from then on (docs/trust-region.md)."""
+    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
+                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
+    """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
+    that batch."""
+    tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
+    """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
+    tr_calibrate_band: Literal[BAND_NAMES] | None = None  # type: ignore[valid-type]
+    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO): delta, clip_range or both (one
+    factor). None: δ."""
+
     def calibration_settings(self, tr: TrustRegion) -> CalibrationSettings | None:
         """The band calibration the flags ask for on trust region ``tr`` (None: none), validated; an error names the
         flags."""
@@ -391,5 +397,3 @@ def topk_logprobs_of(trust_region: TrustRegion) -> int:
 def split_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
     """``ids`` without blanks, split at commas (``("a,b", "c")`` → ``("a", "b", "c")``)."""
     return tuple(part.strip() for item in ids for part in str(item).split(",") if part.strip())
-
-

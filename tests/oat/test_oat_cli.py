@@ -277,11 +277,23 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
                    "refused in one line: calibrate offline from the run's token export "
                    "(`python -m dppo_oat.calibrate`) and pass the band it prints")
 @pytest.mark.parametrize("flags", [["--tr_calibrate", "0.05"], ["--tr_calibrate_like", "dppo_binary_kl"],
-                                   ["--tr_calibrate_unit", "sequence"], ["--tr_calibrate_band", "both"]])
+                                   ["--tr_calibrate_unit", "sequence"], ["--tr_calibrate_band", "both"],
+                                   ["--tr-calibrate=0.05"]])
 def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
-    with gpu_node(2), pytest.raises(ValueError, match=f"{flags[0]}: the oat engine does not calibrate") as error:
+    flag = flags[0].split("=")[0]
+    with gpu_node(2), pytest.raises(ValueError, match=f"{flag}: the oat engine does not calibrate") as error:
         validate_args(launch.parse_args(SMALL + flags))
     assert "python -m dppo_oat.calibrate" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_oat_engine_declares_no_flag_it_refuses_for_calibration():
+    """Its ``--help`` lists what it honours: the local engine's calibration flags are not its fields."""
+    import dataclasses
+
+    from dppo_oat.engines.oat.args import DPPOOatArgs
+    from dppo_oat.settings.spec import CALIBRATION_FLAGS
+
+    assert not set(CALIBRATION_FLAGS) & {field.name for field in dataclasses.fields(DPPOOatArgs)}
 
 
 def load_docs_tables():

@@ -20,9 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Annotated, Literal
+from typing import Literal
 
-import tyro
 from oat.algorithms.ppo import PPOArgs
 from oat.args import default_args_validation
 
@@ -48,12 +47,10 @@ from dppo_oat.ranges import check_float32_fields
 from dppo_oat.run.log import check_run_name, check_wandb
 from dppo_oat.settings.grouped_cli import FlagGroup
 from dppo_oat.settings.spec import (
-    CALIBRATION_FLAGS,
     OVERRIDE_FLAGS,
     OVERRIDES_ABOUT,
     AdvantageSettings,
     DPPOFlags,
-    PresetName,
     RolloutSettings,
     RunSpec,
     SamplingSettings,
@@ -61,7 +58,6 @@ from dppo_oat.settings.spec import (
     split_ids,
     topk_logprobs_of,
 )
-from dppo_oat.trust_region import UNITS
 
 OAT_AGGREGATION = {"drgrpo": "seq-mean-token-sum-norm", "grpo": "seq-mean-token-mean"}
 """oat's loss aggregation per ``critic_type``: ``masked_sum / generate_max_length`` or ``masked_mean``, then a mean
@@ -153,17 +149,6 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     in their processes (dppo_oat/engines/oat/on_cpu.py); for a short run with a small policy on a laptop, in the
     node's software (make oat-cpu-run, docs/engines/oat.md)."""
 
-    tr_calibrate: float | None = None
-    """Refused here: the oat engine does not calibrate a band while it trains; calibrate offline from a run's token
-    export (python -m dppo_oat.calibrate) and pass the band it prints."""
-    tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
-                                 tyro.conf.arg(metavar="{None}|PRESET")] = None
-    """Refused here, as --tr_calibrate."""
-    tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
-    """Refused here, as --tr_calibrate."""
-    tr_calibrate_band: str | None = None
-    """Refused here, as --tr_calibrate."""
-
     # oat defaults changed for DPPO.
     algo: Literal["DPO", "IPO", "LR_DPO", "SLiC", "SimPO", "BNF", "SFT", "PPO"] = "PPO"
     beta: float = 0.0
@@ -180,7 +165,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
 
 
 HELP_GROUPS = (
-    FlagGroup("dppo trust-region", OVERRIDES_ABOUT, ("trust_region", *OVERRIDE_FLAGS, *CALIBRATION_FLAGS)),
+    FlagGroup("dppo trust-region", OVERRIDES_ABOUT, ("trust_region", *OVERRIDE_FLAGS)),
     FlagGroup("dppo tasks", "", ("env_ids", "env_module", "env_seed", "prompt_template", "wrappers", "max_turns",
                                  "groups_per_step", "seeded_sampling")),
     FlagGroup("dppo evaluation", "", ("eval_env_ids", "eval_seed_start", "num_eval_seeds", "eval_env_seed")),
@@ -275,7 +260,6 @@ def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
     _check_checkpoints(args)
     _check_files(args)
     _check_lora(args)
-    _check_calibration(args)
     if args.algo != "PPO":
         raise ValueError(f"the oat engine runs algo PPO (got {args.algo!r})")
     if args.asynchronous:
@@ -348,23 +332,6 @@ def _check_files(args: DPPOOatArgs) -> None:
     if args.tokenizer:
         check_model_source("--tokenizer", args.tokenizer, model=False)
     check_save_path(args.save_path)
-
-
-CALIBRATION_REFUSED = (
-    "the oat engine does not calibrate a band while it trains (every learner would have to switch to one band "
-    "between two steps): calibrate offline from a run's token export (--token_export all, then python -m "
-    "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
-    "--tr_eps_high, ...)"
-)
-"""Why the calibration flags of :class:`~dppo_oat.settings.spec.DPPOFlags` are refused here."""
-
-
-def _check_calibration(args: DPPOOatArgs) -> None:
-    """``--tr_calibrate``, ``--tr_calibrate_like``, ``--tr_calibrate_unit`` and ``--tr_calibrate_band`` are the local
-    engine's: :data:`CALIBRATION_REFUSED`."""
-    flags = [f"--{name}" for name in CALIBRATION_FLAGS if getattr(args, name) not in (None, "token")]
-    if flags:
-        raise ValueError(f"{', '.join(flags)}: {CALIBRATION_REFUSED}")
 
 
 def _check_lora(args: DPPOOatArgs) -> None:

@@ -31,9 +31,34 @@ PROG = "python -m dppo_oat.train --engine oat"
 DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 
+CALIBRATION_REFUSED = (
+    "the oat engine does not calibrate a band while it trains (every learner would have to switch to one band "
+    "between two steps): calibrate offline from a run's token export (--token_export all, then python -m "
+    "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
+    "--tr_eps_high, ...)"
+)
+"""Why the local engine's calibration flags (:class:`~dppo_oat.settings.spec.CalibrationFlags`) are not the oat
+engine's."""
+
+
+def local_flags_given(argv: Sequence[str]) -> list[str]:
+    """The local engine's calibration flags in ``argv``, in either spelling (``--tr_calibrate``,
+    ``--tr-calibrate-like=…``): the oat engine does not declare them, so that its ``--help`` lists only what it
+    honours, and refuses them with :data:`CALIBRATION_REFUSED` rather than as unknown flags."""
+    from dppo_oat.settings.spec import CALIBRATION_FLAGS
+
+    spellings = {f"--{name}" for name in CALIBRATION_FLAGS} | {f"--{name.replace('_', '-')}" for name in
+                                                                CALIBRATION_FLAGS}
+    return [arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in spellings]
+
+
 def parse_args(argv: Sequence[str]):
     """The command line as :class:`DPPOOatArgs` (oat's flag spelling: ``--rollout_batch_size 128``); ``--help`` shows
-    oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`)."""
+    oat's flags, then DPPO's in sections (:data:`~dppo_oat.engines.oat.args.HELP_GROUPS`). A calibration flag of the
+    local engine is a ValueError of one line (:func:`local_flags_given`)."""
+    given = local_flags_given(argv)
+    if given:
+        raise ValueError(f"{', '.join(given)}: {CALIBRATION_REFUSED}")
     from dppo_oat.engines.oat.args import HELP_GROUPS, DPPOOatArgs
     from dppo_oat.settings.grouped_cli import parse_grouped
     from dppo_oat.settings.spec import without_markup
