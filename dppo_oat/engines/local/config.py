@@ -114,7 +114,7 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
     """
 
     engine: Literal["local", "oat"] = "local"
-    """local: this process (CPU or one GPU). oat: oat + vLLM + DeepSpeed on a GPU node (other flags: --help there)."""
+    """local: this process (CPU or one GPU); oat: oat, vLLM and DeepSpeed on a GPU node."""
     env_ids: tuple[str, ...] = (DEFAULT_ENV,)
     """Gem env ids, assigned to groups round-robin."""
     prompt_template: str | None = None
@@ -135,7 +135,7 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
     steps: int = flag(100, resumable=True)
     """RL steps, each one rollout batch (--groups-per-step × --group-size episodes) and its update."""
     groups_per_step: int = 16
-    """Groups per rollout batch; each group plays one puzzle seed --group-size times."""
+    """Groups per rollout batch, each one puzzle seed played --group-size times."""
     group_size: int = 4
     """Episodes per group (same seed): the GRPO group."""
     minibatch_size: int = 256
@@ -149,8 +149,7 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
     num_epochs: int = 1
     """Passes over every rollout batch (each pass reshuffles it into minibatches)."""
     lr: float | None = None
-    """AdamW learning rate of the RL update (see --lr-schedule). None: 1e-6 (the paper's) with --pretrain; for the
-    built-in policy 3e-4 × (128 / hidden size) × (2 / layers) (3e-4 tiny, 8.3e-6 qwen3-100m)."""
+    """AdamW learning rate. None: 1e-6 (the paper's) with --pretrain, else 3e-4 × (128 / hidden) × (2 / layers)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
     """linear: lr · (steps − t + 1) / steps at step t (a resume that extends --steps re-plans it); constant."""
     weight_decay: float = 0.0
@@ -268,7 +267,7 @@ def usable_cpus() -> int:
 
 MAX_THREADS_PER_CPU = 4
 """``--threads`` may be at most this many times :func:`usable_cpus` (past it, torch's thread pool only costs memory
-and start-up time: a count in the millions ran out of memory)."""
+and start-up time: a count in the millions runs out of memory)."""
 
 
 def one_minute_load() -> float | None:
