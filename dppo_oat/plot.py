@@ -7,9 +7,10 @@ for are skipped with a note. A curve whose rule cannot be read as a trust region
 of the tokens, or most of its runs collapsed within 5 steps: :mod:`dppo_oat.analysis.degenerate`) is named with its
 flag in the legend and in a ``flagged curve`` note. Every path must be a run directory
 (``config.json``/``metrics.jsonl``); glob patterns keep the run directories they match. A damaged run, or one that
-logged nothing yet, is skipped with a warning (:func:`dppo_oat.analysis.runs.load_runs`). ``-o`` names a file: a
-directory, or a suffix matplotlib cannot write, is refused before any run is read; without a suffix the image is a
-PNG named ``<output>.png``.
+logged nothing yet, is skipped with a warning (:func:`dppo_oat.analysis.runs.load_runs`); so are log rows whose step
+lies outside [0, 1e9], and a run without ``config.json`` or with a null trust region is drawn with one. ``-o`` names
+a file: a directory, or a suffix matplotlib cannot write, is refused before any run is read, as is an option out of
+its range (``--ncols`` past 16, ``--dpi`` past 1200); without a suffix the image is a PNG named ``<output>.png``.
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ class PlotArgs:
     band: Literal["std", "minmax", "none"] = "std"
     """spread across the runs of a curve"""
     ncols: int | None = None
-    """panels per row (None: up to 4)"""
+    """panels per row, at most 16 (None: up to 4)"""
     title: str | None = None
     """a title above the figure"""
     dpi: int = 150
-    """resolution of raster images"""
+    """resolution of raster images, in [1, 1200]"""
 
 
 DESCRIPTION = (
@@ -94,15 +95,23 @@ def output_problem(output: Path) -> str | None:
     return None
 
 
+MAX_NCOLS = 16
+"""The most panels a row (``--ncols``): a figure 64 inches wide. Far past it, laying out the empty grid cells alone
+takes hours (``--ncols 1000``)."""
+MAX_DPI = 1200
+"""The highest resolution (``--dpi``), a print shop's; far past it a figure's pixels outgrow the memory
+(``--dpi 100000``: a ``MemoryError``)."""
+
+
 def options_problem(args: PlotArgs) -> str | None:
     """Why an option is out of its range (None when none is): the smoothing's σ is a finite number ≥ 0, the panels
-    per row and the resolution are at least 1."""
+    per row are in [1, :data:`MAX_NCOLS`] and the resolution in [1, :data:`MAX_DPI`]."""
     if not 0 <= args.sigma < math.inf:
         return f"--sigma must be a finite number >= 0 (0: raw curves only), got {args.sigma}"
-    if args.ncols is not None and args.ncols < 1:
-        return f"--ncols must be >= 1 (leave it out for up to 4 panels a row), got {args.ncols}"
-    if args.dpi < 1:
-        return f"--dpi must be >= 1, got {args.dpi}"
+    if args.ncols is not None and not 1 <= args.ncols <= MAX_NCOLS:
+        return f"--ncols must be in [1, {MAX_NCOLS}] (leave it out for up to 4 panels a row), got {args.ncols}"
+    if not 1 <= args.dpi <= MAX_DPI:
+        return f"--dpi must be in [1, {MAX_DPI}] (150 by default; 300 prints sharp), got {args.dpi}"
     return None
 
 

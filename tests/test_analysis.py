@@ -174,7 +174,8 @@ def test_an_oat_runs_algo_key_is_not_read_as_its_preset(tmp_path):
     assert load_run(oat).algo == "dppo_binary_tv"
     nameless = write_config_run(tmp_path / "nameless", {"engine": "oat", "algo": "PPO",
                                                         "trust_region": {"rule": "ratio"}})
-    assert load_run(nameless).algo == "custom"
+    with pytest.warns(UserWarning, match="names no trust region: its curve is drawn as 'custom'"):
+        assert load_run(nameless).algo == "custom"
     local = write_config_run(tmp_path / "local", {"engine": "local", "algo": "cispo"})
     assert load_run(local).algo == "cispo"
 

@@ -107,9 +107,11 @@ def test_load_run_names_the_damaged_file(tmp_path):
 
 def test_a_config_with_missing_keys_loads_with_defaults(tmp_path):
     bare = damaged(tmp_path, "bare", config=b"{}")
-    run = load_run(bare)
+    with pytest.warns(UserWarning, match="names no trust region"):
+        run = load_run(bare)
     assert (run.name, run.algo, run.env, run.seed) == ("bare", "custom", "unknown", None)
-    assert set(load_runs([bare])["label"]) == {"custom"}
+    with pytest.warns(UserWarning, match="names no trust region"):
+        assert set(load_runs([bare])["label"]) == {"custom"}
 
 
 def test_env_ids_given_as_one_string_is_one_environment(tmp_path):
@@ -187,6 +189,64 @@ def test_metrics_named_like_the_long_tables_columns(tmp_path):
     df = load_runs([run])
     assert sorted(df[["metric", "value"]].values.tolist()) == [["metric", 2.0], ["run", 3.0], ["value", 0.5]]
     assert set(df["run"]) == {"a"}
+
+
+@pytest.mark.fault("a run whose `metrics.jsonl` (or `eval.jsonl`) logs a negative step or one past 1e9 (a hand-edited "
+                   "or damaged log), given to `load_runs`, `dppo_oat.plot` or the notebooks",
+                   "those rows are left out with one warning naming the log, how many and the first such step; a run "
+                   "with no step in range is skipped, saying so")
+@pytest.mark.parametrize("log", ["metrics.jsonl", "eval.jsonl"])
+@pytest.mark.parametrize("step", [-1, -1000, 10**9 + 1, 2**40, 9.5e17])
+def test_a_step_out_of_range_is_left_out_with_a_warning(tmp_path, log, step):
+    run = write_run(tmp_path, "a", metrics=hand_metrics([0.1, 0.2]))
+    row = {"step": step, "reward": 5.0} if log == "metrics.jsonl" else {"step": step, "eval/success": 0.5}
+    with (run / log).open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = load_runs([run])
+    messages = [str(warning.message) for warning in caught]
+    assert messages == [f"{run / log}: 1 row(s) with a step outside [0, 1,000,000,000] left out (step {int(step)} "
+                        "first)"], messages
+    assert df["step"].between(0, 2).all()
+
+
+def test_a_run_with_no_step_in_range_is_skipped_saying_so(tmp_path, good):
+    bad = damaged(tmp_path, "bad", metrics=b'{"step": -3, "reward": 1.0}\n{"step": 2e9, "reward": 2.0}\n')
+    df = load_skipping_one([good, bad], bad, "no row of its metrics.jsonl has a step in [0, 1,000,000,000]")
+    assert set(df["run"]) == {"good"}
+
+
+@pytest.mark.fault("a run without `config.json`, or whose `config.json` has `\"trust_region\": null` (or names no "
+                   "trust region), given to `load_runs`, `dppo_oat.plot` or the notebooks",
+                   "drawn, with one warning naming the run and what its curve is drawn as (`custom`, or its preset "
+                   "with the preset's own settings)")
+@pytest.mark.parametrize("config, fragment", [
+    (None, "no config.json: its curve is drawn as 'custom', with no environment or seed"),
+    (b'{"run_name": "bad", "trust_region": null}', '"trust_region": null: its curve is drawn as \'custom\''),
+    (b'{"run_name": "bad", "algo": "dppo_binary_tv", "trust_region": null}',
+     '"trust_region": null: its curve is drawn as \'dppo_binary_tv\' with the preset\'s own settings'),
+    (b'{"run_name": "bad", "seed": 1}', "names no trust region: its curve is drawn as 'custom'"),
+])
+def test_a_run_that_does_not_say_its_trust_region_warns(tmp_path, good, config, fragment):
+    bad = damaged(tmp_path, "bad", config=config)
+    if config is None:
+        (bad / "config.json").unlink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = load_runs([good, bad])
+    messages = [str(warning.message) for warning in caught]
+    assert len(messages) == 1 and messages[0].startswith(f"{bad}: ") and fragment in messages[0], messages
+    assert set(df["run"]) == {"good", "bad"}
+
+
+def test_plot_says_which_run_has_no_config_in_one_line(tmp_path, good, capsys):
+    bad = damaged(tmp_path, "bad")
+    (bad / "config.json").unlink()
+    main([str(good), str(bad), "-o", str(tmp_path / "figure.png")])
+    err = capsys.readouterr().err
+    assert f"dppo-plot: warning: {bad}: no config.json" in err and (tmp_path / "figure.png").exists()
+    assert all(line.startswith("dppo-plot: ") for line in err.splitlines()), err
 
 
 # --------------------------------------------------------------------------------------------- the study
@@ -324,8 +384,12 @@ def test_a_run_file_that_is_not_a_regular_file_skips_its_run(name, kind, tmp_pat
 @pytest.mark.fault("`dppo_oat.plot --sigma -1` (or `nan`, `inf`), `--ncols 0`, `--dpi 0`",
                    "one line before any run is read: `dppo-plot: error: --sigma must be a finite number >= 0 …` "
                    "(exit 2)")
+@pytest.mark.fault("`dppo_oat.plot --ncols 1000` or `--dpi 100000`: past 16 panels a row (hours of layout) or 1200 "
+                   "dpi (more pixels than memory holds)",
+                   "one line before any run is read: `dppo-plot: error: --ncols must be in [1, 16] …` (exit 2)")
 @pytest.mark.parametrize("flag, value", [("--sigma", "-1"), ("--sigma", "nan"), ("--sigma", "inf"),
-                                         ("--ncols", "0"), ("--dpi", "0")])
+                                         ("--ncols", "0"), ("--dpi", "0"), ("--ncols", "1000"), ("--ncols", "17"),
+                                         ("--dpi", "100000"), ("--dpi", "1201"), ("--dpi", "-5")])
 def test_plot_refuses_options_out_of_range(flag, value, tmp_path, good, capsys, monkeypatch):
     refuse_before_reading(monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
@@ -333,6 +397,13 @@ def test_plot_refuses_options_out_of_range(flag, value, tmp_path, good, capsys, 
     assert exit_info.value.code == 2
     assert one_line(capsys.readouterr().err).startswith(f"dppo-plot: error: {flag} must be")
     assert not (tmp_path / "figure.png").exists()
+
+
+def test_plot_takes_options_at_the_ends_of_their_ranges(tmp_path):
+    from dppo_oat.plot import MAX_DPI, MAX_NCOLS, PlotArgs, options_problem
+
+    for ncols, dpi in ((1, 1), (MAX_NCOLS, MAX_DPI)):
+        assert options_problem(PlotArgs(runs=("x",), ncols=ncols, dpi=dpi)) is None
 
 
 # --------------------------------------------------------------------------------------------- runs counted once

@@ -169,6 +169,16 @@ def check_run_files(path: Path) -> None:
             raise DamagedRun(path, problem)
 
 
+MAX_STEP = 10**9
+"""The largest step the analysis draws (and 0 the smallest: the evaluation before RL): a log row outside [0,
+MAX_STEP] comes from a damaged or hand-edited log, not from a run, and is left out with a warning."""
+
+
+def step_in_range(steps: pd.Series) -> pd.Series:
+    """Where ``steps`` (numbers) lie in [0, :data:`MAX_STEP`]."""
+    return steps.between(0, MAX_STEP)
+
+
 def step_numbers(column: pd.Series) -> pd.Series:
     """A ``step`` column as floats: NaN where a value is not a finite number within int64's range (booleans and
     strings that are not numbers included)."""
@@ -189,8 +199,11 @@ def no_rows_reason(path: Path) -> str:
     if not rows:
         return f"no line of its {METRICS_FILE} is a JSON object" if unreadable else \
             f"no step logged yet (its {METRICS_FILE} holds no row)"
-    if step_numbers(pd.Series([row.get("step") for row in rows], dtype=object)).isna().all():
+    steps = step_numbers(pd.Series([row.get("step") for row in rows], dtype=object))
+    if steps.isna().all():
         return f'no row of its {METRICS_FILE} has a numeric "step"'
+    if not step_in_range(steps).any():
+        return f"no row of its {METRICS_FILE} has a step in [0, {MAX_STEP:,}]"
     return f"its {METRICS_FILE} holds no number besides the steps"
 
 

@@ -7,7 +7,9 @@ object per RL step: "step", "reward", "mask/fraction", "shadow/ppo/...", ...), `
 
 The long table has one row per (run, step, metric) with the columns of :data:`RUN_COLUMNS` plus ``step``,
 ``metric`` and ``value``, so runs that log different metrics (or none of some) sit in one table. A damaged run, or
-one without a logged number yet, is skipped with a warning (the rules: :mod:`dppo_oat.analysis.run_checks`).
+one without a logged number yet, is skipped with a warning (the rules: :mod:`dppo_oat.analysis.run_checks`); a log
+row whose step lies outside [0, 1e9] is left out with one, and a run that does not say what trained it (no
+``config.json``, a null or unnamed trust region) is drawn with one.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import pandas as pd
 
 from dppo_oat.analysis.run_checks import (
     CHOICE_FIELDS,
+    MAX_STEP,
     DamagedRun,
     check_run_files,
     no_rows_reason,
     none_left_message,
     read_config,
     skipped_message,
+    step_in_range,
     step_numbers,
 )
 from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
@@ -188,10 +192,31 @@ def load_run(path: PathLike) -> Run:
         raise ValueError(not_a_run_dir_message(path))
     check_run_files(path)
     config = read_config(path)
+    unknown = unknown_method_reason(path, config)
     if "trust_region" in config:
         config["trust_region"] = normalize_trust_region(config["trust_region"] or {})
     run_dir = RunDir(path)
-    return Run(path=path, config=config, metrics=read_log(run_dir.metrics), eval=read_log(run_dir.eval))
+    run = Run(path=path, config=config, metrics=read_log(run_dir.metrics), eval=read_log(run_dir.eval))
+    if unknown is not None:
+        drawn_as = f"{run.algo!r}" if run.algo == "custom" else f"{run.algo!r} with the preset's own settings"
+        if run.env == "unknown" and run.seed is None:
+            drawn_as += ", with no environment or seed"
+        warnings.warn(f"{path}: {unknown}: its curve is drawn as {drawn_as}", stacklevel=2)
+    return run
+
+
+def unknown_method_reason(path: Path, config: dict) -> str | None:
+    """Why a run's ``config.json`` (as :func:`~dppo_oat.analysis.run_checks.read_config` read it: ``{}`` when there
+    is none) does not say what trained it, None when it does: there is no ``config.json``, its ``trust_region`` is
+    null, or it names no trust region (neither ``trust_region.name`` nor a preset ``algo``)."""
+    if not RunDir(path).config.is_file():
+        return f"no {CONFIG_FILE}"
+    if "trust_region" in config and config["trust_region"] is None:
+        return f'its {CONFIG_FILE} has "trust_region": null'
+    named = isinstance(config.get("trust_region"), dict) and config["trust_region"].get("name")
+    if not (named or (config.get("algo") and config.get("engine") != "oat")):
+        return f"its {CONFIG_FILE} names no trust region"
+    return None
 
 
 def read_log(log: Path) -> pd.DataFrame:
@@ -204,7 +229,20 @@ def read_log(log: Path) -> pd.DataFrame:
         shown = log.name if log.is_file() or not packed.is_file() else packed.name
         raise DamagedRun(log.parent, f"its {shown} cannot be read ({getattr(error, 'strerror', None) or error})") \
             from None
-    return without_repeated_steps(table, log)
+    return without_repeated_steps(without_steps_out_of_range(table, log), log)
+
+
+def without_steps_out_of_range(table: pd.DataFrame, log: Path) -> pd.DataFrame:
+    """``table`` without the rows whose step is below 0 or past
+    :data:`~dppo_oat.analysis.run_checks.MAX_STEP` (a damaged or hand-edited log: no run logs them), with one warning
+    naming the log, how many and the first (a curve would otherwise stretch its axis to them)."""
+    outside = ~step_in_range(table["step"])
+    if not outside.any():
+        return table
+    first = int(table.loc[outside, "step"].iloc[0])
+    warnings.warn(f"{log}: {int(outside.sum())} row(s) with a step outside [0, {MAX_STEP:,}] left out (step {first} "
+                  "first)", stacklevel=2)
+    return table[~outside].reset_index(drop=True)
 
 
 def without_repeated_steps(table: pd.DataFrame, log: Path) -> pd.DataFrame:
