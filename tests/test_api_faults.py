@@ -168,3 +168,16 @@ def test_policy_loss_takes_a_presets_name_and_refuses_anything_else():
         policy_loss(logp, mu, adv, mask, None)
     with pytest.raises(ValueError, match="unknown trust-region preset 'sapoo'"):
         policy_loss(logp, mu, adv, mask, "sapoo")
+
+
+@pytest.mark.fault("`policy_loss(..., mask=response_mask, ...)` (the response tokens under the keyword M_t's name "
+                   "would take)", "`TypeError` of one line naming `response_mask=` (the rule's mask M_t is "
+                   "`PolicyLossOutput.keep`)")
+def test_the_response_mask_keyword_is_response_mask():
+    logp = torch.tensor([[0.5, 0.2]]).log()
+    response = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(TypeError, match=r"^policy_loss\(mask=\) is response_mask=") as error:
+        policy_loss(logp, logp, torch.ones(1, 1), mask=response, tr="dppo_binary_tv")
+    assert "\n" not in str(error.value)
+    out = policy_loss(logp, logp, torch.ones(1, 1), response_mask=response, tr="dppo_binary_tv")
+    assert out.keep.tolist() == [[True, True]]

@@ -139,13 +139,15 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     import typing
 
     from dppo_oat.settings.docstrings import field_docstrings
-    from dppo_oat.settings.spec import DPPOFlags, TrustRegionFlags
+    from dppo_oat.settings.spec import CalibrationFlags, DPPOFlags, TrustRegionFlags
 
     numeric = [f.name for f in dataclasses.fields(T.TrustRegion) if f.type in ("float", "int")]
     flags = [f.name.removeprefix("tr_") for f in dataclasses.fields(TrustRegionFlags) if f.name.startswith("tr_")]
     assert flags == numeric
     others = [f.name for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_") and f.name[3:] not in numeric]
-    assert others == ["tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band"]  # no field
+    assert others == []  # calibration's flags are the engines' that calibrate (CalibrationFlags), no field
+    assert [f.name for f in dataclasses.fields(CalibrationFlags)] == ["tr_calibrate", "tr_calibrate_like",
+                                                                      "tr_calibrate_unit", "tr_calibrate_band"]
     hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
     for name in numeric:
         help_text = hints[f"tr_{name}"].__metadata__[0].help

@@ -11,6 +11,7 @@ and the KL penalty; with the inputs it checks and what it returns (:class:`Polic
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -76,11 +77,31 @@ def as_trust_region(tr) -> TrustRegion:
     return tr
 
 
+RENAMED_KEYWORDS = {"mask": "response_mask"}
+"""Keywords :func:`policy_loss` refuses, each with the one it takes instead (``mask`` would read as M_t, the rule's
+``keep``)."""
+
+
+def refuse_renamed_keywords(function):
+    """``function`` with a keyword of :data:`RENAMED_KEYWORDS` refused in one line that names the new keyword."""
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        renamed = [name for name in kwargs if name in RENAMED_KEYWORDS]
+        if renamed:
+            raise TypeError(f"{function.__name__}({renamed[0]}=) is {RENAMED_KEYWORDS[renamed[0]]}=: the response "
+                            "tokens (the rule's mask M_t is PolicyLossOutput.keep)")
+        return function(*args, **kwargs)
+
+    return checked
+
+
+@refuse_renamed_keywords
 def policy_loss(
     logp: torch.Tensor,
     behavior_logp: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    response_mask: torch.Tensor,
     tr: TrustRegion | str,
     *,
     recomputed_logp: torch.Tensor | None = None,
@@ -92,16 +113,16 @@ def policy_loss(
         logp: ``[B, T]`` log π_θ(a_t|s_t), with gradient.
         behavior_logp: ``[B, T]`` log μ(a_t|s_t) from the rollout engine.
         advantages: ``[B, 1]`` (per sequence) or ``[B, T]`` (per token).
-        mask: ``[B, T]`` bool, the response mask: True on response tokens; a row is one response (one turn), the
+        response_mask: ``[B, T]`` bool: True on response tokens; a row is one response (one turn), the
             sequence the sequence-level rules (``decoupled_seq``, ``seq_geo``, TRM, GSPO...) aggregate over.
         tr: the trust region, or a preset's name (``"dppo_binary_tv"``: its defaults).
         recomputed_logp: ``[B, T]`` log π_θ'(a_t|s_t), needed when ``tr.needs_recompute``.
         topk: the top-K set with μ's and π_θ's log-probs, needed when ``tr.uses_topk``.
     """
     tr = as_trust_region(tr)
-    _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk)
+    _check_inputs(logp, behavior_logp, advantages, response_mask, tr, recomputed_logp, topk)
     rule = RULE_TABLE[tr.rule]
-    response = mask.bool()
+    response = response_mask.bool()
     with torch.no_grad():
         finite = finite_tokens(logp.detach(), behavior_logp, advantages, recomputed_logp, topk)
         counted = response & finite  # a token with a non-finite input is left out: no NaN reaches the loss
@@ -170,13 +191,14 @@ def _check_logprobs_at_most_zero(response: torch.Tensor, **logprobs: torch.Tenso
                              "logits or probabilities")
 
 
-def _check_inputs(logp, behavior_logp, advantages, mask, tr, recomputed_logp, topk) -> None:
+def _check_inputs(logp, behavior_logp, advantages, response_mask, tr, recomputed_logp, topk) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     if logp.numel() == 0:
         raise ValueError(f"logp holds no token (shape {tuple(logp.shape)}): give a batch of at least one response "
                          "token")
-    for name, tensor in (("behavior_logp", behavior_logp), ("mask", mask), ("recomputed_logp", recomputed_logp)):
+    for name, tensor in (("behavior_logp", behavior_logp), ("response_mask", response_mask),
+                         ("recomputed_logp", recomputed_logp)):
         if tensor is not None and tensor.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape, (logp.shape[0], 1)):

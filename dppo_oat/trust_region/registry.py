@@ -12,7 +12,6 @@ declaration.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,13 +65,6 @@ class MaskInputs:
     def ratio(self) -> torch.Tensor:
         """r_t = π_θ/anchor (log r clamped at :data:`~dppo_oat.trust_region.masks.MAX_LOG_RATIO`)."""
         return (self.logp - self.anchor_logp).clamp(max=MAX_LOG_RATIO).exp()
-
-    @property
-    def mask(self) -> torch.Tensor:
-        """Deprecated name of :attr:`response` (M_t is the rule's ``keep``)."""
-        warnings.warn("MaskInputs.mask is deprecated: use MaskInputs.response (the response tokens)",
-                      DeprecationWarning, stacklevel=2)
-        return self.response
 
 
 # --------------------------------------------------------------------------------------------- divergences

@@ -72,7 +72,7 @@ def make_policy_loss(preset: str) -> Callable[..., tuple[torch.Tensor, dict[str,
         if config is None:
             raise ValueError(f"{loss_name(preset)} needs verl's actor config")
         tr = trust_region_for(preset, config)
-        out = policy_loss(log_prob, advantages=advantages, mask=response_mask.bool(), tr=tr,
+        out = policy_loss(log_prob, advantages=advantages, response_mask=response_mask.bool(), tr=tr,
                           **anchors(tr, old_log_prob, response_mask, rollout_is_weights, config))
         batch_info = dict(getattr(config, "global_batch_info", None) or {})
         loss = agg_loss(loss_mat=out.loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
