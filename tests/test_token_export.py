@@ -3,6 +3,7 @@ background thread, its records' fields named as prime-rl's token export names th
 
 import json
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -74,6 +75,89 @@ def test_a_failed_write_is_raised_at_the_next_step(tmp_path):
     with pytest.raises(OSError):
         exporter.write(2)
     exporter.close()
+
+
+# --------------------------------------------------------------------------------------------- reading it back
+
+RECORD = {"schema_version": 1, "step": 1, "row": 0, "turn": 0, "env_name": "e", "token_ids": [5, 6],
+          "loss_mask": [True, True], "is_masked": [False, False], "is_masked_high": [False, False],
+          "is_masked_low": [False, False], "advantages": [1.0, 1.0], "inference_logprobs": [-0.1, -0.2],
+          "trainer_logprobs": [-0.1, -0.2], "importance_ratio": [1.0, 1.0], "entropy": [None, None]}
+"""A record of two tokens, as :func:`~dppo_oat.run.token_export.row_records` writes one."""
+
+
+def write_export(run_dir, step: int, lines: list) -> None:
+    """Step ``step``'s export file of ``run_dir``: a line per item (a record as JSON, or the bytes given)."""
+    path = export_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n"
+                              for line in lines))
+
+
+def without(*names: str) -> dict:
+    return {key: value for key, value in RECORD.items() if key not in names}
+
+
+@pytest.mark.fault("`read_token_export(run)` (the notebooks, `dppo_oat.calibrate`) on a step export with a damaged "
+                   "record (not JSON, not UTF-8, not a JSON object, a field missing, not a list or of another length "
+                   "than the others) or whose file is a directory",
+                   "a `ValueError` naming the file, the step and the line (never a bare `TypeError`, `KeyError` or "
+                   "`IsADirectoryError`, or a JSON error naming no file)")
+@pytest.mark.parametrize("damage, reason", [
+    (b'{"step": 1, "row"', "not JSON"),
+    (b"\xff\xfe not text", "not UTF-8"),
+    ([1, 2], "a list, not a JSON object"),
+    ("a string", "a string, not a JSON object"),
+    (None, "null, not a JSON object"),
+    (without("token_ids"), "lacks token_ids"),
+    (without("step", "row"), "lacks step, row"),
+    ({**RECORD, "token_ids": 5}, "its token_ids is not a list"),
+    ({**RECORD, "entropy": [0.5]}, "its per-token fields differ in length"),
+    ({**RECORD, "row": "0"}, "its row is not an integer"),
+    ({**RECORD, "step": True}, "its step is not an integer"),
+])
+def test_a_damaged_record_is_a_value_error_naming_the_file_step_and_line(tmp_path, damage, reason):
+    write_export(tmp_path, 1, [RECORD, damage])
+    with pytest.raises(ValueError) as raised:
+        read_token_export(tmp_path, 1)
+    line = "" if reason == "not UTF-8" else ", line 2"
+    assert str(raised.value).startswith(f"token export {export_path(tmp_path, 1)} (step 1){line}: "), raised.value
+    assert reason in str(raised.value) and type(raised.value) is ValueError
+    with pytest.raises(ValueError, match=r"\(step 1\)"):  # read with every step as well
+        read_token_export(tmp_path)
+
+
+def test_an_export_file_that_is_a_directory_is_a_value_error_naming_it(tmp_path):
+    export_path(tmp_path, 3).mkdir(parents=True)
+    with pytest.raises(ValueError) as raised:
+        read_token_export(tmp_path, 3)
+    assert str(raised.value).startswith(f"token export {export_path(tmp_path, 3)} (step 3) is a directory")
+
+
+@pytest.mark.fault("a step export that holds a record twice (the same step and row: a file appended to, or a copy's "
+                   "lines)",
+                   "one warning naming the file, the step and the row (and how many were repeated); the last copy of "
+                   "each is kept, so no token is counted twice")
+@pytest.mark.parametrize("copies", [2, 3])
+def test_a_record_written_twice_is_read_once_with_a_warning(tmp_path, copies):
+    other = {**RECORD, "row": 4}
+    last = {**RECORD, "advantages": [-1.0, -1.0]}
+    write_export(tmp_path, 1, [RECORD] * (copies - 1) + [other, last])
+    with pytest.warns(UserWarning) as caught:
+        frame = read_token_export(tmp_path, 1)
+    assert [str(w.message) for w in caught] == [
+        f"{export_path(tmp_path, 1)}: the record of step 1, row 0 is written more than once (1 record(s) repeated): "
+        "the last copy of each is kept"]
+    assert sorted(frame["row"]) == [0, 0, 4, 4] and list(frame.loc[frame["row"] == 0, "advantages"]) == [-1.0, -1.0]
+
+
+def test_records_of_distinct_steps_and_rows_are_all_kept(tmp_path):
+    write_export(tmp_path, 1, [RECORD, {**RECORD, "row": 1}])
+    write_export(tmp_path, 2, [{**RECORD, "step": 2}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frame = read_token_export(tmp_path)
+    assert frame[["step", "row"]].drop_duplicates().values.tolist() == [[1, 0], [1, 1], [2, 0]]
 
 
 # --------------------------------------------------------------------------------------------- offline calibration

@@ -27,6 +27,7 @@ import os
 import tempfile
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -239,23 +240,123 @@ def _probe_folder(folder: Path) -> None:
         os.fsync(handle.fileno())
 
 
+RECORD_KEYS = ("step", "row", "turn", "env_name")
+"""A record's fields that name it (a record of a step is one row of its batch: ``step`` and ``row`` are its key)."""
+TOKEN_FIELDS = ("token_ids", *BOOL_COLUMNS, *FLOAT_COLUMNS)
+"""A record's per-token fields: lists of one length, a value per token."""
+
+
+def json_kind(value) -> str:
+    """The JSON type of a parsed value, as a message names it: ``a list``, ``null``, ``a string``, ..."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def record_problem(record) -> str | None:
+    """Why a parsed line is not a record of a step's export (None when it is one): not a JSON object, a field of
+    :data:`RECORD_KEYS` or :data:`TOKEN_FIELDS` missing, a ``step`` or ``row`` that is not an integer, a per-token
+    field that is not a list, or per-token fields of different lengths."""
+    if not isinstance(record, dict):
+        return f"holds {json_kind(record)}, not a JSON object"
+    missing = [name for name in (*RECORD_KEYS, *TOKEN_FIELDS) if name not in record]
+    if missing:
+        return f"the record lacks {', '.join(missing)}"
+    for key in ("step", "row"):
+        if isinstance(record[key], bool) or not isinstance(record[key], int):
+            return f"its {key} is not an integer ({json_kind(record[key])})"
+    for name in TOKEN_FIELDS:
+        if not isinstance(record[name], list):
+            return f"its {name} is not a list ({json_kind(record[name])})"
+    lengths = sorted({len(record[name]) for name in TOKEN_FIELDS})
+    if len(lengths) > 1:
+        return f"its per-token fields differ in length ({lengths[0]} to {lengths[-1]} values)"
+    return None
+
+
+def read_export_file(path: Path, step: int) -> list[dict]:
+    """The records of step ``step``'s export file ``path`` (blank lines skipped). A file that cannot be read, or a
+    line that is not a record (:func:`record_problem`), is a ``ValueError`` naming the file, the step and the line."""
+    where = f"token export {path} (step {step})"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ValueError(f"{where} is a directory, not a file: move it out of {path.parent} (that step has no "
+                         "export then), or read another step") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where}: not UTF-8 text (byte {error.start} of the file): restore it from a copy, or read "
+                         "another step") from None
+    except OSError as error:
+        raise ValueError(f"{where} cannot be read ({error.strerror or error})") from None
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            problem = f"not JSON ({error.msg} at column {error.colno})"
+        else:
+            problem = record_problem(record)
+        if problem is not None:
+            raise ValueError(f"{where}, line {number}: {problem}: restore the file from a copy, or read another "
+                             "step")
+        records.append(record)
+    return records
+
+
+def first_repeat(keys: list) -> int:
+    """The index of the first key of ``keys`` that an earlier one equals (ask only when there is one)."""
+    seen = set()
+    for index, key in enumerate(keys):
+        if key in seen:
+            return index
+        seen.add(key)
+    raise ValueError("no key is repeated")
+
+
+def without_repeated_records(read: list[tuple[Path, dict]]) -> list[dict]:
+    """The records of ``read`` (each with the file it was read from, in the order read) with each ``(step, row)``
+    once, the last copy kept: where a record is written twice (a file appended to, a copy's lines), one warning names
+    the file of the first repeat, that record and how many records were repeated (their tokens would otherwise count
+    twice)."""
+    keys = [(record["step"], record["row"]) for _, record in read]
+    last = {key: index for index, key in enumerate(keys)}
+    if len(last) == len(keys):
+        return [record for _, record in read]
+    first = first_repeat(keys)
+    repeated = sum(1 for count in Counter(keys).values() if count > 1)
+    warnings.warn(f"{read[first][0]}: the record of step {keys[first][0]}, row {keys[first][1]} is written more "
+                  f"than once ({repeated} record(s) repeated): the last copy of each is kept", stacklevel=3)
+    return [record for index, (_, record) in enumerate(read) if last[keys[index]] == index]
+
+
+def record_frame(record: dict):
+    """One record as a pandas DataFrame, a row per token: its :data:`TOKEN_FIELDS`, ``position`` (the index within
+    the record) and, in front, its :data:`RECORD_KEYS`."""
+    import pandas as pd
+
+    frame = pd.DataFrame({name: record[name] for name in TOKEN_FIELDS})
+    frame.insert(0, "position", range(len(frame)))
+    for key in reversed(RECORD_KEYS):
+        frame.insert(0, key, record[key])
+    return frame
+
+
 def read_token_export(run_dir: Path, step: int | None = None):
     """The export of ``step`` (every step when None) as a pandas DataFrame, a row per token: the records' per-token
     arrays exploded, with ``step``, ``row``, ``turn``, ``env_name`` and ``position`` (index within the record).
 
     A run without exports, or a ``step`` it did not export, is a ``ValueError`` (one line naming the steps it has);
-    reading every step warns once when steps between the first and the last exported are missing."""
+    so is a damaged file or record (naming the file, the step and the line: :func:`read_export_file`). Reading every
+    step warns once when steps between the first and the last exported are missing, and a record written twice is
+    read once, with a warning (:func:`without_repeated_records`)."""
     import pandas as pd
 
-    paths = [RunDir(run_dir).export(exported) for exported in exported_steps_of(run_dir, step)]
-    frames = []
-    for path in paths:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            columns = {name: record[name] for name in ("token_ids", *BOOL_COLUMNS, *FLOAT_COLUMNS)}
-            frame = pd.DataFrame(columns)
-            frame.insert(0, "position", range(len(frame)))
-            for key in ("env_name", "turn", "row", "step"):
-                frame.insert(0, key, record[key])
-            frames.append(frame)
+    read = []
+    for exported in exported_steps_of(run_dir, step):
+        path = RunDir(run_dir).export(exported)
+        read += [(path, record) for record in read_export_file(path, exported)]
+    frames = [record_frame(record) for record in without_repeated_records(read)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
