@@ -285,8 +285,8 @@ def test_a_rule_without_a_band_is_refused(name):
 
 @pytest.fixture
 def declared_rules():
-    """Two rules registered for one test: one whose δ weighs a loss term (``threshold_blocks=False``), one with a
-    soft gate on a field it reads (``soft_gate``); and a preset of each. Removed after it."""
+    """Two rules registered for one test: one that reads δ for its loss term alone (no threshold), one with a soft
+    gate on a field it reads (``soft_gate``); and a preset of each. Removed after it."""
     from dppo_oat.trust_region import PRESETS, RULE_TABLE, Preset, Rule, register_rule
 
     def keep_all(x, tr):
@@ -295,7 +295,10 @@ def declared_rules():
     def half_gate(x, tr):
         return torch.exp(-tr.tau_pos * (x.logp - x.anchor_logp).abs())
 
-    register_rule("weighted_only", Rule("binary_tv", keep_all, threshold="delta", threshold_blocks=False))
+    def delta_term(logp, x, tr):
+        return tr.delta * logp
+
+    register_rule("weighted_only", Rule("binary_tv", keep_all, reads=("delta",), loss_term=delta_term))
     register_rule("gated_only", Rule("ratio", keep_all, reads=("tau_pos",), soft_gate=half_gate))
     PRESETS["weighted_only"] = Preset({"rule": "weighted_only", "delta": 0.2}, "a test's rule")
     PRESETS["gated_only"] = Preset({"rule": "gated_only", "tau_pos": 1.0}, "a test's rule")
@@ -307,11 +310,11 @@ def declared_rules():
 
 
 def test_what_a_rule_declares_decides_its_band(declared_rules):
-    """No list names a rule: one whose threshold weighs a loss term has no band; a soft gate's band is the fields
-    the rule reads, a token blocked where its gate is below one half."""
+    """No list names a rule: one without a threshold (whose δ weighs a loss term) has no band; a soft gate's band is
+    the fields the rule reads, a token blocked where its gate is below one half."""
     from dppo_oat.trust_region.band_search import GATE_BAND, band_choices
 
-    with pytest.raises(ValueError, match="weighted_only has no band to calibrate.*its delta weighs a loss term"):
+    with pytest.raises(ValueError, match="weighted_only has no band to calibrate.*its delta weighs its loss term"):
         TrustRegion.preset("weighted_only").calibrate(eight_tokens(), 0.1)
     gated = TrustRegion.preset("gated_only")
     assert band_choices(gated) == (GATE_BAND,)

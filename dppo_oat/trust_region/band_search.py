@@ -138,9 +138,9 @@ def band_choices(tr: TrustRegion) -> tuple[str, ...]:
 
 def no_band_reason(rule: Rule) -> str:
     """Why ``rule`` blocks no token at any setting, from its declaration."""
-    if rule.threshold is not None:
-        return f"its {rule.threshold} weighs a loss term, not M_t"
-    return "M_t = 1: it declares no threshold and no soft gate"
+    verb = "weighs" if len(rule.reads) == 1 else "weigh"
+    weighs = f" (its {', '.join(rule.reads)} {verb} its loss term)" if rule.loss_term is not None and rule.reads else ""
+    return f"M_t = 1: it declares no threshold and no soft gate{weighs}"
 
 
 def band_fields(name: str, choices: tuple[str, ...]) -> tuple[str, ...]:

@@ -192,9 +192,6 @@ class Rule:
     reads_batch: bool = False
     """True when M_t reads the whole batch, not only the token's row (M2PO's second moment): a row's mask then
     depends on the other rows of the loss call (one micro-batch). Such a rule couples tokens."""
-    threshold_blocks: bool = True
-    """False when its threshold's fields weigh a loss term instead of bounding M_t (DRPO's δ): no setting of them
-    blocks a token, so it has no band to calibrate."""
     soft_gate: Callable[..., torch.Tensor] | None = None
     """For a rule without a threshold whose w_t gates softly (SAPO): the gate of ``(x, tr)``, 1 at r = 1, below it
     where the gate passes less gradient; its band (:data:`GATE_BAND`) is every field it ``reads``, scaled
@@ -202,8 +199,8 @@ class Rule:
 
     @property
     def has_band(self) -> bool:
-        """True when some setting of it blocks tokens: a threshold that bounds M_t, or a soft gate."""
-        return (self.threshold is not None and self.threshold_blocks) or self.soft_gate is not None
+        """True when some setting of it blocks tokens: a threshold, or a soft gate."""
+        return self.threshold is not None or self.soft_gate is not None
 
     @property
     def uses_topk(self) -> bool:

@@ -95,8 +95,7 @@ def drpo_metrics(x: MaskInputs, keep: torch.Tensor, tr: TrustRegion) -> Metrics:
     }
 
 
-@register_rule("drpo", divergence="binary_tv", threshold="delta", threshold_blocks=False, loss_term=drpo_term,
-               metrics=drpo_metrics)
+@register_rule("drpo", divergence="binary_tv", reads=("delta",), loss_term=drpo_term, metrics=drpo_metrics)
 def drpo(x: MaskInputs, tr: TrustRegion) -> torch.Tensor:
     """DRPO (arXiv 2606.09821): M_t = 1; its trust region is the regularizer :func:`drpo_term` adds to the loss."""
     return keep_all(x, tr)

@@ -39,8 +39,14 @@ SAFETY_BOUND = 20.0
 UNTRUNCATED_IS = math.exp(SAFETY_BOUND)
 """A ``rollout_is_threshold`` at least this large truncates no token IS weight."""
 
-DELTA_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "delta")
-"""Rules whose threshold is δ: verl's ``clip_ratio_low``/``clip_ratio_high`` (as in verl's ``dppo_tv``/``dppo_kl``)."""
+def carries_delta_in_clip(rule) -> bool:
+    """True when verl's ``clip_ratio_low``/``clip_ratio_high`` carry the rule's δ (as in verl's ``dppo_tv`` and
+    ``dppo_kl``): its threshold is δ, or it has no threshold and reads δ (DRPO's regularizer weight)."""
+    return rule.threshold == "delta" or (rule.threshold is None and "delta" in rule.reads)
+
+
+DELTA_RULES = tuple(name for name, rule in RULE_TABLE.items() if carries_delta_in_clip(rule))
+"""Rules whose δ is verl's ``clip_ratio_low``/``clip_ratio_high`` (:func:`carries_delta_in_clip`)."""
 EPS_RULES = tuple(name for name, rule in RULE_TABLE.items() if rule.threshold == "clip_range")
 """Rules whose thresholds are PPO's ε_low/ε_high: verl's ``clip_ratio_low``/``clip_ratio_high``."""
 SEQUENCE_DELTA = "rollout_rs_threshold"
@@ -122,12 +128,21 @@ VERL_FIELDS = {"tau_pos": "tau_pos", "tau_neg": "tau_neg"}
 """TrustRegion fields verl's ``ActorConfig`` carries under their own name (SAPO's temperatures)."""
 
 
+def clip_fields(tr: TrustRegion) -> tuple[str, ...]:
+    """The TrustRegion fields verl's ``clip_ratio_low``/``clip_ratio_high`` carry for ``tr``'s rule: ε_low/ε_high of a
+    clip range, or δ (:func:`carries_delta_in_clip`); none for the others (read now: a rule registered after this
+    module counts too)."""
+    rule = RULE_TABLE[tr.rule]
+    if rule.threshold == "clip_range":
+        return ("eps_low", "eps_high")
+    return ("delta",) if carries_delta_in_clip(rule) else ()
+
+
 def verl_settable_fields(tr: TrustRegion) -> tuple[str, ...]:
     """The TrustRegion fields of ``tr`` that verl's actor config carries (the rest are the preset's): its threshold
     (ε_low/ε_high or δ from the clip fields), the δ of a ratio rule's sequence mask (:data:`SEQUENCE_DELTA`), C from
     ``clip_ratio_c`` when the rule reads it, and the fields of :data:`VERL_FIELDS` it reads."""
-    threshold = RULE_TABLE[tr.rule].threshold  # read now: a rule registered after this module counts too
-    fields = {"clip_range": ("eps_low", "eps_high"), "delta": ("delta",)}.get(threshold, ())
+    fields = clip_fields(tr)
     fields += ("delta",) if reads_sequence_delta(tr) else ()  # from rollout_rs_threshold (SEQUENCE_DELTA)
     read = tr.fields_read
     fields += ("is_cap",) if "is_cap" in read else ()
@@ -270,8 +285,8 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
     tr = tr.replace(**fields)
     actor = "actor_rollout_ref.actor."
     out = [f"actor_rollout_ref.model.external_lib={EXTERNAL_LIB}", f"{actor}policy_loss.loss_mode={loss_name(preset)}"]
-    sides = {"clip_range": (tr.eps_low, tr.eps_high), "delta": (tr.delta, tr.delta)}.get(RULE_TABLE[tr.rule].threshold)
-    if sides is not None:  # the clip fields carry the rule's threshold: ε_low/ε_high, or δ on both sides
+    sides = {("eps_low", "eps_high"): (tr.eps_low, tr.eps_high), ("delta",): (tr.delta, tr.delta)}.get(clip_fields(tr))
+    if sides is not None:  # the clip fields carry the rule's ε_low/ε_high, or δ on both sides
         out += [f"{actor}clip_ratio_low={_number(sides[0])}", f"{actor}clip_ratio_high={_number(sides[1])}"]
     if "is_cap" in verl_settable_fields(tr):
         out.append(f"{actor}clip_ratio_c={_number(tr.is_cap)}")
