@@ -66,6 +66,9 @@ def export_batch(run_dir: Path, step: int) -> CalibrationBatch:
     path = RunDir(run_dir).export(step)
     try:
         frame = read_token_export(run_dir, step)
+        if frame.empty:
+            raise ValueError(f"token export {path} (step {step}) holds no record (an empty file): restore it, or "
+                             "calibrate on another --step")
         rows = torch.tensor(frame.groupby(["row"], sort=True).ngroup().to_numpy(copy=True))
         positions = torch.tensor(frame["position"].to_numpy(copy=True))
         shape = (int(rows.max()) + 1, int(positions.max()) + 1) if len(frame) else (0, 0)
@@ -79,7 +82,9 @@ def export_batch(run_dir: Path, step: int) -> CalibrationBatch:
         columns = {name: column(name, torch.float32, 0.0)
                    for name in ("trainer_logprobs", "inference_logprobs", "advantages")}
         response = column("loss_mask", torch.bool, False)
-    except (ValueError, KeyError, TypeError) as error:
+    except ValueError:  # the reader's one line names the file, the step, the line and what to do
+        raise
+    except (KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a token export ({type(error).__name__}: {error}): restore it, or calibrate "
                          "on another --step") from None
     if not bool(response.any()):

@@ -240,6 +240,23 @@ def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, cap
                                     "with --token-export all"]
 
 
+@pytest.mark.fault("`python -m dppo_oat.calibrate` on an empty or damaged step file of a token export",
+                   "one `error:` line naming the file and the step (and the line of a damaged record) and what to do, "
+                   "never a `KeyError` nor the reader's message wrapped twice")
+@pytest.mark.parametrize("content, message", [(b"", "(step 1) holds no record (an empty file)"),
+                                              (b"not json\n", "(step 1), line 1: not JSON")])
+def test_offline_calibration_on_an_empty_or_damaged_step_file_names_it(tmp_path, capsys, content, message):
+    from dppo_oat.run.directory import RunDir
+
+    run = exported_run(tmp_path)
+    step_file = RunDir(run).export(1)
+    step_file.write_bytes(content)
+    code, out, errors = calibrate_cli([str(run), "--trust-region", "dppo_binary_tv", "--target", "0.1", "--step", "1"],
+                                      capsys)
+    assert code == 2 and not out and len(errors) == 1, errors
+    assert message in errors[0] and str(step_file) in errors[0] and errors[0].count(str(step_file)) == 1, errors
+
+
 def test_the_training_collector_keeps_each_loss_call_with_its_top_k_divergence():
     """``--tr-calibrate`` on a top-K rule: the collector keeps each loss call's own top-K divergence (the rollout's
     set is not kept), and calibration reads it: a batch a top-K rule could not calibrate on without it."""

@@ -260,7 +260,7 @@ def test_unknown_preset_is_rejected_by_the_cli(capsys):
     (2, 0.0, 2), (2, 0.3, 2), (2, 0.6, 1), (2, 1.5, 1), (2, 7.0, 1), (1, 0.0, 1), (16, 3.2, 13), (16, 0.0, 16),
     (8, 8.4, 1), (2, None, 1), (8, None, 4), (1, None, 1)])
 def test_the_default_thread_count_is_the_cpus_free_at_the_start(cpus, load, threads):
-    """--threads left out: the usable CPUs less the 1-minute load average, rounded, at least 1 and at most the
+    """--threads left out: the usable CPUs less the CPUs busy now, rounded, at least 1 and at most the
     CPUs (an idle machine uses every core, a busy one is not oversubscribed: docs/engines/local.md#cpu-threads);
     half the CPUs where the system reports no load."""
     from dppo_oat.engines.local.config import threads_for_free_cpus
@@ -278,7 +278,7 @@ def test_the_trainer_gives_torch_the_default_count_and_says_so(tmp_path, monkeyp
 
     before = torch.get_num_threads()
     monkeypatch.setattr(config_module, "usable_cpus", lambda: 6)
-    monkeypatch.setattr(config_module, "one_minute_load", lambda: 2.2)
+    monkeypatch.setattr(config_module, "busy_cpus_now", lambda: 2.2)
     assert TrainConfig(threads=3).torch_threads() == 3
     try:
         trainer = LocalTrainer(TrainConfig(run_dir=str(tmp_path), run_name="threads", steps=1), Console())
@@ -287,7 +287,32 @@ def test_the_trainer_gives_torch_the_default_count_and_says_so(tmp_path, monkeyp
         trainer.close(failed=True)
     finally:
         torch.set_num_threads(before)
-    assert "torch threads: 4 (the CPUs free at the start: 6 usable, 1-minute load 2.20" in capsys.readouterr().out
+    assert "torch threads: 4 (the CPUs free at the start: 6 usable, CPUs busy now 2.20" in capsys.readouterr().out
+
+
+def test_the_cpus_busy_now_are_read_from_the_machines_idle_time(monkeypatch):
+    """/proc/stat's idle time over a short sample: work that ended before the run (an install) does not count, as
+    it would in the 1-minute load average; where the system cannot tell, the load average answers."""
+    import dppo_oat.engines.local.config as config_module
+
+    samples = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 150 900 0 0 0 0 0 0\n"])  # half busy
+
+    class Stat:
+        def __init__(self, path):
+            assert path == "/proc/stat"
+
+        def read_text(self):
+            return next(samples)
+
+    monkeypatch.setattr(config_module, "Path", Stat)
+    monkeypatch.setattr(config_module.os, "cpu_count", lambda: 4)
+    assert config_module.busy_cpus_now(seconds=0) == pytest.approx(2.0)
+    assert config_module.cpu_times("cpu  1 2 3 4 5 6 7 8 9 10\ncpu0 1 1 1 1 1 1 1 1\n") == (9, 36)
+    monkeypatch.setattr(config_module, "busy_cpus_now", lambda: None)
+    monkeypatch.setattr(config_module, "one_minute_load", lambda: 0.4)
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: 2)
+    assert config_module.resolved_threads(None) == (
+        2, "torch threads: 2 (the CPUs free at the start: 2 usable, 1-minute load 0.40; --threads N pins the count)")
 
 
 # --------------------------------------------------------------------------------------------- band calibration

@@ -32,8 +32,8 @@ class RunFlags:
     """On CUDA, decode by replaying CUDA graphs of the decode step, sampling included (one launch per token): the
     eager decode's distribution, up to float rounding."""
     threads: int | None = flag(None, resumable=True, setting=False)
-    """CPU threads torch may use (at most 4 per usable CPU). None: the usable CPUs less the 1-minute load average,
-    rounded, at least 1. Each count sums floats in its own order, so draws other tokens."""
+    """CPU threads torch may use (at most 4 per usable CPU). None: the usable CPUs less those busy now, at least 1.
+    Each count sums floats in its own order, so draws other tokens."""
     wandb: bool = flag(False, resumable=True, setting=False)
     """Also log metrics to Weights & Biases (needs wandb installed and logged in)."""
     tensorboard: bool = flag(False, resumable=True, setting=False)

@@ -278,6 +278,34 @@ def one_minute_load() -> float | None:
         return None
 
 
+BUSY_SAMPLE_SECONDS = 0.25
+"""How long :func:`busy_cpus_now` watches the CPUs."""
+
+
+def cpu_times(stat_text: str) -> tuple[int, int]:
+    """(idle, total) jiffies of all CPUs from ``/proc/stat``'s first line (idle counts iowait; guest time is already
+    in user time, so the total stops at steal)."""
+    fields = [int(value) for value in stat_text.splitlines()[0].split()[1:9]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def busy_cpus_now(seconds: float = BUSY_SAMPLE_SECONDS) -> float | None:
+    """How many CPUs other work keeps busy now: the machine's non-idle share over ``seconds`` (``/proc/stat``) times
+    its CPU count; None where the system has no ``/proc/stat``. Unlike the 1-minute load average, it does not count
+    work that has just ended (an install that ran before the run)."""
+    import time
+
+    try:
+        idle0, total0 = cpu_times(Path("/proc/stat").read_text())
+        time.sleep(seconds)
+        idle1, total1 = cpu_times(Path("/proc/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (1 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+
+
 def threads_for_free_cpus(cpus: int, load: float | None) -> int:
     """``--threads``' default on ``cpus`` usable CPUs under a 1-minute load average of ``load``: the CPUs the load
     leaves free, ``cpus - load`` rounded half up, at least 1 and at most ``cpus``; half of ``cpus`` (at least 1)
@@ -292,14 +320,17 @@ def threads_for_free_cpus(cpus: int, load: float | None) -> int:
 
 def resolved_threads(threads: int | None) -> tuple[int, str]:
     """The CPU threads a run gives torch, and the line of the run's output that says why: ``threads``
-    (``--threads``) when given, else :func:`threads_for_free_cpus` of :func:`usable_cpus` and
-    :func:`one_minute_load` read now."""
+    (``--threads``) when given, else :func:`threads_for_free_cpus` of :func:`usable_cpus` and the CPUs busy now
+    (:func:`busy_cpus_now`; the 1-minute load average where the system cannot tell)."""
     if threads is not None:
         return threads, f"torch threads: {threads} (--threads {threads})"
-    cpus, load = usable_cpus(), one_minute_load()
-    count = threads_for_free_cpus(cpus, load)
-    why = (f"half of the {cpus} usable CPUs: this system reports no load average" if load is None else
-           f"the CPUs free at the start: {cpus} usable, 1-minute load {load:.2f}")
+    cpus, busy = usable_cpus(), busy_cpus_now()
+    source = "CPUs busy now"
+    if busy is None:
+        busy, source = one_minute_load(), "1-minute load"
+    count = threads_for_free_cpus(cpus, busy)
+    why = (f"half of the {cpus} usable CPUs: this system reports no load" if busy is None else
+           f"the CPUs free at the start: {cpus} usable, {source} {busy:.2f}")
     return count, f"torch threads: {count} ({why}; --threads N pins the count)"
 
 
