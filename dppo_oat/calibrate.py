@@ -108,9 +108,16 @@ def check_export_serves(tr: TrustRegion, flag: str) -> None:
 
 def run_trust_region(run_dir: Path) -> TrustRegion:
     """The trust region a run trained (its ``config.json``'s ``trust_region``)."""
-    recorded = RunDir(run_dir).read_config().get("trust_region")
+    run = RunDir(run_dir)
+    config = run.read_config()
+    recorded = config.get("trust_region")
+    if not config:
+        raise ValueError(f"{run_dir} has no config.json to read its trust region from: give --trust-region")
+    if recorded is None:
+        raise ValueError(f"{run.config} records no trust_region: give --trust-region")
     if not isinstance(recorded, dict):
-        raise ValueError(f"{run_dir} has no config.json with its trust region: give --trust-region")
+        raise ValueError(f"{run.config} records trust_region as {type(recorded).__name__} {recorded!r}, not the "
+                         "settings of one: restore the file, or give --trust-region")
     try:
         fields = {key: float(value) if key in REAL_FIELDS else value for key, value in recorded.items()}
         return TrustRegion(**fields)

@@ -226,12 +226,40 @@ def test_the_offline_command_prints_the_band_and_the_flags_to_train_with_it(tmp_
     (["--trust-region", "cispo", "--target", "0.1"], "trust region cispo has no band to calibrate"),
     (["--trust-region", "ppo", "--target", "2"], "in [0, 1), got 2.0"),
     (["--trust-region", "ppo"], "give --target (a fraction of tokens to block) or --like"),
-    (["--target", "0.1"], "has no config.json with its trust region: give --trust-region"),
+    (["--target", "0.1"], "has no config.json to read its trust region from: give --trust-region"),
     (["--trust-region", "dppo_binary_tv", "--target", "0.9"], "blocks between 0 and 0.75 of them"),
 ])
 def test_offline_calibration_refuses_in_one_line(tmp_path, capsys, flags, message):
     code, out, errors = calibrate_cli([str(exported_run(tmp_path)), *flags], capsys)
     assert code == 2 and not out and len(errors) == 1 and message in errors[0], errors
+
+
+@pytest.mark.fault("`python -m dppo_oat.calibrate` on a run whose config.json records its trust region as a string "
+                   "(or not at all), or whose export holds log-probs above 0",
+                   "one line naming what the file holds (exit 2), never \"has no config.json\" for a file that is "
+                   "there")
+@pytest.mark.parametrize("config, message", [
+    ({"trust_region": "dppo_binary_tv"}, "records trust_region as str 'dppo_binary_tv', not the settings of one"),
+    ({"seed": 0}, "records no trust_region: give --trust-region"),
+])
+def test_offline_calibration_names_what_the_config_records(tmp_path, capsys, config, message):
+    run = exported_run(tmp_path)
+    (run / "config.json").write_text(json.dumps(config))
+    code, out, errors = calibrate_cli([str(run), "--target", "0.1"], capsys)
+    assert code == 2 and not out and len(errors) == 1 and message in errors[0], errors
+
+
+def test_offline_calibration_refuses_log_probs_above_zero(tmp_path, capsys):
+    from dppo_oat.run.directory import RunDir
+
+    run = exported_run(tmp_path)
+    step_file = RunDir(run).export(2)
+    records = [json.loads(line) for line in step_file.read_text().splitlines()]
+    records[0]["trainer_logprobs"] = [abs(value) + 0.5 if value is not None else value
+                                      for value in records[0]["trainer_logprobs"]]
+    step_file.write_text("".join(json.dumps(record) + "\n" for record in records))
+    code, out, errors = calibrate_cli([str(run), "--trust-region", "dppo_binary_tv", "--target", "0.1"], capsys)
+    assert code == 2 and not out and len(errors) == 1 and "holds values > 0" in errors[0], errors
 
 
 def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, capsys):

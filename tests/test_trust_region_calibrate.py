@@ -390,3 +390,28 @@ def test_conflicting_calibration_requests_are_refused():
         assert one_line(error)
     with pytest.raises(ValueError, match="finite value > 0"):
         TrustRegion.preset("m2po", tau_m2=math.inf).calibrate(eight_tokens(), 0.1)
+
+
+@pytest.mark.fault("`TrustRegion.calibrate` / `calibrate` on log-probs above 0, on a batch built from lists, with "
+                   "`like=` a preset's name, or on a batch whose every log-prob is NaN",
+                   "log-probs above 0 and inputs that are no numbers are one `ValueError` (as `policy_loss`'s); "
+                   "lists become tensors and a preset's name is taken, as `policy_loss` takes it; an all-NaN batch is "
+                   "named as such")
+def test_the_calibration_api_takes_what_policy_loss_takes_and_refuses_what_it_refuses():
+    from dppo_oat.trust_region import calibrate
+
+    with pytest.raises(ValueError, match=r"^behavior_logp holds values > 0 \(up to 0.2\)") as error:
+        CalibrationBatch([[-0.5, -1.0]], [[0.2, -1.0]], [[1.0]], [[True, True]])
+    assert one_line(error)
+    with pytest.raises(ValueError, match="logp must be a tensor .*got str"):
+        CalibrationBatch("nope", [[-0.5]], [[1.0]], [[True]])
+    listed = CalibrationBatch([[-0.5, -1.0, -2.0]], [[-0.9, -1.0, -1.0]], [[-1.0]], [[True, True, True]])
+    assert listed.logp.dtype == torch.float32 and listed.response.dtype == torch.bool
+    by_name = calibrate("dppo_binary_tv", listed, like="dppo_binary_kl")
+    by_object = calibrate(TrustRegion.preset("dppo_binary_tv"), listed, like=TrustRegion.preset("dppo_binary_kl"))
+    assert by_name[0] == by_object[0] and by_name[1].like == "dppo_binary_kl"
+    nan = torch.full((1, 3), math.nan)
+    with pytest.raises(ValueError, match="every response token of the batch has a non-finite input") as error:
+        TrustRegion.preset("dppo_binary_tv").calibrate(CalibrationBatch(nan, nan, torch.ones(1, 1),
+                                                                        torch.ones(1, 3, dtype=torch.bool)), 0.1)
+    assert one_line(error)

@@ -44,6 +44,19 @@ def test_a_bad_field_override_is_one_line(pair):
     assert code == 2 and not out and err.count("\n") == 1 and err.startswith("error: ") and pair in err, err
 
 
+@pytest.mark.fault("`python -m dppo_oat.engines.verl overrides dppo_binary_tv tr_calibrate=0.1` (or `tr_delta=0.1`, "
+                   "a name that is no TrustRegion field)",
+                   "one line naming the fields it takes, and the field meant (`delta=`) or, for calibration, the "
+                   "offline route (exit 2); never a flag spelled `--tr-tr-calibrate`")
+@pytest.mark.parametrize("pair, hint", [("tr_calibrate=0.1", "calibrate offline (python -m dppo_oat.calibrate"),
+                                        ("calibrate_like=1", "calibrate offline"), ("tr_delta=0.1", "write delta="),
+                                        ("gamma=0.5", "names one of delta, eps_low")])
+def test_a_name_that_is_no_trust_region_field_is_one_line(pair, hint):
+    code, out, err = verl_cli("overrides", "dppo_binary_tv", pair)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert f"{pair.split('=')[0]} is no TrustRegion field" in err and hint in err and "--tr-tr" not in err, err
+
+
 @pytest.mark.fault("`python -m dppo_oat.engines.verl overrides sapo tau_pos=2 tau_pos=3` (a field given twice)",
                    "one line naming the field and both values: give each field once (exit 2); the last one never "
                    "silently wins")

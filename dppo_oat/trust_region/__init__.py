@@ -84,7 +84,6 @@ from dppo_oat.trust_region.config import (
     numeric_fields_read,
 )
 from dppo_oat.trust_region.loss import (
-    LOGPROB_TOLERANCE,
     PolicyLossOutput,
     importance_weight,
     mask_inputs,
@@ -145,6 +144,7 @@ from dppo_oat.trust_region.reductions import (
 from dppo_oat.trust_region.registry import (
     DIVERGENCES,
     FIELD_SYMBOLS,
+    LOGPROB_TOLERANCE,
     RULE_TABLE,
     THRESHOLDS,
     Divergence,

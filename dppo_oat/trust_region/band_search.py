@@ -48,6 +48,7 @@ from dppo_oat.trust_region.registry import (
     MaskInputs,
     Rule,
     TopK,
+    check_logprobs_at_most_zero,
     finite_tokens,
 )
 
@@ -90,6 +91,7 @@ class CalibrationBatch:
     divergences: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._as_tensors()
         shape = tuple(self.logp.shape)
         if len(shape) != 2:
             raise ValueError(f"a calibration batch's logp must be [B, T], got shape {shape}")
@@ -101,6 +103,22 @@ class CalibrationBatch:
         if tuple(self.advantages.shape) not in (shape, (shape[0], 1)):
             raise ValueError(f"a calibration batch's advantages must be [B, 1] or [B, T], got "
                              f"{tuple(self.advantages.shape)}")
+        check_logprobs_at_most_zero(self.response.bool(), logp=self.logp, behavior_logp=self.behavior_logp,
+                                    recomputed_logp=self.recomputed_logp)
+
+    def _as_tensors(self) -> None:
+        """Lists or arrays of numbers become tensors (float32; the response mask bool); anything else is one
+        ValueError naming the field."""
+        for name in ("logp", "behavior_logp", "advantages", "response", "recomputed_logp"):
+            value = getattr(self, name)
+            if value is None or isinstance(value, torch.Tensor):
+                continue
+            try:
+                tensor = torch.as_tensor(value, dtype=torch.bool if name == "response" else torch.float32)
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise ValueError(f"a calibration batch's {name} must be a tensor (or a nested list of numbers), got "
+                                 f"{type(value).__name__}: {error}") from None
+            object.__setattr__(self, name, tensor)
 
 
 @dataclass(frozen=True)
@@ -306,13 +324,17 @@ def check_target(target: float) -> None:
         raise ValueError(f"a calibration target is the fraction of tokens to block, in [0, 1), got {target!r}")
 
 
-def calibrate(tr: TrustRegion, batch: CalibrationBatch | Sequence[CalibrationBatch], target: float | None = None, *,
-              like: TrustRegion | None = None, unit: str = "token",
+def calibrate(tr: TrustRegion | str, batch: CalibrationBatch | Sequence[CalibrationBatch],
+              target: float | None = None, *, like: TrustRegion | str | None = None, unit: str = "token",
               band: str | None = None) -> tuple[TrustRegion, CalibrationReport]:
     """``tr`` with its band (:func:`band_of`) set so that it blocks ``target`` of ``batch``'s A ≠ 0 tokens (or
     sequences: ``unit``), or as many as ``like`` blocks there; and the report. ``batch``: one loss call, or several
-    (each one :func:`~dppo_oat.trust_region.loss.policy_loss` call, as the update made them). ValueError in one line
+    (each one :func:`~dppo_oat.trust_region.loss.policy_loss` call, as the update made them); ``tr`` and ``like``
+    may be presets' names, as :func:`~dppo_oat.trust_region.loss.policy_loss` takes them. ValueError in one line
     for a rule without a band, a target outside [0, 1), and a target no band reaches on the batch."""
+    from dppo_oat.trust_region.loss import as_trust_region
+
+    tr, like = as_trust_region(tr), None if like is None else as_trust_region(like)
     if unit not in UNITS:
         raise ValueError(f"unknown calibration unit {unit!r}; choose one of: {', '.join(UNITS)}")
     if (target is None) == (like is None):
@@ -363,13 +385,22 @@ def _counted(calls: Sequence[PreparedCall], unit: str) -> int:
     return int(sum(int((active_tokens(c).any(-1) if unit == "sequence" else active_tokens(c)).sum()) for c in calls))
 
 
+def _why_nothing_counts(calls: Sequence[PreparedCall]) -> str:
+    """Why no token of the batch counts: its response tokens all have a non-finite input (a NaN or infinite
+    log-prob or advantage), or all have A = 0."""
+    finite = sum(int(c.counted.sum()) for c in calls)
+    if finite == 0:
+        return ("every response token of the batch has a non-finite input (NaN or infinite log π_θ, log μ, π_θ' or "
+                "A): calibrate on a batch of finite log-probs and advantages")
+    return "the batch has no response token with A ≠ 0: calibrate on a batch whose advantages are not all 0"
+
+
 def _check_reachable(tr, band, calls, target, scales, fraction, unit) -> tuple[float, float]:
     """The fractions any band blocks on the batch, ``(least, most)``; a batch without an A ≠ 0 token, a batch whose
     π_θ is μ up to rounding wherever the tightest band blocks, and a target outside the fractions are refused in one
     line."""
     if _counted(calls, unit) == 0:
-        raise ValueError("the batch has no response token with A ≠ 0: calibrate on a batch whose advantages are not "
-                         "all 0")
+        raise ValueError(_why_nothing_counts(calls))
     least, most = sorted(fraction(scale) for scale in scales)
     tightest = scales[0] if fraction(scales[0]) >= fraction(scales[1]) else scales[1]
     if _only_rounding(scaled(tr, band, tightest), calls, band.soft, blocks_some=most > 0):

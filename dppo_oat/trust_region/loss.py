@@ -21,11 +21,16 @@ from dppo_oat.trust_region.config import TrustRegion
 from dppo_oat.trust_region.masks import MAX_LOG_RATIO, mismatch_keep
 from dppo_oat.trust_region.metrics import mismatch_diagnostics, trust_region_metrics
 from dppo_oat.trust_region.reductions import row_sum
-from dppo_oat.trust_region.registry import DIVERGENCES, RULE_TABLE, MaskInputs, Rule, TopK, finite_tokens
+from dppo_oat.trust_region.registry import (
+    DIVERGENCES,
+    RULE_TABLE,
+    MaskInputs,
+    Rule,
+    TopK,
+    check_logprobs_at_most_zero,
+    finite_tokens,
+)
 from dppo_oat.trust_region.weights import kl_penalty
-
-LOGPROB_TOLERANCE = 1e-4
-"""How far above 0 a log-probability may round (a log-softmax never exceeds 0; an inference engine's may by a hair)."""
 
 
 @dataclass
@@ -128,7 +133,7 @@ def policy_loss(
         counted = response & finite  # a token with a non-finite input is left out: no NaN reaches the loss
         lp, mu, adv, recomputed = (None if x is None else torch.where(finite, x.detach().float().expand_as(finite), 0.0)
                                    for x in (logp, behavior_logp, advantages, recomputed_logp))
-        _check_logprobs_at_most_zero(counted, logp=lp, behavior_logp=mu, recomputed_logp=recomputed)
+        check_logprobs_at_most_zero(counted, logp=lp, behavior_logp=mu, recomputed_logp=recomputed)
         anchor = mu if tr.anchor == "behavior" else recomputed
         inputs = mask_inputs(tr, lp, anchor, mu, adv, topk, counted)
         band = mismatch_keep(tr.mismatch_mask, tr.mismatch_low, tr.mismatch_high, recomputed, mu, counted)
@@ -179,16 +184,6 @@ def importance_weight(tr: TrustRegion, logp, behavior_logp, recomputed_logp,
     log_weight = log_truncated.clamp(max=log_cap) + log_untruncated
     return log_weight.clamp(max=MAX_LOG_RATIO).exp(), log_truncated > log_cap
 
-
-
-def _check_logprobs_at_most_zero(response: torch.Tensor, **logprobs: torch.Tensor | None) -> None:
-    """A log-probability is at most 0 (beyond :data:`LOGPROB_TOLERANCE`): a larger one is no probability, e.g. a
-    logit or a probability passed where a log-probability belongs."""
-    for name, values in logprobs.items():
-        if values is not None and bool((response & (values > LOGPROB_TOLERANCE)).any()):
-            worst = float(torch.where(response, values, -math.inf).max())
-            raise ValueError(f"{name} holds values > 0 (up to {worst:.4g}): it must be log-probabilities (≤ 0), not "
-                             "logits or probabilities")
 
 
 def _check_inputs(logp, behavior_logp, advantages, response_mask, tr, recomputed_logp, topk) -> None:

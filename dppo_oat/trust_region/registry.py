@@ -12,6 +12,7 @@ declaration.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,6 +132,20 @@ FIELD_SYMBOLS = {
 """How the docs, the dry run's plan and the curves' labels write each field of
 :class:`~dppo_oat.trust_region.config.TrustRegion` (:data:`~dppo_oat.trust_region.config.NUMBER_FIELDS` and
 :data:`~dppo_oat.trust_region.config.CHOICE_FIELDS`), in the order a label lists them."""
+
+
+LOGPROB_TOLERANCE = 1e-4
+"""How far above 0 a log-probability may round (a log-softmax never exceeds 0; an inference engine's may by a hair)."""
+
+
+def check_logprobs_at_most_zero(response: torch.Tensor, **logprobs: torch.Tensor | None) -> None:
+    """A log-probability is at most 0 (beyond :data:`LOGPROB_TOLERANCE`): a larger one is no probability, e.g. a
+    logit or a probability passed where a log-probability belongs."""
+    for name, values in logprobs.items():
+        if values is not None and bool((response & (values > LOGPROB_TOLERANCE)).any()):
+            worst = float(torch.where(response, values, -math.inf).max())
+            raise ValueError(f"{name} holds values > 0 (up to {worst:.4g}): it must be log-probabilities (≤ 0), not "
+                             "logits or probabilities")
 
 
 def finite_tokens(logp, behavior_logp, advantages, recomputed_logp=None, topk: TopK | None = None) -> torch.Tensor:

@@ -262,6 +262,23 @@ def _number(value: float) -> str:
     return "inf" if math.isinf(value) else repr(float(value))
 
 
+def _check_field_names(preset: str, fields: dict) -> None:
+    """Every name of ``fields`` is a numeric TrustRegion field; another is one ValueError that names the field meant
+    (``tr_delta`` → ``delta``) or, for calibration's flags, the offline route."""
+    from dppo_oat.trust_region import NUMBER_FIELDS
+
+    for name in fields:
+        if name in NUMBER_FIELDS:
+            continue
+        bare = name.removeprefix("tr_").replace("-", "_")
+        hint = f": write {bare}=" if bare in NUMBER_FIELDS else ""
+        if bare.startswith("calibrate"):
+            hint = (": verl does not calibrate a band while it trains; calibrate offline (python -m dppo_oat.calibrate "
+                    "on a run's token export) and pass the band it prints (delta=...)")
+        raise ValueError(f"{loss_name(preset)}: {name} is no TrustRegion field (FIELD=VALUE names one of "
+                         f"{', '.join(NUMBER_FIELDS)}){hint}")
+
+
 def hydra_overrides(preset: str, **fields: float) -> list[str]:
     """The ``verl.trainer.main_ppo`` overrides that run ``preset`` (with TrustRegion ``fields`` changed, e.g.
     ``delta=0.2``) with its numbers and its anchor.
@@ -274,6 +291,7 @@ def hydra_overrides(preset: str, **fields: float) -> list[str]:
     if reason:
         raise ValueError(reason)
     tr = TrustRegion.preset(preset)
+    _check_field_names(preset, fields)
     unsettable = sorted(set(fields) - set(verl_settable_fields(tr)))
     if unsettable:
         settable = ", ".join(verl_settable_fields(tr)) or "none"
