@@ -7,16 +7,20 @@ DPPO-Binary-TV on ``game:Sudoku-v0-easy`` (compact observation), and print held-
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 
 def _stopped_while_starting(signum, frame) -> None:
-    """Ctrl-C or SIGTERM while ``python -m dppo_oat.train`` imports its modules, before :func:`main` handles them:
-    one line, exit 130 or 143 (128 + the signal), as later."""
+    """Ctrl-C or SIGTERM while ``python -m dppo_oat.train`` imports its modules (torch, transformers, the engine):
+    one line, exit 130 or 143 (128 + the signal), at once. Nothing is written yet, so the process ends without
+    unwinding: an exception raised inside a half-imported extension module (torch's) would leave it broken for the
+    next import, or crash the interpreter at exit."""
     what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
-    sys.stderr.write(f"error: {what} before the run started: nothing was written; run the same command again\n")
-    sys.exit(128 + signum)
+    line = f"error: {what} before the run started: nothing was written; run the same command again\n"
+    os.write(2, line.encode())
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":  # the first instruction of the command (the package's own import runs nothing heavy)
@@ -88,6 +92,12 @@ def run_local(config: TrainConfig) -> dict:
             _fail(_file_failure(error, trainer, config), 1)
         except KeyboardInterrupt as interrupt:
             ignore_signals()  # a second Ctrl-C must not cut the cleanup short with a traceback
+            _fail(_interrupted(trainer, config, interrupt), _signal_status(interrupt))
+        except Exception as error:
+            interrupt = interrupt_behind(error)
+            if interrupt is None:
+                raise
+            ignore_signals()
             _fail(_interrupted(trainer, config, interrupt), _signal_status(interrupt))
         finally:
             if trainer is not None:
@@ -184,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The command line. Ctrl-C and SIGTERM end in one line from here on, the imports and the parsing included (the
     package's own import is lazy: nothing heavy runs before this function)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    with signals_end_the_start():
+        import_engine(argv)
     with signals_as_interrupts():
         try:
             if engine_of(argv) == "oat":
@@ -201,6 +213,48 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 PROG = "python -m dppo_oat.train"
 """How ``--help`` names the command (not the module's file)."""
+
+
+@contextlib.contextmanager
+def signals_end_the_start():
+    """While the block runs, Ctrl-C and SIGTERM end the command at once in one line (:func:`_stopped_while_starting`);
+    on the way out, they get back the handlers they had."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, _stopped_while_starting)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def import_engine(argv: Sequence[str]) -> None:
+    """Import the modules the command runs (torch, transformers and the engine's; for ``--help``, the flags' alone),
+    so that a signal while they load ends the command before anything starts (:func:`signals_end_the_start`)."""
+    import importlib
+
+    if engine_of(argv) == "oat":
+        importlib.import_module("dppo_oat.engines.oat.launch")
+        return
+    importlib.import_module("dppo_oat.engines.local.config")
+    if not any(arg in ("-h", "--help") for arg in argv):
+        importlib.import_module("dppo_oat.engines.local.trainer")
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (:class:`KeyboardInterrupt`) that ``error`` was raised from, if any: a library that
+    imports lazily (transformers' model classes) reports an interrupt of its import as its own error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _parse(argv: list[str]) -> TrainConfig:

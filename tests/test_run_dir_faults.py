@@ -331,15 +331,21 @@ def signalled_while_importing(module: str, sig, tmp_path):
                    "validation)",
                    "`error: interrupted before the run started: nothing was written; run the same command again` "
                    "(exit 130; SIGTERM: `terminated (SIGTERM) …`, exit 143), never a `KeyboardInterrupt` traceback")
-@pytest.mark.parametrize("module, sig, code", [("tyro", "SIGINT", 130),
-                                               ("dppo_oat.engines.local.trainer", "SIGTERM", 143)])
-def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, tmp_path):
+@pytest.mark.parametrize("module, sig, code, said", [
+    ("tyro", "SIGINT", 130, "before the run started"),
+    ("dppo_oat.engines.local.trainer", "SIGTERM", 143, "before the run started"),
+    ("torch", "SIGINT", 130, "before the run started"),
+    ("torch.distributed.rpc", "SIGINT", 130, "before the run started"),  # inside torch's own import
+    ("transformers.models.qwen3.modeling_qwen3", "SIGTERM", 143, "before the run started"),
+    ("peft", "SIGINT", 130, "before the first checkpoint"),  # transformers imports it while the policy loads
+])
+def test_a_signal_while_the_command_imports_is_one_line(module, sig, code, said, tmp_path):
     import signal
 
     status, err = signalled_while_importing(module, getattr(signal, sig), tmp_path)
     errors = [line for line in err if line.startswith("error:")]
     assert status == code and len(errors) == 1 and not any("Traceback" in line for line in err), err
-    assert "before the run started" in errors[0] and not (tmp_path / "runs").exists()
+    assert said in errors[0] and not (tmp_path / "runs").exists(), err
 
 
 # ---------------------------------------------------------------- what a resume may change
@@ -391,3 +397,18 @@ def test_allow_metrics_gap_on_a_new_run_is_one_line(tmp_path, cache_dir, capsys,
     one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", cache_dir, *TINY, "--allow-metrics-gap"],
               2, "--allow-metrics-gap", "leave it out")
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_error_raised_from_an_interrupt_is_the_interrupt():
+    """A library that imports lazily reports an interrupt of its import as its own error (transformers: "Could not
+    import module 'Qwen3ForCausalLM'", raised from the KeyboardInterrupt): the command reads the interrupt behind it."""
+    from dppo_oat.train import Terminated, interrupt_behind
+
+    try:
+        try:
+            raise Terminated()
+        except KeyboardInterrupt as interrupt:
+            raise ModuleNotFoundError("Could not import module 'Qwen3ForCausalLM'") from interrupt
+    except ModuleNotFoundError as error:
+        assert isinstance(interrupt_behind(error), Terminated)
+    assert interrupt_behind(ValueError("no interrupt here")) is None
