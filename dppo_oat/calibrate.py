@@ -27,6 +27,7 @@ import tyro
 from dppo_oat.run.directory import TOKEN_EXPORT_DIR, RunDir
 from dppo_oat.run.safe_io import to_jsonable
 from dppo_oat.run.token_export import read_token_export
+from dppo_oat.settings.usage import one_line_usage_errors
 from dppo_oat.trust_region import (
     PRESETS,
     REAL_FIELDS,
@@ -175,9 +176,13 @@ def summary_line(report: CalibrationReport) -> str:
     return f"{report.line()}; train with --trust-region {report.trust_region} {report.flags()}"
 
 
+PROG = "python -m dppo_oat.calibrate"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: exit 0 with the band printed; 2 with one ``error:`` line on stderr for bad input."""
-    args = tyro.cli(CalibrateArgs, args=argv, prog="python -m dppo_oat.calibrate")
+    with one_line_usage_errors(PROG):  # a mistyped value, flag or a missing run: one error: line, not tyro's box
+        args = tyro.cli(CalibrateArgs, args=argv, prog=PROG)
     try:
         report = calibrate_export(args)
     except (ValueError, OSError) as error:

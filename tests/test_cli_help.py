@@ -233,3 +233,15 @@ def test_an_unknown_box_is_still_one_line():
     box = ("╭─ Something new ──────╮\n│ a first line that    │\n│ goes on here.        │\n│ ──────────────────── │\n"
            "│ For full helptext    │\n╰──────────────────────╯\n")
     assert usage_line(box, "prog") == "a first line that goes on here. (see prog --help)"
+
+
+def test_the_plain_rendering_of_a_box_is_one_line_too():
+    """Where rich draws no frame (a terminal without Unicode; pytest's captured stderr), tyro's box is a title line
+    and sections between rules of ``-``: the same one line, the suggested flag kept."""
+    from dppo_oat.settings.usage import usage_line
+
+    plain = (" Unrecognized options            \n --------------------------------- \n"
+             "  Unrecognized options: --targt, abc \n  ---------------------------------\n  Perhaps you meant:\n"
+             "      --target {None}|FLOAT\n          the fraction of the step's tokens (default: None)\n"
+             "  ---------------------------------\n  For full helptext, run p --help\n")
+    assert usage_line(plain, "p") == "unrecognized option --targt (did you mean --target?) (see p --help)"

@@ -262,6 +262,18 @@ def test_offline_calibration_refuses_log_probs_above_zero(tmp_path, capsys):
     assert code == 2 and not out and len(errors) == 1 and "holds values > 0" in errors[0], errors
 
 
+@pytest.mark.fault("`python -m dppo_oat.calibrate` without a run directory, with a value that does not parse "
+                   "(`--target abc`) or a mistyped flag (`--targt`)",
+                   "one `error:` line naming what is missing or wrong (and the flag meant), exit 2: never tyro's box")
+@pytest.mark.parametrize("argv, said", [([], "Missing from python -m dppo_oat.calibrate: RUN_DIR"),
+                                        (["runs/x", "--target", "abc"], "--target takes {None}|FLOAT, got 'abc'"),
+                                        (["runs/x", "--targt", "0.1"], "did you mean --target?")])
+def test_offline_calibration_usage_errors_are_one_line(capsys, argv, said):
+    code, out, errors = calibrate_cli(argv, capsys)
+    assert code == 2 and not out and len(errors) == 1 and said in errors[0], errors
+    assert "╭" not in capsys.readouterr().err
+
+
 def test_offline_calibration_without_an_export_says_how_to_get_one(tmp_path, capsys):
     code, _, errors = calibrate_cli([str(tmp_path), "--trust-region", "ppo", "--target", "0.1"], capsys)
     assert code == 2 and errors == [f"error: {tmp_path} has no token export (token_exports/step_*.jsonl): train it "

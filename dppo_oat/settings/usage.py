@@ -23,18 +23,26 @@ SUGGESTED_FLAG = re.compile(r"^\s{1,6}(?P<flag>--?[\w.\-]+)")
 
 
 def box_sections(text: str) -> tuple[str, list[list[str]]]:
-    """The title of tyro's box and its sections (their lines, the box's frame taken off, indentation kept)."""
+    """The title of tyro's box and its sections (their lines, the box's frame taken off, indentation kept). Where
+    the terminal gets the plain rendering (no frame: a title line, then sections between rules of ``-``), its first
+    line is the title."""
     title, sections = "", [[]]
+    framed = "╭" in text
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("╭"):
             title = line.strip("╭─╮ ")
             continue
+        if not framed and not title and line:
+            title = line
+            continue
         if not line or line.startswith("╰"):
             continue
         if line.startswith("│"):
             line = line[1:-1] if line.endswith("│") else line[1:]
-        if line.strip() and set(line.strip()) == {"─"}:
+        elif not framed:
+            line = raw.rstrip()  # the plain rendering's indentation tells a suggested flag from its help
+        if line.strip() and set(line.strip()) <= {"─", "-"}:
             sections.append([])
         else:
             sections[-1].append(line.rstrip())
