@@ -12,17 +12,20 @@ Relative paths and globs in ``DPPO_RUNS`` and ``DPPO_STUDY`` start from ``DPPO_R
 to the folder it was run from unless it is set. The executed copies go to ``--out`` (default ``notebooks/out``,
 ignored by git).
 
-The committed notebooks keep their outputs, so that their figures show on GitHub, and record in their metadata a
-hash of their inputs (:func:`inputs_digest`: their code cells and the committed files :data:`NOTEBOOKS` says they
-read). ``--refresh`` re-executes in place only the committed notebooks whose inputs changed since they were executed
-(``--force``: all of them), so a change that touches no notebook's inputs leaves every notebook's outputs alone; a
-test checks each committed notebook's hash. A cell that fails stops the script with the cell's error (exit 1).
+The committed notebooks keep their outputs, so that their figures show on GitHub (as palette PNGs:
+:func:`palette_images`), and record in their metadata a hash of their inputs (:func:`inputs_digest`: their code
+cells and the committed files :data:`NOTEBOOKS` says they read). ``--refresh`` re-executes in place only the
+committed notebooks whose inputs changed since they were executed (``--force``: all of them), so a change that
+touches no notebook's inputs leaves every notebook's outputs alone; a test checks each committed notebook's hash. A
+cell that fails stops the script with the cell's error (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import io
 import os
 import sys
 import tempfile
@@ -40,7 +43,7 @@ NOTEBOOKS = {
     "notebooks/learning_curves.ipynb": ("notebooks/example_runs",),
     "notebooks/clipped_tokens.ipynb": ("notebooks/example_runs",),
     "studies/cpu/cpu_study.ipynb": ("studies/cpu/data", "studies/cpu/claims.py", "studies/cpu/report.py",
-                                    "studies/cpu/page.py"),
+                                    "studies/cpu/page.py", "studies/cpu/packed.py", "studies/cpu/figures.py"),
 }
 """The committed notebooks (what ``make notebooks`` executes; each runs offline in a fresh clone), each with the
 committed files and folders it reads (from the repository's root): the inputs its recorded hash covers. The
@@ -96,6 +99,31 @@ def execute(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
     return notebook
 
 
+PALETTE_COLORS = 64
+"""Colours of a committed notebook's figures: enough for their curves, bands and text, at a quarter of the bytes."""
+
+
+def palette_images(notebook: nbformat.NotebookNode, colors: int = PALETTE_COLORS) -> None:
+    """Re-encode each PNG a cell displayed as a palette PNG of ``colors`` colours (on white), where that is smaller,
+    so that the committed notebooks stay small."""
+    from PIL import Image
+
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/png" not in data:
+                continue
+            png = base64.b64decode(data["image/png"])
+            image = Image.open(io.BytesIO(png)).convert("RGBA")
+            white = Image.new("RGBA", image.size, "white")
+            palette = Image.alpha_composite(white, image).convert("RGB").quantize(
+                colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+            small = io.BytesIO()
+            palette.save(small, format="PNG", optimize=True)
+            if small.tell() < len(png):
+                data["image/png"] = base64.b64encode(small.getvalue()).decode()
+
+
 class Refused(ValueError):
     """A command line this script refuses, before any notebook runs: its message is the one line it prints."""
 
@@ -136,6 +164,7 @@ def refresh(path: Path, inputs: tuple[str, ...], force: bool) -> str:
         return "inputs unchanged since it was executed: kept as it is"
     print(f"executing {shown(path)} in place ...", flush=True)
     notebook = execute(path)
+    palette_images(notebook)
     notebook.metadata[METADATA_KEY] = {"inputs": list(inputs), "inputs_sha256": digest}
     atomic_write_bytes(path, nbformat.writes(notebook).encode() + b"\n")  # a kill mid-write leaves the old one
     return "re-executed and rewritten, with the hash of its inputs"

@@ -37,7 +37,9 @@ from studies.cpu.claims import (
     SWEEP_ARMS,
     THRESHOLD,
 )
-from studies.cpu.page import SUMMARY_MARKER, page_blocks, scale_block, summary_block
+from studies.cpu.figures import FIGURES
+from studies.cpu.packed import packed_configs, read_task, task_files
+from studies.cpu.page import FIGURES_MARKER, SUMMARY_MARKER, block, page_blocks, scale_block, summary_block
 from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, placebo_keep
 from studies.cpu.report import (
     arm_flag_table,
@@ -295,14 +297,14 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     assert [e["step"] for e in read_jsonl(run / "eval.jsonl")] == [0, 2]
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
 
-    packed = tmp_path / "packed"  # the committed form: config + gzip logs, read like the study itself
+    packed = tmp_path / "packed"  # the committed form: one Parquet file per task, read like the study itself
     pack_study.main(["--study", str(out), "--out", str(packed)])
-    assert sorted(p.name for p in (packed / "sudoku" / "pg_is-mb1-int8-s0").iterdir()) == [
-        "config.json", "eval.jsonl.gz", "metrics.jsonl.gz"]
-    first = (packed / "sudoku" / "pg_is-mb1-int8-s0" / "metrics.jsonl.gz").read_bytes()
+    assert sorted(p.name for p in packed.iterdir()) == ["study.json", "sudoku.parquet"]
+    assert sorted(packed_configs(packed / "sudoku.parquet")) == ["dppo_binary_tv-mb1-int8-s0", "pg_is-mb1-int8-s0"]
+    first = (packed / "sudoku.parquet").read_bytes()
     pack_study.main(["--study", str(out), "--out", str(packed)])
-    assert (packed / "sudoku" / "pg_is-mb1-int8-s0" / "metrics.jsonl.gz").read_bytes() == first  # reproducible
-    assert "log" not in (packed / "study.json").read_text()
+    assert (packed / "sudoku.parquet").read_bytes() == first  # reproducible
+    assert '"log"' not in (packed / "study.json").read_text()
 
     monkeypatch.setenv("DPPO_STUDY", str(packed))  # the report notebook renders from the packed runs
     notebook = execute(REPORT, out, monkeypatch, tmp_path)
@@ -323,7 +325,7 @@ def test_a_small_study_plays_skips_resumes_packs_and_reports(tmp_path, monkeypat
     cpu_study.write_manifest(cpu_study.StudyConfig(out_dir=str(out), experiments=("steps",)), [], {})
     assert json.loads((out / "study.json").read_text())["config"]["experiments"] == ["int8", "steps"]
     pack_study.main(["--study", str(out), "--out", str(packed)])
-    assert len(list(packed.glob("sudoku/*/config.json"))) == 4
+    assert len(packed_configs(packed / "sudoku.parquet")) == 4
 
     no_markers = tmp_path / "NOTES.md"
     no_markers.write_text("# notes\n")
@@ -340,13 +342,29 @@ def committed_study():
 
 
 def test_the_readme_summary_is_written_from_the_committed_study(committed_study):
-    """One reading: the claims, CIs and verdicts of docs/cpu-study.md, and its opening section on what this scale
-    can and cannot say, are those the committed runs give (``python -m studies.cpu.pack --readme`` writes them by
+    """One reading: every number of docs/cpu-study.md's generated blocks (the claims, CIs and verdicts, and its
+    opening section on what this scale can and cannot say) and its list of figures are those the committed runs
+    give, read from their Parquet files (``python -m studies.cpu.pack --readme`` writes them by
     :func:`~studies.cpu.page.readme_blocks`, the same function on the study's folder)."""
-    summary, scale = page_blocks(*committed_study)
+    summary, scale, figures = page_blocks(*committed_study)
     page = README.read_text()
     assert summary_block(page) == summary
     assert scale_block(page) == scale
+    assert block(page, FIGURES_MARKER) == figures
+
+
+def test_the_committed_study_is_its_manifest_and_one_parquet_file_per_task():
+    """studies/cpu/data holds the manifest and one packed file per task, each with the task's finished runs, under
+    the packed study's budget; docs/figures/cpu-study holds the page's figures and nothing else."""
+    manifest = json.loads((COMMITTED / "study.json").read_text())
+    tasks = sorted({run["task"] for run in manifest["runs"]})
+    assert sorted(path.name for path in COMMITTED.iterdir()) == sorted(["study.json", *(f"{t}.parquet" for t in tasks)])
+    for task in tasks:
+        done = {run["name"] for run in manifest["runs"] if run["task"] == task and run["state"] == "done"}
+        assert set(packed_configs(COMMITTED / f"{task}.parquet")) == done
+    assert pack_study.packed_bytes(COMMITTED) <= pack_study.MAX_BYTES
+    linked = {link.rsplit("/", 1)[1].rstrip(")") for link in block(README.read_text(), FIGURES_MARKER) if link}
+    assert {path.name for path in FIGURES.iterdir()} == linked
 
 
 def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study):
@@ -371,7 +389,10 @@ def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study
 
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):
+    """The report re-executes from the committed runs, prints the page's blocks and draws the page's figures (into
+    ``DPPO_FIGURES`` here; into docs/figures/cpu-study, linked, when committed)."""
     monkeypatch.delenv("DPPO_STUDY", raising=False)
+    monkeypatch.setenv("DPPO_FIGURES", str(tmp_path / "figures"))
     notebook = execute(REPORT, tmp_path, monkeypatch, tmp_path)
     assert_clean(notebook)
     text = printed(notebook)
@@ -379,8 +400,13 @@ def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_su
     blocks = summary_block(README.read_text()) + scale_block(README.read_text())
     for line in blocks:
         assert line in text
+    linked = [line.rsplit("/", 1)[1].rstrip(")") for line in block(README.read_text(), FIGURES_MARKER) if line]
+    assert sorted(path.name for path in (tmp_path / "figures").iterdir()) == sorted(linked)
+    assert images(notebook) == len(linked)  # a study's figures outside the checkout are shown inline
     committed = nbformat.read(REPORT, as_version=4)
     assert all(line in printed(committed) for line in blocks)  # the committed outputs too
+    assert images(committed) == 0 and all(f'src="../../docs/figures/cpu-study/{name}"' in notebook_text(committed)
+                                           for name in linked)
 
 
 NUMBER = re.compile(r"[−+-]?\d+\.\d+(?:e[−+-]?\d+)?")
@@ -448,14 +474,15 @@ def test_an_asynchronous_condition_samples_two_updates_stale_without_the_probe(t
         assert train_config.minibatches_per_rollout == 1 and spec.trust_region.name == run.method
 
 
-def fake_study(folder: Path, experiments: list[str], names: list[str]) -> Path:
-    """A study folder with finished runs of ``names`` (sudoku), each with a config and one metrics and eval row."""
+def fake_study(folder: Path, experiments: list[str], names: list[str], sitting: int = 1) -> Path:
+    """A study folder with finished runs of ``names`` (sudoku), each with a config and one metrics row (its
+    ``sitting``) and eval row."""
     runs = []
     for name in names:
         run = folder / "sudoku" / name
         run.mkdir(parents=True)
         (run / "config.json").write_text(json.dumps({"run_name": name}))
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "from": str(folder)}) + "\n")
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "sitting": sitting}) + "\n")
         (run / "eval.jsonl").write_text(json.dumps({"step": 1}) + "\n")
         runs.append({"task": "sudoku", "name": name, "state": "done", "seconds": 1.0, "log": "x.log"})
     (folder / "study.json").write_text(json.dumps({"config": {"experiments": experiments, "out_dir": "x"},
@@ -466,15 +493,20 @@ def fake_study(folder: Path, experiments: list[str], names: list[str]) -> Path:
 def test_packing_with_merge_adds_a_sitting_played_elsewhere_and_keeps_the_rest(tmp_path):
     packed = tmp_path / "packed"
     pack_study.main(["--study", str(fake_study(tmp_path / "one", ["int8"], ["a-s0", "b-s0"])), "--out", str(packed)])
-    second = fake_study(tmp_path / "two", ["later_async"], ["b-s0", "c-s0"])
+    second = fake_study(tmp_path / "two", ["later_async"], ["b-s0", "c-s0"], sitting=2)
     pack_study.main(["--study", str(second), "--out", str(packed), "--merge"])
     manifest = json.loads((packed / "study.json").read_text())
     assert [run["name"] for run in manifest["runs"]] == ["a-s0", "b-s0", "c-s0"]
     assert manifest["config"]["experiments"] == ["int8", "later_async"] and "out_dir" not in manifest["config"]
-    assert read_jsonl(packed / "sudoku" / "b-s0" / "metrics.jsonl")[0]["from"] == str(second)  # replaced
-    assert read_jsonl(packed / "sudoku" / "a-s0" / "metrics.jsonl")[0]["from"] == str(tmp_path / "one")  # kept
+    assert sittings(packed) == {"a-s0": 1, "b-s0": 2, "c-s0": 2}  # b-s0 replaced, a-s0 kept
     pack_study.main(["--study", str(second), "--out", str(packed)])  # without --merge: replaced as a whole
-    assert sorted(p.name for p in (packed / "sudoku").iterdir()) == ["b-s0", "c-s0"]
+    assert sittings(packed) == {"b-s0": 2, "c-s0": 2}
+
+
+def sittings(packed: Path) -> dict[str, float]:
+    """The ``sitting`` each packed run of :func:`fake_study` logged, by run name."""
+    return {name: rows.loc[rows["metric"] == "sitting", "value"].item()
+            for name, rows in read_task(packed / "sudoku.parquet").items()}
 
 
 def test_packing_with_merge_keeps_a_packed_run_the_new_sitting_did_not_finish(tmp_path):
@@ -549,11 +581,11 @@ def committed_runs_by_commit() -> dict[str, set[tuple[str, str]]]:
     """The committed runs that record their code commit, as ``(task, run name)``, by that commit (for a run of an
     uncommitted tree, ``<commit>-dirty``, the commit it started from)."""
     runs: dict[str, set[tuple[str, str]]] = {}
-    for config_path in sorted(COMMITTED.glob("*/*/config.json")):
-        commit = json.loads(config_path.read_text()).get("code_commit")
-        if commit:
-            runs.setdefault(commit.removesuffix("-dirty"), set()).add(
-                (config_path.parent.parent.name, config_path.parent.name))
+    for path in task_files(COMMITTED):
+        for name, config in packed_configs(path).items():
+            commit = config.get("code_commit")
+            if commit:
+                runs.setdefault(commit.removesuffix("-dirty"), set()).add((path.stem, name))
     return runs
 
 

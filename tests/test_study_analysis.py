@@ -1,15 +1,19 @@
 """The CPU study's tables (studies/cpu/report.py) on a hand-made study whose outcomes are known: a collapsing
 PG-IS, a steady DPPO, on paired seeds, scored by the pre-registered contrasts."""
 
+import gzip
 import json
 from dataclasses import asdict, replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dppo_oat.run.safe_io import to_jsonable
 from dppo_oat.trust_region import TrustRegion
+from studies.cpu import pack as pack_study
 from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
+from studies.cpu.packed import run_config
 from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines
 from studies.cpu.report import (
     arm_flag_table,
@@ -169,18 +173,58 @@ def test_probe_table(study):
     assert table.loc[("sudoku", "mb1-bf16"), "topk/exact TV"] == pytest.approx(2 / 3)  # from the means
 
 
-def test_a_packed_study_reads_as_the_study(study, tmp_path):
-    """``*.jsonl.gz`` stand in for the plain logs (the committed form of a study)."""
-    import gzip
-    import shutil
+def manifest(study) -> None:
+    """Write ``study.json`` for the run folders of ``study``, each finished (what ``python -m studies.cpu.pack``
+    packs)."""
+    runs = [{"task": path.parent.name, "name": path.name, "state": "done"} for path in sorted(study.glob("*/*"))]
+    (study / "study.json").write_text(json.dumps({"config": {"experiments": []}, "runs": runs}))
 
-    packed = tmp_path / "packed"
-    shutil.copytree(study / "sudoku", packed / "sudoku")
-    for path in packed.glob("*/*/*.jsonl"):
-        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
-        path.unlink()
-    plain, compressed = run_outcomes(load_study(study), 0.6), run_outcomes(load_study(packed), 0.6)
-    assert compressed.drop(columns="run").equals(plain.drop(columns="run"))
+
+def test_a_packed_study_reads_as_the_study_it_was_packed_from(study, tmp_path, capsys):
+    """``python -m studies.cpu.pack``'s Parquet files read back as the study's folders: the same long table, row for
+    row (each run's path names the folder it was packed from), the same outcomes, each run's config; from
+    gzip-compressed logs too. A log with a repeated step, a metric written as ``"nan"`` throughout, ``Infinity``, a
+    bool, a metric some steps lack, a run without evaluations and a rule without a trust region in its config but
+    not in its preset included."""
+    odd = study / "sudoku" / "dppo_binary_tv-mb1-bf16-s0"
+    rows = [json.loads(line) for line in (odd / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.update({"nan_metric": "nan", "flag": row["step"] % 2 == 0, "grad_norm": float("inf")})
+        if row["step"] % 3:
+            row["sometimes"] = row["step"] / 10
+    rows.append({**rows[-1], "success": 0.5})  # the last step logged twice: the second line stands
+    (odd / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (study / "sudoku" / "pg_is-mb1-fp32-s0" / "eval.jsonl").unlink()
+    tv = study / "sudoku" / "dppo_binary_tv-mb1-bf16-s1" / "config.json"
+    config = json.loads(tv.read_text())
+    tv.write_text(json.dumps({**config, "trust_region": {**config["trust_region"], "rule": "none"}}))
+    manifest(study)
+    with pytest.warns(UserWarning, match="step 40 is logged more than once"):
+        plain = load_study(study)
+    for log in study.glob("*/*/*.jsonl"):
+        log.with_name(log.name + ".gz").write_bytes(gzip.compress(log.read_bytes()))
+        log.unlink()
+    with pytest.warns(UserWarning, match="step 40 is logged more than once"):
+        pack_study.main(["--study", str(study), "--out", str(tmp_path / "packed")])
+    assert "packed 11 finished runs" in capsys.readouterr().out
+    packed = load_study(tmp_path / "packed")
+    assert packed["path"].tolist() == [p.replace(str(study), str(tmp_path / "packed")) for p in plain["path"]]
+    pd.testing.assert_frame_equal(packed.drop(columns="path"), plain.drop(columns="path"), check_exact=True)
+    assert packed.attrs["nonfinite"] == plain.attrs["nonfinite"] == {"nan_metric": [odd.name], "grad_norm": [odd.name]}
+    outcomes = run_outcomes(packed, 0.6)
+    pd.testing.assert_frame_equal(outcomes, run_outcomes(plain, 0.6), check_exact=True)
+    assert outcomes.set_index("run").loc["sudoku/dppo_binary_tv-mb1-bf16-s1", "by_design"]  # read from its config
+    assert run_config(tmp_path / "packed" / "sudoku" / tv.parent.name) == json.loads(tv.read_text())
+
+
+def test_a_value_that_is_not_a_number_is_not_packed(study, tmp_path):
+    run = study / "sudoku" / "pg_is-mb1-bf16-s2"
+    (run / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/success": "high"}) + "\n")
+    manifest(study)
+    with pytest.raises(SystemExit, match=r"^error: pg_is-mb1-bf16-s2: its eval log's 'eval/success': 'high' is not a "
+                                         r"number \(a packed run keeps numbers\): nothing packed$"):
+        pack_study.main(["--study", str(study), "--out", str(tmp_path / "packed")])
+    assert not (tmp_path / "packed").exists()
 
 
 def test_an_empty_folder_says_what_to_do(tmp_path):

@@ -1,10 +1,12 @@
-"""Copy a CPU study's run logs into the repository, compressed, so its report re-executes from a fresh clone.
+"""Pack a CPU study's run logs into the repository, one Parquet file per task, so its report re-executes from a fresh
+clone.
 
-For every finished run of ``--study`` (``python -m studies.cpu.run``'s output), writes ``config.json``,
-``metrics.jsonl.gz`` and ``eval.jsonl.gz`` under ``--out`` (``studies/cpu/data`` by default), in the same
-``<task>/<run>/`` layout; checkpoints, token samples and logs stay behind. The gzip files carry no timestamp, so
-packing the same runs twice gives the same bytes. :func:`dppo_oat.run.log.read_jsonl` reads ``*.jsonl.gz`` where the
-plain file is absent, so every analysis function takes the packed folder as it takes a study folder.
+For every finished run of ``--study`` (``python -m studies.cpu.run``'s output, or a study folder whose logs are
+gzip-compressed), writes its ``config.json`` and its ``metrics.jsonl`` and ``eval.jsonl`` into
+``<out>/<task>.parquet`` (``studies/cpu/data`` by default; :mod:`studies.cpu.packed` describes the file), and the
+study's manifest into ``<out>/study.json``; checkpoints, token samples and logs stay behind. Packing the same runs
+twice gives the same bytes. :func:`studies.cpu.report.load_study` reads the packed study as it reads a study
+folder.
 
 With ``--readme docs/cpu-study.md`` it also rewrites the summary of the study in that page (between the
 ``<!-- cpu-study:summary -->`` markers) from the packed runs: the pre-registered claims, each with its paired
@@ -20,7 +22,6 @@ From the repository's root:
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 import sys
@@ -33,11 +34,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file (python studies/cpu/pack.py): the checkout's root is importable
     sys.path.insert(0, str(ROOT))
 
-from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from dppo_oat.analysis.run_checks import DamagedRun, read_config  # noqa: E402
+from dppo_oat.analysis.runs import read_log  # noqa: E402
+from dppo_oat.run.directory import CONFIG_FILE, RunDir  # noqa: E402
+from studies.cpu.packed import read_task, run_rows, task_files, write_task  # noqa: E402
 from studies.cpu.page import rewrite_page  # noqa: E402
 
-MAX_BYTES = 40 * 2**20
-"""The packed data of one study stays under 40 MB."""
+MAX_BYTES = 12 * 2**20
+"""The packed data of one study stays under 12 MiB: the repository, data, notebooks and figures included, stays
+under 20 MB, so that a checkout travels to a GPU machine with room for its wheels."""
 MANIFEST_KEYS = ("task", "method", "condition", "seed", "name", "state", "seconds")
 
 
@@ -61,13 +68,30 @@ def finished_runs(study: Path) -> list[Path]:
     return [study / run["task"] / run["name"] for run in manifest["runs"] if run["state"] == "done"]
 
 
-def pack_run(run_dir: Path, out_dir: Path) -> None:
-    """One run's config and logs into ``out_dir`` (the logs gzip-compressed, without a timestamp)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run_dir / CONFIG_FILE, out_dir / CONFIG_FILE)
-    for name in (METRICS_FILE, EVAL_FILE):
-        data = gzip.compress((run_dir / name).read_bytes(), compresslevel=9, mtime=0)
-        (out_dir / f"{name}.gz").write_bytes(data)
+def pack_run(run_dir: Path) -> pd.DataFrame:
+    """One run's rows (:func:`~studies.cpu.packed.run_rows`): its ``config.json`` as written, once the analysis
+    reads it, and its logs as the analysis reads them (:func:`~dppo_oat.analysis.runs.read_log`: a ``*.jsonl.gz``
+    where the plain log is absent). ``DamagedRun`` when one cannot be read."""
+    read_config(run_dir)
+    logs = {"metrics": read_log(RunDir(run_dir).metrics), "eval": read_log(RunDir(run_dir).eval)}
+    return run_rows(run_dir.name, (run_dir / CONFIG_FILE).read_text(encoding="utf-8"), logs)
+
+
+def read_runs(runs: list[Path]) -> dict[str, dict[str, pd.DataFrame]]:
+    """The rows of ``runs`` (:func:`pack_run`), by task and run name."""
+    tasks: dict[str, dict[str, pd.DataFrame]] = {}
+    for run in runs:
+        tasks.setdefault(run.parent.name, {})[run.name] = pack_run(run)
+    return tasks
+
+
+def write_tasks(tasks: dict[str, dict[str, pd.DataFrame]], out: Path, merge: bool) -> None:
+    """One file per task of ``tasks`` in ``out``; with ``merge``, beside the runs already packed there (a run of the
+    same task and name replaced)."""
+    for task, runs in tasks.items():
+        path = out / f"{task}.parquet"
+        kept = read_task(path) if merge and path.is_file() else {}
+        write_task({**kept, **runs}, path)
 
 
 def pack_manifest(study: Path, out: Path, packed: dict | None = None) -> None:
@@ -86,8 +110,8 @@ def pack_manifest(study: Path, out: Path, packed: dict | None = None) -> None:
 
 
 def packed_bytes(out: Path) -> int:
-    """Bytes of the packed runs in ``out`` (their configs and compressed logs)."""
-    return sum(path.stat().st_size for path in out.glob("*/*/*") if path.is_file())
+    """Bytes of the packed runs in ``out`` (its task files)."""
+    return sum(path.stat().st_size for path in task_files(out))
 
 
 def main(argv=None) -> None:
@@ -98,6 +122,10 @@ def main(argv=None) -> None:
     runs = finished_runs(study)
     if not runs:
         raise SystemExit(f"error: {study} has no finished run yet: nothing to pack")
+    try:
+        tasks = read_runs(runs)
+    except (DamagedRun, ValueError) as error:
+        raise SystemExit(f"error: {error}: nothing packed") from None
     packed = None
     if config.merge and (out / "study.json").is_file():
         try:
@@ -110,13 +138,12 @@ def main(argv=None) -> None:
     elif out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    for run in runs:
-        pack_run(run, out / run.parent.name / run.name)
+    write_tasks(tasks, out, merge=packed is not None)
     total = packed_bytes(out)
     pack_manifest(study, out, packed)
     if total > MAX_BYTES:
-        raise SystemExit(f"error: the packed study is {total / 2**20:.1f} MB, over {MAX_BYTES / 2**20:.0f} MB")
-    print(f"packed {len(runs)} finished runs into {out}{' (merged)' if packed else ''} ({total / 2**20:.2f} MB)")
+        raise SystemExit(f"error: the packed study is {total / 2**20:.1f} MiB, over {MAX_BYTES / 2**20:.0f} MiB")
+    print(f"packed {len(runs)} finished runs into {out}{' (merged)' if packed else ''} ({total / 2**20:.2f} MiB)")
     if config.readme:
         readme = Path(config.readme)
         try:

@@ -1,10 +1,12 @@
 """The generated blocks of the CPU study's page (docs/cpu-study.md), written from the scored claims.
 
-The page holds two blocks between marker lines: its opening section on what this scale can and cannot say
-(:data:`SCALE_MARKER`, :func:`scale_lines`) and the summary of every claim with its paired difference, 95%
-t-interval and verdict (:data:`SUMMARY_MARKER`, :func:`summary_lines`). The report notebook prints the same lines,
-``python -m studies.cpu.pack --readme docs/cpu-study.md`` rewrites the page's blocks (:func:`rewrite_page`), and a
-test checks that the page's blocks are what the committed runs give (:func:`readme_blocks`).
+The page holds three blocks between marker lines: its opening section on what this scale can and cannot say
+(:data:`SCALE_MARKER`, :func:`scale_lines`), the summary of every claim with its paired difference, 95%
+t-interval and verdict (:data:`SUMMARY_MARKER`, :func:`summary_lines`), and the report's figures, the files the
+report notebook writes into docs/figures/cpu-study/ (:data:`FIGURES_MARKER`, :func:`figure_lines`). The report
+notebook prints the same lines, ``python -m studies.cpu.pack --readme docs/cpu-study.md`` rewrites the page's blocks
+(:func:`rewrite_page`), and a test checks that the page's blocks are what the committed runs give
+(:func:`readme_blocks`).
 
 An arm that cannot be read as a trust region (it blocked almost nothing, most tokens, or collapsed within its first
 steps: :func:`~studies.cpu.report.arm_flag_table`) gets no verdict in the opening section, only its flag; the
@@ -43,13 +45,17 @@ from studies.cpu.claims import (
     matched,
     swept,
 )
+from studies.cpu.figures import FIGURES, ROOT, STRENGTH_FILE, curves_file
 from studies.cpu.report import (
+    STRENGTH_CONDITION,
     blocked_by_half,
     contrast_table,
     held_out_table,
     load_study,
     run_outcomes,
     sign_shares_by_stretch,
+    strength_table,
+    sweep_arms,
 )
 
 DISPLAY_SOURCES = {
@@ -389,16 +395,12 @@ def field_result(table: pd.DataFrame, label: str, contrast: Contrast) -> str:
 
 def scale_block(text: str) -> list[str]:
     """The lines between the two :data:`SCALE_MARKER` lines of ``text``."""
-    parts = text.split(SCALE_MARKER + "\n")
-    if len(parts) != 3:
-        raise ValueError(f"expected exactly two {SCALE_MARKER!r} lines, found {len(parts) - 1}")
-    return parts[1].splitlines()
+    return block(text, SCALE_MARKER)
 
 
 def replace_scale(text: str, lines: list[str]) -> str:
     """``text`` with its scale section replaced by ``lines``."""
-    before, _, after = text.split(SCALE_MARKER + "\n")
-    return before + SCALE_MARKER + "\n" + "".join(line + "\n" for line in lines) + SCALE_MARKER + "\n" + after
+    return replace_block(text, SCALE_MARKER, lines)
 
 
 SUMMARY_MARKER = "<!-- cpu-study:summary -->"
@@ -410,41 +412,74 @@ def readme_summary(study_dir: PathLike) -> list[str]:
     return readme_blocks(study_dir)[0]
 
 
-def readme_blocks(study_dir: PathLike) -> tuple[list[str], list[str]]:
-    """The page's two generated blocks for the study in ``study_dir``, scored once: the summary lines and the
-    scale section's lines."""
+def readme_blocks(study_dir: PathLike) -> tuple[list[str], list[str], list[str]]:
+    """The page's three generated blocks for the study in ``study_dir``, scored once: the summary lines, the scale
+    section's lines and the figures' lines."""
     df = load_study(study_dir)
     return page_blocks(df, run_outcomes(df, THRESHOLD))
 
 
-def page_blocks(df: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """The page's two generated blocks for a study's long table ``df`` and its runs' ``outcomes``: the summary
-    lines and the scale section's lines, from one scoring of the claims."""
+def page_blocks(df: pd.DataFrame, outcomes: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
+    """The page's three generated blocks for a study's long table ``df`` and its runs' ``outcomes``: the summary
+    lines and the scale section's lines, from one scoring of the claims, and the figures' lines
+    (:func:`figure_lines`)."""
     table = contrast_table(outcomes)
-    return summary_lines(table), scale_lines(table, scale_evidence(df, outcomes))
+    return summary_lines(table), scale_lines(table, scale_evidence(df, outcomes)), figure_lines(df, outcomes)
 
 
 def rewrite_page(text: str, study_dir: PathLike) -> str:
-    """``text`` (docs/cpu-study.md) with its summary and, where it has one, its scale section written from the
-    study in ``study_dir``."""
-    summary, scale = readme_blocks(study_dir)
+    """``text`` (docs/cpu-study.md) with its summary and, where it has them, its scale section and its figures
+    written from the study in ``study_dir``."""
+    summary, scale, figures = readme_blocks(study_dir)
     text = replace_summary(text, summary)
-    return replace_scale(text, scale) if SCALE_MARKER in text else text
+    text = replace_scale(text, scale) if SCALE_MARKER in text else text
+    return replace_block(text, FIGURES_MARKER, figures) if FIGURES_MARKER in text else text
 
 
-def _summary_parts(text: str) -> list[str]:
-    parts = text.split(SUMMARY_MARKER + "\n")
+FIGURES_MARKER = "<!-- cpu-study:figures -->"
+"""The page's figures sit between two of these lines."""
+FIGURES_LINK = FIGURES.relative_to(ROOT / "docs").as_posix()
+"""Where the page links to the figures (docs/cpu-study.md's folder is docs/)."""
+
+
+def figure_files(df: pd.DataFrame, outcomes: pd.DataFrame) -> list[tuple[str, str]]:
+    """The report's figures of a study, as ``(file name, title)``: the learning curves of each task and condition,
+    in the order the report draws them, and strength against outcome when the study has its arms
+    (:func:`~studies.cpu.report.sweep_arms`)."""
+    pairs = df[["task", "condition"]].drop_duplicates().itertuples(index=False)
+    figures = [(curves_file(task, condition), f"{task}, {condition}") for task, condition in pairs]
+    if not strength_table(outcomes, STRENGTH_CONDITION, sweep_arms()).empty:
+        figures.append((STRENGTH_FILE, f"{STRENGTH_CONDITION}: strength against outcome"))
+    return figures
+
+
+def figure_lines(df: pd.DataFrame, outcomes: pd.DataFrame) -> list[str]:
+    """The page's figures block: each of :func:`figure_files` as an image linked from the page, one per
+    paragraph."""
+    images = [f"![{title}]({FIGURES_LINK}/{name})" for name, title in figure_files(df, outcomes)]
+    return [line for image in images for line in (image, "")][:-1]
+
+
+def block(text: str, marker: str) -> list[str]:
+    """The lines between the two ``marker`` lines of ``text``."""
+    parts = text.split(marker + "\n")
     if len(parts) != 3:
-        raise ValueError(f"expected exactly two {SUMMARY_MARKER!r} lines, found {len(parts) - 1}")
-    return parts
+        raise ValueError(f"expected exactly two {marker!r} lines, found {len(parts) - 1}")
+    return parts[1].splitlines()
+
+
+def replace_block(text: str, marker: str, lines: list[str]) -> str:
+    """``text`` with the lines between its two ``marker`` lines replaced by ``lines``."""
+    block(text, marker)
+    before, _, after = text.split(marker + "\n")
+    return before + marker + "\n" + "".join(line + "\n" for line in lines) + marker + "\n" + after
 
 
 def summary_block(text: str) -> list[str]:
     """The lines between the two :data:`SUMMARY_MARKER` lines of ``text``."""
-    return _summary_parts(text)[1].splitlines()
+    return block(text, SUMMARY_MARKER)
 
 
 def replace_summary(text: str, lines: list[str]) -> str:
     """``text`` with its summary block replaced by ``lines``."""
-    before, _, after = _summary_parts(text)
-    return before + SUMMARY_MARKER + "\n" + "".join(line + "\n" for line in lines) + SUMMARY_MARKER + "\n" + after
+    return replace_block(text, SUMMARY_MARKER, lines)

@@ -1,18 +1,20 @@
 """The CPU study's tables: its runs as one long table, each run's outcomes, and the claims scored by paired seeds.
 
-A study directory (``python -m studies.cpu.run``'s ``--out-dir``, or its packed copy ``studies/cpu/data``) holds one
-folder per task, each with one run directory per (method, condition, seed)::
+A study directory (``python -m studies.cpu.run``'s ``--out-dir``) holds one folder per task, each with one run
+directory per (method, condition, seed)::
 
     <study>/study.json                      the plan and each run's state
-    <study>/<task>/<method>-<condition>-s<seed>/{config.json, metrics.jsonl, eval.jsonl}   (or *.jsonl.gz, packed)
+    <study>/<task>/<method>-<condition>-s<seed>/{config.json, metrics.jsonl, eval.jsonl}
 
-:func:`load_study` reads it into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with more run columns,
-``task`` (its folder), ``condition`` (from the run's name), ``arm_method`` and ``mismatch`` (the rollout's precision
-or log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the study's claims are
-scored on, and :func:`contrast_table` scores the pre-registered claims of :mod:`studies.cpu.claims` by paired seeds
-(t-interval, one-sided and equivalence tests against the margin, Holm over the primary claims) with the general
-statistics of :mod:`dppo_oat.analysis.stats`. :mod:`studies.cpu.page` writes the summary in docs/cpu-study.md from
-that table.
+Its packed copy (``studies/cpu/data``: ``python -m studies.cpu.pack``) holds ``study.json`` and one
+``<task>.parquet`` per task (:mod:`studies.cpu.packed`), whose runs keep the paths they would have in a study
+directory. :func:`load_study` reads either into the long table of :func:`~dppo_oat.analysis.runs.load_runs` with
+more run columns, ``task`` (its folder), ``condition`` (from the run's name), ``arm_method`` and ``mismatch`` (the
+rollout's precision or log-prob noise, from its config). :func:`run_outcomes` reduces each run to the numbers the
+study's claims are scored on, and :func:`contrast_table` scores the pre-registered claims of
+:mod:`studies.cpu.claims` by paired seeds (t-interval, one-sided and equivalence tests against the margin, Holm over
+the primary claims) with the general statistics of :mod:`dppo_oat.analysis.stats`. :mod:`studies.cpu.page` writes
+the summary in docs/cpu-study.md from that table.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from dppo_oat.analysis.curves import smooth
-from dppo_oat.analysis.degenerate import DEGENERATE, arm_flags, has_collapsed, run_degeneracy
-from dppo_oat.analysis.run_checks import read_config
+from dppo_oat.analysis.degenerate import (
+    DEGENERATE,
+    arm_flags,
+    designed_without_trust_region,
+    has_collapsed,
+    run_degeneracy,
+)
+from dppo_oat.analysis.run_checks import DamagedRun
 from dppo_oat.analysis.runs import PathLike, label_runs, load_runs, preset_name
 from dppo_oat.analysis.stats import (
     MarginTests,
@@ -39,7 +47,18 @@ from dppo_oat.analysis.stats import (
     sample_std,
     time_to_threshold,
 )
-from studies.cpu.claims import COLLAPSE_MIN_DROP, COLLAPSE_RATIO, CONTRASTS, PRIMARY_MIN_PAIRS, Contrast
+from studies.cpu.claims import (
+    COLLAPSE_MIN_DROP,
+    COLLAPSE_RATIO,
+    CONTRASTS,
+    PRIMARY_MIN_PAIRS,
+    SWEEP_RULES,
+    SWEEP_TARGETS,
+    Contrast,
+    matched,
+    swept,
+)
+from studies.cpu.packed import is_packed, load_packed, run_config
 from studies.cpu.placebo import PLACEBO_LABELS
 
 GROUP = ["task", "variant", "condition"]
@@ -57,19 +76,29 @@ def load_study(study_dir: PathLike) -> pd.DataFrame:
     """Every run of the study as one long table (``run``: ``<task>/<run name>``), with ``task``, ``condition``,
     ``mismatch`` and ``arm_method`` (the study's name of the method: a preset, or ``preset@name=value`` with
     overrides) run columns; ``method`` is the variant."""
-    run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
-    if not run_dirs:
-        raise FileNotFoundError(f"no study runs under {study_dir!r}: run python -m studies.cpu.run first")
-    df = load_runs([str(path.parent) for path in run_dirs])  # damaged runs are skipped with a warning
-    configs = {path: read_config(Path(path)) for path in df["path"].unique()}
-    df["run"] = df["path"].map(lambda p: f"{Path(p).parent.name}/{Path(p).name}")  # tasks share run names
-    df["task"] = df["path"].map(lambda p: Path(p).parent.name)
-    df["condition"] = df["path"].map(lambda p: condition_of(Path(p).name))
-    df["arm_method"] = df["path"].map(lambda p: Path(p).name.split("-", 1)[0])
-    df["mismatch"] = df["path"].map(lambda p: mismatch_of(configs[p]))
-    named = df["arm_method"].map(study_variant)
-    df["variant"] = named.where(named != "", df["variant"])
-    return label_runs(df)
+    if is_packed(study_dir):
+        df = load_packed(study_dir)
+    else:
+        run_dirs = sorted(Path(study_dir).glob("*/*/config.json"))
+        if not run_dirs:
+            raise FileNotFoundError(f"no study runs under {study_dir!r}: run python -m studies.cpu.run first")
+        df = load_runs([str(path.parent) for path in run_dirs])  # damaged runs are skipped with a warning
+    runs = pd.DataFrame([study_columns(path) for path in df["path"].unique()]).set_index("path")
+    for column in runs.columns:
+        df[column] = df["path"].map(runs[column])
+    df["variant"] = df["variant"].where(df["variant_named"] == "", df["variant_named"])
+    return label_runs(df.drop(columns="variant_named"))
+
+
+def study_columns(path: str) -> dict[str, str]:
+    """The study's columns of the run at ``path`` (``<study>/<task>/<run name>``): ``run`` (``<task>/<run name>``:
+    tasks share run names), ``task``, ``condition``, ``arm_method``, ``mismatch`` (from its config,
+    :func:`~studies.cpu.packed.run_config`), and ``variant_named``: :func:`study_variant` of its method."""
+    folder = Path(path)
+    arm_method = folder.name.split("-", 1)[0]
+    return {"path": path, "run": f"{folder.parent.name}/{folder.name}", "task": folder.parent.name,
+            "condition": condition_of(folder.name), "arm_method": arm_method,
+            "mismatch": mismatch_of(run_config(folder)), "variant_named": study_variant(arm_method)}
 
 
 def study_variant(arm_method: str) -> str:
@@ -155,8 +184,20 @@ def run_outcomes(df: pd.DataFrame, threshold: float, metric: str = "success", si
     degeneracy = run_degeneracy(df, rule)
     runs["masked_early"] = degeneracy["blocked_early"]
     runs["collapse_step"] = degeneracy["collapse_step"] if metric == "success" else np.nan
-    runs["by_design"] = degeneracy["by_design"]
+    paths = df.drop_duplicates("run").set_index("run")["path"] if "path" in df else pd.Series(dtype=object)
+    runs["by_design"] = [by_design(runs.at[run, "algo"], paths.get(run)) for run in runs.index]
     return runs.reset_index()
+
+
+def by_design(algo: str, path: str | None) -> bool:
+    """Whether the rule of the run at ``path`` has no trust region by design
+    (:func:`~dppo_oat.analysis.degenerate.designed_without_trust_region`), read from its config where it has one
+    (:func:`~studies.cpu.packed.run_config`: a packed run's too), else from its preset ``algo``."""
+    try:
+        trust_region = run_config(path).get("trust_region") if path is not None else None
+    except DamagedRun:
+        trust_region = None
+    return designed_without_trust_region(algo, trust_region if isinstance(trust_region, dict) else None)
 
 
 SIGN_STRETCHES = {"early": (1, 10), "late": (26, 50)}
@@ -473,7 +514,7 @@ def calibration_table(df: pd.DataFrame, outcomes: pd.DataFrame, conditions: tupl
     rows = []
     for run, path in df[df["condition"].isin(conditions)].drop_duplicates("run")[["run", "path"]].itertuples(
             index=False):
-        record = read_config(Path(path)).get("calibration")
+        record = run_config(path).get("calibration")
         if isinstance(record, dict):
             rows.append({"run": run, "band": record["band"], **{f"after {k}": v for k, v in record["after"].items()},
                          "target %": 100 * record["target"], "achieved %": 100 * record["achieved"],
@@ -488,6 +529,18 @@ def calibration_table(df: pd.DataFrame, outcomes: pd.DataFrame, conditions: tupl
     own = outcomes[outcomes["arm_method"] == reference].groupby("condition")["masked"].mean()
     table[f"{reference} over the run %"] = 100 * table.index.get_level_values("condition").map(own)
     return table
+
+
+STRENGTH_CONDITION = "mech-int4"
+"""The condition of the ``band_sweep`` experiment (and of the ``matched`` runs it compares with)."""
+
+
+def sweep_arms() -> dict[str, dict[str, str]]:
+    """The arms :func:`strength_table` compares: per rule of ``band_sweep`` (its label), its method at
+    DPPO-Binary-KL's strength (``matched``) and at each target of the sweep (``2%``, ``8%``)."""
+    return {label: {"matched": matched(preset, both),
+                    **{f"{float(target):.0%}": swept(preset, both, target) for target in SWEEP_TARGETS}}
+            for preset, both, label in SWEEP_RULES}
 
 
 def strength_table(outcomes: pd.DataFrame, condition: str, arms: dict[str, dict[str, str]]) -> pd.DataFrame:

@@ -21,7 +21,8 @@ Every run is an ordinary local-engine run (``runs/cpu_study/<task>/<method>-<con
 ``python -m dppo_oat.train`` in its own process, ``--workers`` at a time. The study is resumable: finished runs are
 skipped and a killed run continues from its last checkpoint (``--resume``), so it can be completed in several
 sittings; ``study.json`` records the plan, each run's state, wall time and log. ``python -m studies.cpu.pack``
-copies the runs' logs (compressed) to ``studies/cpu/data``, which the report ``studies/cpu/cpu_study.ipynb`` reads.
+packs the runs' logs into ``studies/cpu/data`` (one Parquet file per task), which the report
+``studies/cpu/cpu_study.ipynb`` reads.
 Budget (2 cores): see docs/cpu-study.md. From the repository's root:
 
     python -m studies.cpu.run                     # the whole study (resumable: run it again after a kill)
