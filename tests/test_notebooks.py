@@ -282,6 +282,44 @@ def test_committed_notebooks_record_the_hash_of_the_inputs_they_were_executed_on
     assert not any("execution" in cell.metadata for cell in notebook.cells)
 
 
+NOTEBOOK_MAX_BYTES = 2_000_000
+"""A committed notebook stays under 2 MB, readable on GitHub (the CPU study's report links its figures instead)."""
+
+
+@pytest.mark.parametrize("name", list(load_run_notebooks_script().NOTEBOOKS))
+def test_committed_notebooks_stay_small(name):
+    size = (ROOT / name).stat().st_size
+    assert size <= NOTEBOOK_MAX_BYTES, f"{name} is {size / 1e6:.1f} MB (at most {NOTEBOOK_MAX_BYTES / 1e6:.0f} MB)"
+
+
+def test_a_refreshed_notebook_keeps_its_figures_as_palette_pngs():
+    """``palette_images``: a figure becomes a palette PNG on white, smaller; an image its palette would not make
+    smaller is kept as it is."""
+    import base64
+    import io
+
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    for shift in range(8):
+        ax.plot(range(50), [(i * shift) % 17 for i in range(50)], alpha=0.6)
+        ax.fill_between(range(50), 0, [shift + i % 5 for i in range(50)], alpha=0.2)
+    drawn, dot = io.BytesIO(), io.BytesIO()
+    fig.savefig(drawn, format="png", transparent=True)
+    Image.new("RGB", (1, 1), "red").save(dot, format="PNG")
+    outputs = [nbformat.v4.new_output("display_data", {"image/png": base64.b64encode(png.getvalue()).decode()})
+               for png in (drawn, dot)]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", outputs=outputs)])
+    load_run_notebooks_script().palette_images(notebook)
+    figure, kept = (base64.b64decode(output["data"]["image/png"]) for output in notebook.cells[0].outputs)
+    image = Image.open(io.BytesIO(figure))
+    assert image.mode == "P" and len(figure) < len(drawn.getvalue()) and image.size == (400, 300)
+    assert image.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # a transparent corner, on white
+    assert kept == dot.getvalue()
+
+
 def tiny_repository(tmp_path: Path, monkeypatch):
     """A repository of one committed notebook, ``nb/tiny.ipynb``, that prints its one input ``nb/data.txt``: the
     script's :data:`NOTEBOOKS` and root pointed at it."""
