@@ -245,3 +245,34 @@ def test_the_plain_rendering_of_a_box_is_one_line_too():
              "      --target {None}|FLOAT\n          the fraction of the step's tokens (default: None)\n"
              "  ---------------------------------\n  For full helptext, run p --help\n")
     assert usage_line(plain, "p") == "unrecognized option --targt (did you mean --target?) (see p --help)"
+
+
+@pytest.mark.fault("`python -m studies.cpu.run` or `python -m studies.cpu.pack` with a mistyped flag, a value that "
+                   "does not parse or a setting out of range (`--steps 0`)",
+                   "one `error:` line on stderr (exit 2), as `dppo_oat.train`'s, never tyro's framed box")
+@pytest.mark.parametrize("module, args, fragment", [
+    ("studies.cpu.run", ["--stepz", "3"], "error: unrecognized option --stepz (did you mean --steps?)"),
+    ("studies.cpu.run", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("studies.cpu.run", ["--workers", "two"], "error: --workers"),
+    ("studies.cpu.pack", ["--outt", "x"], "error: unrecognized option --outt (did you mean --out?)"),
+])
+def test_a_usage_error_of_the_study_commands_is_one_line(module, args, fragment):
+    code, out, err = cli_error("-m", module, *args)
+    assert code == 2 and err.count("\n") == 1 and "╭" not in err and fragment in err, err
+    assert err.rstrip().endswith(f"(see python -m {module} --help)"), err
+
+
+@pytest.mark.fault("`python -m studies.cpu.run` with no arguments (the whole study is hundreds of runs)",
+                   "the plan by experiment and one line on how to choose (`--experiments ...`, `--all-experiments`); "
+                   "nothing is played or written")
+def test_the_study_command_without_a_choice_plays_nothing(tmp_path, monkeypatch, capsys):
+    import studies.cpu.run as study_run
+
+    def no_policy(*args):
+        raise AssertionError("a policy was prepared without a choice of experiments")
+
+    monkeypatch.setattr(study_run, "prepare_policies", no_policy)
+    study_run.main(["--out-dir", str(tmp_path / "study")])
+    out = capsys.readouterr().out
+    assert "nothing played: name what to play" in out and "--all-experiments" in out
+    assert "  mismatch: " in out and not (tmp_path / "study").exists()

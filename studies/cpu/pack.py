@@ -39,6 +39,7 @@ import pandas as pd  # noqa: E402
 from dppo_oat.analysis.run_checks import DamagedRun, read_config  # noqa: E402
 from dppo_oat.analysis.runs import read_log  # noqa: E402
 from dppo_oat.run.directory import CONFIG_FILE, RunDir  # noqa: E402
+from dppo_oat.settings.usage import one_line_usage_errors  # noqa: E402
 from studies.cpu.packed import read_task, run_rows, task_files, write_task  # noqa: E402
 from studies.cpu.page import rewrite_page  # noqa: E402
 
@@ -115,7 +116,8 @@ def packed_bytes(out: Path) -> int:
 
 
 def main(argv=None) -> None:
-    config = tyro.cli(PackConfig, args=argv, prog="python -m studies.cpu.pack", description=__doc__)
+    with one_line_usage_errors("python -m studies.cpu.pack"):  # a mistyped value or flag: one error: line, exit 2
+        config = tyro.cli(PackConfig, args=argv, prog="python -m studies.cpu.pack", description=__doc__)
     study, out = Path(config.study), Path(config.out)
     if not (study / "study.json").is_file():
         raise SystemExit(f"error: {study} has no study.json: run python -m studies.cpu.run --out-dir {study} first")

@@ -25,7 +25,8 @@ packs the runs' logs into ``studies/cpu/data`` (one Parquet file per task), whic
 ``studies/cpu/cpu_study.ipynb`` reads.
 Budget (2 cores): see docs/cpu-study.md. From the repository's root:
 
-    python -m studies.cpu.run                     # the whole study (resumable: run it again after a kill)
+    python -m studies.cpu.run                     # the plan by experiment: plays nothing
+    python -m studies.cpu.run --all-experiments   # the whole study (resumable: run it again after a kill)
     python -m studies.cpu.run --dry-run           # the plan and the state of each run
     python -m studies.cpu.run --experiments mismatch --seeds 0   # a part of it
 """
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -51,6 +52,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dppo_oat.engines.local.progress import line_console
 from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
 from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
+from dppo_oat.settings.usage import one_line_usage_errors
 from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS, SWEEP_ARMS
 from studies.cpu.placebo import PLACEBO_PRESETS
 
@@ -304,6 +306,9 @@ class StudyConfig:
     """More flags for every run, as one string: ``--extra-args="--warm-start.demo-episodes 200"``."""
     dry_run: bool = False
     """Print the plan and each run's state; train nothing."""
+    all_experiments: bool = False
+    """Play every experiment of ``--experiments``' default (a command that names no experiment prints the plan by
+    experiment and plays nothing: the whole study is hundreds of runs)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "groups_per_step", "train_pool", "eval_episodes", "workers"):
@@ -454,9 +459,28 @@ def play_all(config: StudyConfig, todo: list[StudyRun], runs: list[StudyRun], co
     return results
 
 
+PROG = "python -m studies.cpu.run"
+
+
+def names_experiments(argv: list[str]) -> bool:
+    """Whether the command line names the experiments to play."""
+    return any(arg == "--experiments" or arg.startswith("--experiments=") for arg in argv)
+
+
+def print_plan_by_experiment(config: StudyConfig, states: dict, console: Console) -> None:
+    """The runs of each experiment of ``config`` and how many are left, and how to play them."""
+    for experiment in config.experiments:
+        one = plan(replace(config, experiments=(experiment,)))
+        left = sum(1 for run in one if states.get(run, "new") != "done")
+        console.print(f"  {experiment}: {len(one)} runs, {left} to play")
+    console.print(f"nothing played: name what to play ({PROG} --experiments mismatch), or play every experiment "
+                  f"with --all-experiments; --dry-run lists each run")
+
+
 def main(argv=None) -> None:
-    # bad settings: one message, exit code 2
-    config = tyro.cli(StudyConfig, args=argv, prog="python -m studies.cpu.run", description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with one_line_usage_errors(PROG):  # a mistyped value or flag, or a bad setting: one error: line, exit 2
+        config = tyro.cli(StudyConfig, args=argv, prog=PROG, description=__doc__)
     console = line_console()
     runs = plan(config)
     states = {run: run_state(run.run_dir(config), config.steps) for run in runs}
@@ -464,6 +488,9 @@ def main(argv=None) -> None:
     counts = {state: sum(1 for s in states.values() if s == state) for state in ("done", "partial", "new")}
     console.print(f"CPU study in {config.out_dir}: {len(runs)} runs ({counts['done']} done, "
                   f"{counts['partial']} to resume, {counts['new']} new)")
+    if not (config.dry_run or config.all_experiments or names_experiments(argv)):
+        print_plan_by_experiment(config, states, console)
+        return
     if config.dry_run:
         for run in runs:
             console.print(f"  {states[run]:>7}  {run.task}/{run.name}")
