@@ -387,11 +387,14 @@ def load_runs(paths_or_globs: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     return df
 
 
-def is_copy(run: Run, seen: dict[tuple[str, str], Run]) -> bool:
+def is_copy(run: Run, seen: dict[tuple[str, str], Run], metrics_digest: str | None = None) -> bool:
     """Whether ``run`` is a run of ``seen`` again (the same run id in its config, or the same metrics line for line:
     a backup copy, which averaged with it would count as another seed); one warning names both when it is. Else its
-    identity is added to ``seen`` (keys ``("run id", id)`` and ``("metrics", digest)``)."""
-    keys = [("metrics", hashlib.sha256(run.metrics.to_json().encode()).hexdigest())] if len(run.metrics) else []
+    identity is added to ``seen`` (keys ``("run id", id)`` and ``("metrics", digest)``). ``metrics_digest``: the
+    digest of its metrics where they are not ``run.metrics`` (a packed study's long rows; "" for none)."""
+    if metrics_digest is None:
+        metrics_digest = hashlib.sha256(run.metrics.to_json().encode()).hexdigest() if len(run.metrics) else ""
+    keys = [("metrics", metrics_digest)] if metrics_digest else []
     if run.config.get("run_id"):
         keys.insert(0, ("run id", str(run.config["run_id"])))
     for key in keys:

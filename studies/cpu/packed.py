@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 
 from dppo_oat.analysis.run_checks import read_config, skipped_message
 from dppo_oat.analysis.runs import PathLike, Run, label_runs, normalize_trust_region, unique_run_names, variant_name
-from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE
+from dppo_oat.analysis.runs import is_copy as runs_is_copy
+from dppo_oat.run.directory import CONFIG_FILE
 
 SUFFIX = ".parquet"
 LOGS = ("metrics", "eval")
@@ -213,23 +214,12 @@ def long_rows(run: Run, name: str, rows: pd.DataFrame) -> pd.DataFrame:
 
 def is_copy(run: Run, rows: pd.DataFrame, seen: dict) -> bool:
     """Whether ``run`` (its logged ``rows``) is a run of ``seen`` again, as
-    :func:`~dppo_oat.analysis.runs.is_copy` tells it: its config's run id, or its metrics line for line; one warning
-    names both when it is. Else its keys are added to ``seen``."""
+    :func:`~dppo_oat.analysis.runs.is_copy` tells it from its config's run id or its metrics, here the digest of its
+    long metric rows."""
     metrics = rows[rows["log"] == "metrics"][["step", "metric", "value"]]
     digest = hashlib.sha256(pd.util.hash_pandas_object(metrics.astype({"metric": str}), index=False).to_numpy()
-                            .tobytes()).hexdigest()
-    keys = [("metrics", digest)] if len(metrics) else []
-    if run.config.get("run_id"):
-        keys.insert(0, ("run id", str(run.config["run_id"])))
-    for key in keys:
-        if key in seen:
-            why = f"its run id {key[1]} is that run's" if key[0] == "run id" else \
-                f"its {METRICS_FILE} is that run's, line for line"
-            warnings.warn(f"{run.path}: skipped, the same run as {seen[key].path} ({why}): a copy is not another seed",
-                          stacklevel=3)
-            return True
-    seen.update({key: run for key in keys})
-    return False
+                            .tobytes()).hexdigest() if len(metrics) else ""
+    return runs_is_copy(run, seen, metrics_digest=digest)
 
 
 def nonfinite_metrics(names: list[str], nonfinite: list[list[str]]) -> dict[str, list[str]]:
