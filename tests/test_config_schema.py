@@ -164,7 +164,8 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     config = json.loads((directory / "config.json").read_text())
     assert config["schema"] == 3 and config["tr_calibrate"] is None and "calibration" not in config
     assert config["schema_migrations"] == [{"from": 2, "to": 3, "filled": ["tr_calibrate", "tr_calibrate_like",
-                                                                          "tr_calibrate_unit", "tr_calibrate_band"]}]
+                                                                          "tr_calibrate_unit", "tr_calibrate_band",
+                                                                          "tr_calibrate_every"]}]
     (directory / "checkpoint.pt").write_bytes(legacy_checkpoint)  # killed before the next checkpoint
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text

@@ -147,7 +147,8 @@ def test_the_override_flags_are_the_trust_regions_numeric_fields_with_their_docs
     others = [f.name for f in dataclasses.fields(DPPOFlags) if f.name.startswith("tr_") and f.name[3:] not in numeric]
     assert others == []  # calibration's flags are the engines' that calibrate (CalibrationFlags), no field
     assert [f.name for f in dataclasses.fields(CalibrationFlags)] == ["tr_calibrate", "tr_calibrate_like",
-                                                                      "tr_calibrate_unit", "tr_calibrate_band"]
+                                                                      "tr_calibrate_unit", "tr_calibrate_band",
+                                                                      "tr_calibrate_every"]
     hints, docs = typing.get_type_hints(DPPOFlags, include_extras=True), field_docstrings(T.TrustRegion)
     for name in numeric:
         help_text = hints[f"tr_{name}"].__metadata__[0].help

@@ -352,6 +352,46 @@ def test_calibration_records_its_band_and_a_resume_reuses_it(tmp_path, capsys):
     assert offline["after"] == record["after"] and offline["achieved"] == record["achieved"]
 
 
+HELD_BEFORE_UPDATE = ["--trust-region", "dppo_binary_tv", "--rollout-dtype", "bfloat16", "--groups-per-step", "4",
+                      "--group-size", "4", "--minibatch-size", "10000", "--eval-episodes", "8", "--eval-every", "2"]
+"""One optimizer step per rollout batch, sampled by a bfloat16 copy: π_θ ≠ μ before the update, so the band is set on
+the step's own loss calls before it."""
+HELD_AFTER_UPDATE = ["--trust-region", "gspo", *SHIPPED]
+"""On-policy, several optimizer steps per batch: π_θ = μ before the update, so the band is set on the update's own
+loss calls and holds from the next step."""
+BLOCKED_SHARE_TOLERANCE = 0.002
+"""How near the target a band set on the step's own batch blocks: the mask is a step function over ~1,450 A ≠ 0
+tokens (one token is 0.0007), and the band search stops at the token nearest the target."""
+
+
+@pytest.mark.parametrize("flags, before_update", [(HELD_BEFORE_UPDATE, True), (HELD_AFTER_UPDATE, False)])
+def test_a_held_band_is_set_at_every_step_and_a_resume_restores_it_exactly(tmp_path, capsys, flags, before_update):
+    """``--tr-calibrate 0.05 --tr-calibrate-every 1``: each step logs the band it trained with and the step whose
+    batch set it. Where π_θ ≠ μ before the update, every step (the first too) blocks the target; where π_θ = μ
+    there, step 1 trains at the preset's band and each later step at the band of the step before. A run killed after
+    step 1 resumes with the band its checkpoint kept: its metrics equal the uninterrupted run's."""
+    common = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--tr-calibrate", "0.05",
+              "--tr-calibrate-every", "1", *flags]
+    main(["--steps", "2", "--run-name", "straight", *common])
+    main(["--steps", "1", "--run-name", "killed", *common])
+    main(["--steps", "2", "--run-name", "killed", "--resume", *common])
+    assert capsys.readouterr().out.count("set again every 1 step(s)") == 3  # the first band each command sets
+    rows = [read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("straight", "killed")]
+    for a, b in zip(*rows, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith(TIMING_KEYS)} == \
+            pytest.approx({k: v for k, v in b.items() if not k.startswith(TIMING_KEYS)}, rel=1e-5, abs=1e-7)
+    first, second = rows[0]
+    moved = "band/delta" if before_update else "band/eps_high"
+    assert second[moved] != first[moved]
+    if before_update:
+        assert [row["band/set_on_step"] for row in rows[0]] == [1.0, 2.0]
+        assert all(abs(row["mask/fraction"] - 0.05) <= BLOCKED_SHARE_TOLERANCE for row in rows[0])
+    else:
+        assert [row["band/set_on_step"] for row in rows[0]] == [0.0, 1.0]
+        assert (first["band/eps_low"], first["band/eps_high"]) == (3e-4, 4e-4)  # gspo's own band on step 1
+    assert "calibration" not in json.loads((tmp_path / "straight" / "config.json").read_text())
+
+
 @pytest.mark.fault("`--tr-calibrate` with a target no band reaches on the first step's batch, or on a batch whose "
                    "π_θ is μ (one optimizer step per rollout batch, no mismatch)",
                    "one line at the end of step 1 naming the fractions any band blocks there, or what gives the batch "
@@ -388,6 +428,9 @@ def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_
     ({"tr_calibrate": 0.01, "tr_calibrate_band": "both"},
      "--tr-calibrate, --tr-calibrate-band: trust region dppo_binary_tv has no band 'both' to calibrate"),
     ({"tr_calibrate_band": "both"}, "--tr-calibrate-band: calibration takes a target fraction or a preset"),
+    ({"tr_calibrate": 0.01, "tr_calibrate_every": 0},
+     "--tr-calibrate, --tr-calibrate-every: the band is set again every N >= 1 RL steps, got 0"),
+    ({"tr_calibrate_every": 2}, "--tr-calibrate-every: calibration takes a target fraction or a preset"),
 ])
 def test_calibration_flags_are_refused_before_any_model_is_built(tmp_path, no_model, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:

@@ -109,6 +109,29 @@ def recompute_logprobs(batch: UpdateBatch, forward: ForwardFn, micro_batch_size:
     return out
 
 
+def with_recomputed_logprobs(batch: UpdateBatch, tr: TrustRegion, forward: ForwardFn,
+                             settings: UpdateSettings) -> UpdateBatch:
+    """``batch`` with π_θ'(a_t) (:func:`recompute_logprobs`) where ``tr`` reads it and the batch lacks it."""
+    if not tr.needs_recompute or batch.recomputed_logp is not None:
+        return batch
+    micro = settings.micro_batch_size or settings.minibatch_size
+    return replace(batch, recomputed_logp=recompute_logprobs(batch, forward, micro))
+
+
+@torch.no_grad()
+def observe_before_update(batch: UpdateBatch, tr: TrustRegion, forward: ForwardFn, settings: UpdateSettings,
+                          observer: TokenSampler, *, generator: torch.Generator | None = None) -> UpdateBatch:
+    """Every loss call of the update's first epoch as the update will make it (the same shuffle, from a copy of
+    ``generator``, and the same micro-batches), but at the weights before it and with no step taken: ``observer``
+    sees each (as ``token_sampler`` does in :func:`update_policy`). What a band set before the update reads
+    (``--tr-calibrate``). Returns ``batch`` with π_θ' where ``tr`` reads it, for the update to reuse."""
+    batch = with_recomputed_logprobs(batch, tr, forward, settings)
+    order = None if generator is None else torch.Generator().set_state(generator.get_state())
+    for index in minibatch_indices(len(batch), settings.minibatch_size, order):
+        minibatch_step(batch, index, tr, forward, lambda loss: None, settings, observer)
+    return batch
+
+
 def minibatch_indices(num_rows: int, minibatch_size: int, generator: torch.Generator | None) -> list[torch.Tensor]:
     """A random permutation of the rows, split into minibatches (the last one may be smaller); drawn on the host,
     as ``generator`` is, so that the order is the same on every device."""
@@ -138,9 +161,7 @@ def update_policy(
     agrees every step, skip and stop with the other learners (:data:`AnyLearner`).
     """
     guard = guard or BlowUpGuard()
-    micro = settings.micro_batch_size or settings.minibatch_size
-    if tr.needs_recompute and batch.recomputed_logp is None:
-        batch = replace(batch, recomputed_logp=recompute_logprobs(batch, forward, micro))
+    batch = with_recomputed_logprobs(batch, tr, forward, settings)
     if tr.uses_topk and batch.topk_ids is None:
         raise ValueError(f"trust region {tr.name!r} needs the rollout's top-K set (generate with top_k_logprobs=K)")
     history = []
@@ -176,12 +197,18 @@ def learn_from_rollout(model, batch: UpdateBatch, tr: TrustRegion, settings: Upd
     :func:`~dppo_oat.learner.forward.causal_lm_forward` (at the sampling temperature; the fused head unless
     ``lm_head`` is ``logits``), run under ``precision`` (e.g. an autocast) when given, then :func:`update_policy`
     with the engine's ``steps``."""
-    forward = causal_lm_forward(model, settings=settings, chunk_size=chunk_size, lm_head=lm_head)
-    if precision is not None:
-        forward = precision(forward)
+    forward = policy_forward(model, settings, precision=precision, lm_head=lm_head, chunk_size=chunk_size)
     return update_policy(batch, tr, forward, steps.backward, steps.optimizer_step, settings, generator=shuffle,
                          discard_step=steps.discard_step, guard=guard, token_sampler=token_sampler,
                          any_learner=any_learner)
+
+
+def policy_forward(model, settings: UpdateSettings, *, precision: Callable[[ForwardFn], ForwardFn] | None = None,
+                   lm_head: str = "fused", chunk_size: int | None = None) -> ForwardFn:
+    """π_θ of a causal LM as the update reads it (:func:`~dppo_oat.learner.forward.causal_lm_forward`, at the
+    sampling temperature), run under ``precision`` (e.g. an autocast) when given."""
+    forward = causal_lm_forward(model, settings=settings, chunk_size=chunk_size, lm_head=lm_head)
+    return forward if precision is None else precision(forward)
 
 
 def finish_minibatch(metrics: dict[str, float], optimizer_step: OptimizerStepFn, discard_step: DiscardStepFn | None,

@@ -53,7 +53,8 @@ MAX_NAMED_READERS = 6
 """An override's help names the presets that read it when there are at most this many."""
 OVERRIDE_FLAGS = tuple(f"tr_{name}" for name in TRUST_REGION_OVERRIDES)
 """The fields of the trust region's override flags (``--tr-delta`` ...), one per :data:`TRUST_REGION_OVERRIDES`."""
-CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band")
+CALIBRATION_FLAGS = ("tr_calibrate", "tr_calibrate_like", "tr_calibrate_unit", "tr_calibrate_band",
+                     "tr_calibrate_every")
 """The fields of the band calibration's flags."""
 OVERRIDES_ABOUT = ("Each --tr-<field> replaces one number of the --trust-region preset (None: the preset's own); one "
                    "the preset does not read is refused.")
@@ -184,15 +185,16 @@ class UpdateSettings:
 @dataclass(frozen=True)
 class CalibrationSettings:
     """Band calibration during training (:func:`~dppo_oat.trust_region.band_search.calibrate`): the trust region's
-    band is set on the first RL step's rollout batch, with π_θ as that step's first epoch read it, to block
-    ``target`` of its A ≠ 0 tokens (or sequences: ``unit``) or as many as the preset ``like`` blocks there; ``band``:
-    which band moves where a rule has two (:func:`~dppo_oat.trust_region.band_search.band_choices`; None: its
-    default)."""
+    band is set on the first RL step's rollout batch (and again every ``every`` steps, on that step's batch:
+    :class:`~dppo_oat.trust_region.held_band.HeldBand`; None: once) to block ``target`` of its A ≠ 0 tokens (or
+    sequences: ``unit``) or as many as the preset ``like`` blocks there; ``band``: which band moves where a rule has
+    two (:func:`~dppo_oat.trust_region.band_search.band_choices`; None: its default)."""
 
     target: float | None = None
     like: str | None = None
     unit: str = "token"
     band: str | None = None
+    every: int | None = None
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.like is None):
@@ -203,6 +205,9 @@ class CalibrationSettings:
             raise ValueError(f"unknown trust-region preset {self.like!r} to match; choose one of: {', '.join(PRESETS)}")
         if self.unit not in UNITS:
             raise ValueError(f"unknown calibration unit {self.unit!r}; choose one of: {', '.join(UNITS)}")
+        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
+                                       or self.every < 1):
+            raise ValueError(f"the band is set again every N >= 1 RL steps, got {self.every!r}")
 
     @property
     def reference(self) -> TrustRegion | None:
@@ -362,8 +367,8 @@ class CalibrationFlags:
     calibrates (the local engine's); tyro reads the docstrings below as help."""
 
     tr_calibrate: float | None = None
-    """Set the band (δ; ε_low and ε_high together; τ_M2; SAPO's τ) to block this fraction of the A ≠ 0 tokens of the
-    first RL step's batch, and train with it from then on (docs/trust-region.md)."""
+    """Set the band (δ, ε, τ_M2 or SAPO's τ) to block this fraction of the A ≠ 0 tokens of step 1's batch
+    (docs/trust-region.md)."""
     tr_calibrate_like: Annotated[PresetName | None,  # type: ignore[valid-type]
                                  tyro.conf.arg(metavar="{None}|PRESET")] = None
     """Set the band (as --tr-calibrate) to block as many tokens as this preset (one of --trust-region's) blocks on
@@ -371,8 +376,9 @@ class CalibrationFlags:
     tr_calibrate_unit: Literal[UNITS] = "token"  # type: ignore[valid-type]
     """What --tr-calibrate counts: token (A ≠ 0 tokens) or sequence (responses whose every A ≠ 0 token is blocked)."""
     tr_calibrate_band: Literal[BAND_NAMES] | None = None  # type: ignore[valid-type]
-    """Which band --tr-calibrate moves where the rule has two (TRM, opsm, VACO): delta, clip_range or both (one
-    factor). None: δ."""
+    """Which band moves where a rule has two (TRM, opsm, VACO): delta, clip_range or both. None: δ."""
+    tr_calibrate_every: int | None = None
+    """Set the band again every N RL steps on that step's batch (1: hold the blocked share). None: once."""
 
     def calibration_settings(self, tr: TrustRegion) -> CalibrationSettings | None:
         """The band calibration the flags ask for on trust region ``tr`` (None: none), validated; an error names the
@@ -382,7 +388,7 @@ class CalibrationFlags:
             return None
         try:
             settings = CalibrationSettings(self.tr_calibrate, self.tr_calibrate_like, self.tr_calibrate_unit,
-                                           self.tr_calibrate_band)
+                                           self.tr_calibrate_band, self.tr_calibrate_every)
             settings.check_serves(tr)
         except ValueError as error:
             raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in names)}: {error}") from None

@@ -45,6 +45,7 @@ The modules, each one concept:
 - :mod:`~dppo_oat.trust_region.masks` and :mod:`~dppo_oat.trust_region.weights`: M_t and w_t as pure tensor
   functions, as each source writes them.
 - :mod:`~dppo_oat.trust_region.band_search`: :func:`calibrate`, a band set to block a target fraction of a batch.
+- :mod:`~dppo_oat.trust_region.held_band`: :class:`HeldBand`, that band set again every N steps of a run.
 - :mod:`~dppo_oat.trust_region.loss`: :func:`policy_loss` and the IS weight it builds.
   :mod:`~dppo_oat.trust_region.metrics`: the batch
   statistics, the shadow masks and the mismatch diagnostics. :mod:`~dppo_oat.trust_region.reductions`: masked means,
@@ -83,6 +84,7 @@ from dppo_oat.trust_region.config import (
     TrustRegion,
     numeric_fields_read,
 )
+from dppo_oat.trust_region.held_band import HeldBand
 from dppo_oat.trust_region.loss import (
     PolicyLossOutput,
     importance_weight,
@@ -171,7 +173,7 @@ __all__ = [
     "NUMBER_FIELDS", "PRESETS", "REAL_FIELDS", "RELAX_MODES", "Preset", "TrustRegion", "numeric_fields_read",
     # band calibration
     "BAND_RANGE", "BAND_RTOL", "SOFT_BLOCK_LEVEL", "UNITS", "Band", "CalibrationBatch", "CalibrationReport",
-    "UnmovedBatch", "band_choices", "band_of", "blocked_fraction", "calibrate", "check_batch_serves",
+    "HeldBand", "UnmovedBatch", "band_choices", "band_of", "blocked_fraction", "calibrate", "check_batch_serves",
     # the rule registry and the rules
     "DIVERGENCES", "RULE_TABLE", "THRESHOLDS", "Divergence", "MaskInputs", "Rule", "k2_divergence", "k3_divergence",
     "keep_all", "register_rule",

@@ -272,13 +272,13 @@ def test_oat_loss_flags_are_refused_not_ignored(name, gpu_node):
     assert f"`--{name}`" in oat_page.read_text(), "docs/engines/oat.md lists every refused oat flag"
 
 
-@pytest.mark.fault("oat engine: `--tr_calibrate`, `--tr_calibrate_like`, `--tr_calibrate_unit` or "
-                   "`--tr_calibrate_band`",
+@pytest.mark.fault("oat engine: `--tr_calibrate`, `--tr_calibrate_like`, `--tr_calibrate_unit`, "
+                   "`--tr_calibrate_band` or `--tr_calibrate_every`",
                    "refused in one line: calibrate offline from the run's token export "
                    "(`python -m dppo_oat.calibrate`) and pass the band it prints")
 @pytest.mark.parametrize("flags", [["--tr_calibrate", "0.05"], ["--tr_calibrate_like", "dppo_binary_kl"],
                                    ["--tr_calibrate_unit", "sequence"], ["--tr_calibrate_band", "both"],
-                                   ["--tr-calibrate=0.05"]])
+                                   ["--tr_calibrate_every", "1"], ["--tr-calibrate=0.05"]])
 def test_band_calibration_is_refused_with_the_offline_route(flags, gpu_node):
     flag = flags[0].split("=")[0]
     with gpu_node(2), pytest.raises(ValueError, match=f"{flag}: the oat engine does not calibrate") as error:

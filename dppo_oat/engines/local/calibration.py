@@ -1,10 +1,14 @@
-"""The local engine's band calibration while it trains (``--tr-calibrate``, ``--tr-calibrate-like``): it keeps the
-loss calls of the first RL step's update (:class:`BatchCollector`), sets the band on them with the core's band search
-(:func:`~dppo_oat.trust_region.band_search.calibrate`, :func:`calibrated_band`), records the band in ``config.json``
-(:func:`calibration_record`), and a resumed run trains with the band it recorded (:func:`recorded_calibration`)."""
+"""The local engine's band calibration while it trains (``--tr-calibrate``, ``--tr-calibrate-like``, and
+``--tr-calibrate-every`` to hold the band at its strength): :class:`TrainingCalibration` sets the band with the core's
+:class:`~dppo_oat.trust_region.held_band.HeldBand` on the step's batch before its update (π_θ at the weights before
+it, :func:`~dppo_oat.learner.update.observe_before_update`) where π_θ already differs from μ there, else on the
+update's own loss calls (:class:`BatchCollector`), the band then holding from the next step. A band set once is
+recorded in ``config.json`` (:func:`calibration_record`), and a resumed run trains with it
+(:func:`recorded_calibration`); a held band is logged at every step (``band/*``) and kept in the checkpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -18,10 +22,10 @@ from dppo_oat.trust_region import (
     RULE_TABLE,
     CalibrationBatch,
     CalibrationReport,
+    HeldBand,
     PolicyLossOutput,
     TrustRegion,
     UnmovedBatch,
-    calibrate,
 )
 
 if TYPE_CHECKING:
@@ -52,22 +56,23 @@ class BatchCollector:
 def calibration_flags(c: TrainConfig) -> str:
     """The calibration flags a command line set, as it spells them (for messages)."""
     flags = [f"--tr-calibrate {c.tr_calibrate}" if c.tr_calibrate is not None else "",
-             f"--tr-calibrate-like {c.tr_calibrate_like}" if c.tr_calibrate_like is not None else ""]
+             f"--tr-calibrate-like {c.tr_calibrate_like}" if c.tr_calibrate_like is not None else "",
+             f"--tr-calibrate-every {c.tr_calibrate_every}" if c.tr_calibrate_every is not None else ""]
     return " ".join(flag for flag in flags if flag)
 
 
-def calibrated_band(tr: TrustRegion, calls: list[CalibrationBatch], request: CalibrationSettings, step: int,
-                    flags: str) -> tuple[TrustRegion, CalibrationReport]:
-    """``tr`` with its band set on step ``step``'s loss calls as ``request`` asks, and the report; a batch no band
-    can be set on is a :class:`~dppo_oat.errors.RunError` of one line that names the ``flags`` and what to do."""
+def calibrated_band(held: HeldBand, calls: list[CalibrationBatch], step: int, flags: str,
+                    where: str) -> CalibrationReport:
+    """Set ``held``'s band on step ``step``'s loss calls (``where`` they came from, for the report); a batch no band
+    can be set on is a :class:`~dppo_oat.errors.RunError` of one line that names the ``flags`` and what to do
+    (:class:`~dppo_oat.trust_region.UnmovedBatch` as it is, for the caller to try the update's own calls)."""
     try:
-        tr, report = calibrate(tr, calls, request.target, like=request.reference, unit=request.unit,
-                               band=request.band)
+        report = held.set(step, calls)
     except UnmovedBatch:
-        raise RunError(f"{flags} at step {step}: {UNMOVED_HINT}") from None
+        raise
     except ValueError as error:
         raise RunError(f"{flags} at step {step}: {error}") from None
-    return tr, replace(report, source=f"step {step}'s rollout batch")
+    return replace(report, source=f"step {step}'s {where}")
 
 
 def calibration_record(report: CalibrationReport, step: int) -> dict:
@@ -95,3 +100,84 @@ def recorded_calibration(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> RunS
     if record is None:
         return spec
     return replace(spec, trust_region=recorded_band(record, spec.trust_region))
+
+
+class TrainingCalibration:
+    """One run's band calibration: on which steps it sets the band (:class:`~dppo_oat.trust_region.HeldBand`: the
+    first, and every N-th with ``--tr-calibrate-every N``), on which loss calls (:meth:`before_update`,
+    :meth:`after_update`), and what the run logs and keeps of it. ``say`` prints a line."""
+
+    def __init__(self, request: CalibrationSettings, tr: TrustRegion, flags: str, say: Callable[[str], None], *,
+                 recorded: dict | None = None) -> None:
+        self.held = HeldBand(tr, request.target, request.reference, request.unit, request.band, request.every,
+                             set_on=recorded.get("step") if recorded else None)
+        self.flags, self.say = flags, say
+        self.collector: BatchCollector | None = None
+        self._warned = False
+
+    @property
+    def holds(self) -> bool:
+        """Whether the band is set again through the run (``--tr-calibrate-every``), not once."""
+        return self.held.every is not None
+
+    @property
+    def trust_region(self) -> TrustRegion:
+        """The trust region to train with now."""
+        return self.held.trust_region
+
+    def before_update(self, step: int, observe: Callable[[BatchCollector], None]) -> CalibrationReport | None:
+        """On a step that sets the band: the band set on the step's loss calls at the weights before its update
+        (``observe`` runs that pass into a collector); or None, and the update's own loss calls are kept instead
+        (:meth:`after_update`), where π_θ equals μ on them (nothing moved yet: an on-policy batch)."""
+        self.collector = None
+        if not self.held.due(step):
+            return None
+        calls = BatchCollector(self.held.trust_region)
+        observe(calls)
+        try:
+            return self._set(step, calls.calls, "rollout batch before its update")
+        except UnmovedBatch:
+            self.collector = BatchCollector(self.held.trust_region)
+            return None
+
+    def after_update(self, step: int) -> CalibrationReport | None:
+        """The band set on the update's own loss calls where the pass before it found π_θ = μ: it holds from the
+        next step."""
+        if self.collector is None:
+            return None
+        calls, self.collector = self.collector.calls, None
+        try:
+            return self._set(step, calls, f"update (π_θ = μ before it), from step {step + 1} on")
+        except UnmovedBatch:
+            return self._cannot_set(step, RunError(f"{self.flags} at step {step}: {UNMOVED_HINT}"))
+
+    def _set(self, step: int, calls: list[CalibrationBatch], where: str) -> CalibrationReport | None:
+        try:
+            return calibrated_band(self.held, calls, step, self.flags, where)
+        except RunError as error:
+            return self._cannot_set(step, error)
+
+    def _cannot_set(self, step: int, error: RunError) -> None:
+        """A batch that sets no band ends the run while none was ever set; a held band stays as it was (said once:
+        a step whose advantages are all 0, say, has nothing to calibrate on)."""
+        if self.held.set_on is None:
+            raise error
+        if not self._warned:
+            self._warned = True
+            self.say(f"warning: {error}; the band set on step {self.held.set_on} stays (said once; band/set_on_step in "
+                     "metrics.jsonl shows the step whose batch set each step's band)")
+
+    def metrics(self) -> dict[str, float]:
+        """A held band's entries in the step's metrics, taken before its update: the band it trains with
+        (``band/<field>``) and the step whose batch set it (``band/set_on_step``; 0: the preset's band)."""
+        if not self.holds:
+            return {}
+        return {**{f"band/{name}": value for name, value in self.held.values.items()},
+                "band/set_on_step": float(self.held.set_on or 0)}
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of a held band (:meth:`~dppo_oat.trust_region.HeldBand.state_dict`)."""
+        return self.held.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.held.load_state_dict(state)

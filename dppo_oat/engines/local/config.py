@@ -232,7 +232,7 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
 HELP_GROUPS = (
     FlagGroup("common", "", ("steps", "trust_region", "env_ids", "env_module", "pretrain", "seed", "lr", "device",
                              "dtype", "eval_every", "run_dir", "run_name", "resume", "engine")),
-    FlagGroup("trust-region", f"{spec.OVERRIDES_ABOUT} --tr-calibrate sets the band from the first RL step's batch.",
+    FlagGroup("trust-region", spec.OVERRIDES_ABOUT,
               spec.OVERRIDE_FLAGS + spec.CALIBRATION_FLAGS),
     FlagGroup("rollout", "", ("groups_per_step", "group_size", "train_pool", "prompt_template", "wrappers", "max_turns",
                               "max_new_tokens", "max_prompt_tokens", "temperature", "top_p")),

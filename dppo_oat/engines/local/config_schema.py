@@ -10,7 +10,8 @@ whose absence meant something else does: bump :data:`CONFIG_SCHEMA` and add the 
 (``tr_calibrate``, ``tr_calibrate_like``, ``tr_calibrate_unit`` and, once calibrated, ``calibration``): a schema-2
 config calibrated nothing, and the step records the keys it fills, so that a checkpoint written under schema 2 is
 still told from an edited config (:func:`as_written` from the checkpoint's schema). ``tr_calibrate_band`` came later
-at a default that keeps the earlier behaviour (the rule's default band), so it needed no new version.
+at a default that keeps the earlier behaviour (the rule's default band), so it needed no new version; so did
+``tr_calibrate_every`` (None: the band set once).
 """
 
 from __future__ import annotations

@@ -25,12 +25,7 @@ from rich.console import Console
 
 from dppo_oat.advantages import RewardOverflow, sample_advantages
 from dppo_oat.divergence.probe import divergence_estimates, probe_metrics, response_actions, response_logits
-from dppo_oat.engines.local.calibration import (
-    BatchCollector,
-    calibrated_band,
-    calibration_flags,
-    calibration_record,
-)
+from dppo_oat.engines.local.calibration import TrainingCalibration, calibration_flags, calibration_record
 from dppo_oat.engines.local.config import TrainConfig, logged_config, resolved_threads
 from dppo_oat.engines.local.config_schema import CONFIG_SCHEMA, schema_migrations_of
 from dppo_oat.engines.local.policy import load_or_build_tiny_policy, load_pretrained
@@ -48,11 +43,12 @@ from dppo_oat.learner.autocast import (
 )
 from dppo_oat.learner.guard import ALL_SKIPPED, BlowUpGuard, every_step_skipped, skip_causes
 from dppo_oat.learner.update import (
-    EngineSteps,
     clip_and_step,
-    learn_from_rollout,
+    observe_before_update,
+    policy_forward,
     scaled_clip_and_step,
     summarize_steps,
+    update_policy,
 )
 from dppo_oat.rollout.episodes import EpisodeCollector, Rollout
 from dppo_oat.rollout.hf_generator import HFGenerator
@@ -142,6 +138,7 @@ class LocalTrainer:
         self.token_rows: list[dict] = []  # the last RL step's tokens.jsonl sample
         self.exporter = TokenExporter(self.run_dir) if config.token_export == "all" else None
         self._noted_small_batch = self._warned_long_prompts = self._warned_all_skipped = False
+        self._said_held_band = False
         self._check_prompts_fit()
         self._open_log()
         self.rollouts = RolloutSchedule(self.max_staleness, self._train_rollout_plan, self.generator,
@@ -167,9 +164,11 @@ class LocalTrainer:
         stored = self.run_dir.read_config() if resuming else {}
         self.run_id = stored.get("run_id") or uuid.uuid4().hex
         written = {**logged_config(c, self.spec), "run_id": self.run_id}
-        self.calibration = stored.get("calibration") if self.spec.calibration is not None else None
-        if self.calibration is not None:  # the band it recorded (validation set the spec's trust region to it)
-            written["calibration"] = self.calibration
+        recorded = stored.get("calibration") if self.spec.calibration is not None else None
+        if recorded is not None:  # the band it recorded (validation set the spec's trust region to it)
+            written["calibration"] = recorded
+        self.calibration = None if self.spec.calibration is None else TrainingCalibration(
+            self.spec.calibration, self.tr, calibration_flags(c), self._say, recorded=recorded)
         if resuming:  # what the reader filled in an older config.json stays on record (validation migrated it)
             written.update(schema_migrations_of(stored, written))
         self.written = written
@@ -319,17 +318,7 @@ class LocalTrainer:
             group["lr"] = scheduled_lr(c.lr, c.lr_schedule, step, c.steps)
         self.model.train()
         sampler = TokenSampler(c.token_samples, seed=step_seed(c.seed, step, 4))
-        settings = self._update_settings_for(len(batch))
-        steps = EngineSteps(self._backward, self._optimizer_step, self._discard_step)
-        calibrating = self.spec.calibration is not None and self.calibration is None
-        loss_calls = BatchCollector(self.tr) if calibrating else None
-        observers = [observer for observer in (self.exporter, loss_calls) if observer is not None]
-        history = learn_from_rollout(self.model, batch, self.tr, settings, steps, guard=self.guard,
-                                     shuffle=torch.Generator().manual_seed(step_seed(c.seed, step, 3)),
-                                     token_sampler=TokenObservers(sampler, *observers) if observers else sampler,
-                                     precision=lambda forward: autocast_forward(forward, c.device, c.dtype))
-        if loss_calls is not None:
-            self._calibrate(step, loss_calls.calls)
+        history, band = self._update(step, batch, sampler)
         self.token_rows = sampler.rows(step, decode_each(self.tokenizer), [sample.turn for sample in samples])
         if self.exporter is not None:
             self.exporter.write(step, [sample.turn for sample in samples], [sample.env_id for sample in samples])
@@ -341,22 +330,68 @@ class LocalTrainer:
         self.step = step
         metrics = self._step_metrics(stats, history, batch, rollout_seconds, update_seconds)
         metrics.update(self.rollouts.metrics(rollout, step, waited_seconds))
+        metrics.update(band)
         if probing:
             metrics.update(self._probe(batch, behavior_logits))
         return metrics
 
-    def _calibrate(self, step: int, calls) -> None:
-        """Set the trust region's band on step ``step``'s loss calls (``--tr-calibrate``), record it in config.json
-        (with the settings hash the next checkpoints carry), and train with it from the next step on."""
-        tr, report = calibrated_band(self.tr, calls, self.spec.calibration, step, calibration_flags(self.config))
+    def _update(self, step: int, batch, sampler: TokenSampler) -> tuple[list[dict[str, float]], dict[str, float]]:
+        """Step ``step``'s optimizer steps on its rollout batch, at the band calibration sets (``--tr-calibrate``)
+        before the update, or after it from the update's own loss calls; their metrics and the held band's."""
+        c, settings = self.config, self._update_settings_for(len(batch))
+        forward = policy_forward(self.model, settings, precision=lambda f: autocast_forward(f, c.device, c.dtype))
+        shuffle = torch.Generator().manual_seed(step_seed(c.seed, step, 3))
+        started = time.perf_counter()
+        batch, band = self._calibrate_before(step, batch, forward, settings, shuffle)
+        calibration_seconds = time.perf_counter() - started
+        observers = [o for o in (self.exporter, self.calibration and self.calibration.collector) if o is not None]
+        history = update_policy(batch, self.tr, forward, self._backward, self._optimizer_step, settings,
+                                generator=shuffle, discard_step=self._discard_step, guard=self.guard,
+                                token_sampler=TokenObservers(sampler, *observers) if observers else sampler)
+        if self.calibration is not None:
+            started = time.perf_counter()
+            self._use_band(self.calibration.after_update(step))
+            if band:  # a held band: what setting it costs each step
+                band["time/calibration"] = calibration_seconds + time.perf_counter() - started
+        return history, band
+
+    def _calibrate_before(self, step: int, batch, forward, settings, shuffle) -> tuple[object, dict[str, float]]:
+        """The band set on the step's loss calls at the weights before its update, where calibration sets one
+        there (:meth:`TrainingCalibration.before_update`); the batch (with π_θ' where the pass recomputed it) and
+        the held band's metrics."""
+        if self.calibration is None:
+            return batch, {}
+        observed = [batch]
+
+        def observe(calls) -> None:
+            observed[0] = observe_before_update(batch, self.tr, forward, settings, calls, generator=shuffle)
+
+        self._use_band(self.calibration.before_update(step, observe))
+        return observed[0], self.calibration.metrics()
+
+    def _use_band(self, report) -> None:
+        """Train with the band calibration set (``report``; None: it set none). A band set once is recorded in
+        config.json (with the settings hash the next checkpoints carry); a held one is logged at every step
+        (``band/*``), and its first setting is said."""
+        if report is None:
+            return
+        tr = self.calibration.trust_region
         self.tr, self.spec = tr, replace(self.spec, trust_region=tr)
-        self.calibration = calibration_record(report, step)
-        changes = {"trust_region": logged_config(self.config, self.spec)["trust_region"],
-                   "calibration": self.calibration}
+        if self.calibration.holds:
+            if not self._said_held_band:
+                self._said_held_band = True
+                self._say(f"calibrated {report.line()}; set again every {self.calibration.held.every} step(s) "
+                          "(band/* in metrics.jsonl)")
+            return
+        record = calibration_record(report, self.calibration.held.set_on)
+        changes = {"trust_region": logged_config(self.config, self.spec)["trust_region"], "calibration": record}
         self.written.update(changes)
         self.settings_hash = settings_hash(self.written, settings_free_on_resume(self.spec))
         self.log.update_config(changes)
-        self.console.print(f"calibrated {report.line()}", soft_wrap=True)
+        self._say(f"calibrated {report.line()}")
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, soft_wrap=True, markup=False)
 
     # ------------------------------------------------------------------ the rollouts (RolloutSchedule)
     def _train_rollout_plan(self, step: int):
@@ -427,6 +462,8 @@ class LocalTrainer:
         if self.scaler is not None:  # float16's loss scale: a resumed run continues from it
             state["loss_scaler"] = self.scaler.state_dict()
         state.update(self.rollouts.checkpoint_state(self.step))  # stale rollouts: the older weights they sample with
+        if self.calibration is not None and self.calibration.holds:  # the band the next step trains with
+            state["held_band"] = self.calibration.state_dict()
         atomic_torch_save(state, self.run_dir.checkpoint, weights=weights)
         self.checkpointed_step = self.step
 
@@ -439,6 +476,10 @@ class LocalTrainer:
             if self.scaler is not None:
                 self.scaler.load_state_dict(state["loss_scaler"])
             self.rollouts.restore(state, self._weights_snapshot())
+            if self.calibration is not None and self.calibration.holds:
+                self.calibration.load_state_dict(state["held_band"])
+                self.tr = self.calibration.trust_region
+                self.spec = replace(self.spec, trust_region=self.tr)
         except (RuntimeError, KeyError, ValueError, EOFError, OSError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--resume: {path} does not load into this run's policy ({first_line}): restore the "

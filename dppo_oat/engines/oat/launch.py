@@ -32,8 +32,8 @@ DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 
 CALIBRATION_REFUSED = (
-    "the oat engine does not calibrate a band while it trains (every learner would have to switch to one band "
-    "between two steps): calibrate offline from a run's token export (--token_export all, then python -m "
+    "the oat engine does not calibrate a band while it trains (its learners would have to agree on one band per "
+    "step from every rank's per-token divergences): calibrate offline from a run's token export (--token_export all, then python -m "
     "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
     "--tr_eps_high, ...)"
 )
