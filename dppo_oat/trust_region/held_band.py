@@ -33,7 +33,8 @@ class HeldBand:
     block ``target`` of a step's A ≠ 0 tokens (or sequences: ``unit``), or as many as preset ``like`` blocks there;
     ``band`` picks which band moves where a rule has two (:func:`~dppo_oat.trust_region.band_search.band_choices`).
     ``trust_region`` is the one to train with now; ``set_on`` the step whose batch set its band (None: the band as
-    given)."""
+    given) and ``set_to_block`` the share of that batch it was set to block (``like``: the reference's share
+    there)."""
 
     trust_region: TrustRegion
     target: float | None = None
@@ -42,6 +43,7 @@ class HeldBand:
     band: str | None = None
     every: int | None = 1
     set_on: int | None = None
+    set_to_block: float | None = None
 
     def __post_init__(self) -> None:
         if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
@@ -60,7 +62,7 @@ class HeldBand:
         """Set the band on step ``step``'s loss calls and hold it from now on; the report of
         :func:`~dppo_oat.trust_region.band_search.calibrate` (its errors, one line each, leave the band as it was)."""
         tr, report = calibrate(self.trust_region, calls, self.target, like=self.like, unit=self.unit, band=self.band)
-        self.trust_region, self.set_on = tr, step
+        self.trust_region, self.set_on, self.set_to_block = tr, step, report.target
         return report
 
     @property
@@ -69,17 +71,23 @@ class HeldBand:
         return {name: getattr(self.trust_region, name) for name in band_of(self.trust_region, self.band).fields}
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps: the band in force and the step whose batch set it."""
-        return {"band": self.values, "set_on": self.set_on}
+        """What a checkpoint keeps: the band in force, the step whose batch set it and the share it was set to
+        block."""
+        return {"band": self.values, "set_on": self.set_on, "set_to_block": self.set_to_block}
 
     def load_state_dict(self, state: Mapping) -> None:
         """The band a checkpoint kept (:meth:`state_dict`); a state that holds no band of this rule's is one
         ValueError."""
-        band, set_on = (state.get("band"), state.get("set_on")) if isinstance(state, Mapping) else (None, None)
+        state = state if isinstance(state, Mapping) else {}
+        band, set_on, share = state.get("band"), state.get("set_on"), state.get("set_to_block")
         if not (isinstance(band, Mapping) and set(band) == set(self.values) and set(band) <= set(REAL_FIELDS)
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band.values())
-                and (set_on is None or isinstance(set_on, int))):
+                and all(_is_number(v) for v in band.values()) and (set_on is None or isinstance(set_on, int))
+                and (share is None or _is_number(share))):
             raise ValueError(f"a held band's state must hold the band {sorted(self.values)} and the step that set it, "
                              f"got {state!r}")
         self.trust_region = self.trust_region.replace(**{name: float(value) for name, value in band.items()})
-        self.set_on = set_on
+        self.set_on, self.set_to_block = set_on, None if share is None else float(share)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -169,11 +169,14 @@ class TrainingCalibration:
 
     def metrics(self) -> dict[str, float]:
         """A held band's entries in the step's metrics, taken before its update: the band it trains with
-        (``band/<field>``) and the step whose batch set it (``band/set_on_step``; 0: the preset's band)."""
+        (``band/<field>``), the step whose batch set it (``band/set_on_step``; 0: the preset's band) and the share
+        of that batch it was set to block (``band/target``: the reference's share there with ``like``; absent while
+        no step has set it)."""
         if not self.holds:
             return {}
+        target = {} if self.held.set_to_block is None else {"band/target": self.held.set_to_block}
         return {**{f"band/{name}": value for name, value in self.held.values.items()},
-                "band/set_on_step": float(self.held.set_on or 0)}
+                "band/set_on_step": float(self.held.set_on or 0), **target}
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of a held band (:meth:`~dppo_oat.trust_region.HeldBand.state_dict`)."""

@@ -33,9 +33,9 @@ DRY_RUN_FLAGS = ("--dry_run", "--dry-run")
 
 CALIBRATION_REFUSED = (
     "the oat engine does not calibrate a band while it trains (its learners would have to agree on one band per "
-    "step from every rank's per-token divergences): calibrate offline from a run's token export (--token_export all, then python -m "
-    "dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, --tr_eps_low and "
-    "--tr_eps_high, ...)"
+    "step from every rank's per-token divergences): calibrate offline from a run's token export (--token_export "
+    "all, then python -m dppo_oat.calibrate <run directory> --target F) and pass the band it prints (--tr_delta, "
+    "--tr_eps_low and --tr_eps_high, ...)"
 )
 """Why the local engine's calibration flags (:class:`~dppo_oat.settings.spec.CalibrationFlags`) are not the oat
 engine's."""
