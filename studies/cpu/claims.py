@@ -340,6 +340,111 @@ late). The ``signs`` experiment plays PG-IS under the same flags and policy (``v
 which the claim over time and the pooled sign claim (the ``mechanism`` experiment's first, replicated) are primary,
 Holm over the two."""
 
+HELD_LIKE = "calibrate_like=dppo_binary_kl,calibrate_every=1"
+"""How a v6 arm holds its band (``--tr-calibrate-like dppo_binary_kl --tr-calibrate-every 1``): at every step, on
+that step's batch, to block as many A ≠ 0 tokens as DPPO-Binary-KL's mask blocks there. Under the int4 copy at one
+step per rollout π_θ ≠ μ before the update, so the band is set before it and holds that step exactly; under
+staleness alone (an fp32 copy, four quarter-batch steps) π_θ = μ before the update, so the band is set on the
+update's own loss calls and holds from the next step."""
+
+
+def held(preset: str, both_bands: bool = False) -> str:
+    """The study's method of ``preset`` with its band held at DPPO-Binary-KL's strength at every step
+    (:data:`HELD_LIKE`); ``both_bands`` as in :func:`matched`."""
+    return f"{preset}@{HELD_LIKE}" + (",calibrate_band=both" if both_bands else "")
+
+
+HELD_RULES = (("gspo", False, "GSPO"), ("vaco", True, "VACO"), ("dppo_binary_tv", False, "DPPO-Binary-TV"),
+              ("grpo_clip_higher", False, "GRPO-ClipHigher"), ("ipo", False, "the symmetric band (prime-rl's IPO)"),
+              ("trm_max", True, "TRM-Max"), ("trm_avg", True, "TRM-Avg"),
+              ("opsm", True, "DeepSeek-V3.2's off-policy sequence mask"))
+"""v6's held arms: the eight rules of v5's matched experiments, with the same bands moved."""
+HELD_ARMS = tuple((held(preset, both), label) for preset, both, label in HELD_RULES)
+HELD = ("with its band held at DPPO-Binary-KL's strength at every step under an int4 copy (one step per rollout; the "
+        "band set on each step's batch, before its update, to block as many tokens as DPPO-Binary-KL's mask does "
+        "there)")
+HELD_STALE = ("with its band held at DPPO-Binary-KL's strength under staleness (four quarter-batch steps per rollout, "
+              "fp32 copy; the band set on each step's update to block as many tokens as DPPO-Binary-KL's mask does "
+              "there, and held from the next step)")
+HELD_SOURCE = "the field at held strength"
+
+
+def held_contrasts(experiment: str, condition: str, setting: str) -> tuple[Contrast, ...]:
+    """A held experiment's claims under ``condition``: each held arm against DPPO-Binary-KL, Holm over the eight as
+    one family (``experiment``), and against PG-IS, Holm over the eight as another (``experiment``_pg_is): each
+    question asked of eight rules against one reference. Both references are an earlier experiment's runs of the
+    condition, declared as played before the claims."""
+    against = (("dppo_binary_kl", "DPPO-Binary-KL", experiment), ("pg_is", "PG-IS", f"{experiment}_pg_is"))
+    return tuple(Contrast(f"{setting}: {label} beats {name}", HELD_SOURCE, (method, condition), (reference, condition),
+                          family="primary", experiment=family, played_before=((reference, condition),))
+                 for reference, name, family in against for method, label in HELD_ARMS)
+
+
+HELD_CONTRASTS = held_contrasts("held", "mech-int4", HELD)
+"""The ``held`` experiment's claims (eight seeds), written after v5's results and before its runs: under the int4
+condition of ``matched``, each rule with its band held at DPPO-Binary-KL's strength at every step against
+DPPO-Binary-KL (Holm over the eight) and against PG-IS (Holm over the eight), on the ``mechanism`` experiment's
+reference runs (same policy, seeds and flags, played before). v5 set each band once, on step 1, and a rule's share
+over the run then ranged from 0.24× to 3.8× DPPO-Binary-KL's per seed: held, the comparison is of which tokens each
+rule blocks at every step. The report gives each arm's share over the run beside DPPO-Binary-KL's; the design asks
+it to be within 1.25× of it."""
+HELD_STALE_CONTRASTS = held_contrasts("held_stale", "field-mb4", HELD_STALE)
+"""The ``held_stale`` experiment's claims (eight seeds), written with ``held``'s and for the same reasons: the eight
+held rules under ``frontier_stale``'s condition, against its DPPO-Binary-KL and PG-IS runs (played before). There
+each band lags one step (π_θ = μ before the update)."""
+
+PLACEBO_CELLS = ("the mechanism's placebo in int4's own cells (int4 copy, one step per rollout: random tokens of "
+                 "int4's two cells, Â < 0 where μ > π and Â > 0 where μ < π, at the rates its mask blocked each, per "
+                 "μ bucket; the control blocks the other two cells at the same rates)")
+PLACEBO_CELLS_CONTRASTS = (
+    Contrast(f"{PLACEBO_CELLS}: PG-IS beats the placebo in int4's cells (the mechanism predicts not: whichever "
+             "tokens of those cells are blocked at that rate, learning does not suffer)", "mechanism: the cells' "
+             "placebo", ("pg_is", "mech-int4"), ("placebo_cells", "mech-int4"), family="primary",
+             experiment="placebo_cells", played_before=(("pg_is", "mech-int4"),)),
+    Contrast(f"{PLACEBO_CELLS}: the placebo in int4's cells beats DPPO-Binary-KL (the tokens its mask picks in those "
+             "cells cost more than random ones)", "mechanism: the cells' placebo", ("placebo_cells", "mech-int4"),
+             ("dppo_binary_kl", "mech-int4"), family="primary", experiment="placebo_cells",
+             played_before=(("dppo_binary_kl", "mech-int4"),)),
+    Contrast(f"{PLACEBO_CELLS}: the placebo in the other cells beats the placebo in int4's cells (the cells "
+             "themselves matter)", "mechanism: the cells' control", ("placebo_cells_other", "mech-int4"),
+             ("placebo_cells", "mech-int4"), family="primary", experiment="placebo_cells"),
+    Contrast(f"{PLACEBO_CELLS}: PG-IS beats the placebo in the other cells", "mechanism: the cells' control",
+             ("pg_is", "mech-int4"), ("placebo_cells_other", "mech-int4"), played_before=(("pg_is", "mech-int4"),)),
+)
+"""The ``placebo_cells`` experiment's claims (eight seeds), written before its runs. v5's placebo matched the sign of
+Â, the μ bucket and the rate, but not the side of μ − π, with an fp32 sampler; this one blocks random tokens in
+int4's own cells under the int4 copy itself, at the rates int4's mask blocked each cell per μ bucket
+(``studies.cpu.placebo.PLACEBO_RATES``), and its control blocks the other two cells at the same rates. Primary (Holm
+over the three): PG-IS against the cells' placebo (the mechanism predicts equivalence), the placebo against the mask
+(predicted to hold: the mask's tokens cost more than random ones of their cells), and the control against the
+placebo (does the cell matter). Exploratory: PG-IS against the control. The references are the ``mechanism``
+experiment's runs of the condition, played before."""
+
+HALVES = ("Takeaway 3 where the mask helps (staleness: fp32 copy, four quarter-batch steps per rollout, where "
+          "DPPO-Binary-KL's mask kept learning that PG-IS lost)")
+HALVES_CONTRASTS = (
+    Contrast(f"{HALVES}: the mask's A<0 half alone (blocks Â < 0 where μ > π) beats PG-IS", "Takeaway 3",
+             ("dppo_binary_kl_neg", "field-mb4"), ("pg_is", "field-mb4"), family="primary", experiment="halves",
+             played_before=(("pg_is", "field-mb4"),)),
+    Contrast(f"{HALVES}: the mask's A<0 half alone beats its A>0 half alone", "Takeaway 3",
+             ("dppo_binary_kl_neg", "field-mb4"), ("dppo_binary_kl_pos", "field-mb4"), family="primary",
+             experiment="halves"),
+    Contrast(f"{HALVES}: the whole mask beats its A>0 half alone", "Takeaway 3",
+             ("dppo_binary_kl", "field-mb4"), ("dppo_binary_kl_pos", "field-mb4"), family="primary",
+             experiment="halves", played_before=(("dppo_binary_kl", "field-mb4"),)),
+    Contrast(f"{HALVES}: the whole mask beats its A<0 half alone (the paper: comparable)", "Takeaway 3",
+             ("dppo_binary_kl", "field-mb4"), ("dppo_binary_kl_neg", "field-mb4"),
+             played_before=(("dppo_binary_kl", "field-mb4"),)),
+    Contrast(f"{HALVES}: the mask's A>0 half alone beats PG-IS", "Takeaway 3",
+             ("dppo_binary_kl_pos", "field-mb4"), ("pg_is", "field-mb4"), played_before=(("pg_is", "field-mb4"),)),
+)
+"""The ``halves`` experiment's claims (eight seeds), written before its runs: Takeaway 3 (the instability comes from
+updates on negative samples) asked where the mask binds and helps, under ``frontier_stale``'s condition (its
+DPPO-Binary-KL runs' mean training success 0.27 against PG-IS's 0.05, played before). Primary (Holm over the three):
+the A<0 half alone against PG-IS and against the A>0 half, and the whole mask against the A>0 half (Takeaway 3
+predicts all three hold). Exploratory: the whole mask against the A<0 half (the paper finds them comparable:
+equivalence), and the A>0 half against PG-IS."""
+
 CONTRASTS = (
     Contrast("engine mismatch alone (bf16 rollout) hurts PG-IS", "Takeaway 1",
              ("pg_is", "mb1-fp32"), ("pg_is", "mb1-bf16")),
@@ -466,6 +571,13 @@ CONTRASTS = (
     # Added before the runs of the ``band_sweep`` experiment (eight seeds; its three claims against 8% are primary,
     # Holm-corrected together), after a two-step pilot of its targets on seed 100.
     *SWEEP_CONTRASTS,
+    # Added before the runs of the v6 experiments ``held``, ``held_stale``, ``placebo_cells`` and ``halves`` (eight
+    # seeds; primary claims Holm-corrected within each family: the held rules against each reference, the cells'
+    # placebo, the halves).
+    *HELD_CONTRASTS,
+    *HELD_STALE_CONTRASTS,
+    *PLACEBO_CELLS_CONTRASTS,
+    *HALVES_CONTRASTS,
 )
 """The study's claims, fixed before its runs: exploratory, or primary (Holm-corrected with the other primary claims
 of their experiment, and scored as exploratory with fewer than :data:`PRIMARY_MIN_PAIRS` paired seeds). ``auc``:

@@ -53,8 +53,8 @@ from dppo_oat.engines.local.progress import line_console
 from dppo_oat.run.directory import CHECKPOINT_FILE, EVAL_FILE
 from dppo_oat.run.safe_io import atomic_write_bytes, read_jsonl
 from dppo_oat.settings.usage import one_line_usage_errors
-from studies.cpu.claims import MATCHED_ARMS, MATCHED_MORE_ARMS, SWEEP_ARMS
-from studies.cpu.placebo import PLACEBO_PRESETS
+from studies.cpu.claims import HELD_ARMS, MATCHED_ARMS, MATCHED_MORE_ARMS, SWEEP_ARMS
+from studies.cpu.placebo import STUDY_PRESETS
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,20 @@ EXPERIMENTS: dict[str, Experiment] = {
     "band_sweep": Experiment(tuple(method for method, _ in SWEEP_ARMS), ("mech-int4",),
                              "strength against outcome: GSPO, VACO and TRM-Avg with bands calibrated to block 2% and "
                              "8% of step 1's tokens, beside their matched runs; eight seeds"),
+    "held": Experiment(tuple(method for method, _ in HELD_ARMS), ("mech-int4",),
+                       "v6: the eight matched rules with their bands held at DPPO-Binary-KL's strength at every step "
+                       "(--tr-calibrate-every 1) under the int4 condition, against the mechanism experiment's "
+                       "DPPO-Binary-KL and PG-IS runs; eight seeds"),
+    "held_stale": Experiment(tuple(method for method, _ in HELD_ARMS), ("field-mb4",),
+                             "v6: the same under staleness alone, against frontier_stale's DPPO-Binary-KL and PG-IS "
+                             "runs; eight seeds"),
+    "placebo_cells": Experiment(("placebo_cells", "placebo_cells_other"), ("mech-int4",),
+                                "v6: random tokens of int4's own cells at its mask's rates, and of the other two "
+                                "cells (the control), under the int4 copy, against the mechanism experiment's runs; "
+                                "eight seeds"),
+    "halves": Experiment(("dppo_binary_kl_neg", "dppo_binary_kl_pos"), ("field-mb4",),
+                         "v6: Takeaway 3 where the mask helps: each half of DPPO-Binary-KL's mask alone under "
+                         "staleness, against frontier_stale's whole mask and PG-IS; eight seeds"),
 }
 """The study's experiments (``--experiments``); a run shared by two experiments is played once."""
 ExperimentName = Literal[tuple(EXPERIMENTS)]  # type: ignore[valid-type]
@@ -403,7 +417,7 @@ def prepare_policies(config: StudyConfig, console: Console) -> None:
 def trainer_module(method: str) -> str:
     """The module that trains ``method``: ``dppo_oat.train``, or for the study's own placebo presets
     ``studies.cpu.placebo`` (the same trainer with them registered)."""
-    return "studies.cpu.placebo" if method.partition("@")[0] in PLACEBO_PRESETS else "dppo_oat.train"
+    return "studies.cpu.placebo" if method.partition("@")[0] in STUDY_PRESETS else "dppo_oat.train"
 
 
 def play(run: StudyRun, config: StudyConfig) -> dict:
