@@ -104,14 +104,16 @@ def study_columns(path: str) -> dict[str, str]:
 def study_variant(arm_method: str) -> str:
     """The report's name of a study method whose runs' configs do not name it as one arm: a calibrated rule (each
     run records its own band, so the variant its config gives differs by seed) is ``<preset> (as strong as <the
-    preset it matched>)`` or ``<preset> (calibrated to block <target>)``, and the study's placebo presets have their
+    preset it matched>)`` (``held as strong as`` where it is set at every step: ``calibrate_every``) or ``<preset>
+    (calibrated to block <target>)``, and the study's placebo presets have their
     labels; ``""`` for any other method (its config's variant stands)."""
     preset, _, overrides = arm_method.partition("@")
     settings = dict(item.partition("=")[::2] for item in filter(None, overrides.split(",")))
     if preset in PLACEBO_LABELS:
         return PLACEBO_LABELS[preset]
     if "calibrate_like" in settings:
-        return f"{preset_name(preset)} (as strong as {preset_name(settings['calibrate_like'])})"
+        held = "held " if "calibrate_every" in settings else ""
+        return f"{preset_name(preset)} ({held}as strong as {preset_name(settings['calibrate_like'])})"
     if "calibrate" in settings:
         return f"{preset_name(preset)} (calibrated to block {float(settings['calibrate']):.0%})"
     return ""
