@@ -822,7 +822,8 @@ def git_head() -> str | None:
 
 
 def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_run, tmp_path, capsys, cache_dir):
-    """Provenance: which code trained a run and when, so that a claim can be checked against the runs behind it."""
+    """Provenance: which code trained a run, when, and on how many torch threads (the count the default chose from
+    the free CPUs), so that a claim can be checked against the runs behind it; a resume records its own."""
     from datetime import datetime, timezone
 
     runs = copy_run(finished_run, tmp_path)
@@ -832,13 +833,15 @@ def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_r
     head = git_head()
     if head is not None:
         assert config["code_commit"].removesuffix("-dirty") == head
+    assert isinstance(config["torch_threads"], int) and config["torch_threads"] >= 1
     assert run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2",
-                *TINY], capsys)[0] == 0
+                "--threads", "1", *TINY], capsys)[0] == 0
     resumed = json.loads((runs / "one" / "config.json").read_text())
     assert (resumed["code_commit"], resumed["started_at"]) == (config["code_commit"], config["started_at"])
+    assert resumed["torch_threads"] == config["torch_threads"]
     [entry] = resumed["resumes"]
     assert entry["step"] == 1 and entry["steps"] == 2 and entry["started_at"] >= config["started_at"]
-    assert "code_commit" in entry
+    assert "code_commit" in entry and entry["torch_threads"] == 1
 
 
 @pytest.mark.fault("a number past float32's range, or nonzero below its smallest normal number, in any numeric flag "

@@ -114,7 +114,7 @@ def check_tensorboard(flag: str) -> None:
         raise ValueError(f"{flag} needs tensorboard: pip install tensorboard (or leave {flag} out)") from None
 
 
-PROVENANCE = ("code_commit", "started_at")
+PROVENANCE = ("code_commit", "started_at", "torch_threads")
 """What ``config.json`` records of where a run came from: the code it ran (:func:`code_commit`) and when it started
 (UTC). A resume keeps the run's own and records its own under ``resumes``."""
 
@@ -152,11 +152,13 @@ def code_commit() -> str:
     return head + ("-dirty" if changed else "")
 
 
-def with_provenance(config: dict, stored: dict | None, resume_step: int | None) -> dict:
-    """``config`` with the run's provenance (:data:`PROVENANCE`): this process's for a new run; for a resume
-    (``stored``: the run's config.json), the run's own, and this process's in a new ``resumes`` entry with the step
-    it resumed at and the ``--steps`` it asked for."""
-    now = {"code_commit": code_commit(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+def with_provenance(config: dict, stored: dict | None, resume_step: int | None, process: dict | None = None) -> dict:
+    """``config`` with the run's provenance (:data:`PROVENANCE`): this process's (its code commit, start time, and
+    what else the engine chose for it, ``process``: the local engine's torch thread count) for a new run; for a
+    resume (``stored``: the run's config.json), the run's own, and this process's in a new ``resumes`` entry with the
+    step it resumed at and the ``--steps`` it asked for."""
+    now = {"code_commit": code_commit(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           **(process or {})}
     if stored is None:
         return {**config, **now}
     kept = {key: stored[key] for key in PROVENANCE if key in stored}
@@ -166,14 +168,15 @@ def with_provenance(config: dict, stored: dict | None, resume_step: int | None) 
 
 class RunLog:
     """Writes one run directory's config and logs. ``resume_step`` cuts the logs back to steps ≤ it (``None``: a
-    new run, whose logs start empty)."""
+    new run, whose logs start empty); ``process``: what the engine chose for this process, recorded with its
+    provenance (:func:`with_provenance`)."""
 
     def __init__(self, directory: str | os.PathLike, config: dict, *, resume_step: int | None = None,
-                 wandb: bool = False, tensorboard: bool = False):
+                 wandb: bool = False, tensorboard: bool = False, process: dict | None = None):
         self.run_dir = RunDir(directory)
         make_writable_dir(self.run_dir.path)
         config = with_provenance(config, self.run_dir.read_config() if resume_step is not None else None,
-                                 resume_step)
+                                 resume_step, process)
         self.config = config
         self._write_config()
         self.run_dir.cut_logs_back(resume_step)

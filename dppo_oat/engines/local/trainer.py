@@ -112,6 +112,7 @@ class LocalTrainer:
         self.tr = self.spec.trust_region
         threads, threads_line = resolved_threads(config.threads)
         torch.set_num_threads(threads)
+        self.torch_threads = threads  # config.json records it with the process's provenance
         self.console.print(threads_line, soft_wrap=True, markup=False)
         torch.manual_seed(config.seed)
         for env_id in config.env_ids:  # a local-math:<path> id is registered now (validation imported the plugins)
@@ -179,7 +180,7 @@ class LocalTrainer:
         elif c.overwrite:
             self._move_earlier_run_aside()
         self.log = RunLog(self.run_dir, written, resume_step=self.resume_step, wandb=c.wandb,
-                          tensorboard=c.tensorboard)
+                          tensorboard=c.tensorboard, process={"torch_threads": self.torch_threads})
 
     def _warn_of_metrics_gap(self) -> None:
         """Say which checkpointed steps ``metrics.jsonl`` lacks (validation let them pass: --allow-metrics-gap)."""
