@@ -39,12 +39,22 @@ from studies.cpu.claims import (
 )
 from studies.cpu.figures import FIGURES
 from studies.cpu.packed import packed_configs, read_task, task_files
-from studies.cpu.page import FIGURES_MARKER, SUMMARY_MARKER, block, page_blocks, scale_block, summary_block
+from studies.cpu.page import (
+    FIGURES_MARKER,
+    MATCHED_PG_IS_FAMILY,
+    SUMMARY_MARKER,
+    block,
+    page_blocks,
+    scale_block,
+    summary_block,
+)
 from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, placebo_keep
 from studies.cpu.report import (
     arm_flag_table,
     condition_of,
+    contrast_table,
     load_study,
+    pooled_holm,
     run_outcomes,
     sign_shares_by_stretch,
     study_variant,
@@ -386,6 +396,23 @@ def test_the_opening_section_prints_no_verdict_for_a_flagged_arm(committed_study
                 assert f"{label} **" not in line, (experiment, label)
     assert flagged == {("frontier", "sapo"), ("frontier", "gspo"), ("frontier_more", "vaco"),
                        ("frontier_more", "minpro"), ("frontier_stale", "sapo"), ("frontier_stale", "minpro")}
+
+
+def test_the_matched_lines_print_their_claims_against_pg_is_holm_corrected_together(committed_study):
+    """The eight claims against PG-IS of ``matched`` and ``matched_more`` ask one question of the same PG-IS runs:
+    the opening prints each with its verdict Holm-corrected over the eight, and where that differs from the verdict
+    as scored (uncorrected), that one beside it. On the committed runs, five refuted as scored are inconclusive once
+    corrected."""
+    table = contrast_table(committed_study[1])
+    claims = tuple(c.claim for c in MATCHED_PG_IS_FAMILY.claims)
+    pooled = pooled_holm(table, claims)
+    scored = table.set_index("claim").loc[list(claims), "verdict"]
+    assert (pooled["holm_size"] == 8).all() and (pooled["verdict"] == "inconclusive").all()
+    assert (scored == "refuted").sum() == 5
+    opening = "\n".join(line for line in scale_block(README.read_text())
+                        if any(f"(`{e}`," in line for e in MATCHED_PG_IS_FAMILY.experiments))
+    assert opening.count("Holm over the 8 claims against PG-IS of `matched` and `matched_more`") == 2
+    assert opening.count("**inconclusive** (") >= 8 and opening.count(": **refuted** as scored)") == 5
 
 
 def test_the_report_reexecutes_from_the_committed_study_and_prints_the_readme_summary(tmp_path, monkeypatch):

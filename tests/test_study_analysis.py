@@ -12,15 +12,26 @@ import pytest
 from dppo_oat.run.safe_io import to_jsonable
 from dppo_oat.trust_region import TrustRegion
 from studies.cpu import pack as pack_study
-from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, THRESHOLD, Contrast
+from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, SIGN_CONTRASTS, THRESHOLD, Contrast
 from studies.cpu.packed import run_config
-from studies.cpu.page import DISPLAY_SOURCES, frontier_line, scale_lines, summary_lines
+from studies.cpu.page import (
+    DISPLAY_SOURCES,
+    frontier_line,
+    provenance_line,
+    scale_lines,
+    summary_lines,
+    written_after_runs,
+)
 from studies.cpu.report import (
     arm_flag_table,
     bad_update_drops,
+    blocked_per_run,
+    blocked_ratio_range,
+    blocked_share,
     condition_of,
     contrast_table,
     load_study,
+    pooled_holm,
     probe_table,
     run_outcomes,
     sign_shares_by_stretch,
@@ -362,3 +373,55 @@ def test_strength_against_outcome_is_each_arms_blocked_share_beside_its_auc(tmp_
     assert strong["auc ± 95%"] == pytest.approx(2 * weak["auc ± 95%"])  # seeds twice as far apart
     assert (weak["runs"], weak["collapsed"]) == (3, 0)
     assert strength_table(outcomes, "mb1-fp32", {"GSPO": {"2%": "gspo"}}).empty
+
+
+def test_claims_asking_one_question_are_holm_corrected_together():
+    """Three exploratory claims against one reference, each refuted alone at p 0.01: corrected together, each
+    becomes 0.03 and inconclusive; a claim on the same numbers as one of them counts once, and one with identical
+    runs is no comparison of the family."""
+    rows = [{"claim": name, "pairs": 8, "identical": False, "same_as": "", "p_above": 1.0, "p_below": 0.01,
+             "p_equivalent": 1.0} for name in ("a", "b", "c")]
+    rows += [{"claim": "a again", "pairs": 8, "identical": False, "same_as": "a", "p_above": 1.0, "p_below": 0.01,
+              "p_equivalent": 1.0},
+             {"claim": "twins", "pairs": 8, "identical": True, "same_as": "", "p_above": 1.0, "p_below": 1.0,
+              "p_equivalent": 0.0}]
+    pooled = pooled_holm(pd.DataFrame(rows), ("a", "b", "c", "a again", "twins"))
+    assert list(pooled["holm_size"]) == [3] * 5
+    assert list(pooled["p_below_adjusted"][:4]) == pytest.approx([0.03] * 4)
+    assert list(pooled["verdict"]) == ["inconclusive"] * 4 + ["identical runs"]
+    alone = pooled_holm(pd.DataFrame(rows), ("a",))
+    assert alone.loc["a", "p_below_adjusted"] == pytest.approx(0.01) and alone.loc["a", "verdict"] == "refuted"
+
+
+def test_a_calibrated_arms_blocked_share_from_step_2_leaves_out_its_first_step(tmp_path):
+    """A calibrated arm blocks 40% on step 1 (its preset's own band) and 2% after; the reference 1% throughout but
+    on one seed 2%: over the run the arm's share carries step 1, from step 2 on it does not, and its ratio to the
+    reference's share on the same seed ranges 1× to 2×."""
+    for seed in range(2):
+        for method, first, later in (("gspo", 0.4, 0.02), ("dppo_binary_kl", 0.01, 0.01 * (1 + (seed == 1)))):
+            run = tmp_path / "sudoku" / f"{method}-mech-int4-s{seed}"
+            write_run(run, method, seed, RISE - 0.01 * seed, np.full(STEPS, 0.01), "int4")
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for row in rows:
+                row["mask/fraction"] = first if row["step"] == 1 else later
+            (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    df = load_study(tmp_path)
+    whole, later = blocked_share(df, ("mech-int4",)), blocked_share(df, ("mech-int4",), (2, None))
+    assert whole[("mech-int4", "gspo")] == pytest.approx((0.4 + (STEPS - 1) * 0.02) / STEPS)
+    assert later[("mech-int4", "gspo")] == pytest.approx(0.02)
+    assert whole[("mech-int4", "gspo")] == pytest.approx(
+        run_outcomes(df, THRESHOLD).groupby(["condition", "arm_method"])["masked"].mean()[("mech-int4", "gspo")])
+    per_run = blocked_per_run(df, ("mech-int4",), (2, None))
+    assert blocked_ratio_range(per_run, "mech-int4", ("gspo",)) == pytest.approx((1.0, 2.0))
+    assert all(np.isnan(blocked_ratio_range(per_run, "mech-int4", ("gspo",), reference="pg_is")))
+    assert all(np.isnan(blocked_ratio_range(per_run, "field-mb4", ("gspo",))))
+
+
+def test_the_opening_names_the_claim_written_after_its_runs():
+    """One claim scores only runs played before it was written (the sign claim over time on seeds 0–7): the
+    opening's first line says so, and says no claim but it was written after all of its runs."""
+    assert written_after_runs(CONTRASTS) == [SIGN_CONTRASTS[0]]
+    line = provenance_line()
+    assert "every claim written before its runs but one: the sign claim over time on the `mechanism` experiment's " \
+           "seeds 0–7, written after those runs were read by stretch (exploratory)" in line
+    assert "with every claim written before its runs." in provenance_line(CONTRASTS[:1])

@@ -16,11 +16,13 @@ summary keeps every claim's verdict, as scored, and names the flag beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pandas as pd
 
 from dppo_oat.analysis.runs import PathLike
 from studies.cpu.claims import (
+    CONTRASTS,
     FRONTIER_ARMS,
     FRONTIER_CONTRASTS,
     FRONTIER_MORE_ARMS,
@@ -47,11 +49,16 @@ from studies.cpu.claims import (
 )
 from studies.cpu.figures import FIGURES, ROOT, STRENGTH_FILE, curves_file
 from studies.cpu.report import (
+    CALIBRATED_STEPS,
     STRENGTH_CONDITION,
     blocked_by_half,
+    blocked_per_run,
+    blocked_ratio_range,
+    blocked_share,
     contrast_table,
     held_out_table,
     load_study,
+    pooled_holm,
     run_outcomes,
     sign_shares_by_stretch,
     strength_table,
@@ -138,6 +145,34 @@ def claim_result(table: pd.DataFrame, contrast: Contrast) -> str:
             f"{row['pairs']} pairs)")
 
 
+WRITTEN_AFTER_LABELS = {
+    SIGN_CONTRASTS[0].claim: "the sign claim over time on the `mechanism` experiment's seeds 0–7, written after "
+                             "those runs were read by stretch (exploratory)",
+}
+"""How the opening section names a claim written after every run it scores (:func:`written_after_runs`)."""
+
+
+def written_after_runs(contrasts: tuple[Contrast, ...] = CONTRASTS) -> list[Contrast]:
+    """The claims written after all of their runs: both arms declared as played before the claim
+    (``Contrast.played_before``)."""
+    return [c for c in contrasts if {c.left, c.right} <= set(c.played_before)]
+
+
+def provenance_line(contrasts: tuple[Contrast, ...] = CONTRASTS) -> str:
+    """The opening section's first line: what the study measures, and which claims were written before their
+    runs."""
+    after = [WRITTEN_AFTER_LABELS.get(c.claim, c.claim) for c in written_after_runs(contrasts)]
+    if after:
+        written = (f"every claim written before its runs but {'one' if len(after) == 1 else len(after)}: "
+                   + "; ".join(after))
+    else:
+        written = "every claim written before its runs"
+    return ("- **What it can say.** How each rule acts when μ and π_θ differ by a known, injected amount, on a tiny "
+            f"Sudoku policy, paired by seed (eight seeds for every primary claim), with {written}. A claim against "
+            "a reference arm reused from an earlier experiment was written after that arm's runs and before its "
+            "other arm's.")
+
+
 SCALE_MARKER = "<!-- cpu-study:scale -->"
 """The page's opening section, what this scale can and cannot say, sits between two of these lines."""
 SCALE_CANNOT = (
@@ -162,18 +197,32 @@ class ScaleEvidence:
     (:func:`~studies.cpu.report.blocked_by_half`)."""
     blocked: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
     """Each arm's mean blocked share over its runs (``masked``), by (condition, method): what the matched and placebo
-    lines print beside their verdicts."""
+    lines print beside their verdicts. A calibrated arm's step 1 is in it, at the preset's own band."""
+    calibrated: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
+    """Each run's blocked share under the calibrated conditions (:data:`CALIBRATED_CONDITIONS`) from step 2 on
+    (:data:`~studies.cpu.report.CALIBRATED_STEPS`: a calibrated band's own steps), by (condition, method, seed)."""
+    stretches: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Each arm's blocked share under the calibrated conditions by stretch of the run (:data:`REFERENCE_STRETCHES`),
+    means over seeds, indexed by (condition, method): how DPPO-Binary-KL's own share moved after the step the
+    others were calibrated on."""
 
 
 MECHANISM_CONDITIONS = ("mech-int4", "mech-int4-redraw", "mech-noise")
 """The mechanism's conditions: the fixed int4 grid, the grid redrawn at every re-sync, and the matched noise."""
+CALIBRATED_CONDITIONS = ("mech-int4", "field-mb4")
+"""The conditions of the calibrated arms (``matched``, ``matched_more`` and ``band_sweep``; ``matched_stale``)."""
+REFERENCE_STRETCHES = ((1, 10), (11, 25), (26, 50))
+"""The stretches of a run over which the matched lines print DPPO-Binary-KL's own blocked share."""
 
 
 def scale_evidence(df: pd.DataFrame, outcomes: pd.DataFrame) -> ScaleEvidence:
     """The :class:`ScaleEvidence` of a study: its long table ``df`` and its runs' ``outcomes``."""
+    stretches = pd.DataFrame({f"{first}-{last}": blocked_share(df, CALIBRATED_CONDITIONS, (first, last))
+                              for first, last in REFERENCE_STRETCHES})
     return ScaleEvidence(held_out_table(outcomes, ("mb4-int4",)), sign_shares_by_stretch(df, "mech-int4", "pg_is"),
                          blocked_by_half(df, MECHANISM_CONDITIONS),
-                         outcomes.groupby(["condition", "arm_method"])["masked"].mean())
+                         outcomes.groupby(["condition", "arm_method"])["masked"].mean(),
+                         blocked_per_run(df, CALIBRATED_CONDITIONS, CALIBRATED_STEPS), stretches)
 
 
 def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> list[str]:
@@ -181,9 +230,7 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
     on two cores can and cannot say, the result of Takeaway 2 in its regime, the mechanism's claims and the later
     rules' (:func:`frontier_line`); with ``evidence``, what bounds the regime's and the mechanism's verdicts."""
     return [
-        "- **What it can say.** How each rule acts when μ and π_θ differ by a known, injected amount, on a tiny "
-        "Sudoku policy, paired by seed (eight seeds for every primary claim), with every claim written before its "
-        "runs.",
+        provenance_line(),
         SCALE_CANNOT,
         regime_line(table, evidence),
         regime_lr_line(table, evidence),
@@ -191,10 +238,10 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
         frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
         frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
         frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING),
-        *(matched_line(table, arms, contrasts, heading, evidence) for arms, contrasts, heading in (
-            (MATCHED_ARMS, MATCHED_CONTRASTS, MATCHED_HEADING), (MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS,
-                                                                 MATCHED_HEADING),
-            (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING))),
+        *(matched_line(table, arms, contrasts, heading, evidence, family) for arms, contrasts, heading, family in (
+            (MATCHED_ARMS, MATCHED_CONTRASTS, MATCHED_HEADING, MATCHED_PG_IS_FAMILY),
+            (MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS, MATCHED_HEADING, MATCHED_PG_IS_FAMILY),
+            (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING, None))),
         band_sweep_line(table, evidence),
         placebo_line(table, evidence),
         sign_line(table),
@@ -285,81 +332,150 @@ FRONTIER_STALE_HEADING = ("The field after DPPO under staleness", "four quarter-
 """The ``frontier_stale`` line's heading."""
 
 
+class PgIsFamily(NamedTuple):
+    """Claims against PG-IS that ask one question of the same PG-IS runs, and the experiments they belong to."""
+
+    experiments: tuple[str, ...]
+    claims: tuple[Contrast, ...]
+
+
 def frontier_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
-                  heading: tuple[str, str] = FRONTIER_INT4_HEADING) -> str:
+                  heading: tuple[str, str] = FRONTIER_INT4_HEADING,
+                  pg_is_family: PgIsFamily | None = None) -> str:
     """The scale section's line on a field experiment: each of its later rules (``arms``) against DPPO-Binary-KL
     (primary) and against PG-IS (exploratory), as scored (``contrasts``, in that order); a rule whose arm is
-    flagged gets its flag instead of a verdict (:func:`field_result`)."""
+    flagged gets its flag instead of a verdict (:func:`field_result`). With ``pg_is_family``, the claims against
+    PG-IS that ask one question of the same PG-IS runs, those against PG-IS are printed Holm-corrected over that
+    family (:func:`~studies.cpu.report.pooled_holm`, :func:`pooled_result`); else as scored, uncorrected."""
     against_dppo, against_pg_is = contrasts[:len(arms)], contrasts[len(arms):]
     setting, played = heading
+    if pg_is_family is not None:
+        pooled = pooled_holm(table, tuple(c.claim for c in pg_is_family.claims))
+        named = " and ".join(f"`{e}`" for e in pg_is_family.experiments)
+        against = (f"Against PG-IS (exploratory; Holm over the {len(pooled)} claims against PG-IS of {named}, one "
+                   "question asked of the same PG-IS runs; Holm p: the adjusted one-sided p on the side of the "
+                   "difference): "
+                   + "; ".join(pooled_result(table, pooled, label, contrast)
+                               for (_, label), contrast in zip(arms, against_pg_is, strict=False)))
+    else:
+        against = ("Against PG-IS (exploratory, uncorrected): "
+                   + "; ".join(field_result(table, label, contrast)
+                               for (_, label), contrast in zip(arms, against_pg_is, strict=False)))
     return (f"- **{setting}** (`{contrasts[0].experiment}`, {played}). Against DPPO-Binary-KL: "
             + "; ".join(field_result(table, label, contrast)
                         for (_, label), contrast in zip(arms, against_dppo, strict=False))
-            + ". Against PG-IS: "
-            + "; ".join(field_result(table, label, contrast)
-                        for (_, label), contrast in zip(arms, against_pg_is, strict=False))
-            + ".")
+            + f". {against}.")
 
 
-MATCHED_HEADING = ("The field at DPPO-Binary-KL's strength under the int4 copy", "one step per rollout; each band "
-                   "calibrated per run on step 1 to block as many tokens as DPPO-Binary-KL there; the `mechanism` "
-                   "experiment's DPPO-Binary-KL and PG-IS runs as references")
+def pooled_result(table: pd.DataFrame, pooled: pd.DataFrame, label: str, contrast: Contrast) -> str:
+    """``label`` and the claim's verdict Holm-corrected over its family (``pooled``:
+    :func:`~studies.cpu.report.pooled_holm`), with its paired difference, 95% t-interval, pairs and the adjusted
+    one-sided p on the side of the difference; where the verdict as scored (uncorrected) differs, that one too with
+    its p. A flagged arm gets its flag (:func:`field_result`)."""
+    row = table.set_index("claim").loc[contrast.claim]
+    if row["left_flag"] or row["right_flag"] or row["verdict"] in ("not run", "identical runs"):
+        return field_result(table, label, contrast)
+    corrected = pooled.loc[contrast.claim]
+    side = "p_above" if row["difference"] >= 0 else "p_below"
+    text = (f"{label} **{corrected['verdict']}** ({row['difference']:+.3f}, [{row['ci_low']:+.3f}, "
+            f"{row['ci_high']:+.3f}], {row['pairs']} pairs; Holm p {corrected[f'{side}_adjusted']:.2g}")
+    if corrected["verdict"] != row["verdict"]:
+        text += f"; uncorrected p {row[side]:.2g}: **{row['verdict']}** as scored"
+    return text + ")"
+
+
+MATCHED_HEADING = ("The field with bands calibrated to DPPO-Binary-KL's first-step share under the int4 copy",
+                   "one step per rollout; each band calibrated per run on step 1 to block as many tokens as "
+                   "DPPO-Binary-KL there, and kept from step 2; the `mechanism` experiment's DPPO-Binary-KL and PG-IS "
+                   "runs as references")
 """The ``matched`` and ``matched_more`` lines' heading."""
-MATCHED_STALE_HEADING = ("The field at DPPO-Binary-KL's strength under staleness", "four quarter-batch steps per "
-                         "rollout, an fp32 copy; calibrated as under int4; `frontier_stale`'s DPPO-Binary-KL and PG-IS "
-                         "runs as references")
+MATCHED_STALE_HEADING = ("The field with bands calibrated to DPPO-Binary-KL's first-step share under staleness",
+                         "four quarter-batch steps per rollout, an fp32 copy; calibrated as under int4; "
+                         "`frontier_stale`'s DPPO-Binary-KL and PG-IS runs as references")
 """The ``matched_stale`` line's heading."""
+MATCHED_PG_IS_FAMILY = PgIsFamily(
+    (MATCHED_CONTRASTS[0].experiment, MATCHED_MORE_CONTRASTS[0].experiment),
+    MATCHED_CONTRASTS[len(MATCHED_ARMS):] + MATCHED_MORE_CONTRASTS[len(MATCHED_MORE_ARMS):])
+"""The claims against PG-IS of ``matched`` and ``matched_more``: one question (a rule calibrated to DPPO-Binary-KL's
+first-step share against no trust region, under int4) of the same PG-IS runs, split over two experiments only
+because each is its own family for its primary claims; the opening section prints them Holm-corrected together."""
+
 
 
 def matched_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contrasts: tuple[Contrast, ...],
-                 heading: tuple[str, str], evidence: ScaleEvidence | None) -> str:
-    """A matched experiment's line (:func:`frontier_line`), and with ``evidence``, once its arms have run, what each
-    blocked over its runs beside DPPO-Binary-KL (a match on step 1 drifts after it)."""
+                 heading: tuple[str, str], evidence: ScaleEvidence | None,
+                 pg_is_family: PgIsFamily | None = None) -> str:
+    """A matched experiment's line (:func:`frontier_line`, its claims against PG-IS Holm-corrected over
+    ``pg_is_family`` where given), and with ``evidence``, once its arms have run, what each blocked beside
+    DPPO-Binary-KL: over the run, step 1 included (where a calibrated arm ran at its preset's own band), and from
+    step 2 on, at the calibrated band; how far the calibrated arms' shares strayed from DPPO-Binary-KL's on the
+    same seed, and how DPPO-Binary-KL's own share moved over the run (a match on step 1 is no match after it)."""
     verdicts = table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"]
     if (verdicts == "not run").all():
         return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
-    line = frontier_line(table, arms, contrasts, heading)
-    blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
-    condition = contrasts[0].left[1]
-    shares = [(label, blocked.get((condition, method))) for method, label in arms]
-    reference = blocked.get((condition, "dppo_binary_kl"))
-    if reference is None or any(share is None or pd.isna(share) for _, share in shares):
+    line = frontier_line(table, arms, contrasts, heading, pg_is_family)
+    if evidence is None:
         return line
-    listed = "; ".join(f"{label} {100 * share:.2f}%" for label, share in shares)
-    return (f"{line} Blocked over the run (mean over seeds): DPPO-Binary-KL {100 * reference:.2f}%; {listed}: a match "
-            "on step 1 is not a match over the run.")
+    condition = contrasts[0].left[1]
+    methods = ("dppo_binary_kl", *(method for method, _ in arms))
+    labels = ("DPPO-Binary-KL", *(label for _, label in arms))
+    whole = [evidence.blocked.get((condition, method)) for method in methods]
+    steady = evidence.calibrated.groupby(["condition", "arm_method"]).mean() if len(evidence.calibrated) else (
+        pd.Series(dtype=float))
+    later = [steady.get((condition, method)) for method in methods]
+    stretches = [evidence.stretches.get(f"{first}-{last}", pd.Series(dtype=float)).get((condition, methods[0]))
+                 for first, last in REFERENCE_STRETCHES]
+    if any(share is None or pd.isna(share) for share in (*whole, *later, *stretches)):
+        return line
+    low, high = blocked_ratio_range(evidence.calibrated, condition, methods[1:])
+    listed = "; ".join(f"{label} {100 * share:.2f}%" for label, share in zip(labels, whole, strict=True))
+    listed_later = "; ".join(f"{label} {100 * share:.2f}%" for label, share in zip(labels, later, strict=True))
+    moved = ", then ".join(f"{100 * share:.2f}% (steps {first}–{last})"
+                           for share, (first, last) in zip(stretches, REFERENCE_STRETCHES, strict=True))
+    return (f"{line} Blocked (mean over seeds) over the run, step 1 included, where each calibrated band was still "
+            f"its preset's own: {listed}; from step 2 on, at the calibrated bands: {listed_later}. Strength was not "
+            f"held over the run: from step 2 on a rule's share ranged {low:.2g}× to {high:.2g}× DPPO-Binary-KL's on "
+            f"the same seed, and DPPO-Binary-KL's own share was {moved}.")
 
 
 def band_sweep_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
-    """The opening section's line on strength against outcome: for each swept rule its verdicts at DPPO-Binary-KL's
-    strength against 8% (primary) and 2%, and 2% against 8%, and with ``evidence`` what each strength blocked over
-    its runs."""
+    """The opening section's line on strength against outcome: for each swept rule its verdicts calibrated to
+    DPPO-Binary-KL's first-step share against 8% (primary) and 2%, and 2% against 8%, and with ``evidence`` what
+    each calibration blocked over its runs, step 1 (at the preset's own band) included and from step 2 on."""
     heading = ("- **Strength against outcome under the int4 copy** (`band_sweep`, one step per rollout: GSPO, VACO and "
-               "TRM-Avg calibrated per run on step 1 to DPPO-Binary-KL's share, to 2% and to 8% of the tokens)")
+               "TRM-Avg calibrated per run on step 1 to DPPO-Binary-KL's share there, to 2% and to 8% of the tokens, "
+               "each band kept from step 2)")
     if table.set_index("claim").loc[SWEEP_CONTRASTS[0].claim, "verdict"] == "not run":
         return f"{heading}: not played yet."
     blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
+    calibrated = evidence.calibrated if evidence is not None else pd.Series(dtype=float)
+    steady = calibrated.groupby(["condition", "arm_method"]).mean() if len(calibrated) else pd.Series(dtype=float)
     parts = []
     for index, (preset, both, label) in enumerate(SWEEP_RULES):
         strong, weak, between = (SWEEP_CONTRASTS[index + len(SWEEP_RULES) * k] for k in range(3))
-        part = (f"{label}: at DPPO-Binary-KL's strength against 8% {claim_result(table, strong)}, against 2% "
-                f"{claim_result(table, weak)}; 2% against 8% {claim_result(table, between)}")
+        part = (f"{label}: calibrated to DPPO-Binary-KL's first-step share against 8% {claim_result(table, strong)}, "
+                f"against 2% {claim_result(table, weak)}; 2% against 8% {claim_result(table, between)}")
         methods = (matched(preset, both), *(swept(preset, both, target) for target in SWEEP_TARGETS))
         shares = [blocked.get(("mech-int4", method)) for method in methods]
-        if not any(share is None or pd.isna(share) for share in shares):
-            part += " (blocked over the run: " + ", ".join(f"{100 * share:.2f}%" for share in shares) + ")"
+        later = [steady.get(("mech-int4", method)) for method in methods]
+        if not any(share is None or pd.isna(share) for share in (*shares, *later)):
+            part += (" (blocked over the run, step 1 at the preset's own band included: "
+                     + ", ".join(f"{100 * share:.2f}%" for share in shares) + "; from step 2 on: "
+                     + ", ".join(f"{100 * share:.2f}%" for share in later) + ")")
         parts.append(part)
     return f"{heading}. " + "; ".join(parts) + "."
 
 
 def placebo_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
-    """The opening section's line on the cell-matched placebo: its two primary claims and the exploratory one, and
-    with ``evidence`` what each placebo blocked against the rate it was set to."""
+    """The opening section's line on the mechanism's placebo (matched on the sign of Â, the μ bucket and the rate,
+    not on the side of μ − π): its two primary claims and the exploratory one, and with ``evidence`` what each
+    placebo blocked against the rate it was set to."""
     from studies.cpu.placebo import PLACEBO_RATES
 
     negative, positive, halves = PLACEBO_CONTRASTS
-    line = (f"- **The mechanism's cell-matched placebo** (`placebo`, an fp32 sampler, one step per rollout: a random "
-            f"set of one half's tokens blocked at the rate int4's mask blocked that half, per μ bucket). PG-IS "
+    line = (f"- **The mechanism's placebo** (`placebo`, an fp32 sampler, one step per rollout: a random set of one "
+            f"half's tokens blocked at the rate int4's mask blocked that half, per μ bucket; matched on the sign of Â, "
+            f"the μ bucket and the rate, not on the side of μ − π, which an fp32 sampler leaves to rounding). PG-IS "
             f"against the A<0 half's placebo: {claim_result(table, negative)}; against the A>0 half's: "
             f"{claim_result(table, positive)}; the A>0 half's against the A<0 half's (exploratory): "
             f"{claim_result(table, halves)}.")

@@ -361,6 +361,25 @@ def adjusted_for_family(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def pooled_holm(table: pd.DataFrame, claims: tuple[str, ...]) -> pd.DataFrame:
+    """``claims`` of the contrast ``table`` (:func:`contrast_table`) Holm-corrected together, one family per test as
+    in :func:`adjusted_for_family`: for exploratory claims that ask one question of the same reference runs in two
+    experiments (each rule against PG-IS in ``matched`` and ``matched_more``), whose verdicts as scored are
+    uncorrected. A claim that has not run or gave identical runs is no comparison of the family, and one scored on
+    an earlier claim's numbers (``same_as``) counts once, as that one. Per claim (the index): ``holm_size``, the
+    three ``*_adjusted`` p-values and ``verdict`` at them (:func:`contrast_verdict`)."""
+    rows = table.set_index("claim").loc[list(claims)].copy()
+    ran = (rows["pairs"] >= 2) & ~rows["identical"].astype(bool)
+    counted = ran & ~rows["same_as"].isin(rows.index)
+    for column in P_COLUMNS:
+        rows[f"{column}_adjusted"] = holm(rows[column].where(counted).to_numpy(dtype=float))
+        repeated = ran & ~counted
+        rows.loc[repeated, f"{column}_adjusted"] = rows.loc[rows.loc[repeated, "same_as"], f"{column}_adjusted"].values
+    rows["holm_size"] = int(counted.sum())
+    rows["verdict"] = rows.apply(contrast_verdict, axis=1)
+    return rows[["holm_size", *(f"{c}_adjusted" for c in P_COLUMNS), "verdict"]]
+
+
 def contrast_verdict(row) -> str:
     """``not run`` (under 2 pairs), ``identical runs`` (the two arms gave the same number on every seed: no
     verdict), else :func:`~dppo_oat.analysis.stats.decide` on the adjusted p-values at one-sided level 0.025."""
@@ -476,6 +495,45 @@ def blocked_by_half(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFra
     table = 100 * summed.groupby(["condition", "arm_method", "half"]).mean().unstack("half")
     total = rows[rows["metric"] == "mask/fraction"].groupby(["condition", "arm_method"])["value"].mean()
     return table.reindex(columns=[*HALVES, "other cells"]).fillna(0.0).assign(all=100 * total)
+
+
+CALIBRATED_STEPS = (2, None)
+"""The steps a calibrated arm trains at its calibrated band: step 1 runs at the preset's own band, on the batch the
+band is calibrated on, and the calibrated band acts from step 2 to the end."""
+
+
+def blocked_per_run(df: pd.DataFrame, conditions: tuple[str, ...],
+                    steps: tuple[int, int | None] = (1, None)) -> pd.Series:
+    """Per run of ``conditions``, by (condition, arm_method, seed): the share of the A ≠ 0 tokens its rule blocked
+    (``mask/fraction``), its mean over steps ``first..last`` (``last`` None: to the run's end)."""
+    first, last = steps
+    rows = df[df["condition"].isin(conditions) & (df["metric"] == "mask/fraction")]
+    rows = rows[rows["step"] >= first] if last is None else rows[rows["step"].between(first, last)]
+    return rows.groupby(["condition", "arm_method", "seed"])["value"].mean()
+
+
+def blocked_share(df: pd.DataFrame, conditions: tuple[str, ...],
+                  steps: tuple[int, int | None] = (1, None)) -> pd.Series:
+    """Per arm of ``conditions``, by (condition, arm_method): its runs' blocked share over ``steps``
+    (:func:`blocked_per_run`), mean over seeds; over every step, the outcomes' ``masked`` mean over seeds."""
+    return blocked_per_run(df, conditions, steps).groupby(["condition", "arm_method"]).mean()
+
+
+def blocked_ratio_range(per_run: pd.Series, condition: str, methods: tuple[str, ...],
+                        reference: str = "dppo_binary_kl") -> tuple[float, float]:
+    """The lowest and the highest, over ``methods`` and seeds under ``condition``, of a run's blocked share
+    (``per_run``: :func:`blocked_per_run`) divided by the ``reference`` run's of the same seed: how far arms
+    calibrated to ``reference``'s first-step share stayed from its share (over :data:`CALIBRATED_STEPS`, once their
+    bands acted). NaN, NaN without a pair."""
+    if condition not in per_run.index.get_level_values("condition"):
+        return np.nan, np.nan
+    runs = per_run.loc[condition]
+    present = set(runs.index.get_level_values("arm_method"))
+    if reference not in present:
+        return np.nan, np.nan
+    ratios = [runs.loc[method] / runs.loc[reference] for method in methods if method in present]
+    ratios = pd.concat(ratios).replace([np.inf, -np.inf], np.nan).dropna() if ratios else pd.Series(dtype=float)
+    return (float(ratios.min()), float(ratios.max())) if len(ratios) else (np.nan, np.nan)
 
 
 def held_out_table(outcomes: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
