@@ -48,7 +48,7 @@ from studies.cpu.page import (
     scale_block,
     summary_block,
 )
-from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, placebo_keep
+from studies.cpu.placebo import PLACEBO_PRESETS, PLACEBO_RATES, STUDY_PRESETS, placebo_keep
 from studies.cpu.report import (
     arm_flag_table,
     condition_of,
@@ -85,7 +85,7 @@ def test_the_default_grid_is_every_arm_of_every_experiment_on_five_paired_seeds(
         task_runs = [r for r in runs if r.task == task]
         assert task_runs[: len(task_runs) // 5] == [r for r in task_runs if r.seed == 0]
     for run in runs[:: 3]:  # the flags parse and validate as the trainer's (no model is built)
-        if run.method in PLACEBO_PRESETS:  # registered in their own training process only (test_a_placebo_run...)
+        if run.method in STUDY_PRESETS:  # registered in their own training process only (test_a_placebo_run...)
             continue
         train_config = tyro.cli(TrainConfig, args=cpu_study.train_args(run, config, resume=False))
         spec, resume_step = validate_config(train_config)

@@ -16,6 +16,7 @@ from studies.cpu.claims import CONTRASTS, FRONTIER_ARMS, FRONTIER_CONTRASTS, SIG
 from studies.cpu.packed import run_config
 from studies.cpu.page import (
     DISPLAY_SOURCES,
+    FRONTIER_PG_IS_FAMILY,
     frontier_line,
     provenance_line,
     scale_lines,
@@ -314,7 +315,7 @@ def test_a_flagged_arm_gets_its_flag_and_no_verdict_in_the_opening_section(tmp_p
     assert flags.loc[("sudoku", "mech-int4", "sapo"), "flag"] == "no trust region in effect (blocked 0.00%)"
     assert flags.loc[("sudoku", "mech-int4", "pg_is"), "flag"] == ""  # no trust region by design
     table = contrast_table(outcomes)
-    line = frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS)
+    line = frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS, pg_is_family=FRONTIER_PG_IS_FAMILY)
     assert "SAPO: no trust region in effect (blocked 0.00%): **no verdict**" in line
     assert ("GSPO: blocks most tokens (blocked 60.00%); collapsed within 5 steps in 5 of 5 runs (blocked 60.00% in "
             "steps 1–5): **no verdict**") in line

@@ -235,13 +235,15 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
         regime_line(table, evidence),
         regime_lr_line(table, evidence),
         mechanism_line(table, evidence),
-        frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS),
-        frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS),
-        frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING),
+        frontier_line(table, FRONTIER_ARMS, FRONTIER_CONTRASTS, pg_is_family=FRONTIER_PG_IS_FAMILY),
+        frontier_line(table, FRONTIER_MORE_ARMS, FRONTIER_MORE_CONTRASTS, pg_is_family=FRONTIER_PG_IS_FAMILY),
+        frontier_line(table, FRONTIER_STALE_ARMS, FRONTIER_STALE_CONTRASTS, FRONTIER_STALE_HEADING,
+                      FRONTIER_STALE_PG_IS_FAMILY),
         *(matched_line(table, arms, contrasts, heading, evidence, family) for arms, contrasts, heading, family in (
             (MATCHED_ARMS, MATCHED_CONTRASTS, MATCHED_HEADING, MATCHED_PG_IS_FAMILY),
             (MATCHED_MORE_ARMS, MATCHED_MORE_CONTRASTS, MATCHED_HEADING, MATCHED_PG_IS_FAMILY),
-            (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING, None))),
+            (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING,
+             MATCHED_STALE_PG_IS_FAMILY))),
         band_sweep_line(table, evidence),
         placebo_line(table, evidence),
         sign_line(table),
@@ -399,6 +401,17 @@ MATCHED_PG_IS_FAMILY = PgIsFamily(
 """The claims against PG-IS of ``matched`` and ``matched_more``: one question (a rule calibrated to DPPO-Binary-KL's
 first-step share against no trust region, under int4) of the same PG-IS runs, split over two experiments only
 because each is its own family for its primary claims; the opening section prints them Holm-corrected together."""
+FRONTIER_PG_IS_FAMILY = PgIsFamily(
+    (FRONTIER_CONTRASTS[0].experiment, FRONTIER_MORE_CONTRASTS[0].experiment),
+    FRONTIER_CONTRASTS[len(FRONTIER_ARMS):] + FRONTIER_MORE_CONTRASTS[len(FRONTIER_MORE_ARMS):])
+"""The claims against PG-IS of ``frontier`` and ``frontier_more``: one question (a field rule at its source's band
+against no trust region, under int4) of the same PG-IS runs."""
+FRONTIER_STALE_PG_IS_FAMILY = PgIsFamily((FRONTIER_STALE_CONTRASTS[0].experiment,),
+                                         FRONTIER_STALE_CONTRASTS[len(FRONTIER_STALE_ARMS):])
+"""The claims against PG-IS of ``frontier_stale``: the same question under staleness, of its own PG-IS runs."""
+MATCHED_STALE_PG_IS_FAMILY = PgIsFamily((MATCHED_STALE_CONTRASTS[0].experiment,),
+                                        MATCHED_STALE_CONTRASTS[len(MATCHED_ARMS + MATCHED_MORE_ARMS):])
+"""The claims against PG-IS of ``matched_stale``: the calibrated rules' question under staleness."""
 
 
 
