@@ -1,0 +1,137 @@
+"""ActorStepPipeline: the oat engine's asynchronous actor steps, with a fake actor on a one-rank gloo group (no
+launchpad, no vLLM): the schedule of weight versions, the order steps are played in, the lists each learner gets,
+waiting for every step before the weights change, and abandoning the steps not taken."""
+
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.oat
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402  (after pytest.importorskip)
+
+from dppo_oat.engines.oat.collector import (  # noqa: E402  (after pytest.importorskip)
+    ActorStepPipeline,
+    round_of_step,
+    split_by_rank,
+    step_version,
+    steps_of_round,
+)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo group of this process alone (the default group, made here unless a test before made one)."""
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    if made:
+        dist.destroy_process_group()
+
+
+class FakeActor:
+    """Plays a step as ``[(version, prompt), ...]``, one step at a time; a step waits for ``release`` when given."""
+
+    def __init__(self, release: threading.Event | None = None) -> None:
+        self.release, self.playing, self.log = release, 0, []
+        self.lock = threading.Lock()
+
+    def play(self, version, prompts, formatted_prompts, references):
+        with self.lock:
+            self.playing += 1
+            assert self.playing == 1, "two steps played at once"
+        if self.release is not None:
+            assert self.release.wait(10)
+        self.log.append((version, list(prompts)))
+        with self.lock:
+            self.playing -= 1
+        return [(version, prompt) for prompt in prompts]
+
+
+def pipeline_of(actor: FakeActor, group) -> ActorStepPipeline:
+    return ActorStepPipeline(actor.play, lambda handle: handle, group)  # the handle is the samples themselves
+
+
+def test_steps_rounds_and_versions_follow_the_local_engines_schedule():
+    """Round t plays with the weights after round max(0, t − 1 − k); with 2 actor steps a round, steps 1-2 are
+    round 1."""
+    assert [round_of_step(s, 2) for s in range(1, 7)] == [1, 1, 2, 2, 3, 3]
+    assert list(steps_of_round(3, 2)) == [5, 6]
+    assert [step_version(s, 1, 0) for s in range(1, 5)] == [0, 1, 2, 3]  # synchronous
+    assert [step_version(s, 1, 1) for s in range(1, 5)] == [0, 0, 1, 2]
+    assert [step_version(s, 2, 2) for s in range(1, 9)] == [0, 0, 0, 0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="count from 1"):
+        round_of_step(0, 1)
+
+
+def test_samples_are_split_into_real_lists_per_rank():
+    assert split_by_rank([1, 2, 3], [2, 0, 1]) == [[1, 2], [], [3]]
+    with pytest.raises(ValueError, match="sent 2 samples for 3 prompts"):
+        split_by_rank([1, 2], [2, 1])
+
+
+def test_steps_play_in_order_one_at_a_time_and_carry_their_version(one_rank_group):
+    actor = FakeActor()
+    pipeline = pipeline_of(actor, one_rank_group)
+    for step, version in ((1, 0), (2, 0), (3, 1)):
+        pipeline.submit(step, version, [f"p{step}a", f"p{step}b"], ["", ""], ["", ""])
+    assert pipeline.pending_steps() == [1, 2, 3]
+    share, seconds = pipeline.take(1)
+    assert share == [(0, "p1a"), (0, "p1b")] and seconds >= 0.0
+    assert pipeline.take(2)[0] == [(0, "p2a"), (0, "p2b")]
+    assert pipeline.take(3)[0] == [(1, "p3a"), (1, "p3b")]
+    assert [version for version, _ in actor.log] == [0, 0, 1]
+    pipeline.drop()
+
+
+def test_take_refuses_a_step_out_of_order(one_rank_group):
+    pipeline = pipeline_of(FakeActor(), one_rank_group)
+    pipeline.submit(1, 0, ["a"], [""], [""])
+    with pytest.raises(ValueError, match="actor step 2 is not the next one submitted"):
+        pipeline.take(2)
+    with pytest.raises(ValueError, match="submitted already"):
+        pipeline.submit(1, 0, ["a"], [""], [""])
+    pipeline.drop()
+
+
+def test_wait_all_returns_only_once_every_step_is_played(one_rank_group):
+    """The learner's broadcast follows wait_all: no step may still be playing then."""
+    release = threading.Event()
+    actor = FakeActor(release)
+    pipeline = pipeline_of(actor, one_rank_group)
+    pipeline.submit(1, 0, ["a"], [""], [""])
+    pipeline.submit(2, 0, ["b"], [""], [""])
+    waiter = threading.Thread(target=pipeline.wait_all)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and actor.log == []  # the steps are held: wait_all waits
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(actor.log) == 2 and actor.playing == 0
+    assert pipeline.pending_steps() == [1, 2]  # played, still to be taken
+    assert pipeline.take(1)[0] == [(0, "a")]
+    pipeline.drop()
+
+
+def test_a_failed_step_raises_where_it_is_waited_for(one_rank_group):
+    def failing(version, prompts, formatted_prompts, references):
+        raise RuntimeError("vLLM failed")
+
+    pipeline = ActorStepPipeline(failing, lambda handle: handle, one_rank_group)
+    pipeline.submit(1, 0, ["a"], [""], [""])
+    with pytest.raises(RuntimeError, match="vLLM failed"):
+        pipeline.wait_all()
+
+
+def test_drop_cancels_the_queued_steps_and_waits_for_the_one_playing(one_rank_group):
+    release = threading.Event()
+    actor = FakeActor(release)
+    pipeline = pipeline_of(actor, one_rank_group)
+    for step in (1, 2, 3):
+        pipeline.submit(step, 0, [str(step)], [""], [""])
+    threading.Timer(0.2, release.set).start()
+    pipeline.drop()
+    assert pipeline.pending_steps() == [] and actor.playing == 0
+    assert [prompts for _, prompts in actor.log] == [["1"]]  # step 1 was playing; 2 and 3 never started
