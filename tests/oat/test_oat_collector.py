@@ -135,3 +135,15 @@ def test_drop_cancels_the_queued_steps_and_waits_for_the_one_playing(one_rank_gr
     pipeline.drop()
     assert pipeline.pending_steps() == [] and actor.playing == 0
     assert [prompts for _, prompts in actor.log] == [["1"]]  # step 1 was playing; 2 and 3 never started
+
+
+def test_drop_after_a_failure_waits_for_nothing(one_rank_group):
+    """After a learner failed another of its group may be gone: no collective, no wait for the step playing."""
+    release = threading.Event()
+    actor = FakeActor(release)
+    pipeline = pipeline_of(actor, one_rank_group)
+    pipeline.submit(1, 0, ["a"], [""], [""])
+    pipeline.submit(2, 0, ["b"], [""], [""])
+    pipeline.drop(collective=False)
+    assert pipeline.pending_steps() == []
+    release.set()

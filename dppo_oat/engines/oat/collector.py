@@ -130,17 +130,19 @@ class ActorStepPipeline:
                 played.future.result()
         dist.barrier(group=self.group)
 
-    def drop(self) -> None:
+    def drop(self, collective: bool = True) -> None:
         """Abandon every step not yet taken: the queued ones are cancelled, the one playing is waited for (its
-        samples are freed unread), and the worker ends."""
+        samples are freed unread), and the worker ends. ``collective`` False (after a failure, when another learner
+        of the group may be gone): nothing is waited for."""
         if self.is_source:
             started = [played.future for played in self.played.values() if not played.future.cancel()]
-            for future in started:  # cancelled first: no queued step starts while one is waited for
+            for future in started if collective else ():  # cancelled first: no queued step starts meanwhile
                 handle, _ = future.result()
                 self.deserialize(handle)  # frees the actor's shared-memory copy
-            self.executor.shutdown(wait=True)
+            self.executor.shutdown(wait=collective)
         self.played.clear()
-        dist.barrier(group=self.group)
+        if collective:
+            dist.barrier(group=self.group)
 
     def _gather(self, items: list) -> list[list] | None:
         """Every group member's ``items``, on rank 0 (None elsewhere)."""
