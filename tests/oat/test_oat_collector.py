@@ -3,6 +3,7 @@ launchpad, no vLLM): the schedule of weight versions, the order steps are played
 waiting for every step before the weights change, and abandoning the steps not taken."""
 
 import threading
+import time
 
 import pytest
 
@@ -147,3 +148,94 @@ def test_drop_after_a_failure_waits_for_nothing(one_rank_group):
     pipeline.drop(collective=False)
     assert pipeline.pending_steps() == []
     release.set()
+
+
+class FakeLoader:
+    """oat's prompt loader of placeholders: ``batches`` batches of one prompt."""
+
+    sampler = None
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        return iter([([f"p{i}"], [f"p{i}"], [""]) for i in range(self.batches)])
+
+
+class ScheduledActor:
+    """An actor whose step of round 2 plays only once the learners have begun learning round 1 (it must not wait for
+    the round to be learned) and goes on after the learning is done; a broadcast that comes while it plays fails."""
+
+    def __init__(self, update_interval: int) -> None:
+        self.update_interval, self.weight_version, self.playing = update_interval, 0, False
+        self.learning_round_1 = threading.Event()
+        self.steps = 0
+
+    def play_step(self, version, prompts, formatted_prompts, references):
+        assert version == self.weight_version, (version, self.weight_version)
+        self.steps += 1
+        self.playing = True
+        if self.steps > self.update_interval and self.weight_version == 0:  # round 2
+            assert self.learning_round_1.wait(10), "round 2 waited for round 1's learning"
+            time.sleep(0.3)  # still playing when round 1's learning is done: the broadcast must wait for it
+        self.playing = False
+        return [version for _ in prompts]
+
+
+def stub_learner(max_staleness: int, rounds: int, update_interval: int, group):
+    """A DPPOLearner with oat's machinery replaced by records: what each round learned, and its staleness."""
+    from types import SimpleNamespace
+
+    from dppo_oat.engines.oat.learner import DPPOLearner, sample_staleness
+
+    learner = DPPOLearner.__new__(DPPOLearner)
+    actor = ScheduledActor(update_interval)
+    learner.args = SimpleNamespace(max_staleness=max_staleness, max_queries=10**9, buffer_clear_every=1,
+                                   num_gpus_per_actor=1, num_prompt_epoch=1)
+    learner.update_interval, learner.actors, learner._same_actor_group = update_interval, [actor], group
+    learner.prompts_dataloader = FakeLoader(rounds * update_interval)
+    learner.strategy = SimpleNamespace(get_rank=lambda: 0, is_group_rank_0=lambda: True)
+    learner.collector = SimpleNamespace(ipc_client=SimpleNamespace(deserialize_ipc=lambda handle: handle),
+                                        get_metrics=lambda seconds, data: {})
+    learner.steps, learner.pi_beta_version, learner.prompt_consumed = 1, 0, 0
+    learner.learning_rounds, learner.broadcast_rounds, learner.pi_buffer = 0, [], []
+    learner.staleness = []
+    learner.process_feedback_data = learner.pi_buffer.extend
+    learner._pre_learning = learner._post_learning = lambda: None
+    learner.eval_and_log = lambda info: None
+    learner.get_current_query = lambda: 0
+
+    def learn(learning_round):
+        actor.learning_round_1.set()
+        ages = sample_staleness(learner.pi_buffer, learner.learning_rounds, learner.broadcast_rounds)
+        learner.staleness.append(ages["staleness/max"].item())
+        learner.learning_rounds += 1
+        return {"round": learning_round}
+
+    def sync_params_to_actors():
+        assert not actor.playing, "weights broadcast while the actor plays"
+        learner.pi_beta_version += 1
+        learner.broadcast_rounds.append(learner.learning_rounds)
+        actor.weight_version = learner.pi_beta_version
+
+    learner.learn, learner.sync_params_to_actors = learn, sync_params_to_actors
+    return learner
+
+
+@pytest.mark.parametrize(("max_staleness", "update_interval", "expected"), [
+    (1, 1, [0, 1, 1, 1]),
+    (1, 2, [0, 1, 1, 1]),
+    (2, 1, [0, 1, 2, 2, 2]),
+])
+def test_the_learners_loop_plays_ahead_on_the_schedule(max_staleness, update_interval, expected, one_rank_group):
+    """``train_ahead``: round r samples with the weights after round max(0, r − 1 − k), so train/staleness/max per
+    round is [0, 1, …, k, k, …]; the actor plays round 2 while round 1 is learned, and no broadcast comes while it
+    plays."""
+    learner = stub_learner(max_staleness, len(expected), update_interval, one_rank_group)
+    train_info = learner.train_ahead()
+    assert learner.staleness == expected
+    assert train_info == {"round": len(expected)} and learner.steps == len(expected) * update_interval + 1
+    assert learner.prompt_consumed == len(expected) * update_interval
