@@ -18,7 +18,8 @@ Checked: two learning rounds with a non-zero policy gradient, each round's weigh
 vLLM's log-probs of a fixed sequence equal Hugging Face teacher forcing of the checkpoint oat saves right after it,
 to 1e-4, and at the end differ from the initial policy's), the weights move, evaluation results and checkpoints are
 written, the command ends with status 0, and a learner that raises ends it with its traceback and one line instead
-of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason); and ``--fp16`` trains two rounds
+of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason), while ``--max_staleness 1``
+trains three rounds a round ahead (staleness 0, 1, 1); and ``--fp16`` trains two rounds
 through DeepSpeed's ZeRO fp16 optimizer into vLLM run in float16. A learner killed mid-checkpoint, and a SIGTERM
 after the first checkpoint, end the command with the line that resumes the run, and that command resumes it.
 Not covered: NCCL and CUDA IPC weight transport, vLLM sleep mode, several GPUs / learners / actors (oat's per-rank
