@@ -239,3 +239,35 @@ def test_the_learners_loop_plays_ahead_on_the_schedule(max_staleness, update_int
     assert learner.staleness == expected
     assert train_info == {"round": len(expected)} and learner.steps == len(expected) * update_interval + 1
     assert learner.prompt_consumed == len(expected) * update_interval
+
+
+def two_learners_of_one_actor(rank: int, store: str, results: str) -> None:
+    """One of two learners sharing an actor: each asks for its own prompts (rank 1 for none at step 2), rank 0 plays
+    for both, each gets back the samples of its own prompts."""
+    import json
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        pipeline = pipeline_of(FakeActor(), dist.group.WORLD)
+        pipeline.submit(1, 0, [f"r{rank}a", f"r{rank}b"], ["", ""], ["", ""])
+        pipeline.submit(2, 0, [f"r{rank}c"] if rank == 0 else [], [""] * (rank == 0), [""] * (rank == 0))
+        shares = [pipeline.take(1)[0], pipeline.take(2)[0]]
+        pipeline.wait_all()
+        pipeline.drop()
+        with open(f"{results}.{rank}", "w") as file:
+            json.dump(shares, file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_learner_of_an_actor_gets_the_samples_of_its_own_prompts(tmp_path):
+    """Two ranks of one actor group: the actor's samples are cut by the prompts each rank asked for, and a rank that
+    asked for none gets an empty list (oat's asynchronous collector scatters None there)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(two_learners_of_one_actor, args=(str(tmp_path / "store"), str(tmp_path / "shares")), nprocs=2)
+    shares = [json.loads((tmp_path / f"shares.{rank}").read_text()) for rank in (0, 1)]
+    assert shares[0] == [[[0, "r0a"], [0, "r0b"]], [[0, "r0c"]]]
+    assert shares[1] == [[[0, "r1a"], [0, "r1b"]], []]
