@@ -528,7 +528,8 @@ mirrors (with resume added)."""
 
 def test_the_learners_loop_mirrors_oats_own():
     """``DPPOLearner.run`` replaces oat's ``LearnerBase.run`` to resume mid-run; when oat's loop changes (another oat
-    version), this fails: read oat's new loop and bring ``DPPOLearner.train`` in line before updating the hash."""
+    version), this fails: read oat's new loop and bring ``DPPOLearner.train`` (and ``train_in_lockstep``, the
+    synchronous loop) in line before updating the hash."""
     import hashlib
     import inspect
 

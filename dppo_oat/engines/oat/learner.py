@@ -12,10 +12,12 @@ set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run 
 
 Overridden: ``_init`` (adds the run's spec, the dataset that carries advantages and top-K sets, and the run
 directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds of the
-evaluation environments, the ``--env_module`` plugins' registered first), ``learning_step`` and ``run`` (a diverged
-run ends the program with one line). Every step, skip and stop of the update is agreed over the learners (an
-all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and after each learning round every learner's shard of
-the weights is checked finite before oat may save them or send them to vLLM.
+evaluation environments, the ``--env_module`` plugins' registered first), ``learning_step``, ``run`` (a diverged
+run ends the program with one line; ``--max_staleness`` k > 0 lets the actors play up to k rounds ahead:
+:meth:`DPPOLearner.train_ahead`) and ``sync_params_to_actors`` (tells the actors their weight version). Every step,
+skip and stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`),
+and after each learning round every learner's shard of the weights is checked finite before oat may save them or send
+them to vLLM.
 Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
 normalised here, over every learner's batch (Gem's ``norm_return``).
 """
