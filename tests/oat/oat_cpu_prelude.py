@@ -108,11 +108,12 @@ def probe_actor(actor_cls: type, path: Path, probe_ids: list[int]) -> None:
 
 
 def count_generate_calls(actor_cls: type, path: Path) -> None:
-    """Record how many times each actor step called vLLM's ``generate`` (a turn of the episodes still running)."""
-    original = actor_cls.step
+    """Record how many times each actor step called vLLM's ``generate`` (a turn of the episodes still running), and
+    the weight version it played with (``play_step``: oat's ``step`` goes through it too)."""
+    original = actor_cls.play_step
 
     @functools.wraps(original)
-    def step(self, *args, **kwargs):
+    def play_step(self, *args, **kwargs):
         calls, generate = [0], self.llm.generate
 
         def counted(*call_args, **call_kwargs):
@@ -124,9 +125,9 @@ def count_generate_calls(actor_cls: type, path: Path) -> None:
             return original(self, *args, **kwargs)
         finally:
             del self.llm.generate  # the engine's own method again
-            append_record(path, {"event": "step", "generate_calls": calls[0]})
+            append_record(path, {"event": "step", "generate_calls": calls[0], "weight_version": self.weight_version})
 
-    actor_cls.step = step
+    actor_cls.play_step = play_step
 
 
 def vllm_prompt_logprobs(llm, token_ids: list[int]) -> list[float]:

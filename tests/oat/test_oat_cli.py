@@ -245,7 +245,18 @@ def test_dppo_flags_reach_the_run_spec(gpu_node):
         (["--wb_run_name", "sweep/arm"], "must be one folder name"),
         (["--fp16"], r"--fp16 replaces oat's default --bf16: pass --fp16 --no-bf16"),
         (["--fp16", "--no-bf16", "--zero_stage", "0"], "--fp16 needs --zero_stage 1, 2 or 3"),
-        (["--asynchronous"], r"--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step"),
+        (["--asynchronous"], r"--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step.*"
+                             r"use --max_staleness 1"),
+        (["--max_staleness", "-1"], "--max_staleness must be >= 0"),
+        (["--max_staleness", "1", "--checkpoint_every", "0", "--collocate"], "--max_staleness 1 with --collocate"),
+        (["--max_staleness", "1", "--checkpoint_every", "0", "--vllm_sleep"], "--max_staleness 1 with --vllm_sleep"),
+        (["--max_staleness", "1", "--checkpoint_every", "0", "--trust_region", "minirl_tis"],
+         "--max_staleness 1 with --trust_region minirl_tis: it recomputes"),
+        (["--max_staleness", "2", "--checkpoint_every", "0", "--resume_dir", "oat-output/run"],
+         "resuming an asynchronous run is not supported yet"),
+        (["--max_staleness", "1"], "--max_staleness 1 writes no resumable checkpoint yet: pass --checkpoint_every 0"),
+        (["--max_staleness", "1", "--checkpoint_every", "0", "--sync_params_every", "2"],
+         "give --sync_params_every 1"),
     ],
 )
 def test_invalid_arguments_are_refused(flags, message, gpu_node):

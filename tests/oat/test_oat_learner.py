@@ -487,21 +487,38 @@ def test_learning_step_logs_the_staleness_of_its_samples(tiny_policy, tiny_polic
     assert infos["staleness/mean"].item() == 0.5 and infos["staleness/max"].item() == 1.0
 
 
-def test_the_actor_counts_the_broadcasts_it_loads_but_not_an_evaluations():
-    """A broadcast is complete at oat's ``empty_cache`` (its last parameter); an evaluation's loads, which oat undoes
-    after it, are not a new weight version."""
+def test_the_actor_takes_its_weight_version_from_the_learner_and_refuses_a_load_while_generating():
+    """The learner states the version after each broadcast (an evaluation's loads are none); a weight sent while an
+    actor step or an evaluation generates would be sampled half-loaded, so it is refused."""
     from dppo_oat.engines.oat.actor import DPPOGemActor
 
     actor = DPPOGemActor.__new__(DPPOGemActor)
     calls = []
     actor.llm = type("LLM", (), {"collective_rpc": staticmethod(lambda name, args: calls.append(args[-1]))})()
-    actor.weight_version, actor.eval_mode = 0, False
+    actor.actor_id, actor.weight_version, actor.eval_mode, actor.generate_mode = 0, 0, False, False
     for last in (False, False, True):
         actor.update_weight("w", "float32", (1,), empty_cache=last)
-    assert actor.weight_version == 1 and calls == [False, False, True]
-    actor.eval_mode = True
-    actor.update_weight("w", "float32", (1,), empty_cache=True)
+    assert actor.weight_version == 0 and calls == [False, False, True]  # loads alone do not make a version
+    actor.set_weight_version(1)
     assert actor.weight_version == 1
+    with actor.generating(), pytest.raises(RuntimeError, match="weight 'w' sent while generating"):
+        actor.update_weight("w", "float32", (1,), empty_cache=True)
+    assert not actor.generate_mode and calls == [False, False, True]
+
+
+def test_an_actor_step_of_the_asynchronous_loop_plays_only_on_the_version_it_names():
+    """``play_step(v, ...)``: the samples carry version v, which must be the one the actor holds."""
+    from dppo_oat.engines.oat.actor import DPPOGemActor
+
+    actor = DPPOGemActor.__new__(DPPOGemActor)
+    actor.actor_id, actor.weight_version, actor.generate_mode, actor.steps_played = 0, 2, False, 0
+    actor.args = type("Args", (), {"seed": 7, "rollout_batch_size_per_device": 2})()
+    actor.ipc_client = type("IPC", (), {"serialize_ipc": staticmethod(lambda data: data)})()
+    actor.collect_transitions = lambda wanted, version, rng: [("sample", version)] * wanted
+    with pytest.raises(RuntimeError, match="asked for a step with weight version 1, holds version 2"):
+        actor.play_step(1, ["a", "b"])
+    assert actor.play_step(2, ["a", "b"]) == [("sample", 2)] * 2 and actor.steps_played == 1
+    assert actor.step(["a"]) == [("sample", 2)] and actor.steps_played == 2
 
 
 OAT_RUN_LOOP_SHA256 = "287b4b97cc958ccf"
@@ -511,7 +528,8 @@ mirrors (with resume added)."""
 
 def test_the_learners_loop_mirrors_oats_own():
     """``DPPOLearner.run`` replaces oat's ``LearnerBase.run`` to resume mid-run; when oat's loop changes (another oat
-    version), this fails: read oat's new loop and bring ``DPPOLearner.train`` in line before updating the hash."""
+    version), this fails: read oat's new loop and bring ``DPPOLearner.train`` (and ``train_in_lockstep``, the
+    synchronous loop) in line before updating the hash."""
     import hashlib
     import inspect
 

@@ -18,7 +18,8 @@ Checked: two learning rounds with a non-zero policy gradient, each round's weigh
 vLLM's log-probs of a fixed sequence equal Hugging Face teacher forcing of the checkpoint oat saves right after it,
 to 1e-4, and at the end differ from the initial policy's), the weights move, evaluation results and checkpoints are
 written, the command ends with status 0, and a learner that raises ends it with its traceback and one line instead
-of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason); and ``--fp16`` trains two rounds
+of hanging; so does oat's ``--asynchronous`` (which DPPO refuses for that reason), while ``--max_staleness 1``
+trains three rounds a round ahead (staleness 0, 1, 1); and ``--fp16`` trains two rounds
 through DeepSpeed's ZeRO fp16 optimizer into vLLM run in float16. A learner killed mid-checkpoint, and a SIGTERM
 after the first checkpoint, end the command with the line that resumes the run, and that command resumes it.
 Not covered: NCCL and CUDA IPC weight transport, vLLM sleep mode, several GPUs / learners / actors (oat's per-rank
@@ -365,6 +366,26 @@ def test_rehearsal_asynchronous_fails_in_oats_prefill(sudoku_policy, tmp_path):
     assert failed.returncode == 1, failed.output[-3000:]
     assert "collect_feedback" in failed.output and "scatter_object_list" in failed.output
     assert "failure: a learner failed" in failed.output
+
+
+def test_rehearsal_plays_a_round_ahead_with_max_staleness_1(sudoku_policy, tmp_path):
+    """``--max_staleness 1`` through the whole program (actor and learner not collocated): three learning rounds
+    whose samples come from the weights after round max(0, r − 2), so ``train/staleness/max`` per round is
+    [0, 1, 1]; the weights are broadcast after every round, each complete load reaches vLLM, and the run ends with
+    status 0."""
+    probe_ids = sudoku_policy[1](toy_corpus(1, seed=11)[0], add_special_tokens=False)["input_ids"]
+    argv = rehearsal_argv(sudoku_policy[2], tmp_path / "out", {**ASYNCHRONOUS, "--checkpoint_every": "0"},
+                          "--max_staleness", "1", collocate=False)
+    run = Rehearsal(launch_rehearsal(argv, tmp_path, probe_ids), tmp_path / "probes", probe_ids)
+    assert run.result.returncode == 0, run.result.output[-3000:]
+    rounds = run.learner("learn")
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["info"]["train/staleness/max"] for r in rounds] == [0, 1, 1]
+    assert [r["info"]["train/staleness/mean"] for r in rounds] == [0, 1, 1]
+    assert all(np.isfinite(r["info"]["train/pg_loss"]) for r in rounds)
+    assert [s["pi_beta_version"] for s in run.learner("sync")] == [1, 2, 3]
+    assert len(run.actor("loaded")) == 3
+    assert [step["weight_version"] for step in run.actor("step")] == [0, 0, 1]  # round 4 has no prompts
 
 
 def test_rehearsal_trains_in_fp16_through_deepspeeds_loss_scaler(sudoku_policy, tmp_path):

@@ -13,15 +13,18 @@ each request's noise from its own generator, one small kernel per request and de
 or a run and its resume, draw the same samples. With ``--advantage_mode rebn`` the samples carry their discounted
 returns and the learners normalise them over the whole learning batch, as Gem's oat examples do.
 
-While it samples, the actor reports itself as generating (oat's ``is_generating``), so that with
-``--asynchronous`` the learner's weight broadcast waits for a whole step, not only one generate call. Each sample
-carries the actor's weight version: how many of the learner's broadcasts it has loaded (a broadcast ends with oat's
-``empty_cache`` on its last parameter; the loads of an evaluation, which oat undoes after it, do not count), from
-which the learner logs the samples' staleness.
+While it samples, the actor reports itself as generating (oat's ``is_generating``) and refuses a weight load:
+vLLM is not safe against a weight update during a generate call (on the CPU backend oat's ``collective_rpc`` runs in
+the calling thread, and launchpad's courier serves calls from a thread pool), so the learner changes the weights only
+when no actor step is in flight. Each sample carries the actor's weight version, which the learner states with each
+broadcast (:meth:`DPPOGemActor.set_weight_version`: how many broadcasts the weights hold; an evaluation's loads, which
+oat undoes after it, are none), and from which the learner logs the samples' staleness. Under ``--max_staleness``
+the learner names the version each step is to play with (:meth:`DPPOGemActor.play_step`).
 
-Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes), ``update_weight`` (counts
-the weight versions) and ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's
-``LearnerBase.evaluate``); added: ``resume_at`` (called by the learner when a run resumes).
+Overridden: ``init`` (adds the collector and generator), ``step`` (training episodes), ``update_weight`` (refused
+while generating) and ``generate_and_maybe_eval`` (evaluation episodes on held-out seeds, called by oat's
+``LearnerBase.evaluate``); added: ``set_weight_version`` (after each broadcast), ``play_step`` (an actor step of
+the asynchronous loop) and ``resume_at`` (called by the learner when a run resumes).
 """
 
 from __future__ import annotations
@@ -140,17 +143,22 @@ class DPPOGemActor(PPOActor):
         learner broadcast them just before) are weight version ``weight_version``."""
         self.steps_played, self.weight_version = int(steps_played), int(weight_version)
 
+    def set_weight_version(self, weight_version: int) -> None:
+        """The weights just broadcast hold ``weight_version`` of the learner's broadcasts (the learner says so after
+        each one: the version is the learner's count, not the loads this actor saw)."""
+        self.weight_version = int(weight_version)
+
     def update_weight(self, name, dtype, shape, cuda_ipc_handles=None, empty_cache=False):
-        """oat's load of one parameter of the learner's broadcast; the last one (``empty_cache``) completes a new
-        weight version, unless it is an evaluation's (oat restores the sampling weights after it)."""
-        result = super().update_weight(name, dtype, shape, cuda_ipc_handles, empty_cache)
-        if empty_cache and not self.eval_mode:
-            self.weight_version += 1
-        return result
+        """oat's load of one parameter of the learner's broadcast (oat/actors/base.py), refused while an actor step
+        or an evaluation generates: vLLM would sample with half-loaded weights."""
+        if self.generate_mode:
+            raise RuntimeError(f"actor {self.actor_id}: weight {name!r} sent while generating; the learner must wait "
+                               "for the actor's step before it broadcasts")
+        return super().update_weight(name, dtype, shape, cuda_ipc_handles, empty_cache)
 
     @contextlib.contextmanager
     def generating(self):
-        """oat's ``generate_mode`` for the whole block: the learner's asynchronous broadcast waits for it."""
+        """oat's ``generate_mode`` for the whole block: :meth:`update_weight` refuses a load within it."""
         self.generate_mode = True
         try:
             yield
@@ -159,12 +167,19 @@ class DPPOGemActor(PPOActor):
 
     def step(self, prompts=None, formatted_prompts=None, references=None):
         """One sample per prompt oat asks for (oat splits the samples between learners by prompt count)."""
+        return self.play_step(self.weight_version, prompts, formatted_prompts, references)
+
+    def play_step(self, weight_version: int, prompts=None, formatted_prompts=None, references=None):
+        """:meth:`step` with the weight version the learner's schedule names for it, which must be the one this
+        actor holds (``--max_staleness``: the learner broadcasts only once the steps before have been played)."""
+        if int(weight_version) != self.weight_version:
+            raise RuntimeError(f"actor {self.actor_id}: asked for a step with weight version {weight_version}, "
+                               f"holds version {self.weight_version}")
         wanted = len(prompts) if prompts else self.args.rollout_batch_size_per_device
         self.steps_played += 1
         rng = step_rng(self.args.seed, self.actor_id, self.steps_played)
-        with self.generating():
-            version = self.weight_version  # the broadcast waits for the step: no load happens within it
-            transitions = self.collect_transitions(wanted, version, rng)
+        with self.generating():  # no weight load happens within it (update_weight)
+            transitions = self.collect_transitions(wanted, self.weight_version, rng)
         return self.ipc_client.serialize_ipc(transitions)
 
     def collect_transitions(self, wanted: int, weight_version: int = 0,

@@ -144,6 +144,10 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     where readable here, else its name)."""
     price_decode_efficiency: float = 0.5
     """The fraction of the decode roofline the price assumes vLLM reaches (an assumption: not measured here)."""
+    max_staleness: int = 0
+    """Actors play learning round t with the weights after round max(0, t − 1 − k) while the learners train the
+    rounds before it (μ is those weights'; train/staleness/max up to k). 0: synchronous, oat's own loop. Not with
+    --collocate, --vllm_sleep, a trust region that recomputes π_θ', --resume_dir or checkpoints yet."""
     on_cpu: bool = False
     """Run oat's program on this machine's CPU: one actor and one learner (--gpus 1), oat's CUDA-only calls replaced
     in their processes (dppo_oat/engines/oat/on_cpu.py); for a short run with a small policy on a laptop, in the
@@ -167,7 +171,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
 HELP_GROUPS = (
     FlagGroup("dppo trust-region", OVERRIDES_ABOUT, ("trust_region", *OVERRIDE_FLAGS)),
     FlagGroup("dppo tasks", "", ("env_ids", "env_module", "env_seed", "prompt_template", "wrappers", "max_turns",
-                                 "groups_per_step", "seeded_sampling")),
+                                 "groups_per_step", "seeded_sampling", "max_staleness")),
     FlagGroup("dppo evaluation", "", ("eval_env_ids", "eval_seed_start", "num_eval_seeds", "eval_env_seed")),
     FlagGroup("dppo advantage", "", ("advantage_mode", "turn_baseline")),
     FlagGroup("dppo learner", "", ("loss_aggregation", "lm_head", "logprob_chunk_size", "pi_buffer_maxlen_per_device")),
@@ -257,6 +261,7 @@ def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
     if args.use_wb:
         check_wandb("--use_wb")
     _check_precision(args)
+    _check_staleness(args)  # before the checkpoint checks: it names what asynchrony lacks
     _check_checkpoints(args)
     _check_files(args)
     _check_lora(args)
@@ -289,10 +294,37 @@ def check_dppo_args(args: DPPOOatArgs, *, check_tasks: bool = True) -> RunSpec:
 
 ASYNCHRONOUS_REFUSED = (
     "--asynchronous: oat 0.2.4's asynchronous collector fails at its first actor step (the prefill has no samples "
-    "yet, and it scatters None from the source rank, which torch.distributed.scatter_object_list refuses); train "
-    "synchronously (samples are then on-policy: train/staleness/max 0)"
+    "yet, and it scatters None from the source rank, which torch.distributed.scatter_object_list refuses); use "
+    "--max_staleness 1 (actors play the next round while the learners train, staleness bounded and logged)"
 )
 """Why oat's ``--asynchronous`` is refused: the program would fail after every model has loaded."""
+
+
+def _check_staleness(args: DPPOOatArgs) -> None:
+    """``--max_staleness k > 0`` needs actors on GPUs of their own that keep their weights while the learners train,
+    and a loss anchored on the samples' μ: a recomputed π_θ' would be the learners' current weights, not the ones
+    that sampled. Resuming a run whose actors were a round ahead is not supported yet."""
+    k = args.max_staleness
+    if k < 0:
+        raise ValueError(f"--max_staleness must be >= 0 (0: synchronous), got {k}")
+    if k == 0:
+        return
+    if args.collocate:
+        raise ValueError(f"--max_staleness {k} with --collocate: actors and learners would share the GPUs they "
+                         "overlap on; give the actors GPUs of their own")
+    if args.vllm_sleep:
+        raise ValueError(f"--max_staleness {k} with --vllm_sleep: the actors generate while the learners train, "
+                         "so vLLM cannot sleep then")
+    if args.build_trust_region().needs_recompute:
+        raise ValueError(f"--max_staleness {k} with --trust_region {args.trust_region}: it recomputes π_θ' with the "
+                         "learners' current weights, not the ones that sampled; use a preset anchored on μ")
+    if args.resume_dir:
+        raise ValueError(f"--max_staleness {k} with --resume_dir: resuming an asynchronous run is not supported yet")
+    if args.checkpoint_every:
+        raise ValueError(f"--max_staleness {k} writes no resumable checkpoint yet: pass --checkpoint_every 0")
+    if args.sync_params_every != 1:
+        raise ValueError(f"--max_staleness {k} with --sync_params_every {args.sync_params_every}: the schedule "
+                         "sends the weights after every learning round; give --sync_params_every 1")
 
 
 def _check_precision(args: DPPOOatArgs) -> None:

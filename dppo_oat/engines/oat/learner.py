@@ -12,10 +12,12 @@ set-up, weight broadcast to vLLM, logging) is oat's; rank 0 also writes the run 
 
 Overridden: ``_init`` (adds the run's spec, the dataset that carries advantages and top-K sets, and the run
 directory), ``prepare_data`` (Gem episodes need no prompt set: placeholders, and held-out evaluation seeds of the
-evaluation environments, the ``--env_module`` plugins' registered first), ``learning_step`` and ``run`` (a diverged
-run ends the program with one line). Every step, skip and stop of the update is agreed over the learners (an
-all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`), and after each learning round every learner's shard of
-the weights is checked finite before oat may save them or send them to vLLM.
+evaluation environments, the ``--env_module`` plugins' registered first), ``learning_step``, ``run`` (a diverged
+run ends the program with one line; ``--max_staleness`` k > 0 lets the actors play up to k rounds ahead:
+:meth:`DPPOLearner.train_ahead`) and ``sync_params_to_actors`` (tells the actors their weight version). Every step,
+skip and stop of the update is agreed over the learners (an all-reduce MAX, :data:`~dppo_oat.learner.guard.AnyLearner`),
+and after each learning round every learner's shard of the weights is checked finite before oat may save them or send
+them to vLLM.
 Group advantages are computed by the actor, over whole GRPO groups, before any sub-sampling; ``rebn`` returns are
 normalised here, over every learner's batch (Gem's ``norm_return``).
 """
@@ -36,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
 from dppo_oat.engines.oat.args import DPPOOatArgs, learners_normalise, logged_config, run_spec
+from dppo_oat.engines.oat.collector import ActorStepPipeline, step_version, steps_of_round
 from dppo_oat.engines.oat.data import DPPOTransitionDataset, update_batch_from_trajectory
 from dppo_oat.engines.oat.lora import base_weights_restored, match_scheduler_to_groups
 from dppo_oat.engines.oat.resume import (
@@ -283,9 +286,10 @@ class DPPOLearner(PPOLearner):
     def train(self) -> None:
         """oat's loop over actor steps (``LearnerBase.run`` after ``_init``; tests/oat holds its source to oat 0.2.4's),
         started afresh or where a checkpoint left off (:meth:`resume`): collect a step's samples, learn every
-        ``update_interval`` steps, broadcast, evaluate and log, then checkpoint every ``--checkpoint_every`` rounds."""
+        ``update_interval`` steps, broadcast, evaluate and log, then checkpoint every ``--checkpoint_every`` rounds
+        (:meth:`train_in_lockstep`), or with the actors up to ``--max_staleness`` rounds ahead (:meth:`train_ahead`)."""
         self.start_time, self.actor_info, train_info = time.time(), {}, {}
-        random_states, early_stop = None, False
+        random_states = None
         if self.resume_point is None:
             self.steps = 0
             if not self.args.debug:
@@ -295,6 +299,22 @@ class DPPOLearner(PPOLearner):
         steps_done = self.steps
         self.steps = steps_done + 1
         self.gradient_update_st = time.time()
+        if self.args.max_staleness:  # with k > 0 a run is never resumed (refused)
+            train_info = self.train_ahead() or train_info
+        else:
+            train_info = self.train_in_lockstep(steps_done, random_states) or train_info
+        self.eval_and_log(train_info, eval=True, save=True)
+        if self.strategy.is_rank_0():
+            self._wandb.finish() if self._wandb else None
+            import launchpad as lp
+
+            report_finished()
+            lp.stop()
+
+    def train_in_lockstep(self, steps_done: int, random_states: dict | None) -> dict:
+        """oat's synchronous loop from actor step ``steps_done + 1`` on: each step's samples are played with the
+        weights after the learning round before (``--max_staleness 0``); the last learning round's train info."""
+        train_info, early_stop = {}, False
         for epoch, skip in self.remaining_epochs(steps_done):
             if random_states is not None and skip == 0:  # resumed at an epoch's start
                 set_random_states(random_states, self.shuffle_generator)
@@ -314,13 +334,81 @@ class DPPOLearner(PPOLearner):
                 self.steps += 1
                 early_stop = self.get_current_query() > self.args.max_queries
             self.prompt_epoch = epoch * getattr(self, "_prompt_n_repeat", 1) + 1
-        self.eval_and_log(train_info, eval=True, save=True)
-        if self.strategy.is_rank_0():
-            self._wandb.finish() if self._wandb else None
-            import launchpad as lp
+        return train_info
 
-            report_finished()
-            lp.stop()
+    def train_ahead(self) -> dict:
+        """The loop of ``--max_staleness k > 0`` (:mod:`~dppo_oat.engines.oat.collector`): rounds ``1 … k + 1`` are
+        handed to the actors at once, with the initial weights; after round ``r`` is learned and the actors have
+        played every step handed to them, its weights are broadcast (version ``r``) and round ``r + 1 + k``, whose
+        schedule names version ``r``, is handed over. With k = 1 the actors play round ``r + 1`` while the learners
+        train round ``r``. Returns the last learning round's train info."""
+        pipeline = ActorStepPipeline(self._play_on_actor, self.collector.ipc_client.deserialize_ipc,
+                                     self._same_actor_group)
+        batches, train_info = self.prompt_batches(), {}
+        try:
+            for learning_round in range(1, self.args.max_staleness + 2):
+                self.hand_round_to_actors(pipeline, batches, learning_round)
+            while pipeline.pending_steps():
+                train_info = self.actor_step_ahead(pipeline, batches) or train_info
+                self.steps += 1
+                if self.get_current_query() > self.args.max_queries:
+                    break
+        except BaseException:
+            pipeline.drop(collective=False)  # another learner may be gone: wait for nothing
+            raise
+        pipeline.drop()  # the steps handed over and not taken (--max_queries): nothing plays on
+        return train_info
+
+    def actor_step_ahead(self, pipeline: ActorStepPipeline, batches: Iterator) -> dict | None:
+        """One actor step of :meth:`train_ahead`, played already or still playing: its samples, and when it ends a
+        learning round, the round's learning, the broadcast once no actor step is in flight, evaluation and logs,
+        and the next round handed to the actors. The round's train info, else None."""
+        waited = time.time()
+        feedback_data, seconds = pipeline.take(self.steps)
+        self.actor_info = {**self.collector.get_metrics(seconds, feedback_data),
+                           "actor/wait_time": time.time() - waited}
+        torch.distributed.barrier()
+        self.prompt_consumed += len(feedback_data)
+        self.process_feedback_data(feedback_data)
+        if self.steps % self.update_interval:
+            return None
+        learning_round = self.steps // self.update_interval
+        self._pre_learning()
+        train_info = self.learn(learning_round)
+        self._post_learning()
+        pipeline.wait_all()  # vLLM must not generate while its weights change
+        self.sync_params_to_actors()
+        if learning_round % self.args.buffer_clear_every == 0:
+            self.pi_buffer.clear()
+        self.eval_and_log(train_info)  # nothing in flight: an evaluation's generate calls are the actors' only ones
+        self.hand_round_to_actors(pipeline, batches, learning_round + 1 + self.args.max_staleness)
+        return train_info
+
+    def hand_round_to_actors(self, pipeline: ActorStepPipeline, batches: Iterator, learning_round: int) -> None:
+        """Every actor step of ``learning_round`` handed to the actors, with the weight version the schedule names
+        for it, which they hold (the broadcasts so far); fewer when the prompt loader runs out."""
+        for step in steps_of_round(learning_round, self.update_interval):
+            batch = next(batches, None)
+            if batch is None:
+                return
+            version = step_version(step, self.update_interval, self.args.max_staleness)
+            if version != self.pi_beta_version:
+                raise RuntimeError(f"actor step {step} is scheduled on weight version {version}, the actors hold "
+                                   f"version {self.pi_beta_version}")
+            processed_prompts, raw_prompts, refs = batch
+            pipeline.submit(step, version, raw_prompts, processed_prompts, refs)
+
+    def prompt_batches(self) -> Iterator:
+        """oat's prompt loader, epoch after epoch (``prompt_epoch`` counts those begun: the loop reads ahead)."""
+        for epoch, _ in self.remaining_epochs(0):
+            self.prompt_epoch = epoch * getattr(self, "_prompt_n_repeat", 1) + 1
+            yield from self.prompts_dataloader
+
+    def _play_on_actor(self, weight_version: int, prompts, formatted_prompts, references):
+        """One actor step on this learner group's actor (oat's choice of actor, oat/collectors/base.py:105), waited
+        for: the pipeline's worker calls it."""
+        actor = self.actors[(self.strategy.get_rank() // self.args.num_gpus_per_actor) % len(self.actors)]
+        return actor.play_step(weight_version, prompts, formatted_prompts, references)
 
     def remaining_epochs(self, steps_done: int) -> Iterator[tuple[int, int]]:
         """``(epoch, batches to skip)`` of oat's prompt loader from actor step ``steps_done + 1`` on (the prompts are
@@ -407,10 +495,13 @@ class DPPOLearner(PPOLearner):
             super()._broadcast_to_vllm()
 
     def sync_params_to_actors(self) -> None:
-        """oat's weight broadcast; remembers how many learning rounds the broadcast weights hold (the actors count
-        the broadcasts they have loaded: :func:`sample_staleness`)."""
+        """oat's weight broadcast; remembers how many learning rounds the broadcast weights hold and tells the actors
+        their weight version, oat's count of broadcasts (:func:`sample_staleness`)."""
         super().sync_params_to_actors()
         self.broadcast_rounds.append(self.learning_rounds)
+        if self.strategy.is_group_rank_0():
+            done = [actor.futures.set_weight_version(self.pi_beta_version) for actor in self.actors]
+            _ = [future.result() for future in done]
 
     def prepare_data(self, strategy, tokenizer) -> None:
         args: DPPOOatArgs = strategy.args
