@@ -60,6 +60,7 @@ class Renamed:
 
 def test_a_renamed_flag_declares_its_former_name():
     assert former_names(Renamed) == {"pool": "pool_size"}
+    assert former_names(RunFlags) == former_names(TrainConfig) == {"run_dir": "runs_dir"}
 
 
 def test_a_record_under_a_former_name_reads_under_the_new_one_in_its_place():
@@ -82,5 +83,5 @@ def test_runs_pooled_as_seeds_agree_on_the_settings_alone():
     for name in ("lr", "group_size", "steps", "eval_every", "warm_start.lr", "advantage_mode"):
         assert is_setting(name), name
     for name in ("seed", "device", "overwrite", "token_export", "run_name", "code_commit", "resumes", "tr_delta",
-                 "calibration"):
+                 "calibration", "runs_dir", "run_dir"):
         assert not is_setting(name), name

@@ -58,8 +58,8 @@ EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
 """The temporary of a step's export: an atomic write's (:func:`~dppo_oat.run.safe_io.temporary_prefix`), or a
 ``.partial`` file (which exporters that wrote in place left)."""
 RENAMED_KEYS = former_names(RunFlags)
-"""The keys an earlier ``config.json`` recorded under a run flag's former name, each mapped to its name now: every
-reader of a config reads them under the new name (:func:`current_config`)."""
+"""The keys an earlier ``config.json`` recorded under a run flag's former name (``run_dir``, now ``runs_dir``), each
+mapped to its name now: every reader of a config reads them under the new name (:func:`current_config`)."""
 
 
 def without_climbs_through_missing_folders(path: Path) -> Path:
@@ -91,7 +91,7 @@ def missing_steps(rows: list[dict], last: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-    """One run's directory (``<--run-dir>/<--run-name>`` for the local engine, ``<save_path>/<run>_<time>`` for the
+    """One run's directory (``<--runs-dir>/<--run-name>`` for the local engine, ``<save_path>/<run>_<time>`` for the
     oat engine): its paths, a property each, and the rules its files keep. ``RunDir(path)`` takes a path or another
     ``RunDir``, and is itself a path to ``open``, ``Path`` and ``os`` (``os.fspath``)."""
 
