@@ -259,8 +259,9 @@ def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
 
 def _parse(argv: list[str]) -> TrainConfig:
     """The local engine's flags (tyro: ``--help`` in sections, or a usage error as one ``error:`` line on stderr with
-    exit 2, :mod:`dppo_oat.settings.usage`). Help piped into a reader that stops early (``--help | head``) ends
-    quietly."""
+    exit 2, :mod:`dppo_oat.settings.usage`; a flag under a former name too:
+    :func:`~dppo_oat.settings.grouped_cli.former_flag_refusal`). Help piped into a reader that stops early
+    (``--help | head``) ends quietly."""
     import inspect
 
     from dppo_oat.engines.local.config import TrainConfig, parse_config
@@ -268,8 +269,11 @@ def _parse(argv: list[str]) -> TrainConfig:
     from dppo_oat.settings.usage import one_line_usage_errors
 
     description = as_help(f"{__doc__.splitlines()[0]}\n\n{inspect.cleandoc(TrainConfig.__doc__)}")
-    with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
-        return parse_config(argv, prog=PROG, description=description)
+    try:
+        with one_line_usage_errors(PROG):  # a mistyped value or flag: one error: line, not tyro's box
+            return parse_config(argv, prog=PROG, description=description)
+    except ValueError as error:  # a flag under its former name, refused before tyro parses
+        _fail(str(error), 2)
 
 
 if __name__ == "__main__":

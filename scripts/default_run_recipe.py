@@ -54,9 +54,9 @@ the ``linear`` trial is that), so that ``base`` and each trial's row measure one
 def run_trial(name: str, seed: int, steps: int, eval_every: int) -> dict:
     """One trial from the shipped policy; held-out evaluation replaced by the selection puzzles."""
     trainer_module.EVAL_SEED = SELECTION_SEED  # the trainer's evaluate() reads this module constant
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as runs_dir:
         settings = {**TRIAL_BASE, **TRIALS[name]}  # every seed starts from the shipped policy (warm-start seed 0)
-        config = TrainConfig(run_dir=run_dir, seed=seed, steps=steps, eval_every=eval_every, token_samples=0,
+        config = TrainConfig(runs_dir=runs_dir, seed=seed, steps=steps, eval_every=eval_every, token_samples=0,
                              **settings)
         started = time.perf_counter()
         trainer = trainer_module.LocalTrainer(config, Console(stderr=True, quiet=True))

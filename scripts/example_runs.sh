@@ -15,7 +15,7 @@ for algo in dppo_binary_tv grpo_clip_higher cispo; do
     name="$algo-s$seed"
     rm -rf "${OUT:?}/$name"
     "$PY" -m dppo_oat.train --trust-region "$algo" --seed "$seed" --warm-start.seed 0 --steps "$STEPS" \
-      --groups-per-step 8 --minibatches-per-rollout 4 --eval-every 8 --eval-episodes 64 --token-samples 32 --run-dir "$OUT" --run-name "$name"
+      --groups-per-step 8 --minibatches-per-rollout 4 --eval-every 8 --eval-episodes 64 --token-samples 32 --runs-dir "$OUT" --run-name "$name"
     rm -f "$OUT/$name/checkpoint.pt"
   done
 done

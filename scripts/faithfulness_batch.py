@@ -83,7 +83,7 @@ def place_probes(data: dict, pi: torch.Tensor, delta: float) -> dict:
 
 def main() -> None:
     config = TrainConfig(trust_region="dppo_binary_kl", rollout_dtype="int4", groups_per_step=GROUPS,
-                         group_size=GROUP_SIZE, run_dir="/tmp/unused")
+                         group_size=GROUP_SIZE, runs_dir="/tmp/unused")
     spec, _ = validate_config(config)
     learner, tokenizer = load_policy(SHIPPED_POLICIES / policy_cache_key(
         config.env_ids[0], config.template, config.warm_start, config.warm_start_seed))

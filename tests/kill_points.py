@@ -101,7 +101,7 @@ def in_child(argv: list[str], runs: Path, log: Path, kill_at: int = 0, count_to:
 def battery(out: Path, points: str, args: list[str]) -> None:
     folder, logs = out / "runs", out / "logs"
     logs.mkdir()
-    runs = ["--run-dir", str(folder), *args]
+    runs = ["--runs-dir", str(folder), *args]
     outcomes = {}
     if points in ("all", "none"):
         outcomes["straight"] = in_child([*runs, "--run-name", "straight"], folder, logs / "straight",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +34,13 @@ from dppo_oat.analysis import (
     top_clipped_tokens,
     top_disagreement_tokens,
 )
-from dppo_oat.analysis.runs import resolve_run_dirs, run_patterns, variant_name
+from dppo_oat.analysis.runs import mixed_settings, resolve_run_dirs, run_patterns, variant_name
 
 ENV = "game:Sudoku-v0-easy"
 SHADOW_BUCKETS = ("mu_lt_0.1", "mu_0.1_0.5", "mu_ge_0.5")
 # how each synthetic preset behaves: final reward, and whether its mismatch grows until it collapses
 BEHAVIOUR = {"dppo_binary_tv": (0.9, False), "grpo_clip_higher": (0.6, False), "cispo": (0.7, True)}
+EXAMPLE_RUNS = Path(__file__).resolve().parents[1] / "notebooks" / "example_runs"
 TOKENS = (" the", " \\(", "1", "Let", ",", "Wait", " +", "4", " =", "Since", " so", "\n\n")
 
 
@@ -178,6 +180,30 @@ def test_an_oat_runs_algo_key_is_not_read_as_its_preset(tmp_path):
         assert load_run(nameless).algo == "custom"
     local = write_config_run(tmp_path / "local", {"engine": "local", "algo": "cispo"})
     assert load_run(local).algo == "cispo"
+
+
+def copy_recording(run: Path, into: Path, key: str) -> Path:
+    """A copy of run directory ``run`` in ``into`` whose config.json records the folder of runs under ``key``
+    (``run_dir`` as written before ``--run-dir`` became ``--runs-dir``, or ``runs_dir``), in its place."""
+    copy = Path(shutil.copytree(run, into / run.name))
+    config = json.loads((copy / "config.json").read_text())
+    renamed = {(key if name in ("run_dir", "runs_dir") else name): value for name, value in config.items()}
+    (copy / "config.json").write_text(json.dumps(renamed, indent=2))
+    return copy
+
+
+def test_a_config_recorded_before_the_runs_dir_rename_is_analysed_as_one_recorded_after(tmp_path):
+    """The committed example runs, each as it would record the folder of runs before the rename (``run_dir``) and
+    after it (``runs_dir``): the analysis reads the old key as the new one, so both give the same configs, the same
+    long table and the same settings."""
+    for name in ("cispo-s0", "cispo-s1"):
+        old = copy_recording(EXAMPLE_RUNS / name, tmp_path / "old", "run_dir")
+        new = copy_recording(EXAMPLE_RUNS / name, tmp_path / "new", "runs_dir")
+        assert load_run(old).config == load_run(new).config
+        assert "run_dir" not in load_run(old).config and "runs_dir" in load_run(old).config
+    before, after = load_runs(tmp_path / "old" / "*"), load_runs(tmp_path / "new" / "*")
+    pd.testing.assert_frame_equal(before.drop(columns="path"), after.drop(columns="path"))
+    assert mixed_settings(before) == mixed_settings(after) == {}
 
 
 def test_load_runs_long_table(tmp_path):

@@ -86,7 +86,7 @@ def test_help_comes_in_sections_the_common_flags_first():
     assert "--help" in boxes["options"] and not flags_in(boxes["options"])  # tyro's -h alone
     common = flags_in(boxes["common options"])
     for flag in ("--steps", "--trust-region", "--env-ids", "--env-module", "--seed", "--lr", "--device", "--dtype",
-                 "--run-dir", "--run-name", "--resume", "--eval-every"):
+                 "--runs-dir", "--run-name", "--resume", "--eval-every"):
         assert flag in common, flag
     assert "--tr-delta" in flags_in(boxes["trust-region options"]) and "--tr-delta" not in common
     assert "--warm-start.lr" in flags_in(boxes["warm-start options"])

@@ -75,7 +75,7 @@ def old_run(tmp_path_factory, cache_dir):
     """A 1-step run as the code before schemas left it: the committed schema-1 config.json (with this run's id) and a
     checkpoint whose identity is that config's settings hash, with no ``config_schema``."""
     runs = tmp_path_factory.mktemp("runs")
-    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    main(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
     directory = runs / "one"
     written = json.loads((directory / "config.json").read_text())
     old = {**json.loads(OLD_CONFIG.read_text()), "run_id": written["run_id"], "run_dir": str(runs),
@@ -84,13 +84,19 @@ def old_run(tmp_path_factory, cache_dir):
     state = torch.load(directory / "checkpoint.pt", weights_only=False)
     del state["config_schema"]
     config = TrainConfig()
-    state["settings_hash"] = settings_hash(old, settings_free_on_resume(run_spec(config)))
+    state["settings_hash"] = old_settings_hash(old, config)
     torch.save(state, directory / "checkpoint.pt")
     return runs
 
 
+def old_settings_hash(config: dict, train_config: TrainConfig) -> str:
+    """The settings hash the code before ``--run-dir`` became ``--runs-dir`` gave ``config``: ``run_dir`` was what a
+    resume may change."""
+    return settings_hash(config, [*settings_free_on_resume(run_spec(train_config)), "run_dir"])
+
+
 def resume(runs, cache_dir, capsys, steps):
-    return run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    return run(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                 str(steps), *TINY], capsys)
 
 
@@ -114,7 +120,7 @@ def test_an_old_run_resumes_and_its_config_records_the_migration(old_run, tmp_pa
 
 def test_an_old_run_refuses_a_setting_its_absence_excluded(old_run, tmp_path, capsys, cache_dir):
     runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY, "--max-staleness", "1"], 2, "other settings", "max_staleness: 0 → 1")
 
 
@@ -124,7 +130,7 @@ def test_an_edited_old_config_is_still_told_from_the_one_its_checkpoint_was_trai
     config = json.loads((runs / "one" / "config.json").read_text())
     config["seed"] = config["seed"] + 1
     (runs / "one" / "config.json").write_text(json.dumps(config))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY, "--seed", str(config["seed"])], 2, "was changed after step 1")
 
 
@@ -134,14 +140,14 @@ def test_a_newer_schema_is_one_line_before_any_model(old_run, tmp_path, capsys, 
     runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
     config = json.loads((runs / "one" / "config.json").read_text())
     (runs / "one" / "config.json").write_text(json.dumps({**config, "schema": CONFIG_SCHEMA + 1}))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY], 2, "config.json", f"schema {CONFIG_SCHEMA + 1}", "upgrade dppo_oat")
 
 
 def schema_2_run(runs: Path, cache_dir: str) -> Path:
     """A 1-step run as the code of schema 2 left it: config.json without the band-calibration flags (schema 3), and a
     checkpoint of schema 2 whose identity is that config's settings hash."""
-    main(["--run-dir", str(runs), "--run-name", "two", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    main(["--runs-dir", str(runs), "--run-name", "two", "--cache-dir", cache_dir, "--steps", "1", *TINY])
     directory = runs / "two"
     config = json.loads((directory / "config.json").read_text())
     old = {key: value for key, value in config.items() if not key.startswith("tr_calibrate")} | {"schema": 2}
@@ -157,7 +163,7 @@ def test_a_schema_2_run_resumes_and_a_kill_before_its_next_checkpoint_still_resu
     calibration) and recorded; its config.json, rewritten, still matches its schema-2 checkpoint."""
     directory = schema_2_run(tmp_path, cache_dir)
     legacy_checkpoint = (directory / "checkpoint.pt").read_bytes()
-    argv = ["--run-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+    argv = ["--runs-dir", str(tmp_path), "--run-name", "two", "--cache-dir", cache_dir, "--resume", "--steps", "2",
             *TINY]
     code, errors, text = run(argv, capsys)
     assert code == 0 and not errors, text
@@ -178,5 +184,26 @@ def test_a_damaged_migration_record_of_an_old_run_is_one_line(old_run, tmp_path,
     runs = Path(shutil.copytree(old_run, tmp_path / "runs"))
     config = json.loads((runs / "one" / "config.json").read_text())
     (runs / "one" / "config.json").write_text(json.dumps({**config, "schema_migrations": [{"filled": [5]}]}))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY], 2, "schema_migrations", "restore the file")
+
+
+@pytest.mark.fault("`--resume` of a run whose `config.json` records `run_dir` (written before `--run-dir` became "
+                   "`--runs-dir`)",
+                   "it resumes as a run that records `runs_dir` does: the old key is read as the new one (its "
+                   "rewritten `config.json` records `runs_dir`)")
+def test_a_run_recorded_before_the_runs_dir_rename_resumes(tmp_path, capsys, cache_dir):
+    """The key is renamed where configs are read (:func:`~dppo_oat.run.directory.current_config`): the checkpoint of a
+    run that recorded ``run_dir`` carries the hash its settings had then, which is the hash they have now."""
+    main(["--runs-dir", str(tmp_path), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    path = tmp_path / "one" / "config.json"
+    written = json.loads(path.read_text())
+    old = {("run_dir" if key == "runs_dir" else key): value for key, value in written.items()}
+    path.write_text(json.dumps(old, indent=2))
+    state = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=True, mmap=True)
+    assert state["settings_hash"] == old_settings_hash(old, TrainConfig())  # the checkpoint as the old code wrote it
+    code, errors, text = run(["--runs-dir", str(tmp_path), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+                              "--steps", "2", *TINY], capsys)
+    assert code == 0 and not errors, text
+    resumed = json.loads(path.read_text())
+    assert "run_dir" not in resumed and resumed["runs_dir"] == written["runs_dir"] == str(tmp_path)

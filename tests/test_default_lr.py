@@ -44,7 +44,7 @@ def test_the_rule_is_anchored_on_the_measured_tiny_default_and_the_papers_rate()
 
 def test_config_json_records_the_resolved_number(tmp_path):
     """A resume compares settings by number: the logged config holds the lr the run trains at, never None."""
-    config = parse_config(["--warm-start.shape", "qwen3-100m", "--run-dir", str(tmp_path)])
+    config = parse_config(["--warm-start.shape", "qwen3-100m", "--runs-dir", str(tmp_path)])
     logged = json.loads(json.dumps(logged_config(config, run_spec(config))))
     assert logged["lr"] == pytest.approx(3e-4 / 36)
 

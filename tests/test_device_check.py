@@ -416,7 +416,8 @@ def test_a_stopped_runs_row_says_where_it_stopped_and_its_seconds_per_step(tmp_p
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (tmp_path / "config.json").write_text(json.dumps({"seed": 2, "lr": 8.3e-6, "steps": 50}))
-    flags = ["--device", "cuda", "--steps", "50", "--eval-every", "25", "--cache-dir", "/somewhere/policy-cache"]
+    flags = ["--device", "cuda", "--steps", "50", "--eval-every", "25", "--cache-dir", "/somewhere/policy-cache",
+             "--runs-dir", "/somewhere/runs"]
     finished = rows.default_run_row(tmp_path, 100.0, flags)
     assert finished["command"] == "python -m dppo_oat.train --device cuda --steps 50 --eval-every 25"
     assert (finished["success_after"], finished["steps"], finished["wall_seconds"]) == (0.0, 25, 100.0)

@@ -21,7 +21,7 @@ SHORT = ["--steps", "1", "--groups-per-step", "4", "--group-size", "2", "--minib
 
 def one_step(tmp_path, name, flags, default_device=None):
     """The metrics of RL step 1 and the evaluation after it, with torch's default device ``default_device``."""
-    config = tyro.cli(TrainConfig, args=[*SHORT, *flags, "--run-dir", str(tmp_path), "--run-name", name])
+    config = tyro.cli(TrainConfig, args=[*SHORT, *flags, "--runs-dir", str(tmp_path), "--run-name", name])
     trainer = LocalTrainer(config, Console(quiet=True))
     try:
         with torch.device(default_device) if default_device else torch.device("cpu"):

@@ -34,7 +34,7 @@ def refused(capsys, tmp_path, env_id, *fragments, code=2, flags=()):
     """The command training on ``env_id`` exits with ``code`` and one ``error:`` line holding every fragment, and
     leaves no run directory behind."""
     runs = tmp_path / "runs"
-    line = one_error(capsys, ["--run-dir", str(runs), "--env-ids", env_id, *flags], code, *fragments)
+    line = one_error(capsys, ["--runs-dir", str(runs), "--env-ids", env_id, *flags], code, *fragments)
     assert not runs.exists() or not any(runs.iterdir()), "a refused command left something behind"
     return line
 
@@ -49,7 +49,7 @@ def test_answers_that_mix_strings_numbers_and_lists_are_accepted(tmp_path):
     unhandled) loads. Every answer becomes a list of strings then, which the grader and the oracle take."""
     env_id = write_math(tmp_path / "mixed.jsonl", [GOOD, '{"problem": "2+2?", "answer": ["4", "four"]}',
                                                    '{"problem": "3+3?", "answer": 6}'])
-    validate_config(TrainConfig(env_ids=(env_id,), run_dir=str(tmp_path / "runs")))
+    validate_config(TrainConfig(env_ids=(env_id,), runs_dir=str(tmp_path / "runs")))
     dataset = load_math_dataset(tmp_path / "mixed.jsonl")
     assert dataset["answer"] == [["2"], ["4", "four"], ["6"]]
     assert all(MathEnv.check_correct(f"\\boxed{{{answers[0]}}}", answers) for answers in dataset["answer"])
@@ -388,14 +388,14 @@ def test_with_a_model_of_ones_own_the_probe_steps_without_the_oracle(tmp_path):
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
     (model / "model.safetensors").write_bytes(b"")  # validation sees weights; nothing loads them here
     plugin, env_id = write_plugin(tmp_path, "step returns 3 values", "Pretrained0-v0")
-    config = TrainConfig(env_ids=(env_id,), env_module=(plugin,), pretrain=str(model), run_dir=str(tmp_path / "runs"))
+    config = TrainConfig(env_ids=(env_id,), env_module=(plugin,), pretrain=str(model), runs_dir=str(tmp_path / "runs"))
     with pytest.raises(ValueError, match=r"step\(\) returned 3 values"):
         validate_config(config)
     raising = tmp_path / "raising.py"
     raising.write_text(PLUGIN.replace("__ENV_ID__", "mine:Pretrained1-v0").replace("__FLAW__", "")
                        + "\nGuess.step = lambda self, action: 1 / 0\n")
     validate_config(TrainConfig(env_ids=("mine:Pretrained1-v0",), env_module=(str(raising),), pretrain=str(model),
-                                run_dir=str(tmp_path / "runs")))
+                                runs_dir=str(tmp_path / "runs")))
 
 
 def test_ctrl_c_while_a_plugin_imports_is_not_a_plugin_error(tmp_path):
@@ -453,7 +453,7 @@ def run_beside_sudoku(tmp_path, capsys, flaw, name):
     tmp_path.mkdir(exist_ok=True)
     plugin = tmp_path / f"{name.lower().replace('-', '_')}.py"
     plugin.write_text(PLAIN.replace("__ENV_ID__", f"mine:{name}").replace("__FLAW__", flaw))
-    main(["--run-dir", str(tmp_path / "runs"), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
+    main(["--runs-dir", str(tmp_path / "runs"), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
           "--env-ids", DEFAULT_ENV, f"mine:{name}", "--env-module", str(plugin), *SHIPPED])
     out = capsys.readouterr()
     return " ".join((out.out + out.err).split()), read_jsonl(tmp_path / "runs" / "one" / "metrics.jsonl")[0]
@@ -495,7 +495,7 @@ def test_rewards_that_overflow_are_one_line(tmp_path, capsys):
                         "True, False, {})\n")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # numpy's overflow warnings
-        line = one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+        line = one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
                                   "--env-ids", DEFAULT_ENV, "mine:Huge-v0", "--env-module", str(plugin), *SHIPPED],
                          1, "step 1:", "rewards overflow: a turn's return reaches 1e+300")
     assert "diverged" not in line and "scale the env's rewards down" in line
@@ -511,7 +511,7 @@ def test_a_step_whose_every_update_is_skipped_is_said_once(tmp_path, capsys):
     from dppo_oat.run.safe_io import read_jsonl
     from dppo_oat.train import main
 
-    main(["--run-dir", str(tmp_path / "runs"), "--run-name", "ipo", "--cache-dir", str(tmp_path / "cache"),
+    main(["--runs-dir", str(tmp_path / "runs"), "--run-name", "ipo", "--cache-dir", str(tmp_path / "cache"),
           *SHIPPED, "--steps", "2", "--trust-region", "ipo", "--tr-kl-tau", "1e30"])
     text = " ".join(capsys.readouterr().out.split())
     assert [row["guard/all_skipped"] for row in read_jsonl(tmp_path / "runs" / "ipo" / "metrics.jsonl")] == [1.0, 1.0]

@@ -144,7 +144,7 @@ def cli_error(capsys, monkeypatch, argv) -> str:
 def test_a_plugin_file_outside_the_package_trains(tmp_path):
     plugin = write_guess_plugin(tmp_path, "mine:GuessTrain-v0")
     main(["--env-module", str(plugin), "--env-ids", "mine:GuessTrain-v0", "--gamma", "1", "--turn-baseline",
-          "--steps", "2", "--run-dir", str(tmp_path / "runs"), "--run-name", "guess",
+          "--steps", "2", "--runs-dir", str(tmp_path / "runs"), "--run-name", "guess",
           "--cache-dir", str(tmp_path / "cache"), "--groups-per-step", "4", "--group-size", "2",
           "--eval-episodes", "4", "--eval-every", "2", "--warm-start.demo-episodes", "100",
           "--warm-start.max-steps", "10", "--warm-start.check-every", "10", "--warm-start.check-episodes", "4",
@@ -168,7 +168,7 @@ def test_env_module_is_repeatable_on_the_command_line():
 def test_an_env_without_an_oracle_is_refused_before_any_model(tmp_path, capsys, monkeypatch):
     plugin = write_guess_plugin(tmp_path, "mine:GuessNoOracle-v0", with_oracle=False)
     line = cli_error(capsys, monkeypatch, ["--env-module", str(plugin), "--env-ids", "mine:GuessNoOracle-v0",
-                                           "--run-dir", str(tmp_path / "runs")])
+                                           "--runs-dir", str(tmp_path / "runs")])
     assert "no oracle for env mine:GuessNoOracle-v0" in line
     assert "envs.register_oracle" in line and "--pretrain" in line
 
@@ -180,7 +180,7 @@ def test_only_the_tiny_policys_env_needs_an_oracle(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
     (model / "model.safetensors").write_bytes(b"")  # validation reads the config and sees weights; loads nothing
-    common = {"env_module": (str(plugin),), "run_dir": str(tmp_path / "runs")}
+    common = {"env_module": (str(plugin),), "runs_dir": str(tmp_path / "runs")}
     validate_config(TrainConfig(env_ids=("mine:GuessNoOracle2-v0",), pretrain=str(model), **common))
     validate_config(TrainConfig(env_ids=("example:Countdown-v0", "mine:GuessNoOracle2-v0"), **common))
     with pytest.raises(ValueError, match="no oracle for env mine:GuessNoOracle2-v0"):
@@ -190,7 +190,7 @@ def test_only_the_tiny_policys_env_needs_an_oracle(tmp_path):
 def test_a_plugin_that_fails_to_import_is_one_line_with_its_own_error(tmp_path, capsys, monkeypatch):
     plugin = tmp_path / "broken_envs.py"
     plugin.write_text("import envs\n\nSIZE = 1 / 0\n")
-    line = cli_error(capsys, monkeypatch, ["--env-module", str(plugin), "--run-dir", str(tmp_path / "runs")])
+    line = cli_error(capsys, monkeypatch, ["--env-module", str(plugin), "--runs-dir", str(tmp_path / "runs")])
     assert "broken_envs.py" in line and "ZeroDivisionError: division by zero (broken_envs.py:3)" in line
 
 
@@ -199,7 +199,7 @@ def test_a_plugin_that_fails_to_import_is_one_line_with_its_own_error(tmp_path, 
     ("no_such_module_of_envs", "not found"),
 ])
 def test_a_plugin_that_is_not_there_is_one_line(tmp_path, capsys, monkeypatch, name, message):
-    line = cli_error(capsys, monkeypatch, ["--env-module", name, "--run-dir", str(tmp_path / "runs")])
+    line = cli_error(capsys, monkeypatch, ["--env-module", name, "--runs-dir", str(tmp_path / "runs")])
     assert message in line and name in line
 
 

@@ -40,7 +40,7 @@ def saved(tmp_path_factory):
     """The learner (the shipped policy), the saved batch and the engine's update settings for it."""
     data = torch.load(BATCH)
     config = TrainConfig(trust_region="dppo_binary_kl", rollout_dtype="int4",
-                         run_dir=str(tmp_path_factory.mktemp("runs")))
+                         runs_dir=str(tmp_path_factory.mktemp("runs")))
     spec, _ = validate_config(config)
     learner, _ = load_policy(SHIPPED_POLICIES / policy_cache_key(
         config.env_ids[0], config.template, config.warm_start, config.warm_start_seed))

@@ -49,7 +49,7 @@ def write_math(path, lines):
 
 @pytest.mark.fault("a bad value (`--threads 0`, `--lr inf`, `--logprob-noise inf`, `--device cuda:7` without that "
                    "GPU, `--device tpu9`)",
-                   "one line naming the flag (exit 2), before any model; nothing is left in `--run-dir`")
+                   "one line naming the flag (exit 2), before any model; nothing is left in `--runs-dir`")
 @pytest.mark.fault("`--seed -1`",
                    "one line: a seed is an integer in [0, 2^32) (also `--warm-start.seed`)")
 @pytest.mark.fault("`--pretrain org/model` with no network",
@@ -83,21 +83,21 @@ def test_bad_values_are_one_line_before_any_model(flags, fragments, tmp_path, ca
             pytest.skip("vLLM is installed here")
         except ImportError:
             pass
-    one_error(capsys, ["--run-dir", str(tmp_path), *flags], 2, *fragments)
+    one_error(capsys, ["--runs-dir", str(tmp_path), *flags], 2, *fragments)
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
 @pytest.mark.fault("`--threads` far beyond the machine (`--threads 1000000`, `--threads 99999999999`: more than 4 "
                    "per CPU the process may use)",
                    "one line naming the flag, the bound and the CPUs (exit 2), before any model loads; nothing is "
-                   "left in `--run-dir`")
+                   "left in `--runs-dir`")
 @pytest.mark.parametrize("threads", ["past the bound", "1000000", "99999999999"])
 def test_a_thread_count_beyond_the_machine_is_one_line_before_any_model(threads, tmp_path, capsys, no_model):
     from dppo_oat.engines.local.config import MAX_THREADS_PER_CPU, usable_cpus
 
     bound = MAX_THREADS_PER_CPU * usable_cpus()
     value = str(bound + 1) if threads == "past the bound" else threads
-    one_error(capsys, ["--run-dir", str(tmp_path), "--threads", value], 2,
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--threads", value], 2,
               f"--threads must be at most {bound}", f"{usable_cpus()} CPU", f"got {value}")
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
@@ -106,7 +106,7 @@ def test_a_thread_count_at_the_bound_is_accepted(tmp_path):
     from dppo_oat.engines.local.config import MAX_THREADS_PER_CPU, usable_cpus
     from dppo_oat.engines.local.validation import validate_config
 
-    validate_config(TrainConfig(run_dir=str(tmp_path), threads=MAX_THREADS_PER_CPU * usable_cpus()))
+    validate_config(TrainConfig(runs_dir=str(tmp_path), threads=MAX_THREADS_PER_CPU * usable_cpus()))
 
 
 @pytest.mark.fault("a warm-start flag or `--weight-decay` out of range (`--warm-start.check-every 0`, "
@@ -132,7 +132,7 @@ def test_a_thread_count_at_the_bound_is_accepted(tmp_path):
 ])
 def test_warm_start_and_weight_decay_flags_are_range_checked_before_any_model(flag, value, fragment, tmp_path,
                                                                              capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path), flag, value], 2, f"{flag} must be", fragment)
+    one_error(capsys, ["--runs-dir", str(tmp_path), flag, value], 2, f"{flag} must be", fragment)
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
@@ -149,7 +149,7 @@ def no_wandb_login(monkeypatch, tmp_path):
 def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, capsys, no_model, no_wandb_login):
     """Without an API key wandb would prompt at the first log (a worker process cannot answer)."""
     runs = tmp_path / "runs"
-    one_error(capsys, ["--run-dir", str(runs), "--wandb"], 2, "--wandb", "wandb login", "WANDB_API_KEY")
+    one_error(capsys, ["--runs-dir", str(runs), "--wandb"], 2, "--wandb", "wandb login", "WANDB_API_KEY")
     assert not runs.exists(), "a refused command left something behind"
 
 
@@ -158,9 +158,9 @@ def test_wandb_without_a_login_is_one_line_before_any_model(tmp_path, capsys, no
 def test_a_missing_logging_package_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
     runs = tmp_path / "runs"
     monkeypatch.setitem(sys.modules, "wandb", None)  # Python's own way to make `import wandb` fail
-    one_error(capsys, ["--run-dir", str(runs), "--wandb"], 2, "--wandb needs wandb: pip install wandb")
+    one_error(capsys, ["--runs-dir", str(runs), "--wandb"], 2, "--wandb needs wandb: pip install wandb")
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    one_error(capsys, ["--run-dir", str(runs), "--tensorboard"], 2, "--tensorboard needs tensorboard")
+    one_error(capsys, ["--runs-dir", str(runs), "--tensorboard"], 2, "--tensorboard needs tensorboard")
     assert not runs.exists(), "a refused command left something behind"
 
 
@@ -185,7 +185,7 @@ def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        one_error(capsys, ["--run-dir", str(run_dir.parent), "--run-name", "arm"], 2,
+        one_error(capsys, ["--runs-dir", str(run_dir.parent), "--run-name", "arm"], 2,
                   f"is in use by another run (process {holder.pid})", "another --run-name")
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"], "the refused run wrote into the directory"
     finally:
@@ -195,11 +195,29 @@ def test_a_second_run_in_the_same_directory_is_one_line_and_a_dead_runs_lock_is_
 
 
 @pytest.mark.fault("`--run-name ../x`, `.`, `a/b`",
-                   "one line: a run name is one folder inside `--run-dir`")
+                   "one line: a run name is one folder inside `--runs-dir`")
 @pytest.mark.parametrize("name", ["../elsewhere", ".", "..", "a/b"])
-def test_a_run_name_is_one_folder_inside_the_run_dir(name, tmp_path, capsys, no_model):
+def test_a_run_name_is_one_folder_inside_the_runs_dir(name, tmp_path, capsys, no_model):
     runs = tmp_path / "runs"
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", name], 2, "must be one folder name inside --run-dir")
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", name], 2, "must be one folder name inside --runs-dir")
+    assert not any(tmp_path.iterdir()), "a refused command left something behind"
+
+
+@pytest.mark.fault("`--run-dir DIR` (the folder of runs before it was renamed `--runs-dir`; `--run_dir`, "
+                   "`--run-dir=DIR`)",
+                   "one line naming `--runs-dir` and what it is (exit 2), before any model; nothing is written")
+@pytest.mark.parametrize("spelling, now", [
+    (["--run-dir", "{runs}"], "--run-dir is now --runs-dir"),
+    (["--run_dir", "{runs}"], "--run_dir is now --runs_dir"),
+    (["--steps", "1", "--run-dir={runs}"], "--run-dir is now --runs-dir"),
+    (["--run-dir", "{runs}", "--help"], "--run-dir is now --runs-dir"),
+])
+def test_the_former_name_of_runs_dir_is_one_line_naming_the_new_one(spelling, now, tmp_path, capsys, no_model):
+    """``--run-dir`` meant the folder of runs, as ``--runs-dir`` does now: refused rather than taken, since a run's
+    own folder, ``<runs-dir>/<run-name>``, is what "run dir" names everywhere else (``RunDir``)."""
+    runs = tmp_path / "runs"
+    argv = [arg.format(runs=runs) for arg in spelling]
+    one_error(capsys, argv, 2, now, "the folder that holds the runs", "<runs-dir>/<run-name>")
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
@@ -208,10 +226,10 @@ def test_a_run_name_is_one_folder_inside_the_run_dir(name, tmp_path, capsys, no_
 def test_malformed_math_data_names_the_file_and_line(tmp_path, capsys, no_model):
     good = '{"problem": "1+1?", "answer": "2"}'
     env = write_math(tmp_path / "bad.jsonl", [good, good, '{"problem": "2+2?", "answer": }'])
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "bad.jsonl, line 3",
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "bad.jsonl, line 3",
               "not valid JSON")
     env = write_math(tmp_path / "columns.jsonl", ['{"question": "1+1?", "answer": "2"}'])
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "columns.jsonl", "lacks column")
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--env-ids", env], 2, "columns.jsonl", "lacks column")
 
 
 @pytest.mark.fault("a `local-math:` id that names no set, or names a saved DatasetDict without a train split by its "
@@ -235,22 +253,22 @@ def test_a_local_math_id_that_names_no_set_is_one_line_listing_the_ids(tmp_path,
         (f"local-math:{held_out}", ["no 'train' split", f"local-math:{held_out}:eval"]),
         (f"local-math:{held_out}:test", ["no split 'test'", f"local-math:{held_out}:eval"]),
     ]:
-        one_error(capsys, ["--run-dir", runs, "--env-ids", env_id], 2, *fragments)
+        one_error(capsys, ["--runs-dir", runs, "--env-ids", env_id], 2, *fragments)
     for env_id in ("local-math:t32_heldout:eval", f"local-math:{held_out}:eval"):
-        validate_config(TrainConfig(env_ids=(env_id,), run_dir=runs))
+        validate_config(TrainConfig(env_ids=(env_id,), runs_dir=runs))
 
 
 @pytest.mark.fault("`--resume` of a run that has no checkpoint",
                    "one line; no directory is left behind")
 def test_a_failed_resume_leaves_no_directory(tmp_path, capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--run-name", "never", "--resume"], 2, "no checkpoint")
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--run-name", "never", "--resume"], 2, "no checkpoint")
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.fault("a prompt longer than `--max-prompt-tokens`",
                    "one line naming the env and its prompt length, before the run starts")
 def test_a_prompt_longer_than_the_limit_is_one_line(tmp_path, capsys, cache_dir):
-    one_error(capsys, ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--max-prompt-tokens", "1", *TINY], 2,
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--cache-dir", cache_dir, "--max-prompt-tokens", "1", *TINY], 2,
               "first prompt", "--max-prompt-tokens 1")
     assert not any(tmp_path.iterdir())
 
@@ -259,7 +277,7 @@ def test_a_prompt_longer_than_the_limit_is_one_line(tmp_path, capsys, cache_dir)
 def finished_run(tmp_path_factory, cache_dir):
     """A 1-step run to resume, damage or compare with."""
     runs = tmp_path_factory.mktemp("runs")
-    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
+    main(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "1", *TINY])
     return runs
 
 
@@ -276,7 +294,7 @@ def copy_run(finished_run, tmp_path):
 def test_resume_with_other_settings_is_refused_with_the_differences(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
     before = (runs / "one" / "config.json").read_text()
-    error = one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+    error = one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                                "--steps", "2", *TINY, "--trust-region", "ppo", "--lr", "1e-3", "--group-size", "4"],
                       2, "other settings", "lr: 0.0003 → 0.001", "group_size: 2 → 4", "trust_region.name")
     assert "(steps:" not in error and "; steps:" not in error
@@ -293,7 +311,7 @@ def test_resume_ignores_trust_region_fields_the_rule_never_read(finished_run, tm
     stored = json.loads(config_file.read_text())
     stored["trust_region"]["eps_low"] = 0.05  # DPPO-Binary-TV never reads the clip range
     config_file.write_text(json.dumps(stored))
-    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
+    argv = ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2", *TINY]
     assert validate_config(tyro.cli(TrainConfig, args=argv))[1] == 1
 
 
@@ -303,7 +321,7 @@ def test_resume_may_change_how_the_run_logs_and_where_it_runs(finished_run, tmp_
     from dppo_oat.engines.local.validation import RESUMABLE, validate_config
 
     runs = copy_run(finished_run, tmp_path)
-    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "3", *TINY,
+    argv = ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "3", *TINY,
             "--threads", "1", "--eval-every", "7", "--probe-every", "2", "--token-samples", "0", "--device", "cpu"]
     assert validate_config(tyro.cli(TrainConfig, args=argv))[1] == 1  # resumes from the checkpoint at step 1
     assert {"threads", "eval_every", "probe_every", "token_samples", "device"} <= set(RESUMABLE)
@@ -321,7 +339,7 @@ def test_the_divergence_probe_reads_delta_and_k_of_any_rule():
                    "the run goes on to the new total, recorded under `resumes` in `config.json`")
 def test_resume_may_extend_the_steps_and_records_it(finished_run, tmp_path, capsys, cache_dir):
     runs = copy_run(finished_run, tmp_path)
-    code, errors, text = run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+    code, errors, text = run(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                               "--steps", "2", *TINY, "--tr-delta", "0.15"], capsys)  # the preset's own δ, spelled out
     assert code == 0 and not errors, text
     config = json.loads((runs / "one" / "config.json").read_text())
@@ -335,7 +353,7 @@ def test_a_config_without_the_lr_schedule_resumes_only_at_a_constant_rate(finish
     config = json.loads((runs / "one" / "config.json").read_text())
     del config["lr_schedule"], config["schema"]  # a config.json from before schemas and the flag: a constant rate
     (runs / "one" / "config.json").write_text(json.dumps(config))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                        "--steps", "2", *TINY], 2, "other settings", "lr_schedule: 'constant' → 'linear'")
 
 
@@ -347,7 +365,7 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(damage, finished_run, tmp_pa
     checkpoint = runs / "one" / "checkpoint.pt"
     data = checkpoint.read_bytes()
     checkpoint.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume",
                        "--steps", "2", *TINY], 2, str(checkpoint), "damaged", "--run-name")
 
 
@@ -363,10 +381,10 @@ def test_ctrl_c_says_how_to_continue(tmp_path, capsys, cache_dir, monkeypatch):
         return real_step(self)
 
     monkeypatch.setattr(LocalTrainer, "rl_step", interrupted_second_step)
-    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
                        *TINY], 130, "interrupted at step 2", "step 1 is checkpointed", "--resume")
     monkeypatch.setattr(LocalTrainer, "rl_step", real_step)
-    code, errors, text = run(["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
+    code, errors, text = run(["--runs-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
                               "--steps", "3", "--resume", *TINY], capsys)
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
 
@@ -380,7 +398,7 @@ def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, 
     ±1 advantages stand in for a policy that solves some."""
     monkeypatch.setattr(trainer_module, "sample_advantages",
                         lambda samples, settings: [(-1.0) ** i for i in range(len(samples))])
-    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "noisy", "--cache-dir", cache_dir, *TINY,
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--run-name", "noisy", "--cache-dir", cache_dir, *TINY,
                        "--steps", "3", "--logprob-noise", "1000", "--minibatch-size", "1"],
               1, "training diverged at step 1", "non-finite in 8 optimizer steps in a row")
     assert not (tmp_path / "noisy").exists(), "a run that never completed a step left its directory"
@@ -389,7 +407,7 @@ def test_a_diverging_run_stops_with_one_line_and_writes_no_checkpoint(tmp_path, 
 @pytest.mark.fault("a rollout batch that fits in one minibatch",
                    "a note says so (every update is then on-policy, and the trust region has nothing to do)")
 def test_a_one_step_minibatch_is_noted(tmp_path, capsys, cache_dir):
-    code, errors, text = run(["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "1", *TINY], capsys)
+    code, errors, text = run(["--runs-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "1", *TINY], capsys)
     assert code == 0 and "one optimizer step per rollout batch" in text, text
 
 
@@ -420,7 +438,7 @@ def test_resume_refusal_lists_preset_changes_before_any_model(finished_run, tmp_
     runs = copy_run(finished_run, tmp_path)
     monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("model built")))
-    config = TrainConfig(run_dir=str(runs), run_name="one", resume=True, trust_region="cispo")
+    config = TrainConfig(runs_dir=str(runs), run_name="one", resume=True, trust_region="cispo")
     with pytest.raises(ValueError, match="trust_region.name: 'dppo_binary_tv' → 'cispo'"):
         LocalTrainer(config)
 
@@ -436,7 +454,7 @@ def test_ctrl_c_before_the_first_checkpoint_lets_the_same_command_start_over(tmp
     def interrupted_save(self):
         raise KeyboardInterrupt
 
-    argv = ["--run-dir", str(tmp_path), "--run-name", "early", "--cache-dir", cache_dir, "--steps", "1", *TINY]
+    argv = ["--runs-dir", str(tmp_path), "--run-name", "early", "--cache-dir", cache_dir, "--steps", "1", *TINY]
     monkeypatch.setattr(LocalTrainer, "save_checkpoint", interrupted_save)
     one_error(capsys, argv, 130, "before the first checkpoint", "same command")
     monkeypatch.setattr(LocalTrainer, "save_checkpoint", real_save)
@@ -455,7 +473,7 @@ def test_a_top_k_beyond_the_real_vocabulary_is_one_line_after_the_policy_loads(t
     """Validation knows only an upper bound of the tiny policy's vocabulary (--warm-start.vocab-size + 256); the
     real one is checked once the policy is loaded, before the run starts."""
     runs = tmp_path / "runs"
-    one_error(capsys, ["--run-dir", str(runs), "--cache-dir", cache_dir, *TINY, "--trust-region", "dppo_topk_tv",
+    one_error(capsys, ["--runs-dir", str(runs), "--cache-dir", cache_dir, *TINY, "--trust-region", "dppo_topk_tv",
                        "--tr-k", "500"], 2, "--tr-k 500 exceeds the policy's vocabulary", "give --tr-k")
     assert not runs.exists(), "a refused run left its directory"
 
@@ -479,7 +497,7 @@ def write_model_dir(path, config_text, weights=True):
 def test_a_broken_pretrain_directory_is_one_line_before_any_model(config_text, weights, fragments, tmp_path, capsys,
                                                                   no_model):
     model = write_model_dir(tmp_path / "model", config_text, weights)
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--pretrain", model], 2, *fragments)
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--pretrain", model], 2, *fragments)
     assert not (tmp_path / "runs").exists()
 
 
@@ -488,7 +506,7 @@ def test_a_broken_pretrain_directory_is_one_line_before_any_model(config_text, w
 def test_a_pretrain_directory_that_does_not_load_is_one_line(tmp_path, capsys):
     """Config and weights file present, but no tokenizer and no real weights: transformers' own error, in one line."""
     model = write_model_dir(tmp_path / "model", json.dumps({"model_type": "qwen3", "vocab_size": 300}))
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--pretrain", model], 2, "does not load", model)
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--pretrain", model], 2, "does not load", model)
     assert not (tmp_path / "runs").exists()
 
 
@@ -544,7 +562,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoi
     runs = copy_run(finished_run, tmp_path)
     checkpoint = runs / "one" / "checkpoint.pt"
     before = checkpoint.read_bytes()
-    code, errors, text = run_with_full_disk(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir,
+    code, errors, text = run_with_full_disk(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir,
                                              "--resume", "--steps", "2", *TINY])
     assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
     assert f"File too large: {checkpoint}" in errors[0] and "free disk space" in errors[0], errors[0]
@@ -557,7 +575,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoi
                    "one line: nothing was checkpointed yet, the same command starts over (exit 1); no run directory "
                    "is left")
 def test_a_full_disk_before_the_first_checkpoint_leaves_no_run_directory(finished_run, tmp_path, cache_dir):
-    code, errors, text = run_with_full_disk(["--run-dir", str(tmp_path / "runs"), "--run-name", "new", "--cache-dir",
+    code, errors, text = run_with_full_disk(["--runs-dir", str(tmp_path / "runs"), "--run-name", "new", "--cache-dir",
                                              cache_dir, "--steps", "1", *TINY])
     assert code == 1 and len(errors) == 1 and "Traceback" not in text, text
     assert "nothing was checkpointed yet" in errors[0], errors[0]
@@ -578,11 +596,11 @@ def test_sigterm_says_how_to_continue_and_restores_the_handler(tmp_path, capsys,
 
     monkeypatch.setattr(LocalTrainer, "rl_step", terminated_second_step)
     before = signal.getsignal(signal.SIGTERM)
-    one_error(capsys, ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
                        *TINY], 143, "terminated (SIGTERM) at step 2", "step 1 is checkpointed", "--resume")
     assert signal.getsignal(signal.SIGTERM) == before and signal.getsignal(signal.SIGINT) == signal.default_int_handler
     monkeypatch.setattr(LocalTrainer, "rl_step", real_step)
-    code, errors, text = run(["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
+    code, errors, text = run(["--runs-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir,
                               "--steps", "3", "--resume", *TINY], capsys)
     assert code == 0 and [r["step"] for r in read_jsonl(tmp_path / "cut" / "metrics.jsonl")] == [1, 2, 3], text
 
@@ -605,7 +623,7 @@ def test_sigterm_during_a_background_rollout_is_one_line_and_leaves_no_thread(tm
         return real_collect(self, generator, sampling, seeds)
 
     monkeypatch.setattr(EpisodeCollector, "collect", signalled_third_rollout)
-    common = ["--run-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
+    common = ["--runs-dir", str(tmp_path), "--run-name", "cut", "--cache-dir", cache_dir, "--steps", "3",
               "--max-staleness", "1", *TINY]
     one_error(capsys, common, 143, "terminated (SIGTERM) at step", "is checkpointed", "--resume")
     assert not [thread for thread in threading.enumerate() if thread.name == "rollout"]
@@ -628,7 +646,7 @@ def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys
 
     monkeypatch.setattr(LocalTrainer, "rl_step", first_ctrl_c)
     monkeypatch.setattr(LocalTrainer, "close", second_ctrl_c_while_closing)
-    one_error(capsys, ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "2", *TINY], 130,
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--cache-dir", cache_dir, "--steps", "2", *TINY], 130,
               "interrupted before the first checkpoint")
     assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
 
@@ -638,11 +656,11 @@ def test_a_second_ctrl_c_during_the_cleanup_prints_no_traceback(tmp_path, capsys
 def test_resume_refuses_another_runs_checkpoint(finished_run, tmp_path, capsys, cache_dir):
     """Another run's checkpoint.pt copied in would otherwise resume silently (its steps [1, 5, 6] in one log)."""
     runs = copy_run(finished_run, tmp_path)
-    assert run(["--run-dir", str(runs), "--run-name", "other", "--cache-dir", cache_dir, "--steps", "1", *TINY],
+    assert run(["--runs-dir", str(runs), "--run-name", "other", "--cache-dir", cache_dir, "--steps", "1", *TINY],
                capsys)[0] == 0  # the same settings: only the identity tells the two apart
     (runs / "other" / "checkpoint.pt").replace(runs / "one" / "checkpoint.pt")
     other_id = json.loads((runs / "other" / "config.json").read_text())["run_id"]
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", *TINY], 2, "is not this run's checkpoint", other_id)
 
 
@@ -652,7 +670,7 @@ def test_resume_refuses_a_run_without_its_config(finished_run, tmp_path, capsys,
     """With config.json deleted, --resume --lr 0.1 would otherwise be accepted and recorded as the whole run's rate."""
     runs = copy_run(finished_run, tmp_path)
     (runs / "one" / "config.json").unlink()
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", "--lr", "0.1", *TINY], 2, "config.json is missing", "restore it")
     assert not (runs / "one" / "config.json").exists()
 
@@ -664,7 +682,7 @@ def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_p
     config_file = runs / "one" / "config.json"
     stored = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**stored, "lr": 0.1}))
-    one_error(capsys, ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
+    one_error(capsys, ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps",
                        "2", "--lr", "0.1", *TINY], 2, "config.json was changed after step 1 was checkpointed")
 
 
@@ -673,7 +691,7 @@ def test_resume_refuses_a_config_edited_since_the_checkpoint(finished_run, tmp_p
 def test_resume_refuses_fewer_steps_than_checkpointed(finished_run, tmp_path, capsys, cache_dir):
     """A step-2 run resumed with --steps 1 would otherwise show "2/1" and record steps 1."""
     runs = copy_run(finished_run, tmp_path)
-    argv = ["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", *TINY]
+    argv = ["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", *TINY]
     assert run([*argv, "--steps", "2"], capsys)[0] == 0
     one_error(capsys, [*argv, "--steps", "1"], 2, "checkpointed at step 2, past --steps 1", "--steps 2 or more")
 
@@ -691,7 +709,7 @@ def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
     """Files written through a temporary file (mkstemp: 0600, mkdtemp: 0700) would hide a shared run or cache
     from colleagues whatever the umask."""
     cache = tmp_path / "cache"
-    code, errors, text = run(["--run-dir", str(tmp_path / "runs"), "--run-name", "shared", "--cache-dir", str(cache),
+    code, errors, text = run(["--runs-dir", str(tmp_path / "runs"), "--run-name", "shared", "--cache-dir", str(cache),
                               "--steps", "1", *TINY], capsys)
     assert code == 0, text
     for name in ("config.json", "metrics.jsonl", "eval.jsonl", "tokens.jsonl", "checkpoint.pt"):
@@ -705,7 +723,7 @@ def test_run_and_cache_files_honour_the_umask(tmp_path, capsys, umask_002):
                    "built and on every later use (its cache record says `reached_target: false`)")
 def test_a_warm_start_below_its_target_says_so_when_built_and_when_reused(tmp_path, capsys):
     """TINY's 20 warm-start steps cannot reach the default target 0.65: said at once and on every later use."""
-    argv = ["--run-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"), "--steps", "1", *TINY]
+    argv = ["--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"), "--steps", "1", *TINY]
     warning = "warning: the tiny policy's warm start ended below its target"
     for attempt in ("built", "cached"):
         code, errors, text = run([*argv, "--run-name", attempt], capsys)
@@ -834,7 +852,7 @@ def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_r
     if head is not None:
         assert config["code_commit"].removesuffix("-dirty") == head
     assert isinstance(config["torch_threads"], int) and config["torch_threads"] >= 1
-    assert run(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2",
+    assert run(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--resume", "--steps", "2",
                 "--threads", "1", *TINY], capsys)[0] == 0
     resumed = json.loads((runs / "one" / "config.json").read_text())
     assert (resumed["code_commit"], resumed["started_at"]) == (config["code_commit"], config["started_at"])
@@ -858,5 +876,5 @@ def test_a_run_records_its_code_commit_and_start_and_a_resume_its_own(finished_r
     (["--warm-start.lr", "1e39"], "--warm-start.lr 1e+39 overflows float32"),
 ])
 def test_a_number_past_float32_is_one_line_before_any_model(flags, fragment, tmp_path, capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), *flags], 2, fragment, "float32's range")
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), *flags], 2, fragment, "float32's range")
     assert not (tmp_path / "runs").exists()

@@ -76,7 +76,7 @@ def test_the_fused_head_gives_the_logits_paths_gradients_on_the_gpu(dtype, toler
 
 def test_one_rl_step_of_the_local_engine_on_the_gpu(tmp_path):
     command = [sys.executable, "-m", "dppo_oat.train", "--device", "cuda", "--steps", "1", "--groups-per-step", "2",
-               "--group-size", "2", "--eval-episodes", "4", "--run-dir", str(tmp_path), "--run-name", "gpu"]
+               "--group-size", "2", "--eval-episodes", "4", "--runs-dir", str(tmp_path), "--run-name", "gpu"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]

@@ -34,7 +34,7 @@ def read_jsonl(path):
 
 
 def finished_run(tmp_path, name, flags):
-    main(["--steps", "3", "--run-dir", str(tmp_path), "--run-name", name, *RUN, *flags])
+    main(["--steps", "3", "--runs-dir", str(tmp_path), "--run-name", name, *RUN, *flags])
     run = tmp_path / name
     rows, evals = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "eval.jsonl")
     assert [row["step"] for row in rows] == [1, 2, 3] and [e["step"] for e in evals] == [0, 3]

@@ -270,7 +270,7 @@ def test_the_engines_rollout_copy_is_refreshed_in_place_after_each_update(tmp_pa
     monkeypatch.setattr(hf_generator, "GraphCache", cpu_cache)
     config = tyro.cli(TrainConfig, args=["--steps", "2", "--groups-per-step", "4", "--group-size", "2",
                                          "--eval-episodes", "4", "--dtype", "bfloat16", "--cuda-graphs",
-                                         "--run-dir", str(tmp_path), "--run-name", "graphs"])
+                                         "--runs-dir", str(tmp_path), "--run-name", "graphs"])
     trainer = trainer_module.LocalTrainer(config, Console(quiet=True))
     try:
         generator = trainer.generator

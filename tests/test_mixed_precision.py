@@ -250,7 +250,7 @@ def test_a_dtype_the_device_cannot_run_is_one_clear_error(monkeypatch):
                    "one line naming the flag and what to pass instead, before any model")
 def test_an_unsupported_dtype_is_one_line_before_any_model(tmp_path, capsys, no_model, monkeypatch):
     monkeypatch.setattr(mixed_precision, "_autocast_computes_in", lambda device, dtype: False)
-    one_error(capsys, ["--run-dir", str(tmp_path), "--dtype", "bfloat16"], 2, "--dtype bfloat16: torch",
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--dtype", "bfloat16"], 2, "--dtype bfloat16: torch",
               "cannot autocast to bfloat16 on cpu: use --dtype float32")
     assert not any(tmp_path.iterdir())
 
@@ -271,7 +271,7 @@ def read_jsonl(path):
 def test_a_bfloat16_run_finishes_with_mu_and_pi_close_at_the_first_minibatch(tmp_path):
     """μ (the sampler) and π_θ (the learner) under the same bfloat16 autocast: before any update they differ only by
     rounding (float32: exactly 0), far below what a half-precision rollout copy injects."""
-    main(["--steps", "2", "--dtype", "bfloat16", "--run-dir", str(tmp_path), "--run-name", "bf16", *RUN])
+    main(["--steps", "2", "--dtype", "bfloat16", "--runs-dir", str(tmp_path), "--run-name", "bf16", *RUN])
     run = tmp_path / "bf16"
     assert json.loads((run / "config.json").read_text())["dtype"] == "bfloat16"
     rows = read_jsonl(run / "metrics.jsonl")
@@ -284,7 +284,7 @@ def test_a_bfloat16_run_finishes_with_mu_and_pi_close_at_the_first_minibatch(tmp
 
 @pytest.mark.slow
 def test_a_float16_run_scales_its_loss_and_checkpoints_the_scale(tmp_path):
-    main(["--steps", "1", "--dtype", "float16", "--run-dir", str(tmp_path), "--run-name", "fp16", *RUN,
+    main(["--steps", "1", "--dtype", "float16", "--runs-dir", str(tmp_path), "--run-name", "fp16", *RUN,
           "--groups-per-step", "2"])
     run = tmp_path / "fp16"
     row, = read_jsonl(run / "metrics.jsonl")

@@ -126,7 +126,7 @@ def real_runs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("real-runs-cache")
     for algo in ("dppo_binary_tv", "grpo_clip_higher", "cispo"):
         export = ["--token-export", "all"] if algo == "dppo_binary_tv" else []
-        main(["--trust-region", algo, "--steps", "3", "--run-dir", str(root / "runs"), "--cache-dir", str(cache),
+        main(["--trust-region", algo, "--steps", "3", "--runs-dir", str(root / "runs"), "--cache-dir", str(cache),
               *export, *SHIPPED])
     return root / "runs"
 

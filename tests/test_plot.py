@@ -178,7 +178,7 @@ def set_config(run, **fields):
 def test_a_curve_of_runs_with_different_settings_warns_once_naming_them(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "_warned", set())
     write_run(tmp_path, "a", seed=0, steps=6)
-    set_config(write_run(tmp_path, "b", seed=1, steps=6), lr=1e-3, threads=1, run_dir="elsewhere",
+    set_config(write_run(tmp_path, "b", seed=1, steps=6), lr=1e-3, threads=1, runs_dir="elsewhere",
                warm_start={"lr": 0.01})
     set_config(tmp_path / "a", warm_start={"lr": 0.001})
     df = load_runs(tmp_path / "*")
@@ -193,7 +193,7 @@ def test_a_curve_of_runs_with_different_settings_warns_once_naming_them(tmp_path
 def test_runs_that_differ_only_in_seed_name_and_threads_draw_without_a_warning(tmp_path, monkeypatch, recwarn):
     monkeypatch.setattr(figures, "_warned", set())
     write_run(tmp_path, "a", seed=0, steps=6)
-    set_config(write_run(tmp_path, "b", seed=1, steps=6), threads=1, device="cuda", run_dir="x", wandb=True)
+    set_config(write_run(tmp_path, "b", seed=1, steps=6), threads=1, device="cuda", runs_dir="x", wandb=True)
     set_config(write_run(tmp_path, "c", algo="cispo", steps=6, trust_region={"rule": "none", "is_cap": 3.0}),
                lr=1.0)  # another method: a curve of its own
     plot_runs(load_runs(tmp_path / "*"), ["reward"])

@@ -90,5 +90,5 @@ def test_every_shape_has_its_own_cache_key_and_tiny_keeps_the_shipped_one():
     (["--warm-start.vocab-size", "40000"], ["at most 32509 merges fit in the 32768-entry vocabulary"]),
 ])
 def test_a_shape_with_flags_it_ignores_is_one_line_before_any_model(flags, fragments, tmp_path, capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path), "--warm-start.shape", "qwen3-100m", *flags], 2, *fragments)
+    one_error(capsys, ["--runs-dir", str(tmp_path), "--warm-start.shape", "qwen3-100m", *flags], 2, *fragments)
     assert not any(tmp_path.iterdir())

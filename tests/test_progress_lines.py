@@ -47,7 +47,7 @@ def test_piped_output_never_breaks_a_path(tmp_path):
     environment = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
     environment["PYTHONPATH"] = str(ROOT)
     train = [sys.executable, "-m", "dppo_oat.train", "--steps", "1", "--groups-per-step", "2", "--group-size", "2",
-             "--eval-episodes", "2", "--token-samples", "0", "--run-dir", str(folder), "--run-name", "piped"]
+             "--eval-episodes", "2", "--token-samples", "0", "--runs-dir", str(folder), "--run-name", "piped"]
     done = subprocess.run(train, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()

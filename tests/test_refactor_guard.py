@@ -43,13 +43,13 @@ def current_platform() -> dict:
             "machine": platform.machine()}
 
 
-def run_default(run_dir: Path) -> Path:
-    """The 3-step default run under ``run_dir``; its run directory."""
-    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", *RUN_FLAGS, "--run-dir", str(run_dir),
-                           "--cache-dir", str(run_dir / "cache")], capture_output=True, text=True, timeout=600,
+def run_default(runs_dir: Path) -> Path:
+    """The 3-step default run under ``runs_dir``; its run directory."""
+    done = subprocess.run([sys.executable, "-m", "dppo_oat.train", *RUN_FLAGS, "--runs-dir", str(runs_dir),
+                           "--cache-dir", str(runs_dir / "cache")], capture_output=True, text=True, timeout=600,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir / "default"
+    return runs_dir / "default"
 
 
 def canonical_lines(path: Path) -> list[str]:

@@ -79,7 +79,7 @@ class LoopBeforeTheSchedule:
 
 
 def test_the_synchronous_schedule_is_the_loop_it_replaced_bit_for_bit(tmp_path, monkeypatch):
-    common = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--steps", "3",
+    common = ["--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--steps", "3",
               "--minibatches-per-rollout", "2", *SHORT]
     main(["--run-name", "schedule", *common])
     real_init = trainer_module.LocalTrainer.__init__

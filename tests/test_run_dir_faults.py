@@ -27,7 +27,7 @@ def cache_dir(tmp_path_factory):
 def finished_run(tmp_path_factory, cache_dir):
     """A 2-step run to resume, damage or overwrite."""
     runs = tmp_path_factory.mktemp("runs")
-    main(["--run-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "2", *TINY])
+    main(["--runs-dir", str(runs), "--run-name", "one", "--cache-dir", cache_dir, "--steps", "2", *TINY])
     return runs / "one"
 
 
@@ -41,7 +41,7 @@ def run_copy(finished_run, tmp_path):
 
 
 def argv_of(run_dir, cache_dir, *flags):
-    return ["--run-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *TINY, *flags]
+    return ["--runs-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *TINY, *flags]
 
 
 def files_of(directory):
@@ -91,7 +91,7 @@ def test_overwrite_moves_the_old_files_aside(run_copy, cache_dir, capsys):
     (["--run-name", "a\nb"], ["--run-name", "line break"]),
 ])
 def test_contradictory_or_unprintable_run_flags_are_one_line(flags, fragments, tmp_path, capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), *flags], 2, *fragments)
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), *flags], 2, *fragments)
     assert not (tmp_path / "runs").exists()
 
 
@@ -101,7 +101,7 @@ def name_limit(folder) -> int:
     return os.pathconf(folder, "PC_NAME_MAX")
 
 
-@pytest.mark.fault("a `--run-name` (or a folder of `--run-dir`) longer than the file system takes (255 bytes: "
+@pytest.mark.fault("a `--run-name` (or a folder of `--runs-dir`) longer than the file system takes (255 bytes: "
                    "`PC_NAME_MAX`), in ASCII or in multi-byte characters",
                    "one line before anything is written (exit 2): the name's length, the limit and to shorten it; "
                    "no folder is created")
@@ -109,14 +109,14 @@ def name_limit(folder) -> int:
     ("run name", "x" * 256, "--run-name"),
     ("run name", "é" * 128, "--run-name"),  # 128 characters, 256 bytes
     ("run name", "r" * 1000, "--run-name"),
-    ("run dir", "d" * 300, "--run-dir"),
+    ("runs dir", "d" * 300, "--runs-dir"),
 ])
 def test_a_name_past_the_file_systems_limit_is_one_line_before_anything_is_written(where, name, flag, tmp_path,
                                                                                    capsys, no_model):
     limit = name_limit(tmp_path)
     runs = tmp_path / "runs"
-    argv = (["--run-dir", str(runs), "--run-name", name] if where == "run name" else
-            ["--run-dir", str(runs / name), "--run-name", "r"])
+    argv = (["--runs-dir", str(runs), "--run-name", name] if where == "run name" else
+            ["--runs-dir", str(runs / name), "--run-name", "r"])
     one_error(capsys, argv, 2, flag, f"{len(name.encode())} bytes", f"at most {limit} bytes", "shorter")
     assert list(tmp_path.iterdir()) == []
 
@@ -125,15 +125,15 @@ def test_a_name_at_the_file_systems_limit_is_accepted(tmp_path):
     from dppo_oat.engines.local.config import TrainConfig
     from dppo_oat.engines.local.validation import validate_config
 
-    validate_config(TrainConfig(run_dir=str(tmp_path / "runs"), run_name="x" * name_limit(tmp_path)))
+    validate_config(TrainConfig(runs_dir=str(tmp_path / "runs"), run_name="x" * name_limit(tmp_path)))
 
 
-@pytest.mark.fault("a `--run-dir` (or a folder on its way, or the run's own folder) that is a symbolic link to a "
+@pytest.mark.fault("a `--runs-dir` (or a folder on its way, or the run's own folder) that is a symbolic link to a "
                    "missing target, or a loop of links",
                    "one line before any model (exit 2) naming the link and what it is (a link to a missing target / "
                    "a link loop) and what to do; nothing is created")
 @pytest.mark.parametrize("kind", ["dangling", "loop"])
-@pytest.mark.parametrize("where", ["run dir", "inside the run dir", "run folder"])
+@pytest.mark.parametrize("where", ["runs dir", "inside the runs dir", "run folder"])
 def test_a_broken_link_on_the_run_path_is_named_for_what_it_is(kind, where, tmp_path, capsys, no_model):
     link = tmp_path / "link"
     if kind == "dangling":
@@ -142,24 +142,24 @@ def test_a_broken_link_on_the_run_path_is_named_for_what_it_is(kind, where, tmp_
         (tmp_path / "other").symlink_to(link)
         link.symlink_to(tmp_path / "other")
     before = sorted(tmp_path.iterdir())
-    argv = {"run dir": ["--run-dir", str(link), "--run-name", "r"],
-            "inside the run dir": ["--run-dir", str(link / "runs"), "--run-name", "r"],
-            "run folder": ["--run-dir", str(tmp_path), "--run-name", "link"]}[where]
+    argv = {"runs dir": ["--runs-dir", str(link), "--run-name", "r"],
+            "inside the runs dir": ["--runs-dir", str(link / "runs"), "--run-name", "r"],
+            "run folder": ["--runs-dir", str(tmp_path), "--run-name", "link"]}[where]
     what = f"a symbolic link to {tmp_path / 'missing'}, which does not exist" if kind == "dangling" else \
         "a loop of symbolic links"
-    flag = "--run-name" if where == "run folder" else "--run-dir"
+    flag = "--run-name" if where == "run folder" else "--runs-dir"
     error = one_error(capsys, argv, 2, str(link), what, f"or give another {flag}")
     assert "File exists" not in error
     assert sorted(tmp_path.iterdir()) == before and not (tmp_path / "missing").exists()
 
 
-@pytest.mark.fault("a `--run-dir` that climbs out of folders that do not exist (`runs/../x/..//y`, `new/..`, "
+@pytest.mark.fault("a `--runs-dir` that climbs out of folders that do not exist (`runs/../x/..//y`, `new/..`, "
                    "`a/b/../../c`)",
                    "the run is written where the path leads (`y`, `.`, `c`) and no empty folder is left on the way")
-@pytest.mark.parametrize("run_dir, lands_in", [
+@pytest.mark.parametrize("runs_dir, lands_in", [
     ("new1/../x/..//y", "y"), ("new2/..", "."), ("a/b/../../c", "c"), ("runs/../z/..", "."),
     ("missing/../existing/../existing", "existing")])
-def test_a_run_dir_through_missing_folders_leaves_no_empty_folder(run_dir, lands_in, tmp_path, monkeypatch):
+def test_a_runs_dir_through_missing_folders_leaves_no_empty_folder(runs_dir, lands_in, tmp_path, monkeypatch):
     from dppo_oat.engines.local.config import TrainConfig
     from dppo_oat.engines.local.validation import validate_config
     from dppo_oat.run.directory import RunLock
@@ -167,7 +167,7 @@ def test_a_run_dir_through_missing_folders_leaves_no_empty_folder(run_dir, lands
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     (tmp_path / "existing").mkdir()
-    config = TrainConfig(run_dir=run_dir, run_name="r")
+    config = TrainConfig(runs_dir=runs_dir, run_name="r")
     validate_config(config)
     RunLock(config.run_directory()).release()
     assert config.run_directory().path.resolve() == (tmp_path / lands_in / "r").resolve()
@@ -288,7 +288,7 @@ def test_a_resume_that_fails_while_building_says_the_checkpoint_is_intact(failur
                    "the `error:` line is on stderr, as those of `dppo_oat.plot`, the oat engine and the verl CLI")
 def test_error_lines_go_to_stderr(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--run-dir", str(tmp_path), "--threads", "0"])
+        main(["--runs-dir", str(tmp_path), "--threads", "0"])
     out = capsys.readouterr()
     assert "error:" not in out.out and out.err.startswith("error: --threads must be >= 1"), out
 
@@ -322,7 +322,7 @@ def signalled_while_importing(module: str, sig, tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_IMPORT, module, str(int(sig)), "--run-dir",
+    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_IMPORT, module, str(int(sig)), "--runs-dir",
                            str(tmp_path / "runs"), "--steps", "1"], capture_output=True, text=True, timeout=300)
     return done.returncode, done.stderr.splitlines()
 
@@ -394,7 +394,7 @@ def test_a_refused_resume_states_what_may_change(run_copy, cache_dir, capsys, no
 @pytest.mark.fault("`--allow-metrics-gap` on a new run (it applies to `--resume`)",
                    "one line before any model: a new run has no metrics gap; leave it out")
 def test_allow_metrics_gap_on_a_new_run_is_one_line(tmp_path, cache_dir, capsys, no_model):
-    one_error(capsys, ["--run-dir", str(tmp_path / "runs"), "--cache-dir", cache_dir, *TINY, "--allow-metrics-gap"],
+    one_error(capsys, ["--runs-dir", str(tmp_path / "runs"), "--cache-dir", cache_dir, *TINY, "--allow-metrics-gap"],
               2, "--allow-metrics-gap", "leave it out")
     assert not (tmp_path / "runs").exists()
 

@@ -80,7 +80,7 @@ def test_off_cuda_or_for_short_calls_the_generator_decodes_eagerly():
 
 
 def test_cuda_graphs_off_cuda_is_refused_before_any_model_loads(capsys, no_model, tmp_path):
-    one_error(capsys, ["--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path)], 2,
+    one_error(capsys, ["--cuda-graphs", "--device", "cpu", "--runs-dir", str(tmp_path)], 2,
               "--cuda-graphs captures the HF generator's decode on a CUDA device")
 
 

@@ -331,7 +331,7 @@ def cache_dir(tmp_path_factory):
 
 
 def argv_of(run_dir, cache_dir, *flags):
-    return ["--run-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *RUN, *flags]
+    return ["--runs-dir", str(run_dir.parent), "--run-name", run_dir.name, "--cache-dir", cache_dir, *RUN, *flags]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ def read_jsonl(path):
 
 
 def test_short_run_writes_the_metrics_schema(tmp_path, cache_dir):
-    main(["--steps", "2", "--run-dir", str(tmp_path), "--run-name", "short", "--cache-dir", cache_dir, *SHORT])
+    main(["--steps", "2", "--runs-dir", str(tmp_path), "--run-name", "short", "--cache-dir", cache_dir, *SHORT])
     run = tmp_path / "short"
     config = json.loads((run / "config.json").read_text())
     assert config["trust_region"]["name"] == "dppo_binary_tv" and config["trust_region"]["delta"] == 0.15
@@ -58,7 +58,7 @@ differ and advantages are not all zero."""
 
 def test_a_one_step_run_writes_token_samples(tmp_path):
     """tokens.jsonl: at most --token-samples rows of A ≠ 0 tokens per step, with every field of the schema."""
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", "one", "--cache-dir", str(tmp_path / "cache"),
           *SHIPPED])
     tokens = read_jsonl(tmp_path / "one" / "tokens.jsonl")
     assert 0 < len(tokens) <= 32 and {t["step"] for t in tokens} == {1}
@@ -76,7 +76,7 @@ def test_token_export_all_writes_every_trained_token(tmp_path):
     ``test_a_one_step_run_writes_token_samples``)."""
     from dppo_oat.run.token_export import read_token_export
 
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "export", "--cache-dir", str(tmp_path / "cache"),
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", "export", "--cache-dir", str(tmp_path / "cache"),
           "--token-export", "all", *SHIPPED])
     frame = read_token_export(tmp_path / "export")
     row = read_jsonl(tmp_path / "export" / "metrics.jsonl")[0]
@@ -93,7 +93,7 @@ def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(t
     import dppo_oat.rollout.hf_generator as hf_generator
 
     monkeypatch.setattr(hf_generator, "runs_direct", lambda model: False)
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "generate", "--cache-dir", str(tmp_path / "cache"),
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", "generate", "--cache-dir", str(tmp_path / "cache"),
           *SHIPPED])
     assert "rollouts sample with model.generate" in " ".join(capsys.readouterr().out.split())
     row = read_jsonl(tmp_path / "generate" / "metrics.jsonl")[0]
@@ -111,7 +111,7 @@ def test_a_model_the_sampling_loop_cannot_run_says_so_and_trains_with_generate(t
                    "atomically)")
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, cache_dir):
     """With a linear learning-rate decay too: the rate comes from the step, so a resumed run gets the same ones."""
-    common = ["--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--lr-schedule", "linear", *SHORT]
+    common = ["--runs-dir", str(tmp_path), "--cache-dir", cache_dir, "--lr-schedule", "linear", *SHORT]
     main(["--steps", "2", "--run-name", "straight", *common])
     main(["--steps", "1", "--run-name", "killed", *common])  # stops after step 1, as a kill after its checkpoint
     main(["--steps", "2", "--run-name", "killed", "--resume", *common])
@@ -136,7 +136,7 @@ def test_stale_rollouts_follow_their_schedule_and_resume_exactly(tmp_path, capsy
     """--max-staleness 2: the rollout of step t samples with the weights after step max(0, t − 3), whatever the
     threads' timing; a run stopped after step 2 (its rollout of step 3 pending) and resumed is the uninterrupted run
     token for token, and resuming it as a synchronous run is refused."""
-    synchronous = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--lr-schedule", "constant",
+    synchronous = ["--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--lr-schedule", "constant",
                    "--minibatches-per-rollout", "2", *SHIPPED]
     common = [*synchronous, "--max-staleness", "2"]
     main(["--steps", "4", "--run-name", "straight", *common])
@@ -170,7 +170,7 @@ def test_learning_rate_schedules():
 def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):
     """--probe-every logs binary ≤ top-K ≤ exact divergences; --train-pool draws puzzles from [0, pool);
     --warm-start.seed lets RL seeds share one cached policy."""
-    common = ["--steps", "2", "--run-dir", str(tmp_path), "--cache-dir", cache_dir, "--probe-every", "1",
+    common = ["--steps", "2", "--runs-dir", str(tmp_path), "--cache-dir", cache_dir, "--probe-every", "1",
               "--train-pool", "3", "--rollout-dtype", "bfloat16", "--warm-start.seed", "0", *SHORT]
     main(["--run-name", "seed1", "--seed", "1", *common])
     main(["--run-name", "seed2", "--seed", "2", *common])
@@ -192,7 +192,7 @@ def test_probe_pool_and_shared_warm_start(tmp_path, cache_dir):
 def test_mismatch_presets_run_a_step(tmp_path, cache_dir, preset):
     """The mismatch fixes of other frameworks run in the local engine (π_θ' recomputed where they read it), here
     with a bf16 rollout so that π_θ' ≠ μ."""
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
           "--trust-region", preset, "--rollout-dtype", "bfloat16", *SHORT])
     config = json.loads((tmp_path / preset / "config.json").read_text())
     assert config["trust_region"]["name"] == preset
@@ -205,7 +205,7 @@ def test_mismatch_presets_run_a_step(tmp_path, cache_dir, preset):
 def test_later_presets_run_a_step(tmp_path, cache_dir, preset):
     """DRPO, CPPO (top-K: the rollout returns μ's top 20) and M2PO train in the local engine and log their own
     metrics."""
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", preset, "--cache-dir", cache_dir,
           "--trust-region", preset, "--minibatches-per-rollout", "2", *SHORT])
     (row,) = read_jsonl(tmp_path / preset / "metrics.jsonl")
     assert all(math.isfinite(v) for v in row.values() if isinstance(v, (int, float)))
@@ -214,9 +214,9 @@ def test_later_presets_run_a_step(tmp_path, cache_dir, preset):
 
 
 def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
-    main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
+    main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
     with pytest.raises(SystemExit):
-        main(["--steps", "1", "--run-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
+        main(["--steps", "1", "--runs-dir", str(tmp_path), "--run-name", "done", "--cache-dir", cache_dir, *SHORT])
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_a_finished_run_is_not_overwritten(tmp_path, cache_dir):
         ({"tr_delta": 0.0}, "delta"),
         ({"trust_region": "dppo_topk_tv", "tr_k": 100000}, "exceeds the policy's vocabulary"),
         ({"env_ids": ("local-math:/no/such/data",)}, "does not exist"),
-        ({"run_dir": "/proc/no-such-dir"}, "not writable"),
+        ({"runs_dir": "/proc/no-such-dir"}, "not writable"),
         ({"resume": True, "run_name": "never-ran"}, "no checkpoint"),
         ({"steps": 0}, "--steps"),
         ({"pretrain": "./not-a-model"}, "not a model directory"),
@@ -245,7 +245,7 @@ def test_bad_input_fails_before_any_model_is_built(tmp_path, monkeypatch, overri
 
     monkeypatch.setattr(trainer_module, "load_or_build_tiny_policy", no_model)
     monkeypatch.setattr(trainer_module, "load_pretrained", no_model)
-    config = TrainConfig(**{"run_dir": str(tmp_path), **overrides})
+    config = TrainConfig(**{"runs_dir": str(tmp_path), **overrides})
     with pytest.raises(ValueError, match=message):
         LocalTrainer(config)
 
@@ -281,7 +281,7 @@ def test_the_trainer_gives_torch_the_default_count_and_says_so(tmp_path, monkeyp
     monkeypatch.setattr(config_module, "busy_cpus_now", lambda: 2.2)
     assert TrainConfig(threads=3).torch_threads() == 3
     try:
-        trainer = LocalTrainer(TrainConfig(run_dir=str(tmp_path), run_name="threads", steps=1), Console())
+        trainer = LocalTrainer(TrainConfig(runs_dir=str(tmp_path), run_name="threads", steps=1), Console())
         assert torch.get_num_threads() == 4
         assert json.loads((tmp_path / "threads" / "config.json").read_text())["threads"] is None
         trainer.close(failed=True)
@@ -328,7 +328,7 @@ def test_calibration_records_its_band_and_a_resume_reuses_it(tmp_path, capsys):
     exactly as the uninterrupted run; the offline command finds the same band on step 1's token export."""
     from dppo_oat.calibrate import main as calibrate_main
 
-    common = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), *CALIBRATE]
+    common = ["--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), *CALIBRATE]
     main(["--steps", "2", "--run-name", "straight", "--token-export", "all", *common])
     assert capsys.readouterr().out.count("calibrated gspo: ε_low 0.0003 → ") == 1
     main(["--steps", "1", "--run-name", "killed", *common])
@@ -370,7 +370,7 @@ def test_a_held_band_is_set_at_every_step_and_a_resume_restores_it_exactly(tmp_p
     batch set it. Where π_θ ≠ μ before the update, every step (the first too) blocks the target; where π_θ = μ
     there, step 1 trains at the preset's band and each later step at the band of the step before. A run killed after
     step 1 resumes with the band its checkpoint kept: its metrics equal the uninterrupted run's."""
-    common = ["--run-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--tr-calibrate", "0.05",
+    common = ["--runs-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--tr-calibrate", "0.05",
               "--tr-calibrate-every", "1", *flags]
     main(["--steps", "2", "--run-name", "straight", *common])
     main(["--steps", "1", "--run-name", "killed", *common])
@@ -405,7 +405,7 @@ def test_a_held_band_is_set_at_every_step_and_a_resume_restores_it_exactly(tmp_p
      "moved: give each rollout batch several optimizer steps (--minibatches-per-rollout 4"),
 ])
 def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_path, capsys, flags, message):
-    argv = ["--steps", "2", "--run-dir", str(tmp_path), "--run-name", "far", "--cache-dir", str(tmp_path / "cache"),
+    argv = ["--steps", "2", "--runs-dir", str(tmp_path), "--run-name", "far", "--cache-dir", str(tmp_path / "cache"),
             *SHIPPED, *flags]
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -434,5 +434,5 @@ def test_a_calibration_the_first_batch_cannot_give_ends_the_run_in_one_line(tmp_
 ])
 def test_calibration_flags_are_refused_before_any_model_is_built(tmp_path, no_model, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
-        LocalTrainer(TrainConfig(**{"run_dir": str(tmp_path), **overrides}))
+        LocalTrainer(TrainConfig(**{"runs_dir": str(tmp_path), **overrides}))
     assert "\n" not in str(error.value) and not any(tmp_path.iterdir())

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.directory import CONFIG_FILE, EVAL_FILE, METRICS_FILE, RunDir, current_config
 from dppo_oat.run.safe_io import read_jsonl
 
 MAX_SHOWN = 40
@@ -123,7 +123,8 @@ def config_problem(config: Any) -> str | None:
 
 
 def read_config(path: Path) -> dict:
-    """The ``config.json`` of run directory ``path`` as parsed (``{}`` when it has none).
+    """The ``config.json`` of run directory ``path`` as parsed (``{}`` when it has none), a key under a flag's former
+    name read under its name now (:func:`~dppo_oat.run.directory.current_config`).
 
     Raises:
         DamagedRun: it cannot be read, is not JSON, or :func:`config_problem` finds a problem with it.
@@ -140,7 +141,7 @@ def read_config(path: Path) -> dict:
     problem = config_problem(config)
     if problem is not None:
         raise DamagedRun(path, problem)
-    return config
+    return current_config(config)
 
 
 def file_problem(path: Path, name: str) -> str | None:

@@ -39,7 +39,7 @@ from dppo_oat.analysis.run_checks import (
     step_in_range,
     step_numbers,
 )
-from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RunDir
+from dppo_oat.run.directory import CONFIG_FILE, METRICS_FILE, RENAMED_KEYS, RunDir
 from dppo_oat.run.log import PROVENANCE
 from dppo_oat.run.safe_io import read_jsonl
 from dppo_oat.settings.kinds import non_settings
@@ -508,9 +508,12 @@ calibration's record (the band it measured on the run's own first batch; the req
 method)."""
 POOLED_OVER = "seed"
 """The setting that runs averaged as seeds differ in."""
-NOT_SETTINGS = non_settings(DPPOFlags, RunFlags) | RECORDS | {POOLED_OVER}
+NOT_SETTINGS = non_settings(DPPOFlags, RunFlags) | RECORDS | {POOLED_OVER} | {
+    old for old, new in RENAMED_KEYS.items() if new in non_settings(RunFlags)}
 """Config keys that do not change what a run trains: the flags that declare so (where a run writes and runs, what it
-logs besides its metrics: :func:`~dppo_oat.settings.kinds.flag`), :data:`RECORDS` and the seed."""
+logs besides its metrics: :func:`~dppo_oat.settings.kinds.flag`), under their former names too (a config read other
+than by :func:`~dppo_oat.analysis.run_checks.read_config`, a packed study's, keeps them), :data:`RECORDS` and the
+seed."""
 
 
 def is_setting(name: str) -> bool:

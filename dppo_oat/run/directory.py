@@ -31,6 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dppo_oat.run.safe_io import atomic_write_bytes, honour_umask, make_writable_dir, read_jsonl, temporary_prefix
+from dppo_oat.settings.kinds import former_names, with_current_names
+from dppo_oat.settings.run_flags import RunFlags
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -55,6 +57,9 @@ EXPORT_FILE = re.compile(r"step_(\d+)\.jsonl")
 EXPORT_TEMPORARY = re.compile(r"\.step_\d+\.jsonl\..+|step_\d+\.jsonl\.partial")
 """The temporary of a step's export: an atomic write's (:func:`~dppo_oat.run.safe_io.temporary_prefix`), or a
 ``.partial`` file (which exporters that wrote in place left)."""
+RENAMED_KEYS = former_names(RunFlags)
+"""The keys an earlier ``config.json`` recorded under a run flag's former name (``run_dir``, now ``runs_dir``), each
+mapped to its name now: every reader of a config reads them under the new name (:func:`current_config`)."""
 
 
 def without_climbs_through_missing_folders(path: Path) -> Path:
@@ -72,6 +77,12 @@ def without_climbs_through_missing_folders(path: Path) -> Path:
     return Path(*kept) if kept else Path(".")
 
 
+def current_config(config: dict) -> dict:
+    """A parsed ``config.json`` with the keys of :data:`RENAMED_KEYS` under their names now, so that a run recorded
+    before a flag was renamed resumes and is analysed as one recorded after (its file is left as written)."""
+    return with_current_names(config, RENAMED_KEYS)
+
+
 def missing_steps(rows: list[dict], last: int) -> list[int]:
     """The steps 1..``last`` that no row of a log holds (a log that lost lines, or all of them)."""
     logged = {row.get("step") for row in rows}
@@ -80,7 +91,7 @@ def missing_steps(rows: list[dict], last: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
-    """One run's directory (``<--run-dir>/<--run-name>`` for the local engine, ``<save_path>/<run>_<time>`` for the
+    """One run's directory (``<--runs-dir>/<--run-name>`` for the local engine, ``<save_path>/<run>_<time>`` for the
     oat engine): its paths, a property each, and the rules its files keep. ``RunDir(path)`` takes a path or another
     ``RunDir``, and is itself a path to ``open``, ``Path`` and ``os`` (``os.fspath``)."""
 
@@ -144,8 +155,8 @@ class RunDir:
 
     # ------------------------------------------------------------------ what it holds
     def read_config(self) -> dict:
-        """The run's ``config.json`` (``{}`` when absent); a damaged one, or one that is not a JSON object, is a
-        one-line ``ValueError``."""
+        """The run's ``config.json`` (``{}`` when absent), a key under a flag's former name read under its name now
+        (:func:`current_config`); a damaged one, or one that is not a JSON object, is a one-line ``ValueError``."""
         if not self.config.is_file():
             return {}
         try:
@@ -156,7 +167,7 @@ class RunDir:
         if not isinstance(config, dict):
             raise ValueError(f"{self.config} is not a JSON object (it holds a {type(config).__name__}): restore it, "
                              "or start a new run with another --run-name")
-        return config
+        return current_config(config)
 
     def run_files(self) -> list[str]:
         """The run files (:data:`RUN_FILES`) it holds, whatever their size or kind (an empty file or a dangling link

@@ -219,7 +219,7 @@ def check_export_folder(run_dir: Path, timeout: float | None = None) -> None:
         probe.wait(PROBE_TIMEOUT_S if timeout is None else timeout)
     except TimeoutError as error:
         raise ValueError(f"--token-export all: {folder}: {error.strerror}: fix or unmount it, or give another "
-                         "--run-dir") from None
+                         "--runs-dir") from None
     except NotADirectoryError:
         raise ValueError(f"--token-export all writes a file per step into {folder}, which is not a folder: move "
                          "that file away, or give another --run-name") from None

@@ -6,7 +6,8 @@ heading only to a nested dataclass, so :func:`grouped_view` builds from a flat c
 class for tyro alone: it subclasses the flat class (a field no group names keeps its place and its help in the first
 section, ``options``), hides each grouped field there, and adds one field per group, a dataclass of that group's
 fields under ``tyro.conf.OmitArgPrefixes``, so every flag keeps its name (``--tr-delta``, not
-``--trust-region.tr-delta``). :func:`parse_grouped` parses with it and returns the flat class (:func:`flattened`).
+``--trust-region.tr-delta``). :func:`parse_grouped` parses with it and returns the flat class (:func:`flattened`),
+after refusing in one line a flag given under a former name (:func:`former_flag_refusal`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Annotated, Any
 import tyro
 
 from dppo_oat.settings.docstrings import field_docstrings
+from dppo_oat.settings.kinds import former_names
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,29 @@ def flattened(view: Any, flat: type, groups: Sequence[FlagGroup]) -> Any:
     return flat(**values)
 
 
+def former_flag_refusal(flat: type, args: Sequence[str]) -> str | None:
+    """The line that refuses the first flag of ``args`` given under the former name of a field of ``flat``
+    (:func:`~dppo_oat.settings.kinds.former_names`), in either spelling (``--old-name``, ``--old_name=...``): its name
+    now and what it is, which tyro would not say (it would call the flag unrecognized). None when there is none."""
+    renamed = former_names(flat)
+    for arg in args:
+        given = arg.split("=", 1)[0]
+        old = given.removeprefix("--").replace("-", "_")
+        if given.startswith("--") and old in renamed:
+            new = renamed[old]
+            now = f"--{new if '_' in given else new.replace('_', '-')}"
+            what = as_help(flag_help(flat)[new]).rstrip(".")
+            return f"{given} is now {now} ({what[:1].lower()}{what[1:]})"
+    return None
+
+
 def parse_grouped(flat: type, groups: Sequence[FlagGroup], args: Sequence[str], **tyro_options: Any) -> Any:
-    """``tyro.cli`` on :func:`grouped_view` of ``flat``, as an instance of ``flat``. ``--help`` piped into a reader
-    that stops early (``--help | head``) ends with status 0 and nothing on stderr."""
+    """``tyro.cli`` on :func:`grouped_view` of ``flat``, as an instance of ``flat``; a flag under a former name is a
+    ``ValueError`` of one line (:func:`former_flag_refusal`), raised before tyro parses. ``--help`` piped into a
+    reader that stops early (``--help | head``) ends with status 0 and nothing on stderr."""
+    refusal = former_flag_refusal(flat, args)
+    if refusal is not None:
+        raise ValueError(refusal)
     view = grouped_view(flat, groups)
     try:
         return flattened(tyro.cli(view, args=list(args), **tyro_options), flat, groups)

@@ -1,7 +1,7 @@
 """The flags of an in-process run that change nothing it trains: where it writes (its run directory,
-:class:`~dppo_oat.run.directory.RunDir`), where it runs, and what it mirrors or probes besides its metrics. Each
-declares itself (:mod:`dppo_oat.settings.kinds`): a resume may change all but ``run_name``, and runs averaged as seeds
-need not agree on any."""
+:class:`~dppo_oat.run.directory.RunDir`, inside ``--runs-dir``, the folder of runs), where it runs, and what it mirrors
+or probes besides its metrics. Each declares itself (:mod:`dppo_oat.settings.kinds`): a resume may change all but
+``run_name``, and runs averaged as seeds need not agree on any."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from dppo_oat.settings.kinds import flag
 class RunFlags:
     """Where a run writes and runs, and what it logs besides its metrics."""
 
-    run_dir: str = flag("runs", resumable=True, setting=False)
-    """Folder of the run directories (metrics.jsonl, config.json, checkpoint)."""
+    runs_dir: str = flag("runs", resumable=True, setting=False, formerly="run_dir")
+    """The folder that holds the runs, each in <runs-dir>/<run-name>."""
     run_name: str | None = flag(None, setting=False)
-    """Name of this run's directory under --run-dir. None: <trust-region>-<first env id>-s<seed>."""
+    """Name of this run's folder inside --runs-dir. None: <trust-region>-<first env id>-s<seed>."""
     resume: bool = flag(False, resumable=True, setting=False)
-    """Continue <run-dir>/<run-name> from its checkpoint."""
+    """Continue <runs-dir>/<run-name> from its checkpoint."""
     overwrite: bool = flag(False, resumable=True, setting=False)
     """Start a new run where one of this name is, its files moved aside into <run>/overwritten-<UTC time>/."""
     allow_metrics_gap: bool = flag(False, resumable=True, setting=False)

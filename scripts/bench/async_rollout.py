@@ -30,10 +30,10 @@ STALENESS = (0, 1, 2)
 """The arms: synchronous, one and two versions behind."""
 
 
-def step_seconds(max_staleness: int, steps: int, run_dir: str) -> list[float]:
+def step_seconds(max_staleness: int, steps: int, runs_dir: str) -> list[float]:
     """Wall time of each RL step after the first, in a fresh run of the default configuration."""
     config = TrainConfig(max_staleness=max_staleness, steps=steps, eval_every=10 * steps, eval_episodes=1,
-                         run_dir=run_dir, run_name=f"k{max_staleness}-{time.monotonic_ns()}")
+                         runs_dir=runs_dir, run_name=f"k{max_staleness}-{time.monotonic_ns()}")
     trainer = LocalTrainer(config, line_console(stderr=True))
     try:
         times = []
@@ -53,10 +53,10 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a note stored in the row (the machine's state)")
     args = parser.parse_args()
     times: dict[int, list[float]] = {k: [] for k in STALENESS}
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as runs_dir:
         for _ in range(args.rounds):
             for k in STALENESS:
-                times[k] += step_seconds(k, args.steps, run_dir)
+                times[k] += step_seconds(k, args.steps, runs_dir)
     median = {k: statistics.median(times[k]) for k in STALENESS}
     report = {"bench": "async_rollout", "device": f"cpu ({os.cpu_count()} cores)", "threads": torch.get_num_threads(),
               "steps": args.steps, "rounds": args.rounds,

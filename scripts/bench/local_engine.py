@@ -125,8 +125,8 @@ def measure_steps(trainer: LocalTrainer, steps: int) -> list[dict]:
 
 
 def default_run_seconds(cache_dir: str | None) -> float:
-    with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, "-m", "dppo_oat.train", "--run-dir", run_dir]
+    with tempfile.TemporaryDirectory() as runs_dir:
+        cmd = [sys.executable, "-m", "dppo_oat.train", "--runs-dir", runs_dir]
         if cache_dir:
             cmd += ["--cache-dir", cache_dir]
         start = time.perf_counter()
@@ -143,8 +143,8 @@ def main() -> None:
     parser.add_argument("--default-run", action="store_true",
                         help="also time `python -m dppo_oat.train` with no arguments")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as run_dir:
-        config = TrainConfig(run_dir=run_dir, cache_dir=args.cache_dir, steps=args.steps)
+    with tempfile.TemporaryDirectory() as runs_dir:
+        config = TrainConfig(runs_dir=runs_dir, cache_dir=args.cache_dir, steps=args.steps)
         trainer = LocalTrainer(config, line_console(stderr=True))
         rows = measure_steps(trainer, args.steps)
 

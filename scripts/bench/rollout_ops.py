@@ -141,8 +141,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed rollouts (the median is reported)")
     parser.add_argument("flags", nargs="*", help="TrainConfig flags (after --), e.g. --dtype bfloat16")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as run_dir:
-        config = tyro.cli(TrainConfig, args=["--run-dir", run_dir, *args.flags])
+    with tempfile.TemporaryDirectory() as runs_dir:
+        config = tyro.cli(TrainConfig, args=["--runs-dir", runs_dir, *args.flags])
         trainer = LocalTrainer(config, line_console(stderr=True))
         try:
             collect(trainer, 1)  # untimed: first-call costs stay out

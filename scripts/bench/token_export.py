@@ -61,8 +61,8 @@ class TimedExporter(TokenExporter):
         self.writer_seconds.append(time.perf_counter() - start)
 
 
-def trainer(run_dir: str, name: str, cache_dir: str | None, export: bool) -> LocalTrainer:
-    args = ["--run-dir", run_dir, "--run-name", name, "--token-export", "all" if export else "none"]
+def trainer(runs_dir: str, name: str, cache_dir: str | None, export: bool) -> LocalTrainer:
+    args = ["--runs-dir", runs_dir, "--run-name", name, "--token-export", "all" if export else "none"]
     config = tyro.cli(TrainConfig, args=args + (["--cache-dir", cache_dir] if cache_dir else []))
     built = LocalTrainer(config)
     if export:
@@ -84,8 +84,8 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=None, help="the tokenizer/policy cache (default: the run's)")
     parser.add_argument("--version", default="", help="what the row measures, recorded in it")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as run_dir:
-        off, on = trainer(run_dir, "off", args.cache_dir, False), trainer(run_dir, "on", args.cache_dir, True)
+    with tempfile.TemporaryDirectory() as runs_dir:
+        off, on = trainer(runs_dir, "off", args.cache_dir, False), trainer(runs_dir, "on", args.cache_dir, True)
         assert off.exporter is None
         off_steps, on_steps = [], []
         for step in range(args.steps):

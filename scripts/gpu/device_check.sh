@@ -246,7 +246,7 @@ train_run() {
     name=$bench$RUN_TAG-$(date -u +%Y%m%dT%H%M%S)
     echo "python -m dppo_oat.train $*"
     trap 'stopped="by the check'"'"'s budget of ${BUDGET} s"' TERM  # handled once the run has ended
-    "$PY" -m dppo_oat.train "$@" --run-dir "$LOG_DIR" --run-name "$name"
+    "$PY" -m dppo_oat.train "$@" --runs-dir "$LOG_DIR" --run-name "$name"
     rc=$?
     trap - TERM
     [[ $rc == 0 || -n $stopped ]] || return $rc

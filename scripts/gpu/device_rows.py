@@ -111,7 +111,7 @@ def default_run_row(run_dir: Path, seconds: float, flags: list[str], stopped: st
     return row if stopped is None else {**row, **stopped_fields(run_dir, flags, stopped)}
 
 
-FOLDER_FLAGS = ("--cache-dir", "--run-dir")
+FOLDER_FLAGS = ("--cache-dir", "--runs-dir")
 """Flags whose values are folders of the machine that ran the check: not part of the command a row records."""
 
 

@@ -32,15 +32,15 @@ BINDS = {"abs_diff_mean": 5e-3, "mask_fraction": 5e-3}
 """The levels a mismatch arm must reach at one minibatch per rollout (the study's design)."""
 
 
-def pilot_run(level: str, seed: int, steps: int, run_dir: Path) -> list[dict]:
+def pilot_run(level: str, seed: int, steps: int, runs_dir: Path) -> list[dict]:
     """One short run at ``level``; its metrics rows."""
     name = f"{level}-s{seed}"
     subprocess.run([sys.executable, "-m", "dppo_oat.train", "--trust-region", "dppo_binary_kl",
                     "--rollout-dtype", level,
                     "--minibatches-per-rollout", "1", "--steps", str(steps), "--eval-every", str(steps + 1),
-                    "--eval-episodes", "8", "--seed", str(seed), "--threads", "2", "--run-dir", str(run_dir),
+                    "--eval-episodes", "8", "--seed", str(seed), "--threads", "2", "--runs-dir", str(runs_dir),
                     "--run-name", name], check=True, capture_output=True, cwd=ROOT)
-    return read_jsonl(run_dir / name / "metrics.jsonl")
+    return read_jsonl(runs_dir / name / "metrics.jsonl")
 
 
 def level_row(level: str, rows: list[dict], seeds: list[int], steps: int) -> dict:
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the JSONL file the rows are appended to")
     args = parser.parse_args(argv)
     provenance = {"code_commit": code_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as runs_dir:
         for level in args.levels:
-            rows = [r for seed in args.seeds for r in pilot_run(level, seed, args.steps, Path(run_dir))]
+            rows = [r for seed in args.seeds for r in pilot_run(level, seed, args.steps, Path(runs_dir))]
             row = {**level_row(level, rows, args.seeds, args.steps), **provenance}
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as handle:

@@ -392,7 +392,7 @@ def method_args(method: str) -> list[str]:
 def train_args(run: StudyRun, config: StudyConfig, resume: bool) -> list[str]:
     """The ``python -m dppo_oat.train`` flags of ``run``."""
     return [*shared_args(run.task, config), *method_args(run.method), *CONDITIONS[run.condition].args(),
-            "--seed", str(run.seed), "--threads", "1", "--run-dir", str(Path(config.out_dir) / run.task),
+            "--seed", str(run.seed), "--threads", "1", "--runs-dir", str(Path(config.out_dir) / run.task),
             "--run-name", run.name, *(["--resume"] if resume else [])]
 
 

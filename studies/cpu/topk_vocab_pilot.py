@@ -9,7 +9,7 @@ appends it to ``--out``: the probe per step, and the largest gap between top-K a
 exact. A top-K gap near 0 says that this task's policy keeps almost no mass outside its K most likely tokens, at this
 vocabulary as at the small one: the study cannot tell top-K from exact here.
 
-    python -m studies.cpu.topk_vocab_pilot [--seed 900] [--steps 20] [--run-dir runs/topk_vocab_pilot]
+    python -m studies.cpu.topk_vocab_pilot [--seed 900] [--steps 20] [--runs-dir runs/topk_vocab_pilot]
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ ESTIMATES = ("tv_mean", "tv_above_delta", "kl_mean", "kl_above_delta")
 """The probe's statistics compared between the binary, top-K and exact divergences."""
 
 
-def pilot_args(seed: int, steps: int, probe_every: int, run_dir: Path, name: str) -> list[str]:
+def pilot_args(seed: int, steps: int, probe_every: int, runs_dir: Path, name: str) -> list[str]:
     """The study's Sudoku flags on the tiny-8k policy, DPPO-TopK-TV at ``mb4-fp32``."""
     config = cpu_study.StudyConfig(steps=steps, probe_every=probe_every, extra_args="--warm-start.shape tiny-8k")
     return [*cpu_study.shared_args("sudoku", config), *cpu_study.method_args("dppo_topk_tv"),
             *cpu_study.CONDITIONS["mb4-fp32"].args(), "--seed", str(seed), "--threads", "2",
-            "--run-dir", str(run_dir), "--run-name", name]
+            "--runs-dir", str(runs_dir), "--run-name", name]
 
 
 def probe_rows(metrics: list[dict]) -> list[dict]:
@@ -59,17 +59,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=900, help="the pilot's seed, apart from the study's")
     parser.add_argument("--steps", type=int, default=20, help="RL steps")
     parser.add_argument("--probe-every", type=int, default=5, help="steps between two probes")
-    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "topk_vocab_pilot",
-                        help="where the run goes (a finished run there is read, not played again)")
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "topk_vocab_pilot",
+                        help="the folder the run goes into (a finished run there is read, not played again)")
     parser.add_argument("--out", type=Path, default=ROOT / "studies" / "cpu" / "pilots" / "topk_vocab_pilot_cpu.jsonl",
                         help="the JSONL file the row is appended to")
     args = parser.parse_args(argv)
     name = f"tiny-8k-dppo_topk_tv-mb4-s{args.seed}"
-    run = args.run_dir / name
+    run = args.runs_dir / name
     if cpu_study.run_state(run, args.steps) != "done":
         resume = ["--resume"] if cpu_study.run_state(run, args.steps) == "partial" else []
         subprocess.run([sys.executable, "-m", "dppo_oat.train",
-                        *pilot_args(args.seed, args.steps, args.probe_every, args.run_dir, name), *resume],
+                        *pilot_args(args.seed, args.steps, args.probe_every, args.runs_dir, name), *resume],
                        check=True, cwd=ROOT)
     files = RunDir(run)
     probes = probe_rows(read_jsonl(files.metrics))

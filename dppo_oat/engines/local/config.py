@@ -212,10 +212,10 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
         return f"{self.trust_region}-{self.env_ids[0].replace(':', '_').replace('/', '_')}-s{self.seed}"
 
     def run_directory(self) -> RunDir:
-        """This run's directory: ``--run-name`` (resolved) inside ``--run-dir``, the folder of runs, a ``..`` out of a
+        """This run's directory: ``--run-name`` (resolved) inside ``--runs-dir``, the folder of runs, a ``..`` out of a
         folder that does not exist taken out with it (:func:`~dppo_oat.run.directory.without_climbs_through_missing_
         folders`: no empty folder is created on the way)."""
-        return RunDir(without_climbs_through_missing_folders(Path(self.run_dir)) / self.resolved_run_name())
+        return RunDir(without_climbs_through_missing_folders(Path(self.runs_dir)) / self.resolved_run_name())
 
     @property
     def warm_start_seed(self) -> int:
@@ -231,7 +231,7 @@ class TrainConfig(spec.DPPOFlags, spec.CalibrationFlags, RunFlags):
 
 HELP_GROUPS = (
     FlagGroup("common", "", ("steps", "trust_region", "env_ids", "env_module", "pretrain", "seed", "lr", "device",
-                             "dtype", "eval_every", "run_dir", "run_name", "resume", "engine")),
+                             "dtype", "eval_every", "runs_dir", "run_name", "resume", "engine")),
     FlagGroup("trust-region", spec.OVERRIDES_ABOUT,
               spec.OVERRIDE_FLAGS + spec.CALIBRATION_FLAGS),
     FlagGroup("rollout", "", ("groups_per_step", "group_size", "train_pool", "prompt_template", "wrappers", "max_turns",

@@ -11,7 +11,8 @@ whose absence meant something else does: bump :data:`CONFIG_SCHEMA` and add the 
 config calibrated nothing, and the step records the keys it fills, so that a checkpoint written under schema 2 is
 still told from an edited config (:func:`as_written` from the checkpoint's schema). ``tr_calibrate_band`` came later
 at a default that keeps the earlier behaviour (the rule's default band), so it needed no new version; so did
-``tr_calibrate_every`` (None: the band set once).
+``tr_calibrate_every`` (None: the band set once). The rename of ``run_dir`` to ``runs_dir`` needed none either: every
+reader of a config undoes it (:func:`~dppo_oat.run.directory.current_config`).
 """
 
 from __future__ import annotations

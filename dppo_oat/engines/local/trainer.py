@@ -96,7 +96,7 @@ class LocalTrainer:
     def __init__(self, config: TrainConfig, console: Console | None = None):
         self.config, self.console = config, console or line_console()
         self.spec, self.resume_step = validate_config(config)  # every user error surfaces here, before any model
-        self.run_dir = config.run_directory()  # this run's files (config.run_dir is the folder of runs)
+        self.run_dir = config.run_directory()  # this run's files (config.runs_dir is the folder of runs)
         self.lock = RunLock(self.run_dir)  # a second run writing the same directory is refused here
         if self.lock.removed:
             self.console.print(f"note: removed {len(self.lock.removed)} temporary file(s) of a killed or failed write "

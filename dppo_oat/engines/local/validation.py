@@ -277,7 +277,7 @@ def _check_generator(c: TrainConfig, spec: RunSpec) -> None:
 def _check_run_dir(c: TrainConfig, spec: RunSpec, run_dir: RunDir) -> int | None:
     """The checkpoint step when resuming; refuses an unwritable directory, a resume it cannot continue, and a new run
     where a run's files are (without ``--overwrite``, which moves them aside once the run holds its lock)."""
-    check_run_name(c.resolved_run_name(), "--run-name", "--run-dir")
+    check_run_name(c.resolved_run_name(), "--run-name", "--runs-dir")
     _check_run_path(c, run_dir)
     check_can_write(run_dir.path)
     if c.token_export == "all":
@@ -302,7 +302,7 @@ def _check_run_path(c: TrainConfig, run_dir: RunDir) -> None:
     or a loop), and every name in it fits the file system (:func:`_check_name_lengths`)."""
     broken = broken_link_on(run_dir.path)
     if broken is not None:
-        flag = "--run-name" if broken.link == run_dir.path.absolute() else "--run-dir"
+        flag = "--run-name" if broken.link == run_dir.path.absolute() else "--runs-dir"
         fix = ("remove the link or point it at a folder" if broken.target is None else
                f"create {broken.target}, or remove the link")
         raise ValueError(f"run directory {str(run_dir)!r} cannot be created: {broken.describe()}: {fix} "
@@ -311,7 +311,7 @@ def _check_run_path(c: TrainConfig, run_dir: RunDir) -> None:
 
 
 def _check_name_lengths(c: TrainConfig, run_dir: RunDir) -> None:
-    """The run's name and every folder name of ``--run-dir`` fit the file system's limit on a name
+    """The run's name and every folder name of ``--runs-dir`` fit the file system's limit on a name
     (:func:`~dppo_oat.run.safe_io.name_max`, 255 bytes on most), counted in bytes as it counts them."""
     limit = name_max(nearest_existing(run_dir.path))
     name = c.resolved_run_name()
@@ -321,10 +321,10 @@ def _check_name_lengths(c: TrainConfig, run_dir: RunDir) -> None:
         raise ValueError(f"{what} {_shortened(name)} is {len(os.fsencode(name))} bytes long: the file system of "
                          f"{nearest_existing(run_dir.path)} takes names of at most {limit} bytes; give a shorter "
                          "--run-name")
-    for folder in Path(c.run_dir).parts:
+    for folder in Path(c.runs_dir).parts:
         if len(os.fsencode(folder)) > limit:
-            raise ValueError(f"--run-dir: its folder name {_shortened(folder)} is {len(os.fsencode(folder))} bytes "
-                             f"long: the file system takes names of at most {limit} bytes; give a shorter --run-dir")
+            raise ValueError(f"--runs-dir: its folder name {_shortened(folder)} is {len(os.fsencode(folder))} bytes "
+                             f"long: the file system takes names of at most {limit} bytes; give a shorter --runs-dir")
 
 
 def _shortened(name: str, keep: int = 40) -> str:
