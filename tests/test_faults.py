@@ -203,7 +203,7 @@ def test_a_run_name_is_one_folder_inside_the_runs_dir(name, tmp_path, capsys, no
     assert not any(tmp_path.iterdir()), "a refused command left something behind"
 
 
-@pytest.mark.fault("`--run-dir DIR` (the folder of runs before it was renamed `--runs-dir`; `--run_dir`, "
+@pytest.mark.fault("`--run-dir DIR` (`--runs-dir`'s former name; `--run_dir`, "
                    "`--run-dir=DIR`)",
                    "one line naming `--runs-dir` and what it is (exit 2), before any model; nothing is written")
 @pytest.mark.parametrize("spelling, now", [

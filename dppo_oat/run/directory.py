@@ -78,8 +78,9 @@ def without_climbs_through_missing_folders(path: Path) -> Path:
 
 
 def current_config(config: dict) -> dict:
-    """A parsed ``config.json`` with the keys of :data:`RENAMED_KEYS` under their names now, so that a run recorded
-    before a flag was renamed resumes and is analysed as one recorded after (its file is left as written)."""
+    """A parsed ``config.json`` with the keys of :data:`RENAMED_KEYS` under their names now, so that a run whose file
+    records a flag's former name resumes and is analysed as one that records its name now (the file stays as
+    written)."""
     return with_current_names(config, RENAMED_KEYS)
 
 

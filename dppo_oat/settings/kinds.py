@@ -6,7 +6,7 @@ others: ``resumable=True`` for how long a run goes, where it runs and writes and
 them anew, :func:`resumable_fields`); ``setting=False`` for what does not change what a run trains, so that runs
 averaged as seeds need not agree on it (:func:`non_settings`). A new flag is then one field, whichever engine reads
 it. A renamed flag declares its former name too (``formerly=``, :func:`former_names`): the command line refuses the
-old spelling in one line (:func:`~dppo_oat.settings.grouped_cli.former_flag_refusal`), and a run's ``config.json``
+former name in one line (:func:`~dppo_oat.settings.grouped_cli.former_flag_refusal`), and a run's ``config.json``
 that records the old name reads as one that records the new (:func:`with_current_names`).
 """
 
@@ -21,7 +21,7 @@ RESUMABLE = "dppo_oat.resumable"
 SETTING = "dppo_oat.setting"
 """Field metadata key: False when the flag does not change what a run trains."""
 FORMERLY = "dppo_oat.formerly"
-"""Field metadata key: the name the flag had before it was renamed."""
+"""Field metadata key: the flag's former name."""
 
 
 def flag(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, resumable: bool = False,
