@@ -367,15 +367,10 @@ class DPPOLearner(PPOLearner):
         feedback_data, seconds = pipeline.take(self.steps)
         self.actor_info = {**self.collector.get_metrics(seconds, feedback_data),
                            "actor/wait_time": time.time() - waited}
-        torch.distributed.barrier()
-        self.prompt_consumed += len(feedback_data)
-        self.process_feedback_data(feedback_data)
-        if self.steps % self.update_interval:
+        learned = self.absorb_and_learn(feedback_data)
+        if learned is None:
             return None
-        learning_round = self.steps // self.update_interval
-        self._pre_learning()
-        train_info = self.learn(learning_round)
-        self._post_learning()
+        learning_round, train_info = learned
         pipeline.wait_all()  # vLLM must not generate while its weights change
         self.sync_params_to_actors()
         if learning_round % self.args.buffer_clear_every == 0:
@@ -423,6 +418,22 @@ class DPPOLearner(PPOLearner):
         """One actor step of oat's loop; its learning round's train info when the step ends one, else None."""
         feedback_data, self.actor_info = self.collector.collect_feedback(
             raw_prompts, processed_prompts, refs, self._same_actor_group)
+        learned = self.absorb_and_learn(feedback_data)
+        if learned is None:
+            return None
+        learning_round, train_info = learned
+        if learning_round % self.args.sync_params_every == 0:
+            self.sync_params_to_actors()
+        if learning_round % self.args.buffer_clear_every == 0:
+            self.pi_buffer.clear()
+        self.eval_and_log(train_info)
+        if self.args.checkpoint_every and learning_round % self.args.checkpoint_every == 0:
+            self.save_checkpoint(learning_round)
+        return train_info
+
+    def absorb_and_learn(self, feedback_data: list) -> tuple[int, dict] | None:
+        """An actor step's samples into the buffer (oat's ``process_feedback_data``, every learner together); when
+        the step ends a learning round, that round's learning: ``(round, train info)``, else None."""
         torch.distributed.barrier()
         self.prompt_consumed += len(feedback_data)
         self.process_feedback_data(feedback_data)
@@ -432,14 +443,7 @@ class DPPOLearner(PPOLearner):
         self._pre_learning()
         train_info = self.learn(learning_round)
         self._post_learning()
-        if learning_round % self.args.sync_params_every == 0:
-            self.sync_params_to_actors()
-        if learning_round % self.args.buffer_clear_every == 0:
-            self.pi_buffer.clear()
-        self.eval_and_log(train_info)
-        if self.args.checkpoint_every and learning_round % self.args.checkpoint_every == 0:
-            self.save_checkpoint(learning_round)
-        return train_info
+        return learning_round, train_info
 
     def save_checkpoint(self, learning_round: int) -> None:
         """Round ``learning_round``'s resumable checkpoint (:mod:`~dppo_oat.engines.oat.resume`), by every learner:
