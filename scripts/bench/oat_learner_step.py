@@ -459,7 +459,11 @@ def resident_kib(field: str) -> int:
 
 class PeakMemory:
     """Peak bytes above the level at entry (``extra``) and in all (``total``: the weights, gradients and optimizer
-    states held before the step included): CUDA's allocator statistics, else the kernel's peak resident set."""
+    states held before the step included): CUDA's allocator statistics, else the kernel's peak resident set.
+
+    The kernel counts resident pages in per-thread or per-CPU caches that it folds in by batches, so on the CPU both
+    readings are exact only to a few pages; a step that allocates less than that can read a few KiB
+    below its entry level, and ``extra`` is then reported as 0 (a peak is never below the level it started from)."""
 
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
@@ -482,7 +486,7 @@ class PeakMemory:
             self.total = torch.cuda.max_memory_allocated()
         else:
             self.total = resident_kib("VmHWM") * 1024
-        self.extra = self.total - self.base
+        self.extra = max(0, self.total - self.base)
 
 
 def timed_step(learner, trajectory: dict, device: str, counters: Counters) -> dict:

@@ -52,5 +52,7 @@ def test_benchmark_under_lora_records_the_rank_and_trainable_parameters(tmp_path
     row = json.loads(done.stdout.splitlines()[-1])
     config = row["config"]
     assert config["lora_rank"] == 4 and 0 < config["trainable_parameters"] < config["parameters"] / 10
-    assert row["ppo_peak_mem_gib"] > 0 and row["dppo_peak_mem_gib"] > 0
+    # A peak above the step's start: under LoRA at this size it can be under the kernel's resolution (0), never below.
+    assert row["ppo_peak_mem_gib"] >= 0 and row["dppo_peak_mem_gib"] >= 0
+    assert all(total > 0 for total in row["peak_mem_total_gib"].values())
     assert row["per_step"]["dppo"]["optimizer_steps"] == 4
