@@ -8,8 +8,9 @@ Probes (observability, no behaviour change), as JSON lines under ``probe_dir``:
 - ``learner.jsonl``: every learning round (``learn``'s train info and the actor step's statistics), weight sync and
   evaluation of the learner;
 - ``actor.jsonl``: the actor's vLLM log-probs of the fixed token sequence ``probe_ids`` right after the engine is
-  built and after every complete weight load (the broadcast's last parameter, ``empty_cache=True``), and the vLLM
-  ``generate`` calls of every actor step.
+  built and after every complete weight load (the broadcast's last parameter, ``empty_cache=True``), the vLLM
+  ``generate`` calls of every actor step, and the first sample of each step (``sampled``: its tokens, μ and weight
+  version).
 
 Faults and test-only settings:
 
@@ -92,7 +93,8 @@ def finite_floats(info: dict) -> dict:
 
 
 def probe_actor(actor_cls: type, path: Path, probe_ids: list[int]) -> None:
-    """Record vLLM's log-probs of ``probe_ids`` after ``init`` and after each complete weight load."""
+    """Record vLLM's log-probs of ``probe_ids`` after ``init`` and after each complete weight load, and the first
+    sample each actor step collects."""
 
     def after_init(self, result, *args, **kwargs):
         append_record(path, {"event": "init", "logprobs": vllm_prompt_logprobs(self.llm, probe_ids)})
@@ -102,8 +104,15 @@ def probe_actor(actor_cls: type, path: Path, probe_ids: list[int]) -> None:
             append_record(path, {"event": "loaded", "last": name, "dtype": str(dtype),
                                  "logprobs": vllm_prompt_logprobs(self.llm, probe_ids)})
 
+    def after_collect(self, transitions, wanted, weight_version=0, *args, **kwargs):
+        first = transitions[0]
+        append_record(path, {"event": "sampled", "weight_version": int(weight_version),
+                             "prompt_ids": list(first.prompt_ids), "response_ids": list(first.response_ids),
+                             "logprobs": [float(x) for x in first.response_logprobs]})
+
     wrap_method(actor_cls, "init", after_init)
     wrap_method(actor_cls, "update_weight", after_update_weight)
+    wrap_method(actor_cls, "collect_transitions", after_collect)
     count_generate_calls(actor_cls, path)
 
 

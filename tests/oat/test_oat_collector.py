@@ -172,11 +172,12 @@ class ScheduledActor:
     def __init__(self, update_interval: int) -> None:
         self.update_interval, self.weight_version, self.playing = update_interval, 0, False
         self.learning_round_1 = threading.Event()
-        self.steps = 0
+        self.steps, self.versions_played = 0, []
 
     def play_step(self, version, prompts, formatted_prompts, references):
         assert version == self.weight_version, (version, self.weight_version)
         self.steps += 1
+        self.versions_played.append(version)
         self.playing = True
         if self.steps > self.update_interval and self.weight_version == 0:  # round 2
             assert self.learning_round_1.wait(10), "round 2 waited for round 1's learning"
@@ -194,7 +195,7 @@ def stub_learner(max_staleness: int, rounds: int, update_interval: int, group):
     learner = DPPOLearner.__new__(DPPOLearner)
     actor = ScheduledActor(update_interval)
     learner.args = SimpleNamespace(max_staleness=max_staleness, max_queries=10**9, buffer_clear_every=1,
-                                   num_gpus_per_actor=1, num_prompt_epoch=1)
+                                   num_gpus_per_actor=1, num_prompt_epoch=1, checkpoint_every=0)
     learner.update_interval, learner.actors, learner._same_actor_group = update_interval, [actor], group
     learner.prompts_dataloader = FakeLoader(rounds * update_interval)
     learner.strategy = SimpleNamespace(get_rank=lambda: 0, is_group_rank_0=lambda: True)
@@ -239,6 +240,49 @@ def test_the_learners_loop_plays_ahead_on_the_schedule(max_staleness, update_int
     assert learner.staleness == expected
     assert train_info == {"round": len(expected)} and learner.steps == len(expected) * update_interval + 1
     assert learner.prompt_consumed == len(expected) * update_interval
+
+
+class Killed(Exception):
+    """Stands for a kill right after a checkpoint was written."""
+
+
+def test_a_resume_learns_the_steps_its_checkpoint_kept_and_hands_over_the_rest(one_rank_group):
+    """A run with k = 1 checkpointed after round 2 (round 3's step played ahead, with round 1's weights) and stopped
+    there; a new learner resumed from that checkpoint learns round 3 from the kept samples, hands round 4 to the
+    actor with round 2's weights, and the staleness goes on as an uninterrupted run's: [0, 1] then [1, 1, 1]."""
+    import copy
+
+    first = stub_learner(1, 5, 1, one_rank_group)
+    first.args.checkpoint_every = 2
+    saved = {}
+
+    def save_checkpoint(learning_round):
+        saved.update(steps=first.steps, learning_rounds=first.learning_rounds, version=first.pi_beta_version,
+                     broadcast_rounds=list(first.broadcast_rounds), played=copy.deepcopy(first.ahead.played_steps()))
+        raise Killed
+
+    first.save_checkpoint = save_checkpoint
+    with pytest.raises(Killed):
+        first.train_ahead()
+    assert first.staleness == [0, 1] and [(p["step"], p["version"], p["samples"]) for p in saved["played"]] == [
+        (3, 1, [1])]
+
+    resumed = stub_learner(1, 5, 1, one_rank_group)
+    resumed.steps, resumed.learning_rounds = saved["steps"] + 1, saved["learning_rounds"]  # as train() sets them
+    resumed.pi_beta_version = resumed.actors[0].weight_version = saved["version"]
+    resumed.broadcast_rounds = saved["broadcast_rounds"]
+    train_info = resumed.train_ahead(saved["played"])
+    assert resumed.staleness == [1, 1, 1] and train_info == {"round": 5}
+    assert resumed.actors[0].versions_played == [2, 3], "rounds 4 and 5 only: round 3 came from the checkpoint"
+    assert resumed.prompt_consumed == 3
+
+
+def test_restore_refuses_once_steps_were_submitted(one_rank_group):
+    pipeline = pipeline_of(FakeActor(), one_rank_group)
+    pipeline.submit(1, 0, ["a"], [""], [""])
+    with pytest.raises(ValueError, match="restore before submitting"):
+        pipeline.restore([{"step": 2, "version": 0, "rank_lengths": [1], "samples": [(0, "b")], "seconds": 1.0}])
+    pipeline.drop()
 
 
 def two_learners_of_one_actor(rank: int, store: str, results: str) -> None:

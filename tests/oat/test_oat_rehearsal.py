@@ -368,24 +368,46 @@ def test_rehearsal_asynchronous_fails_in_oats_prefill(sudoku_policy, tmp_path):
     assert "failure: a learner failed" in failed.output
 
 
-def test_rehearsal_plays_a_round_ahead_with_max_staleness_1(sudoku_policy, tmp_path):
-    """``--max_staleness 1`` through the whole program (actor and learner not collocated): three learning rounds
-    whose samples come from the weights after round max(0, r − 2), so ``train/staleness/max`` per round is
-    [0, 1, 1]; the weights are broadcast after every round, each complete load reaches vLLM, and the run ends with
-    status 0."""
-    probe_ids = sudoku_policy[1](toy_corpus(1, seed=11)[0], add_special_tokens=False)["input_ids"]
-    argv = rehearsal_argv(sudoku_policy[2], tmp_path / "out", {**ASYNCHRONOUS, "--checkpoint_every": "0"},
-                          "--max_staleness", "1", collocate=False)
-    run = Rehearsal(launch_rehearsal(argv, tmp_path, probe_ids), tmp_path / "probes", probe_ids)
-    assert run.result.returncode == 0, run.result.output[-3000:]
-    rounds = run.learner("learn")
+def ahead_argv(policy_dir: str, save_path: Path) -> list[str]:
+    """``--max_staleness 1`` (actor and learner not collocated), three learning rounds, a checkpoint after each."""
+    return rehearsal_argv(policy_dir, save_path, ASYNCHRONOUS, "--max_staleness", "1", collocate=False)
+
+
+@pytest.fixture(scope="module")
+def ahead(rehearsal, sudoku_policy, tmp_path_factory) -> Rehearsal:
+    workdir = tmp_path_factory.mktemp("ahead")
+    result = launch_rehearsal(ahead_argv(sudoku_policy[2], workdir / "out"), workdir, rehearsal.probe_ids)
+    return Rehearsal(result, workdir / "probes", rehearsal.probe_ids)
+
+
+def test_rehearsal_plays_a_round_ahead_with_max_staleness_1(ahead):
+    """``--max_staleness 1`` through the whole program: three learning rounds whose samples come from the weights
+    after round max(0, r − 2), so ``train/staleness/max`` per round is [0, 1, 1]; the weights are broadcast after
+    every round, each complete load reaches vLLM, and the run ends with status 0."""
+    assert ahead.result.returncode == 0, ahead.result.output[-3000:]
+    rounds = ahead.learner("learn")
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert [r["info"]["train/staleness/max"] for r in rounds] == [0, 1, 1]
     assert [r["info"]["train/staleness/mean"] for r in rounds] == [0, 1, 1]
     assert all(np.isfinite(r["info"]["train/pg_loss"]) for r in rounds)
-    assert [s["pi_beta_version"] for s in run.learner("sync")] == [1, 2, 3]
-    assert len(run.actor("loaded")) == 3
-    assert [step["weight_version"] for step in run.actor("step")] == [0, 0, 1]  # round 4 has no prompts
+    assert [s["pi_beta_version"] for s in ahead.learner("sync")] == [1, 2, 3]
+    assert len(ahead.actor("loaded")) == 3
+    assert [step["weight_version"] for step in ahead.actor("step")] == [0, 0, 1]  # round 4 has no prompts
+
+
+def test_a_sample_played_ahead_carries_the_mu_of_the_weights_it_was_played_with(ahead, sudoku_policy):
+    """Each actor step's μ equals teacher forcing of the weight version the schedule names (0: the initial policy,
+    v: oat's model saved after the v-th broadcast), not the newer weights the learners hold by then."""
+    sampled = ahead.actor("sampled")
+    assert [s["weight_version"] for s in sampled] == [0, 0, 1]
+    saved = ahead.checkpoints()
+    policies = {0: sudoku_policy[0], 1: load_policy(saved[0])[0], 2: load_policy(saved[1])[0]}
+    for record in sampled:
+        prompt, response = record["prompt_ids"], record["response_ids"]
+        mu = {v: hf_logprobs(policy, prompt + response)[len(prompt) - 1:] for v, policy in policies.items()}
+        np.testing.assert_allclose(record["logprobs"], mu[record["weight_version"]], atol=TOLERANCE)
+        newer = mu[record["weight_version"] + 1]
+        assert np.abs(newer - mu[record["weight_version"]]).max() > 100 * TOLERANCE, "the versions differ"
 
 
 def test_rehearsal_trains_in_fp16_through_deepspeeds_loss_scaler(sudoku_policy, tmp_path):
@@ -464,6 +486,8 @@ def checkpoint_tensors(folder: Path) -> dict:
         elif isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
                 visit(f"{prefix}/{index}", item)
+        elif dataclasses.is_dataclass(value):  # the samples of actor steps played ahead (--max_staleness)
+            visit(prefix, vars(value))
 
     for path in sorted(folder.glob("*.pt")):
         visit(path.name, torch.load(path, map_location="cpu", weights_only=False))
@@ -506,12 +530,64 @@ def test_the_resumed_learner_state_equals_an_uninterrupted_runs(resumed, rehears
     assert training_metrics(resumed.run_dir) == training_metrics(rehearsal.run_dir)
 
 
+def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(rehearsal, sudoku_policy, tmp_path):
+    """``--max_staleness 0`` given is oat's synchronous loop: the same metrics and checkpoints as the run without it."""
+    argv = rehearsal_argv(sudoku_policy[2], tmp_path / "out", CONSISTENT, "--max_staleness", "0")
+    run = Rehearsal(launch_rehearsal(argv, tmp_path, rehearsal.probe_ids), tmp_path / "probes", rehearsal.probe_ids)
+    assert run.result.returncode == 0, run.result.output[-3000:]
+    assert training_metrics(run.run_dir) == training_metrics(rehearsal.run_dir)
+    for tag in ("round_000001", "round_000002"):
+        reference = checkpoint_tensors(rehearsal.run_dir / "checkpoints" / tag)
+        same = checkpoint_tensors(run.run_dir / "checkpoints" / tag)
+        assert reference.keys() == same.keys() and all(torch.equal(t, same[k]) for k, t in reference.items()), tag
+
+
 def test_the_actors_receive_the_checkpoints_weights_before_they_play(resumed, rehearsal):
     """The resume broadcasts round 1's weights before the first actor step; after round 2 the actor holds what an
     uninterrupted run's holds (vLLM's log-probs of a fixed sequence, equal to 1e-6)."""
     loads = resumed.resumed.actor("loaded")
     reference = rehearsal.actor("loaded")
     assert len(loads) == 2
+    for load, expected in zip(loads, reference, strict=True):
+        np.testing.assert_allclose(load["logprobs"], expected["logprobs"], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def ahead_resumed(ahead, sudoku_policy, tmp_path_factory) -> Resumed:
+    """The ``--max_staleness 1`` run killed halfway through its round-2 checkpoint: round 1's checkpoint holds round
+    2's actor step, played ahead with the initial weights and not yet learned."""
+    workdir = tmp_path_factory.mktemp("ahead-resume")
+    return kill_and_resume(ahead_argv(sudoku_policy[2], workdir / "out"), workdir, ahead.probe_ids)
+
+
+@pytest.mark.fault("oat engine, --max_staleness 1: a learner killed (SIGKILL) while the actors play a round ahead",
+                   "the same one line as a synchronous run's (exit 1) names the command that resumes; the checkpoint "
+                   "kept the actor steps played ahead, and the resumed run equals an uninterrupted one bit for bit")
+def test_a_run_a_round_ahead_resumes_with_no_round_lost_or_played_twice(ahead_resumed):
+    assert ahead_resumed.left_by_kill == ["round_000001", "round_000002.partial"]
+    assert [r["round"] for r in ahead_resumed.killed.learner("learn")] == [1, 2]
+    resumed = ahead_resumed.resumed
+    assert resumed.result.returncode == 0, resumed.result.output[-3000:]
+    assert "1 played ahead" in resumed.result.output
+    rounds = resumed.learner("learn")
+    assert [r["round"] for r in rounds] == [2, 3]
+    assert [r["info"]["train/staleness/max"] for r in rounds] == [1, 1], "the schedule goes on across the resume"
+    # round 2's step came from the checkpoint; the actor plays round 3's alone, with round 1's weights
+    assert [step["weight_version"] for step in resumed.actor("step")] == [1]
+
+
+def test_a_run_a_round_ahead_resumed_equals_an_uninterrupted_one(ahead_resumed, ahead):
+    """Every tensor of the checkpoints after the resume (weights, Adam's state, the schedule, the counters and every
+    random state), the metrics and what vLLM holds after each broadcast equal the uninterrupted run's."""
+    for tag in ("round_000002", "round_000003"):
+        reference = checkpoint_tensors(ahead.run_dir / "checkpoints" / tag)
+        after_resume = checkpoint_tensors(ahead_resumed.run_dir / "checkpoints" / tag)
+        assert reference.keys() == after_resume.keys() and len(reference) > 10, tag
+        for key, tensor in reference.items():
+            assert torch.equal(tensor, after_resume[key]), (tag, key)
+    assert training_metrics(ahead_resumed.run_dir) == training_metrics(ahead.run_dir)
+    loads, reference = ahead_resumed.resumed.actor("loaded"), ahead.actor("loaded")
+    assert len(loads) == len(reference) == 3  # the resume's broadcast of round 1's weights, then rounds 2 and 3
     for load, expected in zip(loads, reference, strict=True):
         np.testing.assert_allclose(load["logprobs"], expected["logprobs"], atol=1e-6)
 

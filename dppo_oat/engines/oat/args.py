@@ -147,7 +147,7 @@ class DPPOOatArgs(PPOArgs, DPPOFlags):
     max_staleness: int = 0
     """Actors play learning round t with the weights after round max(0, t − 1 − k) while the learners train the
     rounds before it (μ is those weights'; train/staleness/max up to k). 0: synchronous, oat's own loop. Not with
-    --collocate, --vllm_sleep, a trust region that recomputes π_θ', --resume_dir or checkpoints yet."""
+    --collocate, --vllm_sleep or a trust region that recomputes π_θ'. A checkpoint keeps the steps played ahead."""
     on_cpu: bool = False
     """Run oat's program on this machine's CPU: one actor and one learner (--gpus 1), oat's CUDA-only calls replaced
     in their processes (dppo_oat/engines/oat/on_cpu.py); for a short run with a small policy on a laptop, in the
@@ -303,7 +303,7 @@ ASYNCHRONOUS_REFUSED = (
 def _check_staleness(args: DPPOOatArgs) -> None:
     """``--max_staleness k > 0`` needs actors on GPUs of their own that keep their weights while the learners train,
     and a loss anchored on the samples' μ: a recomputed π_θ' would be the learners' current weights, not the ones
-    that sampled. Resuming a run whose actors were a round ahead is not supported yet."""
+    that sampled."""
     k = args.max_staleness
     if k < 0:
         raise ValueError(f"--max_staleness must be >= 0 (0: synchronous), got {k}")
@@ -318,10 +318,6 @@ def _check_staleness(args: DPPOOatArgs) -> None:
     if args.build_trust_region().needs_recompute:
         raise ValueError(f"--max_staleness {k} with --trust_region {args.trust_region}: it recomputes π_θ' with the "
                          "learners' current weights, not the ones that sampled; use a preset anchored on μ")
-    if args.resume_dir:
-        raise ValueError(f"--max_staleness {k} with --resume_dir: resuming an asynchronous run is not supported yet")
-    if args.checkpoint_every:
-        raise ValueError(f"--max_staleness {k} writes no resumable checkpoint yet: pass --checkpoint_every 0")
     if args.sync_params_every != 1:
         raise ValueError(f"--max_staleness {k} with --sync_params_every {args.sync_params_every}: the schedule "
                          "sends the weights after every learning round; give --sync_params_every 1")

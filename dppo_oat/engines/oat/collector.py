@@ -59,11 +59,21 @@ def split_by_rank(samples: Sequence, rank_lengths: Sequence[int]) -> list[list]:
 @dataclass
 class PlayedStep:
     """One actor step handed to the executor: its weight version, the prompts each learner of the group asked for,
-    and the future of ``(the actor's IPC handle, seconds the step took)``."""
+    and the future of ``(the actor's IPC handle, seconds the step took)``; once read back from the actor
+    (:meth:`ActorStepPipeline.played_steps`), its samples and seconds instead of the future."""
 
     version: int
     rank_lengths: list[int]
-    future: Future
+    future: Future | None
+    samples: list | None = None
+    seconds: float = 0.0
+
+    def result(self, deserialize: Callable) -> tuple[list, float]:
+        """``(samples, seconds)``: read back once from the actor's shared memory, then kept."""
+        if self.samples is None:
+            handle, self.seconds = self.future.result()
+            self.samples, self.future = deserialize(handle), None
+        return self.samples, self.seconds
 
 
 def timed(call: Callable, *args) -> tuple[object, float]:
@@ -113,10 +123,9 @@ class ActorStepPipeline:
             raise ValueError(f"actor step {step} is not the next one submitted (pending: {self.pending_steps()})")
         played = self.played.pop(step)
         shares: list[list] | None = None
-        seconds = 0.0
         if self.is_source:
-            handle, seconds = played.future.result()
-            shares = [[share, seconds] for share in split_by_rank(self.deserialize(handle), played.rank_lengths)]
+            samples, seconds = played.result(self.deserialize)
+            shares = [[share, seconds] for share in split_by_rank(samples, played.rank_lengths)]
         received: list = [None]
         dist.scatter_object_list(received, shares, group=self.group, group_src=0)
         share, seconds = received[0]
@@ -127,15 +136,39 @@ class ActorStepPipeline:
         change then. Raises what a step raised."""
         if self.is_source:
             for played in self.played.values():
-                played.future.result()
+                if played.future is not None:
+                    played.future.result()
         dist.barrier(group=self.group)
+
+    def played_steps(self) -> list[dict]:
+        """The steps submitted and not yet taken, each played (waited for), for a checkpoint: ``step`` and
+        ``version`` on every learner, with ``rank_lengths``, ``samples`` and ``seconds`` on the group's rank 0 (the
+        samples are read back from the actor's shared memory and kept until taken)."""
+        saved = []
+        for step, played in self.played.items():
+            record = {"step": step, "version": played.version}
+            if self.is_source:
+                samples, seconds = played.result(self.deserialize)
+                record.update(rank_lengths=played.rank_lengths, samples=samples, seconds=seconds)
+            saved.append(record)
+        return saved
+
+    def restore(self, saved: list[dict]) -> None:
+        """Undo :meth:`played_steps` in a resumed run: those steps wait to be taken, played already."""
+        if self.played:
+            raise ValueError(f"actor steps {self.pending_steps()} are pending: restore before submitting any")
+        for record in saved:
+            self.played[int(record["step"])] = PlayedStep(
+                int(record["version"]), list(record.get("rank_lengths", [])), None,
+                record.get("samples") if self.is_source else None, float(record.get("seconds", 0.0)))
 
     def drop(self, collective: bool = True) -> None:
         """Abandon every step not yet taken: the queued ones are cancelled, the one playing is waited for (its
         samples are freed unread), and the worker ends. ``collective`` False (after a failure, when another learner
         of the group may be gone): nothing is waited for."""
         if self.is_source:
-            started = [played.future for played in self.played.values() if not played.future.cancel()]
+            futures = [played.future for played in self.played.values() if played.future is not None]
+            started = [future for future in futures if not future.cancel()]
             for future in started if collective else ():  # cancelled first: no queued step starts meanwhile
                 handle, _ = future.result()
                 self.deserialize(handle)  # frees the actor's shared-memory copy

@@ -289,18 +289,18 @@ class DPPOLearner(PPOLearner):
         ``update_interval`` steps, broadcast, evaluate and log, then checkpoint every ``--checkpoint_every`` rounds
         (:meth:`train_in_lockstep`), or with the actors up to ``--max_staleness`` rounds ahead (:meth:`train_ahead`)."""
         self.start_time, self.actor_info, train_info = time.time(), {}, {}
-        random_states = None
+        random_states, played = None, []
         if self.resume_point is None:
             self.steps = 0
             if not self.args.debug:
                 self.eval_and_log({}, eval=True, save=False)
         else:
-            random_states = self.resume(self.resume_point)
+            random_states, played = self.resume(self.resume_point)
         steps_done = self.steps
         self.steps = steps_done + 1
         self.gradient_update_st = time.time()
-        if self.args.max_staleness:  # with k > 0 a run is never resumed (refused)
-            train_info = self.train_ahead() or train_info
+        if self.args.max_staleness:
+            train_info = self.train_ahead(played, random_states) or train_info
         else:
             train_info = self.train_in_lockstep(steps_done, random_states) or train_info
         self.eval_and_log(train_info, eval=True, save=True)
@@ -336,17 +336,23 @@ class DPPOLearner(PPOLearner):
             self.prompt_epoch = epoch * getattr(self, "_prompt_n_repeat", 1) + 1
         return train_info
 
-    def train_ahead(self) -> dict:
+    def train_ahead(self, played: list[dict] = (), random_states: dict | None = None) -> dict:
         """The loop of ``--max_staleness k > 0`` (:mod:`~dppo_oat.engines.oat.collector`): rounds ``1 … k + 1`` are
         handed to the actors at once, with the initial weights; after round ``r`` is learned and the actors have
         played every step handed to them, its weights are broadcast (version ``r``) and round ``r + 1 + k``, whose
         schedule names version ``r``, is handed over. With k = 1 the actors play round ``r + 1`` while the learners
-        train round ``r``. Returns the last learning round's train info."""
+        train round ``r``. A resumed run (``played``: the steps its checkpoint kept, played and not yet learned;
+        ``random_states``: the checkpoint's) hands over the rounds after those. Returns the last learning round's
+        train info."""
         pipeline = ActorStepPipeline(self._play_on_actor, self.collector.ipc_client.deserialize_ipc,
                                      self._same_actor_group)
-        batches, train_info = self.prompt_batches(), {}
+        pipeline.restore(list(played))
+        handed = max([self.steps - 1, *pipeline.pending_steps()])  # actor steps handed over so far
+        batches, train_info = self.prompt_batches(handed, random_states), {}
+        self.ahead = pipeline
         try:
-            for learning_round in range(1, self.args.max_staleness + 2):
+            next_round = handed // self.update_interval + 1
+            for learning_round in range(next_round, self.learning_rounds + self.args.max_staleness + 2):
                 self.hand_round_to_actors(pipeline, batches, learning_round)
             while pipeline.pending_steps():
                 train_info = self.actor_step_ahead(pipeline, batches) or train_info
@@ -356,6 +362,8 @@ class DPPOLearner(PPOLearner):
         except BaseException:
             pipeline.drop(collective=False)  # another learner may be gone: wait for nothing
             raise
+        finally:
+            self.ahead = None
         pipeline.drop()  # the steps handed over and not taken (--max_queries): nothing plays on
         return train_info
 
@@ -376,6 +384,8 @@ class DPPOLearner(PPOLearner):
         if learning_round % self.args.buffer_clear_every == 0:
             self.pi_buffer.clear()
         self.eval_and_log(train_info)  # nothing in flight: an evaluation's generate calls are the actors' only ones
+        if self.args.checkpoint_every and learning_round % self.args.checkpoint_every == 0:
+            self.save_checkpoint(learning_round)  # with the steps played ahead, which no later weights change
         self.hand_round_to_actors(pipeline, batches, learning_round + 1 + self.args.max_staleness)
         return train_info
 
@@ -393,11 +403,20 @@ class DPPOLearner(PPOLearner):
             processed_prompts, raw_prompts, refs = batch
             pipeline.submit(step, version, raw_prompts, processed_prompts, refs)
 
-    def prompt_batches(self) -> Iterator:
-        """oat's prompt loader, epoch after epoch (``prompt_epoch`` counts those begun: the loop reads ahead)."""
-        for epoch, _ in self.remaining_epochs(0):
+    def prompt_batches(self, steps_done: int = 0, random_states: dict | None = None) -> Iterator:
+        """oat's prompt loader, epoch after epoch, from actor step ``steps_done + 1`` on (``prompt_epoch`` counts
+        those begun: the loop reads ahead). ``random_states`` (a resumed run's) are set where the run being resumed
+        had them: after the iterator of the epoch it was in was made (that draws from torch's random state)."""
+        for epoch, skip in self.remaining_epochs(steps_done):
             self.prompt_epoch = epoch * getattr(self, "_prompt_n_repeat", 1) + 1
-            yield from self.prompts_dataloader
+            if random_states is not None and skip == 0:
+                set_random_states(random_states, self.shuffle_generator)
+                random_states = None
+            batches = itertools.islice(iter(self.prompts_dataloader), skip, None)
+            if random_states is not None:
+                set_random_states(random_states, self.shuffle_generator)
+                random_states = None
+            yield from batches
 
     def _play_on_actor(self, weight_version: int, prompts, formatted_prompts, references):
         """One actor step on this learner group's actor (oat's choice of actor, oat/collectors/base.py:105), waited
@@ -458,7 +477,8 @@ class DPPOLearner(PPOLearner):
                 shutil.rmtree(partial, ignore_errors=True)
             torch.distributed.barrier()
             self.model.model.save_checkpoint(str(root), tag=partial.name, save_latest=False)
-            write_learner_state(partial, self.strategy.get_rank(), learner_state(self))
+            played = self.ahead.played_steps() if getattr(self, "ahead", None) is not None else []
+            write_learner_state(partial, self.strategy.get_rank(), learner_state(self, played))
             if rank_0:
                 write_resume_record(partial, self.resume_record(learning_round))
         except OSError as error:
@@ -475,22 +495,25 @@ class DPPOLearner(PPOLearner):
         return {"learning_round": learning_round, "actor_steps": self.steps, "learners": self.strategy.world_size,
                 "pi_beta_version": self.pi_beta_version, "code_commit": code_commit()}
 
-    def resume(self, point: ResumePoint) -> dict:
+    def resume(self, point: ResumePoint) -> tuple[dict, list[dict]]:
         """Load ``point``'s checkpoint on every learner (DeepSpeed's weights, optimizer and schedule, then each
-        learner's state), send the weights to the actors and tell them where the run stopped. Returns the random
-        states, for :meth:`train` to set once it has made the prompt loader's iterator (which draws from torch's
-        random state, as it did at the start of the epoch in the run being resumed)."""
+        learner's state), send the weights to the actors and tell them where the run stopped: the actor steps behind
+        them include those played ahead (``--max_staleness``), which the checkpoint kept. Returns the random states,
+        for :meth:`train` to set once it has made the prompt loader's iterator (which draws from torch's random
+        state, as it did at the start of the epoch in the run being resumed), and the steps played ahead."""
         self.strategy.load_ckpt(self.model.model, str(point.folder.parent), tag=point.folder.name)
         state = read_learner_state(point.folder, self.strategy.get_rank())
         restore_learner_state(self, state)
         self._broadcast_to_vllm()
+        played_by_actors = max([self.steps, *(record["step"] for record in state.played_steps)])
         if self.strategy.is_group_rank_0():
-            done = [actor.futures.resume_at(self.steps, self.pi_beta_version) for actor in self.actors]
+            done = [actor.futures.resume_at(played_by_actors, self.pi_beta_version) for actor in self.actors]
             _ = [future.result() for future in done]
         torch.distributed.barrier()
+        ahead = f", {len(state.played_steps)} played ahead" if state.played_steps else ""
         self.strategy.print(f"resumed {point.run_dir} at learning round {point.learning_round} "
-                            f"(actor step {self.steps})")
-        return state.random_states
+                            f"(actor step {self.steps}{ahead})")
+        return state.random_states, state.played_steps
 
     def _broadcast_to_vllm(self) -> None:
         """oat's broadcast; with LoRA, oat merges the adapters into the base weights, sends them and subtracts them

@@ -70,6 +70,9 @@ class LearnerState:
     pending_eval: bool
     guard: dict
     random_states: dict
+    played_steps: list = dataclasses.field(default_factory=list)
+    """``--max_staleness``: the actor steps played ahead and not yet learned
+    (:meth:`~dppo_oat.engines.oat.collector.ActorStepPipeline.played_steps`), samples on each actor group's rank 0."""
 
 
 def random_states(shuffle: torch.Generator) -> dict[str, Any]:
@@ -92,8 +95,9 @@ def set_random_states(states: dict[str, Any], shuffle: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def learner_state(learner) -> LearnerState:
-    """A :class:`~dppo_oat.engines.oat.learner.DPPOLearner`'s state at the end of a learning round."""
+def learner_state(learner, played_steps: list | None = None) -> LearnerState:
+    """A :class:`~dppo_oat.engines.oat.learner.DPPOLearner`'s state at the end of a learning round, with the actor
+    steps played ahead of it (``played_steps``)."""
     return LearnerState(
         steps=learner.steps, learning_rounds=learner.learning_rounds, global_step=learner.global_step,
         policy_sgd_step=learner.policy_sgd_step, pi_beta_version=learner.pi_beta_version,
@@ -102,6 +106,7 @@ def learner_state(learner) -> LearnerState:
         last_eval_query_step=getattr(learner, "last_eval_query_step", None),
         pending_eval=getattr(learner, "_pending_eval", False),
         guard=dataclasses.asdict(learner.guard), random_states=random_states(learner.shuffle_generator),
+        played_steps=list(played_steps or []),
     )
 
 
