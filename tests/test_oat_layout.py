@@ -140,3 +140,17 @@ def test_a_run_without_a_round_price_compares_no_layout(changes):
     """A learner setting never measured, or a vLLM share that holds no sequence: the price has no round time."""
     [line] = layout_block(render_plan(priced_plan(sudoku(8, **changes))))
     assert line == "layout: neither collocated nor split is priced (the price above says why)"
+
+
+def test_the_docs_layout_numbers_are_what_the_layouts_compute():
+    """docs/engines/oat.md's section on the layouts quotes Sudoku on 8 H200s."""
+    plan = priced_plan(sudoku(8))
+    collocated, split = plan.layouts.collocated, plan.layouts.split
+    expected = split.round(1, expected=True) / collocated.round(0, expected=True)
+    quoted = (f"For Sudoku on 8 H200s collocated takes at most {duration(collocated.round(0))} a round (actors "
+              f"{duration(collocated.actor_seconds)}, learner {duration(collocated.learner_seconds)}), the split "
+              f"ahead {duration(split.round(1))} (actors {duration(split.actor_seconds)} beside the learners' "
+              f"{duration(split.learner_seconds)}): collocated is {split.round(1) / collocated.round(0):.2f}× faster "
+              f"({expected:.2f}× at the measured mean turns)")
+    page = " ".join((REPO / "docs" / "engines" / "oat.md").read_text().split())
+    assert quoted in page
