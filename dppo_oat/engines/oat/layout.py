@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dppo_oat.engines.oat.price import LearnerMemory, Price, duration
+from dppo_oat.engines.oat.price import LearnerMemory, Price, duration, price_of
 
 GiB = 2**30
 NOT_PRICED = "not priced (the price above says why)"
@@ -76,7 +76,6 @@ class Layout:
     """One layout's price per learning round: its actor and learner GPUs, the actors' seconds at most and at the
     measured mean turns (None without one), the learner's, the run's rounds and the learner's memory."""
 
-    collocate: bool
     actor_gpus: int
     learner_gpus: int
     actor_seconds: float
@@ -100,8 +99,8 @@ def layout_of(price: Price | None, plan) -> Layout | None:
     if price is None or price.round_seconds is None:
         return None
     actor_gpus, learner_gpus = plan.actors * plan.gpus_per_actor, plan.learners // plan.num_groups
-    return Layout(plan.collocate, actor_gpus, learner_gpus, price.actor_seconds, price.actor_expected_seconds,
-                  price.learner_seconds, price.rounds, price.memory)
+    return Layout(actor_gpus, learner_gpus, price.actor_seconds, price.actor_expected_seconds, price.learner_seconds,
+                  price.rounds, price.memory)
 
 
 @dataclass(frozen=True)
@@ -143,8 +142,8 @@ def not_ahead(args, plan) -> str:
 
 def layout_args(args, collocate: bool, max_staleness: int):
     """``args`` in a layout: ``--collocate`` or not (then no ``--vllm_sleep``), ``--max_staleness`` k (k > 0:
-    ``--checkpoint_every 0``, as the engine asks), and a buffer of one round's samples kept one round's in the new
-    topology."""
+    ``--checkpoint_every 0``, as the engine asks), and a ``--pi_buffer_maxlen_per_device`` of one round's samples
+    made one round's of that layout's learners."""
     from dppo_oat.engines.oat.plan import round_samples
 
     other = copy.copy(args)
@@ -175,10 +174,7 @@ def flags_text(args, other) -> str:
 def priced_layout(args, plan, smi_name: str | None) -> tuple[Layout | None, str]:
     """``args``'s plan (with ``plan``'s episode turns, which no layout changes) priced; None and why where its
     plan is refused or not priced."""
-    from dataclasses import replace
-
     from dppo_oat.engines.oat.plan import check_plan, plan_of
-    from dppo_oat.engines.oat.price import price_of
 
     try:
         other = replace(plan_of(args), slot_turns=plan.slot_turns)
