@@ -435,6 +435,12 @@ def test_dry_run_prints_the_plan_without_gpus_or_launchpad(gpus, per_learner):
                    "  learner memory per GPU: about"):
         assert priced in done.stdout
     assert "commit 318a79e" in done.stdout and "unknown" not in done.stdout
+    if gpus == 1:
+        assert "\nlayout: 1 GPU, so no split" in done.stdout
+    else:
+        for layout in ("\nlayout of the 8 GPUs", "\n  collocated, actors and learners taking turns on all 8 GPUs",
+                       "\n  split, 4 actor + 4 learner GPUs: synchronous at most", "\n  faster: collocated, "):
+            assert layout in done.stdout
 
 
 def test_the_docs_laptop_dry_run_command_prints_the_plan():

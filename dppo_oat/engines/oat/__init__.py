@@ -5,6 +5,7 @@
 - :mod:`~dppo_oat.engines.oat.plan`: what a run does on its node, worked out from the arguments (``--dry_run``);
 - :mod:`~dppo_oat.engines.oat.price`: what it costs: time per learning round and for the run, and the learner's
   memory per GPU, from committed GPU measurements and stated models;
+- :mod:`~dppo_oat.engines.oat.layout`: the run priced collocated and split, and which is faster;
 - :mod:`~dppo_oat.engines.oat.preflight`: what the learner's optimizer needs of the node, checked before the launch;
 - :mod:`~dppo_oat.engines.oat.data`: oat's transition data ⇄ the core's samples and
   :class:`~dppo_oat.update_batch.UpdateBatch`;
@@ -15,6 +16,6 @@
 - :mod:`~dppo_oat.engines.oat.run_dir`: the learner's run directory (the local engine's files, for the notebooks);
 - :mod:`~dppo_oat.engines.oat.launch`: ``python -m dppo_oat.train --engine oat ...``.
 
-Importing ``plan``, ``price`` or ``preflight`` imports nothing of oat; the other submodules import oat (and with it
-vLLM, DeepSpeed and launchpad); this package itself imports nothing.
+Importing ``plan``, ``price``, ``layout`` or ``preflight`` imports nothing of oat; the other submodules import oat
+(and with it vLLM, DeepSpeed and launchpad); this package itself imports nothing.
 """
