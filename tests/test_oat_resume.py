@@ -5,6 +5,7 @@ program killed and resumed runs in ``tests/oat/test_oat_rehearsal.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import signal
@@ -147,3 +148,26 @@ def test_a_failed_checkpoint_names_the_newest_whole_one_and_the_command(tmp_path
     assert "OSError: [Errno 28] No space left on device" in message
     assert "the newest whole checkpoint is round_000005" in message and message.endswith(f"--resume_dir {root.parent}")
     assert json.loads((root / "round_000005" / resume.RESUME_RECORD).read_text())["learning_round"] == 5
+
+
+@dataclasses.dataclass
+class Transition:
+    """Stands for oat's transition dataclasses: what the samples of steps played ahead are."""
+
+    response_ids: list
+    logprobs: list
+
+
+def test_a_learner_state_keeps_the_samples_played_ahead_as_they_were(tmp_path):
+    """The steps played ahead (``--max_staleness``) come back as the objects the learner took from the actor, not as
+    dicts (oat's learner refuses anything but its own transition types)."""
+    samples = [Transition([1, 2], [-0.5, -0.25]), Transition([3], [-1.0])]
+    played = [{"step": 3, "version": 1, "rank_lengths": [2], "samples": samples, "seconds": 1.5}]
+    state = resume.LearnerState(
+        steps=2, learning_rounds=2, global_step=4, policy_sgd_step=4.0, pi_beta_version=2, query_step=16,
+        prompt_consumed=16, prompt_epoch=1, broadcast_rounds=[1, 2], last_eval_query_step=None, pending_eval=False,
+        guard={"skipped": 0}, random_states={"python": 1}, played_steps=played)
+    resume.write_learner_state(tmp_path, 0, state)
+    back = resume.read_learner_state(tmp_path, 0)
+    assert back == state and back.played_steps[0]["samples"] == samples
+    assert all(type(sample) is Transition for sample in back.played_steps[0]["samples"])

@@ -186,7 +186,10 @@ def _fsync_directory(path: Path) -> None:
 
 
 def write_learner_state(folder: Path, rank: int, state: LearnerState) -> None:
-    atomic_torch_save(dataclasses.asdict(state), folder / learner_file(rank))
+    """``state``'s fields as a dict (shallow: ``dataclasses.asdict`` would turn the samples of ``played_steps``,
+    oat's transition dataclasses, into dicts that oat's learner refuses)."""
+    fields = {field.name: getattr(state, field.name) for field in dataclasses.fields(state)}
+    atomic_torch_save(fields, folder / learner_file(rank))
 
 
 def read_learner_state(folder: Path, rank: int) -> LearnerState:
