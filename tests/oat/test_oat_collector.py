@@ -315,3 +315,19 @@ def test_each_learner_of_an_actor_gets_the_samples_of_its_own_prompts(tmp_path):
     shares = [json.loads((tmp_path / f"shares.{rank}").read_text()) for rank in (0, 1)]
     assert shares[0] == [[[0, "r0a"], [0, "r0b"]], [[0, "r0c"]]]
     assert shares[1] == [[[0, "r1a"], [0, "r1b"]], []]
+
+
+@pytest.mark.parametrize(("handed", "left"), [(0, 3), (1, 2), (3, 0)])
+def test_a_resumed_loop_reads_the_prompts_left_and_takes_the_checkpoints_random_states(handed, left, one_rank_group):
+    """``prompt_batches`` from the step after those handed over, with the checkpoint's random states set, even when
+    every prompt was handed over before the checkpoint (the rounds left are learned from the steps it kept)."""
+    from dppo_oat.engines.oat.resume import random_states
+
+    learner = stub_learner(1, 3, 1, one_rank_group)
+    learner.shuffle_generator = torch.Generator().manual_seed(0)
+    saved = torch.Generator().manual_seed(7)
+    torch.randint(10, (3,), generator=saved)
+    states = random_states(saved)
+    assert [prompts for prompts, _, _ in learner.prompt_batches(handed, states)] == [[f"p{i}"] for i in
+                                                                                     range(handed, 3)][:left]
+    assert torch.equal(learner.shuffle_generator.get_state(), saved.get_state())

@@ -417,6 +417,8 @@ class DPPOLearner(PPOLearner):
                 set_random_states(random_states, self.shuffle_generator)
                 random_states = None
             yield from batches
+        if random_states is not None:  # resumed with every prompt handed over already: the rounds left to learn
+            set_random_states(random_states, self.shuffle_generator)
 
     def _play_on_actor(self, weight_version: int, prompts, formatted_prompts, references):
         """One actor step on this learner group's actor (oat's choice of actor, oat/collectors/base.py:105), waited
