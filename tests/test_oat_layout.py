@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from test_oat_price import sudoku
 
-from dppo_oat.engines.oat.layout import best_split, round_seconds, run_seconds, scaled_seconds
+from dppo_oat.engines.oat.layout import best_split, scaled_seconds
 from dppo_oat.engines.oat.plan import priced_plan, render_plan
-from dppo_oat.engines.oat.price import GPUS, duration
+from dppo_oat.engines.oat.price import GPUS, duration, overlapped, run_time
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -25,19 +25,19 @@ def layout_block(text: str) -> list[str]:
 def test_a_round_is_the_sum_synchronous_and_the_larger_ahead_by_hand():
     """Actors 100 s and learners 50 s on 8 GPUs collocated: 150 s a round. Split 4 + 4, each side has half the GPUs,
     so twice the time: 200 s and 100 s, 300 s a round synchronous, 200 s ahead (collocated 1.33× faster)."""
-    assert round_seconds(100, 50, 0) == 150
+    assert overlapped(100, 50, 0) == 150
     actor, learner = scaled_seconds(100, 8, 4), scaled_seconds(50, 8, 4)
     assert (actor, learner) == (200, 100)
-    assert round_seconds(actor, learner, 0) == 300
-    assert round_seconds(actor, learner, 1) == round_seconds(actor, learner, 3) == 200
-    assert round_seconds(scaled_seconds(60, 8, 4), scaled_seconds(60, 8, 4), 1) == round_seconds(60, 60, 0) == 120
+    assert overlapped(actor, learner, 0) == 300
+    assert overlapped(actor, learner, 1) == overlapped(actor, learner, 3) == 200
+    assert overlapped(scaled_seconds(60, 8, 4), scaled_seconds(60, 8, 4), 1) == overlapped(60, 60, 0) == 120
 
 
 def test_a_run_ahead_is_rounds_times_the_larger_plus_the_smaller_by_hand():
     """The first round's actors play with no learner beside them, the last round's learner with no actor."""
-    assert run_seconds(200, 100, 10, 0) == 3000
-    assert run_seconds(200, 100, 10, 1) == 10 * 200 + 100
-    assert run_seconds(100, 200, 1, 1) == 300  # one round: nothing to overlap
+    assert run_time(200, 100, 10, 0) == 3000
+    assert run_time(200, 100, 10, 1) == 10 * 200 + 100
+    assert run_time(100, 200, 1, 1) == 300  # one round: nothing to overlap
 
 
 def test_the_best_split_matches_the_gpus_to_the_times_by_hand():
@@ -153,3 +153,19 @@ def test_the_docs_layout_numbers_are_what_the_layouts_compute():
               f"({expected:.2f}× at the measured mean turns)")
     page = " ".join((REPO / "docs" / "engines" / "oat.md").read_text().split())
     assert quoted in page
+
+
+def test_a_run_played_ahead_is_priced_with_the_overlap():
+    """The run's own price: with --max_staleness 1 (split) a round is the longer of actors and learner, and the run
+    adds the shorter once; the same flags synchronous pay both every round."""
+    split = dict(collocate=False, vllm_sleep=False, pi_buffer_maxlen_per_device=32)
+    ahead = priced_plan(sudoku(8, **split, max_staleness=1)).price
+    synchronous = priced_plan(sudoku(8, **split, max_staleness=0)).price
+    actor, learner = synchronous.actor_seconds, synchronous.learner_seconds
+    assert (ahead.actor_seconds, ahead.learner_seconds) == (actor, learner)
+    assert synchronous.round_seconds == actor + learner
+    assert synchronous.run_seconds == synchronous.rounds * (actor + learner)
+    assert ahead.round_seconds == max(actor, learner)
+    assert ahead.run_seconds == ahead.rounds * max(actor, learner) + min(actor, learner)
+    text = render_plan(priced_plan(sudoku(8, **split, max_staleness=1)))
+    assert f"× {duration(max(actor, learner))} (actors a round ahead, --max_staleness 1" in text

@@ -8,10 +8,10 @@ the actors and the learners half the GPUs each when they are not collocated) pri
 plays the round's actor steps its actors share and a learner learns the samples its learners share, and the split
 learner has its whole GPU (:func:`~dppo_oat.engines.oat.price.learner_memory`). A round then costs:
 
-- synchronous, either layout: the actors' seconds plus the learner's (:func:`round_seconds`);
+- synchronous, either layout: the actors' seconds plus the learner's (:func:`~dppo_oat.engines.oat.price.overlapped`);
 - ``--max_staleness`` k ≥ 1 (split only): the larger of the two, the actors playing round t + 1 while the learners
   train round t; a run of R rounds ``R · max + min``, the first round's actors and the last round's learner alone
-  (:func:`run_seconds`).
+  (:func:`~dppo_oat.engines.oat.price.run_time`).
 
 The price does not count weight broadcasts, so no broadcast term is added. :func:`best_split` prices any
 other A + L = G by scaling (:func:`scaled_seconds`), which oat's program cannot place.
@@ -23,28 +23,13 @@ import copy
 import math
 from dataclasses import dataclass, replace
 
-from dppo_oat.engines.oat.price import LearnerMemory, Price, duration, price_of
+from dppo_oat.engines.oat.price import LearnerMemory, Price, duration, overlapped, price_of, run_time
 
 GiB = 2**30
 NOT_PRICED = "not priced (the price above says why)"
 
 
 # --------------------------------------------------------------------------------------------- the arithmetic
-
-
-def round_seconds(actor: float, learner: float, max_staleness: int) -> float:
-    """Seconds of a learning round: synchronous (k = 0) the actors then the learners, ``actor + learner``; with the
-    actors up to k ≥ 1 rounds ahead the two overlap, ``max(actor, learner)``."""
-    return actor + learner if max_staleness == 0 else max(actor, learner)
-
-
-def run_seconds(actor: float, learner: float, rounds: int, max_staleness: int) -> float:
-    """Seconds of ``rounds`` learning rounds: synchronous ``rounds × (actor + learner)``; with k ≥ 1
-    ``rounds × max + min``: the first round's actors play before any learner trains, the last round's learner after
-    every actor step."""
-    if max_staleness == 0:
-        return rounds * (actor + learner)
-    return rounds * max(actor, learner) + min(actor, learner)
 
 
 def scaled_seconds(seconds: float, priced_gpus: int, gpus: int) -> float:
@@ -58,7 +43,7 @@ def best_split(actor: float, actor_gpus: int, learner: float, learner_gpus: int,
     """The split ``(A, L, seconds a round)`` of ``gpus`` GPUs with the actors a round ahead that takes least time,
     from the actors' ``actor`` seconds on ``actor_gpus`` and the learners' ``learner`` on ``learner_gpus``
     (:func:`scaled_seconds`); A a multiple of ``gpus_per_actor``, L at least 1. None when no split exists."""
-    splits = [(a, gpus - a, round_seconds(scaled_seconds(actor, actor_gpus, a),
+    splits = [(a, gpus - a, overlapped(scaled_seconds(actor, actor_gpus, a),
                                           scaled_seconds(learner, learner_gpus, gpus - a), 1))
               for a in range(gpus_per_actor, gpus, gpus_per_actor)]
     return min(splits, key=lambda split: split[2], default=None)
@@ -87,11 +72,11 @@ class Layout:
     def round(self, max_staleness: int, expected: bool = False) -> float | None:
         """Seconds a round (at the measured mean turns with ``expected``; None without them)."""
         actor = self.actor_expected_seconds if expected else self.actor_seconds
-        return None if actor is None else round_seconds(actor, self.learner_seconds, max_staleness)
+        return None if actor is None else overlapped(actor, self.learner_seconds, max_staleness)
 
     def run(self, max_staleness: int, expected: bool = False) -> float | None:
         actor = self.actor_expected_seconds if expected else self.actor_seconds
-        return None if actor is None else run_seconds(actor, self.learner_seconds, self.rounds, max_staleness)
+        return None if actor is None else run_time(actor, self.learner_seconds, self.rounds, max_staleness)
 
 
 def layout_of(price: Price | None, plan) -> Layout | None:

@@ -667,7 +667,8 @@ class LearnerMemory:
 class Price:
     """The priced run: per learning round the actors' seconds at most and at the measured mean turns (None where not
     priced or no mean was measured: the note says why), the learner's seconds (None where not priced), the run's
-    rounds, and the learner's memory per GPU (:class:`LearnerMemory`, None where not priced)."""
+    rounds, the learner's memory per GPU (:class:`LearnerMemory`, None where not priced), and how far the actors
+    play ahead (``--max_staleness``)."""
 
     shape: ModelShape
     shape_note: str
@@ -681,20 +682,46 @@ class Price:
     rounds: int
     memory: LearnerMemory | None
     actor_expected_seconds: float | None = None
+    max_staleness: int = 0
 
     @property
     def round_seconds(self) -> float | None:
-        """Actors, then learner: oat's synchronous loop waits for each."""
-        if self.actor_seconds is None or self.learner_seconds is None:
-            return None
-        return self.actor_seconds + self.learner_seconds
+        """Actors, then learner, where oat's synchronous loop waits for each; the longer of the two where the actors
+        play ahead (``--max_staleness`` k ≥ 1: round t + 1's actor steps while round t is learned)."""
+        return overlapped(self.actor_seconds, self.learner_seconds, self.max_staleness)
 
     @property
     def expected_round_seconds(self) -> float | None:
         """:attr:`round_seconds` with the actors at the measured mean turns."""
-        if self.actor_expected_seconds is None or self.learner_seconds is None:
-            return None
-        return self.actor_expected_seconds + self.learner_seconds
+        return overlapped(self.actor_expected_seconds, self.learner_seconds, self.max_staleness)
+
+    @property
+    def run_seconds(self) -> float | None:
+        """The run's seconds (:func:`run_time`)."""
+        return run_time(self.actor_seconds, self.learner_seconds, self.rounds, self.max_staleness)
+
+    @property
+    def expected_run_seconds(self) -> float | None:
+        """:attr:`run_seconds` with the actors at the measured mean turns."""
+        return run_time(self.actor_expected_seconds, self.learner_seconds, self.rounds, self.max_staleness)
+
+
+def overlapped(actor: float | None, learner: float | None, max_staleness: int) -> float | None:
+    """A learning round's seconds: synchronous (k = 0) the actors then the learners, ``actor + learner``; with the
+    actors up to k ≥ 1 rounds ahead the two overlap, ``max(actor, learner)``. None where either is not priced."""
+    if actor is None or learner is None:
+        return None
+    return actor + learner if max_staleness == 0 else max(actor, learner)
+
+
+def run_time(actor: float | None, learner: float | None, rounds: int, max_staleness: int) -> float | None:
+    """Seconds of ``rounds`` learning rounds: synchronous ``rounds × (actor + learner)``; with k ≥ 1
+    ``rounds × max + min``: the first round's actors play before any learner trains, the last round's learner after
+    every actor step. None where either is not priced."""
+    per_round = overlapped(actor, learner, max_staleness)
+    if per_round is None:
+        return None
+    return rounds * per_round + (min(actor, learner) if max_staleness else 0.0)
 
 
 def price_of(plan, args, shape: ModelShape, shape_note: str, smi_name: str | None = None) -> Price:
@@ -712,7 +739,8 @@ def price_of(plan, args, shape: ModelShape, shape_note: str, smi_name: str | Non
                      rounds=plan.rounds, memory=None, **actors)
     seconds, learner_note = learner_price(plan, shape, gpu, tokens)
     return Price(shape, shape_note, gpu, gpu_note, tokens, learner_seconds=seconds, learner_note=learner_note,
-                 rounds=plan.rounds, memory=learner_memory(plan, args, shape, gpu, sum(tokens)), **actors)
+                 rounds=plan.rounds, memory=learner_memory(plan, args, shape, gpu, sum(tokens)),
+                 max_staleness=getattr(args, "max_staleness", 0), **actors)
 
 
 def actor_price(plan, args, shape: ModelShape, gpu: GPU) -> tuple[float | None, float | None, str]:
@@ -852,13 +880,15 @@ def actors_timed(price: Price) -> str:
 def run_line(price: Price) -> str:
     if price.round_seconds is None:
         return "not priced: " + ("the actors are not" if price.actor_seconds is None else "the learner is not")
-    line = (f"at most {duration(price.rounds * price.round_seconds)}: {price.rounds} learning round(s) × "
-            f"{duration(price.round_seconds)}")
+    ahead = (f" (actors a round ahead, --max_staleness {price.max_staleness}: the longer of actors and learner a "
+             "round)") if price.max_staleness else ""
+    line = (f"at most {duration(price.run_seconds)}: {price.rounds} learning round(s) × "
+            f"{duration(price.round_seconds)}{ahead}")
     expected = price.expected_round_seconds
     if expected is None or math.isclose(expected, price.round_seconds, rel_tol=1e-9):
         return line
-    return (f"{line}; about {duration(price.rounds * expected)} at the measured mean turns ({duration(expected)} a "
-            "round)")
+    return (f"{line}; about {duration(price.expected_run_seconds)} at the measured mean turns ({duration(expected)} "
+            "a round)")
 
 
 def memory_line(memory: LearnerMemory | None, learner_note: str) -> str:
