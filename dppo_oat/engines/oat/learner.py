@@ -247,6 +247,7 @@ class DPPOLearner(PPOLearner):
         self.guard = BlowUpGuard()
         self.learning_rounds = 0
         self.broadcast_rounds: list[int] = []  # learning rounds in the weights of each broadcast, in order
+        self.ahead: ActorStepPipeline | None = None  # --max_staleness: the actor steps handed over and not yet taken
         self.resume_point = find_resume_point(args.resume_dir, args.resume_tag) if args.resume_dir else None
         if self.resume_point is not None:
             self.save_path = self._continue_in(self.resume_point.run_dir)
@@ -479,7 +480,7 @@ class DPPOLearner(PPOLearner):
                 shutil.rmtree(partial, ignore_errors=True)
             torch.distributed.barrier()
             self.model.model.save_checkpoint(str(root), tag=partial.name, save_latest=False)
-            played = self.ahead.played_steps() if getattr(self, "ahead", None) is not None else []
+            played = self.ahead.played_steps() if self.ahead is not None else []
             write_learner_state(partial, self.strategy.get_rank(), learner_state(self, played))
             if rank_0:
                 write_resume_record(partial, self.resume_record(learning_round))
