@@ -8,12 +8,17 @@ from pathlib import Path
 import pytest
 from test_oat_price import sudoku
 
-from dppo_oat.engines.oat.layout import best_split, scaled_seconds
-from dppo_oat.engines.oat.plan import priced_plan, render_plan
+from dppo_oat.engines.oat.layout import best_split, layouts_of, render_with_layouts, scaled_seconds
+from dppo_oat.engines.oat.plan import priced_plan
 from dppo_oat.engines.oat.price import GPUS, duration, overlapped, run_time
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
+
+
+def dry_run(args) -> str:
+    """What ``--dry_run`` prints of the run's plan, price and layouts."""
+    return render_with_layouts(args, priced_plan(args))
 
 
 def layout_block(text: str) -> list[str]:
@@ -56,8 +61,10 @@ def test_the_split_is_the_same_run_priced_on_half_the_gpus():
     """Sudoku on 8 H200s: the split's 4 actors play twice the actor steps (the same calls each) and its 4 learners
     learn twice the samples (the no-grad check of 4 rows stays one per learner, so a little under twice); the split
     learner holds ZeRO-2's states over 4 learners on its whole GPU."""
-    plan = priced_plan(sudoku(8))
-    collocated, split = plan.layouts.collocated, plan.layouts.split
+    args = sudoku(8)
+    plan = priced_plan(args)
+    layouts = layouts_of(args, plan)
+    collocated, split = layouts.collocated, layouts.split
     assert (collocated.actor_gpus, collocated.learner_gpus, split.actor_gpus, split.learner_gpus) == (8, 8, 4, 4)
     assert collocated.actor_seconds == plan.price.actor_seconds and collocated.memory == plan.price.memory
     assert math.isclose(split.actor_seconds, 2 * collocated.actor_seconds, rel_tol=1e-12)
@@ -65,15 +72,17 @@ def test_the_split_is_the_same_run_priced_on_half_the_gpus():
     assert 1.9 * collocated.learner_seconds < split.learner_seconds < 2 * collocated.learner_seconds
     assert split.memory.available_gib == GPUS["h200"].memory_gib
     assert split.memory.states > collocated.memory.states and split.rounds == collocated.rounds == 507
-    assert plan.layouts.max_staleness == 1
-    assert plan.layouts.split_flags == ("without --collocate, without --vllm_sleep, --pi_buffer_maxlen_per_device 32, "
+    assert layouts.max_staleness == 1
+    assert layouts.split_flags == ("without --collocate, without --vllm_sleep, --pi_buffer_maxlen_per_device 32, "
                                         "--max_staleness 1")
 
 
 def test_the_dry_run_prints_both_layouts_and_which_is_faster():
-    plan = priced_plan(sudoku(8))
-    collocated, split = plan.layouts.collocated, plan.layouts.split
-    block = layout_block(render_plan(plan))
+    args = sudoku(8)
+    plan = priced_plan(args)
+    layouts = layouts_of(args, plan)
+    collocated, split = layouts.collocated, layouts.split
+    block = layout_block(render_with_layouts(args, plan))
     assert block[0].startswith("layout of the 8 GPUs, each priced as above (weight broadcasts not counted")
     assert block[1].startswith(f"  collocated, actors and learners taking turns on all 8 GPUs: at most "
                                f"{duration(plan.price.round_seconds)} a round")
@@ -89,14 +98,14 @@ def test_the_dry_run_prints_both_layouts_and_which_is_faster():
 
 def test_a_split_run_is_told_the_flags_that_collocate_it():
     split_flags = dict(collocate=False, vllm_sleep=False, pi_buffer_maxlen_per_device=32, max_staleness=1)
-    block = layout_block(render_plan(priced_plan(sudoku(8, **split_flags))))
+    block = layout_block(dry_run(sudoku(8, **split_flags)))
     assert re.search(r"faster: collocated, [\d.]+× .*; its flags: --collocate, --pi_buffer_maxlen_per_device 16, "
                      r"--max_staleness 0$", block[3])
     assert "learner memory about 8.2 of 77 GiB a GPU" in block[1]  # vLLM keeps --vllm_gpu_ratio 0.45 beside it
 
 
 def test_where_the_actors_cannot_play_ahead_the_split_is_synchronous_and_says_why():
-    recompute = layout_block(render_plan(priced_plan(sudoku(8, trust_region="dppo_binary_tv_recompute"))))
+    recompute = layout_block(dry_run(sudoku(8, trust_region="dppo_binary_tv_recompute")))
     assert ("not priced ahead: --max_staleness is refused with --trust_region dppo_binary_tv_recompute, which "
             "recomputes π_θ'") in recompute[2]
     assert re.search(r"faster: collocated, [\d.]+× the synchronous split", recompute[3])
@@ -114,22 +123,24 @@ def odd(gpus: int, rollout: int, per_device: int):
 def test_an_odd_gpu_count_prices_its_split_synchronous_only():
     """oat's split of 3 GPUs gives the actors 2 and the learners 2, one GPU holding both, where they cannot
     overlap."""
-    plan = priced_plan(odd(3, 192, 32))
-    assert (plan.layouts.split.actor_gpus, plan.layouts.split.learner_gpus, plan.layouts.max_staleness) == (2, 2, 0)
-    block = layout_block(render_plan(plan))
+    args = odd(3, 192, 32)
+    plan = priced_plan(args)
+    layouts = layouts_of(args, plan)
+    assert (layouts.split.actor_gpus, layouts.split.learner_gpus, layouts.max_staleness) == (2, 2, 0)
+    block = layout_block(render_with_layouts(args, plan))
     assert "not priced ahead: oat puts an actor and a learner on one of an odd number of GPUs" in block[2]
     assert re.search(r"faster: collocated, [\d.]+× the synchronous split .*; the layout of this run$", block[3])
 
 
 def test_a_layout_whose_plan_is_refused_says_why_and_compares_nothing():
-    block = layout_block(render_plan(priced_plan(odd(3, 96, 32))))
+    block = layout_block(dry_run(odd(3, 96, 32)))
     assert block[2] == ("  split (without --collocate): its plan is refused: --rollout_batch_size 96 is not a "
                         "multiple of 2 learner(s) × --rollout_batch_size_per_device 32")
     assert len(block) == 3
 
 
 def test_one_gpu_has_no_split_and_says_so_in_one_line():
-    text = render_plan(priced_plan(sudoku(1)))
+    text = dry_run(sudoku(1))
     assert layout_block(text) == [
         "layout: 1 GPU, so no split (oat puts the actor and the learner on it either way): collocated only"]
 
@@ -137,14 +148,16 @@ def test_one_gpu_has_no_split_and_says_so_in_one_line():
 @pytest.mark.parametrize("changes", [dict(zero_stage=3), dict(vllm_gpu_ratio=0.01)])
 def test_a_run_without_a_round_price_compares_no_layout(changes):
     """A learner setting never measured, or a vLLM share that holds no sequence: the price has no round time."""
-    [line] = layout_block(render_plan(priced_plan(sudoku(8, **changes))))
+    [line] = layout_block(dry_run(sudoku(8, **changes)))
     assert line == "layout: neither collocated nor split is priced (the price above says why)"
 
 
 def test_the_docs_layout_numbers_are_what_the_layouts_compute():
     """docs/engines/oat.md's section on the layouts quotes Sudoku on 8 H200s."""
-    plan = priced_plan(sudoku(8))
-    collocated, split = plan.layouts.collocated, plan.layouts.split
+    args = sudoku(8)
+    plan = priced_plan(args)
+    layouts = layouts_of(args, plan)
+    collocated, split = layouts.collocated, layouts.split
     expected = split.round(1, expected=True) / collocated.round(0, expected=True)
     quoted = (f"For Sudoku on 8 H200s collocated takes at most {duration(collocated.round(0))} a round (actors "
               f"{duration(collocated.actor_seconds)}, learner {duration(collocated.learner_seconds)}), the split "
@@ -167,5 +180,5 @@ def test_a_run_played_ahead_is_priced_with_the_overlap():
     assert synchronous.run_seconds == synchronous.rounds * (actor + learner)
     assert ahead.round_seconds == max(actor, learner)
     assert ahead.run_seconds == ahead.rounds * max(actor, learner) + min(actor, learner)
-    text = render_plan(priced_plan(sudoku(8, **split, max_staleness=1)))
+    text = dry_run(sudoku(8, **split, max_staleness=1))
     assert f"× {duration(max(actor, learner))} (actors a round ahead, --max_staleness 1" in text

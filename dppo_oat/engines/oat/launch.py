@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if launches_nothing(argv):
         stand_in_for_missing_launchpad()
     try:
-        from dppo_oat.engines.oat.plan import render_plan
+        from dppo_oat.engines.oat.layout import render_with_layouts
         from dppo_oat.engines.oat.preflight import optimizer_toolkit, toolkit_line, toolkit_problem
 
         args, plan = checked_plan(argv)
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail("interrupted before anything was launched: nothing was written; run the same command again", status=130)
     toolkit = None if args.on_cpu else optimizer_toolkit(args.adam_offload)
     optimizer = CPU_OPTIMIZER_LINE if toolkit is None else toolkit_line(toolkit)
-    print(render_plan(plan), checkpoint_line(args, plan), optimizer, sep="\n", flush=True)
+    print(render_with_layouts(args, plan), checkpoint_line(args, plan), optimizer, sep="\n", flush=True)
     if args.dry_run:
         return
     problem = None if toolkit is None else toolkit_problem(toolkit)

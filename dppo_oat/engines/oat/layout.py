@@ -23,6 +23,7 @@ import copy
 import math
 from dataclasses import dataclass, replace
 
+from dppo_oat.engines.oat.plan import check_plan, plan_of, render_plan, round_samples
 from dppo_oat.engines.oat.price import LearnerMemory, Price, duration, overlapped, price_of, run_time
 
 GiB = 2**30
@@ -129,8 +130,6 @@ def not_ahead(args, plan) -> str:
 def layout_args(args, collocate: bool, max_staleness: int):
     """``args`` in a layout: ``--collocate`` or not (then no ``--vllm_sleep``), ``--max_staleness`` k, and a
     ``--pi_buffer_maxlen_per_device`` of one round's samples made one round's of that layout's learners."""
-    from dppo_oat.engines.oat.plan import round_samples
-
     other = copy.copy(args)
     other.collocate, other.max_staleness = collocate, max_staleness
     if not collocate:
@@ -157,8 +156,6 @@ def flags_text(args, other) -> str:
 def priced_layout(args, plan, smi_name: str | None) -> tuple[Layout | None, str]:
     """``args``'s plan (with ``plan``'s episode turns, which no layout changes) priced; None and why where its
     plan is refused or not priced."""
-    from dppo_oat.engines.oat.plan import check_plan, plan_of
-
     try:
         other = replace(plan_of(args), slot_turns=plan.slot_turns)
         check_plan(other)
@@ -168,8 +165,12 @@ def priced_layout(args, plan, smi_name: str | None) -> tuple[Layout | None, str]
     return layout, "" if layout is not None else NOT_PRICED
 
 
-def layouts_of(args, plan, smi_name: str | None) -> Layouts:
-    """The run's layout (``plan``, priced) beside the other one, with the flags that take the run to each."""
+def layouts_of(args, plan) -> Layouts | None:
+    """The run's layout (``plan``, a :func:`~dppo_oat.engines.oat.plan.priced_plan`) beside the other one, with the
+    flags that take the run to each; None without a price."""
+    if plan.price is None:
+        return None
+    smi_name = plan.smi_name
     own = layout_of(plan.price, plan)
     own_note = "" if own is not None else NOT_PRICED
     if plan.gpus == 1:  # oat's split of one GPU is the GPU shared
@@ -185,6 +186,12 @@ def layouts_of(args, plan, smi_name: str | None) -> Layouts:
 
 
 # --------------------------------------------------------------------------------------------------- rendering
+
+
+def render_with_layouts(args, plan) -> str:
+    """What ``--dry_run`` prints of the run: the plan with its price (:func:`~dppo_oat.engines.oat.plan.render_plan`),
+    then its layouts (:func:`layout_lines`)."""
+    return "\n".join([render_plan(plan), *layout_lines(layouts_of(args, plan))])
 
 
 def layout_lines(layouts: Layouts | None) -> list[str]:

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dppo_oat.engines.oat.layout import Layouts, layout_lines, layouts_of
 from dppo_oat.engines.oat.price import (
     EpisodeTurns,
     Lora,
@@ -94,9 +93,8 @@ class Plan:
     slot_turns: tuple[EpisodeTurns, ...] | None = None
     """The turns of the episode each of an actor's ``decode_batch`` slots plays (:func:`plan_turns`, resolved by
     :func:`priced_plan`)."""
-    layouts: Layouts | None = None
-    """The run priced collocated and split (:func:`~dppo_oat.engines.oat.layout.layouts_of`), None without a
-    price."""
+    smi_name: str | None = None
+    """The GPU nvidia-smi named where ``--price_gpu`` was not given (:func:`priced_plan`): what the price is for."""
 
 
 def topology(args) -> tuple[int, int, int]:
@@ -212,15 +210,14 @@ def actor_step_calls(plan: Plan) -> StepCalls:
 
 
 def priced_plan(args) -> Plan:
-    """:func:`plan_of` with its episodes' turns (:func:`plan_turns`), the run's price and its layouts priced, for
-    arguments whose plan :func:`check_plan` passed (no price without the model's shape: the plan's ``shape_note``
-    then says which flag gives it)."""
+    """:func:`plan_of` with its episodes' turns (:func:`plan_turns`) and the run's price, for arguments whose plan
+    :func:`check_plan` passed (no price without the model's shape: the plan's ``shape_note`` then says which flag
+    gives it)."""
     plan = replace(plan_of(args), slot_turns=plan_turns(args))
     if plan.shape is None:
         return plan
     smi_name = None if getattr(args, "price_gpu", None) else nvidia_smi_gpu()
-    plan = replace(plan, price=price_of(plan, args, plan.shape, plan.shape_note, smi_name))
-    return replace(plan, layouts=layouts_of(args, plan, smi_name))
+    return replace(plan, smi_name=smi_name, price=price_of(plan, args, plan.shape, plan.shape_note, smi_name))
 
 
 def groups_per_step(args) -> int:
@@ -352,7 +349,6 @@ def render_plan(plan: Plan) -> str:
         head_line(plan),
         *plan_lora_lines(plan),
         *price_lines(plan),
-        *layout_lines(plan.layouts),
     ]
     return "\n".join(lines)
 
