@@ -41,8 +41,6 @@ SCHEMA_VERSION = 1
 """prime-rl's token-export schema version whose field names the records use."""
 EXPORT_DIR = TOKEN_EXPORT_DIR
 """The run directory's folder of exports, a file per step (:meth:`~dppo_oat.run.directory.RunDir.export`)."""
-TOKEN_EXPORT_MODES = ("none", "all")
-"""``--token-export``: ``none`` (the default: nothing) or ``all`` (every trained token of every step)."""
 FLOAT_COLUMNS = ("advantages", "inference_logprobs", "trainer_logprobs", "importance_ratio", "entropy")
 BOOL_COLUMNS = ("loss_mask", "is_masked", "is_masked_high", "is_masked_low")
 WRITE_TIMEOUT_S = 300.0

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dppo_oat.divergence.estimates import binary_tv
+from dppo_oat.settings.spec import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.trust_region import (
     MAX_LOG_RATIO,
     SHADOW_CLIP_RANGES,
@@ -33,8 +34,6 @@ from dppo_oat.trust_region import (
     ratio_keep,
 )
 
-DEFAULT_TOKEN_SAMPLES = 32
-"""Response tokens per RL step in ``tokens.jsonl``: about 9 KB a step, so a 1,000-step run stays under 10 MB."""
 REFERENCE_CLIPS = {f"{preset}_masked": clip_range for preset, clip_range in SHADOW_CLIP_RANGES.items()}
 """The ratio clips every sample is also judged by, those of the shadow-mask metrics: PPO (eq:ppo-clip, ε = 0.2) and
 GRPO-ClipHigher (0.2, 0.28)."""

@@ -24,8 +24,6 @@ import tyro
 from dppo_oat.advantages import ADVANTAGE_MODES, AdvantageSettings
 from dppo_oat.aggregation import AGGREGATIONS
 from dppo_oat.ranges import check_float32
-from dppo_oat.run.token_export import TOKEN_EXPORT_MODES
-from dppo_oat.run.token_samples import DEFAULT_TOKEN_SAMPLES
 from dppo_oat.settings.docstrings import field_docstrings
 from dppo_oat.settings.kinds import flag
 from dppo_oat.trust_region import (
@@ -39,6 +37,13 @@ from dppo_oat.trust_region import (
     check_batch_serves,
 )
 from dppo_oat.trust_region.band_search import BAND_NAMES, check_target
+
+TOKEN_EXPORT_MODES = ("none", "all")
+"""``--token-export``: ``none`` (the default: nothing) or ``all`` (every trained token of every step,
+:mod:`dppo_oat.run.token_export`)."""
+DEFAULT_TOKEN_SAMPLES = 32
+"""``--token-samples``: response tokens per RL step in ``tokens.jsonl`` (:mod:`dppo_oat.run.token_samples`), about
+9 KB a step, so a 1,000-step run stays under 10 MB."""
 
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 TEMPLATES = ("qwen3_game", "qwen3_general", "plain", "chat")
