@@ -66,12 +66,14 @@ def test_the_split_is_the_same_run_priced_on_half_the_gpus():
     layouts = layouts_of(args, plan)
     collocated, split = layouts.collocated, layouts.split
     assert (collocated.actor_gpus, collocated.learner_gpus, split.actor_gpus, split.learner_gpus) == (8, 8, 4, 4)
-    assert collocated.actor_seconds == plan.price.actor_seconds and collocated.memory == plan.price.memory
+    assert collocated.actor_seconds == plan.price.actor_seconds and collocated.price.memory == plan.price.memory
     assert math.isclose(split.actor_seconds, 2 * collocated.actor_seconds, rel_tol=1e-12)
-    assert math.isclose(split.actor_expected_seconds, 2 * collocated.actor_expected_seconds, rel_tol=1e-12)
+    assert math.isclose(split.price.actor_expected_seconds, 2 * collocated.price.actor_expected_seconds,
+                        rel_tol=1e-12)
     assert 1.9 * collocated.learner_seconds < split.learner_seconds < 2 * collocated.learner_seconds
-    assert split.memory.available_gib == GPUS["h200"].memory_gib
-    assert split.memory.states > collocated.memory.states and split.rounds == collocated.rounds == 507
+    assert split.price.memory.available_gib == GPUS["h200"].memory_gib
+    assert split.price.memory.states > collocated.price.memory.states
+    assert split.price.rounds == collocated.price.rounds == 507
     assert layouts.max_staleness == 1
     assert layouts.split_flags == ("without --collocate, without --vllm_sleep, --pi_buffer_maxlen_per_device 32, "
                                         "--max_staleness 1")

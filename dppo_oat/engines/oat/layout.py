@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dppo_oat.engines.oat.plan import check_plan, plan_of, render_plan, round_samples
-from dppo_oat.engines.oat.price import LearnerMemory, Price, duration, overlapped, price_of, run_time
+from dppo_oat.engines.oat.price import Price, duration, overlapped, price_of, run_time
 
 GiB = 2**30
 NOT_PRICED = "not priced (the price above says why)"
@@ -59,34 +59,37 @@ def times_faster(slow: float, fast: float) -> float:
 
 @dataclass(frozen=True)
 class Layout:
-    """One layout's price per learning round: its actor and learner GPUs, the actors' seconds at most and at the
-    measured mean turns (None without one), the learner's, the run's rounds and the learner's memory."""
+    """One layout: its actor and learner GPUs and its plan's :class:`~dppo_oat.engines.oat.price.Price` (the
+    actors' seconds a round at most and at the measured mean turns, the learner's, the rounds, the memory), timed
+    with the actors up to any ``max_staleness`` ahead."""
 
     actor_gpus: int
     learner_gpus: int
-    actor_seconds: float
-    actor_expected_seconds: float | None
-    learner_seconds: float
-    rounds: int
-    memory: LearnerMemory | None
+    price: Price
+
+    @property
+    def actor_seconds(self) -> float:
+        return self.price.actor_seconds
+
+    @property
+    def learner_seconds(self) -> float:
+        return self.price.learner_seconds
 
     def round(self, max_staleness: int, expected: bool = False) -> float | None:
         """Seconds a round (at the measured mean turns with ``expected``; None without them)."""
-        actor = self.actor_expected_seconds if expected else self.actor_seconds
-        return None if actor is None else overlapped(actor, self.learner_seconds, max_staleness)
+        actor = self.price.actor_expected_seconds if expected else self.actor_seconds
+        return overlapped(actor, self.learner_seconds, max_staleness)
 
     def run(self, max_staleness: int, expected: bool = False) -> float | None:
-        actor = self.actor_expected_seconds if expected else self.actor_seconds
-        return None if actor is None else run_time(actor, self.learner_seconds, self.rounds, max_staleness)
+        actor = self.price.actor_expected_seconds if expected else self.actor_seconds
+        return run_time(actor, self.learner_seconds, self.price.rounds, max_staleness)
 
 
 def layout_of(price: Price | None, plan) -> Layout | None:
     """``plan``'s layout priced by its ``price``, None where the price has no round time."""
     if price is None or price.round_seconds is None:
         return None
-    actor_gpus, learner_gpus = plan.actors * plan.gpus_per_actor, plan.learners // plan.num_groups
-    return Layout(actor_gpus, learner_gpus, price.actor_seconds, price.actor_expected_seconds, price.learner_seconds,
-                  price.rounds, price.memory)
+    return Layout(plan.actors * plan.gpus_per_actor, plan.learners // plan.num_groups, price)
 
 
 @dataclass(frozen=True)
@@ -215,14 +218,14 @@ def times(layout: Layout, max_staleness: int) -> str:
     text = (f"at most {duration(layout.round(max_staleness))} a round, "
             f"{duration(layout.run(max_staleness)).split(' (')[0]} the run")
     expected = layout.round(max_staleness, expected=True)
-    if expected is None or abs(expected - layout.round(max_staleness)) <= 1e-9 * expected:
+    if expected is None or math.isclose(expected, layout.round(max_staleness)):
         return text
     return (f"{text} (about {duration(expected)}, "
             f"{duration(layout.run(max_staleness, expected=True)).split(' (')[0]} at the measured mean turns)")
 
 
 def memory_text(layout: Layout) -> str:
-    memory = layout.memory
+    memory = layout.price.memory
     if memory is None:
         return ""
     fits = "" if memory.peak <= memory.available_gib * GiB else ", more than it has"
