@@ -325,7 +325,7 @@ def test_a_run_stopped_by_every_learner_ends_in_one_line_and_status_1(error, lin
     fake_args = type("Args", (), {"dry_run": False, "adam_offload": False, "launch_type": "local_mp",
                                   "checkpoint_every": 0, "resume_dir": "", "on_cpu": True})()
     monkeypatch.setattr(launch, "checked_plan", lambda argv: (fake_args, None))
-    monkeypatch.setattr("dppo_oat.engines.oat.plan.render_plan", lambda plan: "plan")
+    monkeypatch.setattr("dppo_oat.engines.oat.layout.render_with_layouts", lambda args, plan: "plan")
     monkeypatch.setattr(launch, "build_program", lambda args: (None, {}))
     monkeypatch.setattr(lp, "launch", learner_process)
     with pytest.raises(SystemExit) as stopped:
