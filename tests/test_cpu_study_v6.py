@@ -5,6 +5,7 @@ family that asks one question."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import tyro
@@ -123,3 +124,66 @@ def test_the_v6_experiments_play_only_new_arms():
         methods = cpu_study.EXPERIMENTS[name].methods
         assert not {"pg_is", "dppo_binary_kl"} & set(methods), name
 
+
+
+def long_rows(condition: str, method: str, seed: int, metric: str, values: list[float]) -> list[dict]:
+    """Rows of a study's long table: one run's ``metric`` at steps 1, 2, ..."""
+    return [{"condition": condition, "arm_method": method, "seed": seed, "step": step, "metric": metric,
+             "value": value} for step, value in enumerate(values, start=1)]
+
+
+def test_held_strength_compares_each_band_with_its_target_and_with_dppo_binary_kl_runs_from_its_first_held_step():
+    """Under staleness a held band acts from step 2: step 1 (the preset's own band, here 0.5) is left out. GSPO
+    blocked 0.03 and 0.06 on seeds 0 and 1 where set to 0.02 and 0.04, and DPPO-Binary-KL's runs blocked 0.02 and
+    0.02: 0.045 over the seeds, 1.5× its target and 2.25× the runs (per seed 1.5× and 3×), outside 1.25×."""
+    from studies.cpu.report import held_strength
+
+    gspo = HELD_ARMS[0][0]
+    rows = []
+    for seed, (blocked, target) in enumerate(((0.03, 0.02), (0.06, 0.04))):
+        rows += long_rows("field-mb4", gspo, seed, "mask/fraction", [0.5, blocked, blocked])
+        rows += long_rows("field-mb4", gspo, seed, "band/target", [float("nan"), target, target])
+        rows += long_rows("field-mb4", "dppo_binary_kl", seed, "mask/fraction", [0.02, 0.01, 0.03])
+    table = held_strength(pd.DataFrame(rows).dropna(), "field-mb4", (gspo, HELD_ARMS[1][0]))
+    assert list(table.index) == [gspo]  # an arm not run yet has no row
+    row = table.loc[gspo]
+    assert row["runs"] == 2 and row["blocked %"] == pytest.approx(4.5) and row["target %"] == pytest.approx(3.0)
+    assert row["reference %"] == pytest.approx(2.0) and row["to target"] == pytest.approx(1.5)
+    assert row["to reference"] == pytest.approx(2.25) and (row["lowest"], row["highest"]) == pytest.approx((1.5, 3.0))
+    assert not row["within"]
+    under_int4 = held_strength(pd.DataFrame(rows).assign(condition="mech-int4").dropna(), "mech-int4", (gspo,))
+    assert under_int4.loc[gspo, "reference %"] == pytest.approx(2.0)  # from step 1: (0.02+0.01+0.03)/3 per seed
+    assert held_strength(pd.DataFrame(rows).query("arm_method != 'dppo_binary_kl'"), "field-mb4", (gspo,)).empty
+
+
+def scored(contrasts, verdict: str, family: str, holm_size: int) -> pd.DataFrame:
+    """A contrast table (:func:`~studies.cpu.report.contrast_table`'s columns the page reads) scoring every claim
+    of ``contrasts`` alike."""
+    return pd.DataFrame([{"claim": c.claim, "verdict": verdict, "difference": 0.1, "ci_low": 0.05, "ci_high": 0.15,
+                          "pairs": 8, "left_flag": "", "right_flag": "", "family": family, "holm_size": holm_size}
+                         for c in contrasts])
+
+
+def test_the_v6_lines_say_not_played_then_their_verdicts_corrected_as_scored_and_the_strength_held():
+    """Before its runs a v6 line says so; after, it gives each verdict and how it was corrected (Holm over its
+    family once every seed has run, else uncorrected), and the held lines name the arms outside the design's
+    1.25× of DPPO-Binary-KL's runs."""
+    from studies.cpu.page import HELD_HEADING, ScaleEvidence, halves_line, held_line, placebo_cells_line
+
+    v6 = HELD_CONTRASTS + PLACEBO_CELLS_CONTRASTS + HALVES_CONTRASTS
+    waiting = scored(v6, "not run", "primary", 0)
+    assert held_line(waiting, HELD_CONTRASTS, HELD_HEADING, None).endswith(": not played yet.")
+    assert placebo_cells_line(waiting, None).endswith(": not played yet.")
+    assert halves_line(waiting, None).endswith(": not played yet.")
+    strength = pd.DataFrame({"runs": [8, 8], "blocked %": [1.0, 2.0], "target %": [1.0, 2.0],
+                             "reference %": [1.5, 1.5], "to target": [1.0, 1.0], "to reference": [0.67, 1.33],
+                             "lowest": [0.5, 1.1], "highest": [0.9, 1.6], "within": [False, False]},
+                            index=[HELD_ARMS[0][0], HELD_ARMS[1][0]])
+    evidence = ScaleEvidence(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), held={"mech-int4": strength})
+    line = held_line(scored(v6, "holds", "primary", 8), HELD_CONTRASTS, HELD_HEADING, evidence)
+    assert line.count("(primary, Holm over the 8)") == 2 and line.count("**holds** (+0.100") == 16
+    assert "GSPO 1.00% (1.00× its target, 0.67× DPPO-Binary-KL's runs, per seed 0.50–0.90×)" in line
+    assert line.endswith("The design asks for 1.25×: outside 1.25× of DPPO-Binary-KL's runs, so compared at "
+                         "another strength than its runs': GSPO, VACO.")
+    early = placebo_cells_line(scored(v6, "inconclusive", "exploratory", 0), None)
+    assert "Primary (written as primary; uncorrected until every seed has run)" in early

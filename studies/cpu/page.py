@@ -29,12 +29,17 @@ from studies.cpu.claims import (
     FRONTIER_MORE_CONTRASTS,
     FRONTIER_STALE_ARMS,
     FRONTIER_STALE_CONTRASTS,
+    HALVES_CONTRASTS,
+    HELD_ARMS,
+    HELD_CONTRASTS,
+    HELD_STALE_CONTRASTS,
     MATCHED_ARMS,
     MATCHED_CONTRASTS,
     MATCHED_MORE_ARMS,
     MATCHED_MORE_CONTRASTS,
     MATCHED_STALE_CONTRASTS,
     MECHANISM_CONTRASTS,
+    PLACEBO_CELLS_CONTRASTS,
     PLACEBO_CONTRASTS,
     REGIME_CONTRASTS,
     REGIME_LR_CONTRASTS,
@@ -50,6 +55,8 @@ from studies.cpu.claims import (
 from studies.cpu.figures import FIGURES, ROOT, STRENGTH_FILE, curves_file
 from studies.cpu.report import (
     CALIBRATED_STEPS,
+    HELD_STEPS,
+    HELD_WITHIN,
     STRENGTH_CONDITION,
     blocked_by_half,
     blocked_per_run,
@@ -57,6 +64,7 @@ from studies.cpu.report import (
     blocked_share,
     contrast_table,
     held_out_table,
+    held_strength,
     load_study,
     pooled_holm,
     run_outcomes,
@@ -205,12 +213,17 @@ class ScaleEvidence:
     """Each arm's blocked share under the calibrated conditions by stretch of the run (:data:`REFERENCE_STRETCHES`),
     means over seeds, indexed by (condition, method): how DPPO-Binary-KL's own share moved after the step the
     others were calibrated on."""
+    held: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """Per v6 condition (:data:`~studies.cpu.report.HELD_STEPS`), what each held arm blocked beside what it was set
+    to block and beside DPPO-Binary-KL's own runs (:func:`~studies.cpu.report.held_strength`)."""
 
 
 MECHANISM_CONDITIONS = ("mech-int4", "mech-int4-redraw", "mech-noise")
 """The mechanism's conditions: the fixed int4 grid, the grid redrawn at every re-sync, and the matched noise."""
 CALIBRATED_CONDITIONS = ("mech-int4", "field-mb4")
 """The conditions of the calibrated arms (``matched``, ``matched_more`` and ``band_sweep``; ``matched_stale``)."""
+HALVES_CONDITION = HALVES_CONTRASTS[0].left[1]
+"""The condition of the ``halves`` experiment (staleness, where DPPO-Binary-KL's mask binds and helps)."""
 REFERENCE_STRETCHES = ((1, 10), (11, 25), (26, 50))
 """The stretches of a run over which the matched lines print DPPO-Binary-KL's own blocked share."""
 
@@ -219,16 +232,19 @@ def scale_evidence(df: pd.DataFrame, outcomes: pd.DataFrame) -> ScaleEvidence:
     """The :class:`ScaleEvidence` of a study: its long table ``df`` and its runs' ``outcomes``."""
     stretches = pd.DataFrame({f"{first}-{last}": blocked_share(df, CALIBRATED_CONDITIONS, (first, last))
                               for first, last in REFERENCE_STRETCHES})
+    held = {condition: held_strength(df, condition, tuple(method for method, _ in HELD_ARMS))
+            for condition in HELD_STEPS}
     return ScaleEvidence(held_out_table(outcomes, ("mb4-int4",)), sign_shares_by_stretch(df, "mech-int4", "pg_is"),
-                         blocked_by_half(df, MECHANISM_CONDITIONS),
+                         blocked_by_half(df, (*MECHANISM_CONDITIONS, HALVES_CONDITION)),
                          outcomes.groupby(["condition", "arm_method"])["masked"].mean(),
-                         blocked_per_run(df, CALIBRATED_CONDITIONS, CALIBRATED_STEPS), stretches)
+                         blocked_per_run(df, CALIBRATED_CONDITIONS, CALIBRATED_STEPS), stretches, held)
 
 
 def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> list[str]:
     """The page's opening section (between :data:`SCALE_MARKER` lines), from the scored claims: what a tiny policy
-    on two cores can and cannot say, the result of Takeaway 2 in its regime, the mechanism's claims and the later
-    rules' (:func:`frontier_line`); with ``evidence``, what bounds the regime's and the mechanism's verdicts."""
+    on two cores can and cannot say, the result of Takeaway 2 in its regime, the mechanism's claims, the later
+    rules' (:func:`frontier_line`), v6's held bands (:func:`held_line`), cells' placebo and Takeaway 3; with
+    ``evidence``, what bounds the verdicts (what each arm blocked, and against what)."""
     return [
         provenance_line(),
         SCALE_CANNOT,
@@ -245,7 +261,11 @@ def scale_lines(table: pd.DataFrame, evidence: ScaleEvidence | None = None) -> l
             (MATCHED_ARMS + MATCHED_MORE_ARMS, MATCHED_STALE_CONTRASTS, MATCHED_STALE_HEADING,
              MATCHED_STALE_PG_IS_FAMILY))),
         band_sweep_line(table, evidence),
+        *(held_line(table, contrasts, heading, evidence) for contrasts, heading in (
+            (HELD_CONTRASTS, HELD_HEADING), (HELD_STALE_CONTRASTS, HELD_STALE_HEADING))),
         placebo_line(table, evidence),
+        placebo_cells_line(table, evidence),
+        halves_line(table, evidence),
         sign_line(table),
     ]
 
@@ -500,6 +520,116 @@ def placebo_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
     return (f"{line} They blocked {100 * shares[0]:.2f}% and {100 * shares[1]:.2f}% of the A ≠ 0 tokens (set to "
             f"{rates[0]:.2f}% and {rates[1]:.2f}%, int4's means over its runs, at a constant rate where int4's grew "
             "over a run), with no engine error: so they test how many tokens of a half are blocked, not which.")
+
+
+HELD_HEADING = ("The field with bands held at DPPO-Binary-KL's strength at every step under the int4 copy",
+                "one step per rollout; each band set on every step's batch, before its update, to block as many "
+                "tokens as DPPO-Binary-KL's mask does there; the `mechanism` experiment's DPPO-Binary-KL and PG-IS "
+                "runs as references")
+"""The ``held`` line's heading."""
+HELD_STALE_HEADING = ("The field with bands held at DPPO-Binary-KL's strength under staleness",
+                      "four quarter-batch steps per rollout, an fp32 copy; each band set on a step's update to block "
+                      "as many tokens as DPPO-Binary-KL's mask does there, and acting from the next step; "
+                      "`frontier_stale`'s DPPO-Binary-KL and PG-IS runs as references")
+"""The ``held_stale`` line's heading."""
+
+
+def family_note(table: pd.DataFrame, contrasts: tuple[Contrast, ...]) -> str:
+    """How the verdicts of ``contrasts`` (one family) are corrected, as scored: Holm over the family once its
+    primary claims have their pairs, else uncorrected and exploratory."""
+    row = table.set_index("claim").loc[contrasts[0].claim]
+    if row["family"] == "primary" and row["holm_size"]:
+        return f"primary, Holm over the {row['holm_size']}"
+    return "written as primary; uncorrected until every seed has run"
+
+
+def held_line(table: pd.DataFrame, contrasts: tuple[Contrast, ...], heading: tuple[str, str],
+              evidence: ScaleEvidence | None) -> str:
+    """A held experiment's line: each held arm against DPPO-Binary-KL and against PG-IS (two families, each
+    corrected as :func:`family_note` says), and with ``evidence`` the strength each band held
+    (:func:`held_strength_text`)."""
+    if (table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"] == "not run").all():
+        return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
+    against_dppo, against_pg_is = contrasts[:len(HELD_ARMS)], contrasts[len(HELD_ARMS):]
+    verdicts = ["; ".join(field_result(table, label, contrast)
+                          for (_, label), contrast in zip(HELD_ARMS, claims, strict=True))
+                for claims in (against_dppo, against_pg_is)]
+    line = (f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}). Against DPPO-Binary-KL "
+            f"({family_note(table, against_dppo)}): {verdicts[0]}. Against PG-IS "
+            f"({family_note(table, against_pg_is)}): {verdicts[1]}.")
+    condition = contrasts[0].left[1]
+    strength = evidence.held.get(condition, pd.DataFrame()) if evidence is not None else pd.DataFrame()
+    return f"{line} {held_strength_text(strength, condition)}" if len(strength) else line
+
+
+def held_strength_text(strength: pd.DataFrame, condition: str) -> str:
+    """What each held band blocked (``strength``: :func:`~studies.cpu.report.held_strength`) against what it was
+    set to block on its own batches, and against DPPO-Binary-KL's own runs, with the arms outside the design's
+    :data:`~studies.cpu.report.HELD_WITHIN`."""
+    labels = dict(HELD_ARMS)
+    first, _ = HELD_STEPS[condition]
+    arms = "; ".join(f"{labels[method]} {row['blocked %']:.2f}% ({row['to target']:.2f}× its target, "
+                     f"{row['to reference']:.2f}× DPPO-Binary-KL's runs, per seed {row['lowest']:.2f}–"
+                     f"{row['highest']:.2f}×)" for method, row in strength.iterrows())
+    outside = [labels[method] for method in strength.index[~strength["within"].astype(bool)]]
+    verdict = (f"every arm within {HELD_WITHIN}× of DPPO-Binary-KL's runs" if not outside else
+               f"outside {HELD_WITHIN}× of DPPO-Binary-KL's runs, so compared at another strength than its runs': "
+               + ", ".join(outside))
+    return (f"Blocked from step {first} on (means over seeds; DPPO-Binary-KL's runs "
+            f"{strength['reference %'].iloc[0]:.2f}%; a target is DPPO-Binary-KL's mask on the arm's own batch): "
+            f"{arms}. The design asks for {HELD_WITHIN}×: {verdict}.")
+
+
+def placebo_cells_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on v6's placebo in int4's own cells: its three primary claims and the
+    exploratory one, and with ``evidence`` what each placebo blocked in int4's cells and in the others beside the
+    mask."""
+    to_pg_is, to_mask, cells, control = PLACEBO_CELLS_CONTRASTS
+    heading = ("- **The mechanism's placebo in int4's own cells** (`placebo_cells`, the int4 copy, one step per "
+               "rollout: random tokens of int4's two cells, Â < 0 where μ > π and Â > 0 where μ < π, at the rates "
+               "its mask blocked each per μ bucket; its control blocks the other two cells at the same rates)")
+    if table.set_index("claim").loc[to_pg_is.claim, "verdict"] == "not run":
+        return f"{heading}: not played yet."
+    line = (f"{heading}. Primary ({family_note(table, PLACEBO_CELLS_CONTRASTS[:3])}): PG-IS against the placebo "
+            f"(the mechanism predicts no difference) {claim_result(table, to_pg_is)}; the placebo against "
+            f"DPPO-Binary-KL {claim_result(table, to_mask)}; the control against the placebo "
+            f"{claim_result(table, cells)}. Exploratory: PG-IS against the control {claim_result(table, control)}.")
+    return line + blocked_cells_text(evidence, "mech-int4", (("dppo_binary_kl", "DPPO-Binary-KL"),
+                                                            ("placebo_cells", "the placebo"),
+                                                            ("placebo_cells_other", "the control")))
+
+
+def blocked_cells_text(evidence: ScaleEvidence | None, condition: str, arms: tuple[tuple[str, str], ...]) -> str:
+    """`` Blocked ...``: what each of ``arms`` blocked under ``condition`` in the mask's A<0 half, its A>0 half and
+    the other cells (% of the A ≠ 0 tokens, means over steps and seeds; :func:`blocked_by_half`), or nothing before
+    they have run."""
+    halves = evidence.halves if evidence is not None else pd.DataFrame()
+    if not all((condition, method) in halves.index for method, _ in arms):
+        return ""
+    negative, positive, other = halves.columns[:3]
+    shares = "; ".join(f"{label} {row[negative]:.2f}%, {row[positive]:.2f}% and {row[other]:.2f}%"
+                       for label, row in ((label, halves.loc[(condition, method)]) for method, label in arms))
+    return f" Blocked in the A<0 half, the A>0 half and the other cells (% of the A ≠ 0 tokens): {shares}."
+
+
+def halves_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
+    """The opening section's line on Takeaway 3 where the mask binds (staleness): its three primary claims, the two
+    exploratory ones, and with ``evidence`` what each half blocked beside the whole mask."""
+    negative_vs_pg_is, negative_vs_positive, whole_vs_positive, whole_vs_negative, positive_vs_pg_is = (
+        HALVES_CONTRASTS)
+    heading = ("- **Takeaway 3 where the mask helps** (`halves`, staleness: four quarter-batch steps per rollout, an "
+               "fp32 copy; DPPO-Binary-KL's mask with one half switched off)")
+    if table.set_index("claim").loc[negative_vs_pg_is.claim, "verdict"] == "not run":
+        return f"{heading}: not played yet."
+    line = (f"{heading}. Primary ({family_note(table, HALVES_CONTRASTS[:3])}): the A<0 half alone against PG-IS "
+            f"{claim_result(table, negative_vs_pg_is)}; against the A>0 half alone "
+            f"{claim_result(table, negative_vs_positive)}; the whole mask against the A>0 half alone "
+            f"{claim_result(table, whole_vs_positive)}. Exploratory: the whole mask against the A<0 half alone (the "
+            f"paper: comparable) {claim_result(table, whole_vs_negative)}; the A>0 half alone against PG-IS "
+            f"{claim_result(table, positive_vs_pg_is)}.")
+    return line + blocked_cells_text(evidence, HALVES_CONDITION, (("dppo_binary_kl", "the whole mask"),
+                                                                 ("dppo_binary_kl_neg", "the A<0 half"),
+                                                                 ("dppo_binary_kl_pos", "the A>0 half")))
 
 
 def sign_line(table: pd.DataFrame) -> str:

@@ -536,6 +536,46 @@ def blocked_ratio_range(per_run: pd.Series, condition: str, methods: tuple[str, 
     return (float(ratios.min()), float(ratios.max())) if len(ratios) else (np.nan, np.nan)
 
 
+HELD_STEPS = {"mech-int4": (1, None), "field-mb4": (2, None)}
+"""The steps a held band acts on, per v6 condition: under the int4 copy at one step per rollout π_θ ≠ μ before the
+update, so every band, the first included, is set on its own step's batch; under staleness alone π_θ = μ before the
+update, so the band is set on the update's own loss calls and acts from the next step (step 1 runs at the preset's
+own band)."""
+HELD_WITHIN = 1.25
+"""v6's design: a held arm's blocked share over the run within this factor (either way) of DPPO-Binary-KL's own runs'
+in the same condition."""
+
+
+def held_strength(df: pd.DataFrame, condition: str, methods: tuple[str, ...],
+                  reference: str = "dppo_binary_kl") -> pd.DataFrame:
+    """Per held arm of ``methods`` under ``condition`` (over :data:`HELD_STEPS`): what its band blocked
+    (``mask/fraction``) beside what it was set to block on its own batches (``band/target``: ``reference``'s mask
+    there) and beside ``reference``'s own runs (``reference %``, the same steps); means over seeds, in %. ``to target``
+    and ``to reference`` divide the blocked share by each; ``lowest``/``highest`` bound the per-seed ratio to
+    ``reference``'s run of the same seed; ``within`` says whether ``to reference`` is inside :data:`HELD_WITHIN`."""
+    first, last = HELD_STEPS[condition]
+    rows = df[(df["condition"] == condition) & df["metric"].isin(("mask/fraction", "band/target"))]
+    rows = rows[rows["step"] >= first] if last is None else rows[rows["step"].between(first, last)]
+    per_run = rows.pivot_table(index=["arm_method", "seed"], columns="metric", values="value", aggfunc="mean")
+    if reference not in per_run.index.get_level_values("arm_method"):
+        return pd.DataFrame()
+    own = per_run.loc[reference, "mask/fraction"]
+    table = []
+    for method in methods:
+        if method not in per_run.index.get_level_values("arm_method"):
+            continue
+        runs = per_run.loc[method]
+        paired = (runs["mask/fraction"] / own.reindex(runs.index)).dropna()
+        blocked, target = runs["mask/fraction"].mean(), runs.get("band/target", pd.Series(dtype=float)).mean()
+        table.append({"arm_method": method, "runs": len(runs), "blocked %": 100 * blocked,
+                      "target %": 100 * target, "reference %": 100 * own.mean(), "to target": blocked / target,
+                      "to reference": blocked / own.mean(), "lowest": paired.min(), "highest": paired.max()})
+    table = pd.DataFrame(table).set_index("arm_method") if table else pd.DataFrame()
+    if len(table):
+        table["within"] = table["to reference"].between(1 / HELD_WITHIN, HELD_WITHIN)
+    return table
+
+
 def held_out_table(outcomes: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
     """Per arm of ``conditions``: runs, AUC, held-out success of the rollout copy and of the fp32 learner at the
     start and the end (means over seeds), the seeds whose copy ended below its start, and collapses."""
