@@ -1,5 +1,5 @@
-"""The mechanism's cell-matched placebo: block a random set of tokens of one half of a μ-anchored mask, at the rate
-int4's mask blocked that half, with an fp32 sampler.
+"""The mechanism's placebos. v5's is sign-matched: it blocks a random set of tokens of one half of a μ-anchored
+mask, at the rate int4's mask blocked that half, with an fp32 sampler. v6's is cell-matched (below).
 
 Under the int4 copy at one gradient step per rollout, DPPO-Binary-KL's mask blocked tokens in two cells only: its
 A<0 half (Â < 0 where μ > π) and its A>0 half (Â > 0 where μ < π). The ``placebo`` experiment asks whether blocking

@@ -141,7 +141,7 @@ own so that their claims score only runs played after them: ``mech-int4`` repeat
 twice), and ``mech-noise`` samples with the fp32 learner and reports log μ with noise of σ :data:`MATCHED_NOISE`.
 ``field-mb4``: staleness alone for the field presets (``frontier_stale``): the flags of ``mb4-fp32`` on the v4
 policy, under a name of its own so that its claims score only runs played after them.
-``v5-fp32``: the flags of ``mb1-fp32`` for the mechanism's cell-matched placebo (``placebo``), and ``v5-int4`` those
+``v5-fp32``: the flags of ``mb1-fp32`` for the mechanism's sign-matched placebo (``placebo``), and ``v5-int4`` those
 of ``mech-int4`` for the sign claim's new seeds (``signs``), each under a name of its own. ``mb4-int4-lr1e-4``:
 ``mb4-int4`` at lr 1e-4, where four quarter-batch steps per rollout were harmless on an fp32 copy (``lr``), for
 Takeaway 2 where training survives (``regime_lr``)."""
@@ -237,7 +237,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 "the eight calibrated rules under staleness alone, against frontier_stale's "
                                 "DPPO-Binary-KL and PG-IS runs; eight seeds"),
     "placebo": Experiment(("placebo_neg", "placebo_pos", "pg_is"), ("v5-fp32",),
-                          "the mechanism's cell-matched placebo: an fp32 sampler, a random set of one half's tokens "
+                          "the mechanism's sign-matched placebo: an fp32 sampler, a random set of one half's tokens "
                           "blocked at the rate int4's mask blocked that half, against PG-IS; eight seeds"),
     "signs": Experiment(("pg_is",), ("v5-int4",),
                         "the sign claim on new data: PG-IS under the int4 condition on seeds 8-15"),
