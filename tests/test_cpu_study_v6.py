@@ -186,4 +186,4 @@ def test_the_v6_lines_say_not_played_then_their_verdicts_corrected_as_scored_and
     assert line.endswith("The design asks for 1.25×: outside 1.25× of DPPO-Binary-KL's runs, so compared at "
                          "another strength than its runs': GSPO, VACO.")
     early = placebo_cells_line(scored(v6, "inconclusive", "exploratory", 0), None)
-    assert "Primary (written as primary; uncorrected until every seed has run)" in early
+    assert "Primary (uncorrected until every seed has run)" in early

@@ -44,8 +44,8 @@ from studies.cpu.packed import read_task, run_rows, task_files, write_task  # no
 from studies.cpu.page import rewrite_page  # noqa: E402
 
 MAX_BYTES = 12 * 2**20
-"""The packed data of one study stays under 12 MiB: the repository, data, notebooks and figures included, stays
-under 20 MB, so that a checkout travels to a GPU machine with room for its wheels."""
+"""The packed data of one study stays under 12 MiB, so that the checkout (about 21 MiB with it) travels to a GPU
+machine with room for every step's wheels (docs/gpu.md: 64 MiB for both)."""
 MANIFEST_KEYS = ("task", "method", "condition", "seed", "name", "state", "seconds")
 
 

@@ -539,8 +539,8 @@ def family_note(table: pd.DataFrame, contrasts: tuple[Contrast, ...]) -> str:
     primary claims have their pairs, else uncorrected and exploratory."""
     row = table.set_index("claim").loc[contrasts[0].claim]
     if row["family"] == "primary" and row["holm_size"]:
-        return f"primary, Holm over the {row['holm_size']}"
-    return "written as primary; uncorrected until every seed has run"
+        return f"Holm over the {row['holm_size']}"
+    return "uncorrected until every seed has run"
 
 
 def held_line(table: pd.DataFrame, contrasts: tuple[Contrast, ...], heading: tuple[str, str],
@@ -555,8 +555,8 @@ def held_line(table: pd.DataFrame, contrasts: tuple[Contrast, ...], heading: tup
                           for (_, label), contrast in zip(HELD_ARMS, claims, strict=True))
                 for claims in (against_dppo, against_pg_is)]
     line = (f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}). Against DPPO-Binary-KL "
-            f"({family_note(table, against_dppo)}): {verdicts[0]}. Against PG-IS "
-            f"({family_note(table, against_pg_is)}): {verdicts[1]}.")
+            f"(primary, {family_note(table, against_dppo)}): {verdicts[0]}. Against PG-IS "
+            f"(primary, {family_note(table, against_pg_is)}): {verdicts[1]}.")
     condition = contrasts[0].left[1]
     strength = evidence.held.get(condition, pd.DataFrame()) if evidence is not None else pd.DataFrame()
     return f"{line} {held_strength_text(strength, condition)}" if len(strength) else line
