@@ -153,6 +153,11 @@ def claim_result(table: pd.DataFrame, contrast: Contrast) -> str:
             f"{row['pairs']} pairs)")
 
 
+def not_played(table: pd.DataFrame, contrasts: tuple[Contrast, ...]) -> bool:
+    """Whether no claim of ``contrasts`` has run yet: its line then says so instead of giving verdicts."""
+    return bool((table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"] == "not run").all())
+
+
 WRITTEN_AFTER_LABELS = {
     SIGN_CONTRASTS[0].claim: "the sign claim over time on the `mechanism` experiment's seeds 0–7, written after "
                              "those runs were read by stretch (exploratory)",
@@ -298,7 +303,7 @@ def regime_lr_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
     kl, tv, *_, kl_learns, twin_learns = REGIME_LR_CONTRASTS
     heading = ("- **Takeaway 2 where training survives** (`regime_lr`: the regime's int4 copy and four quarter-batch "
                "steps per rollout, at lr 1e-4)")
-    if table.set_index("claim").loc[kl.claim, "verdict"] == "not run":
+    if not_played(table, (kl,)):
         return f"{heading}: not played yet."
     line = (f"{heading}. DPPO-Binary-KL anchored on μ against the same mask on the recomputed π_θ': "
             f"{claim_result(table, kl)}; DPPO-Binary-TV likewise: {claim_result(table, tv)}. Does training survive "
@@ -443,8 +448,7 @@ def matched_line(table: pd.DataFrame, arms: tuple[tuple[str, str], ...], contras
     DPPO-Binary-KL: over the run, step 1 included (where a calibrated arm ran at its preset's own band), and from
     step 2 on, at the calibrated band; how far the calibrated arms' shares strayed from DPPO-Binary-KL's on the
     same seed, and how DPPO-Binary-KL's own share moved over the run (a match on step 1 is no match after it)."""
-    verdicts = table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"]
-    if (verdicts == "not run").all():
+    if not_played(table, contrasts):
         return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
     line = frontier_line(table, arms, contrasts, heading, pg_is_family)
     if evidence is None:
@@ -478,7 +482,7 @@ def band_sweep_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
     heading = ("- **Strength against outcome under the int4 copy** (`band_sweep`, one step per rollout: GSPO, VACO and "
                "TRM-Avg calibrated per run on step 1 to DPPO-Binary-KL's share there, to 2% and to 8% of the tokens, "
                "each band kept from step 2)")
-    if table.set_index("claim").loc[SWEEP_CONTRASTS[0].claim, "verdict"] == "not run":
+    if not_played(table, SWEEP_CONTRASTS[:1]):
         return f"{heading}: not played yet."
     blocked = evidence.blocked if evidence is not None else pd.Series(dtype=float)
     calibrated = evidence.calibrated if evidence is not None else pd.Series(dtype=float)
@@ -548,7 +552,7 @@ def held_line(table: pd.DataFrame, contrasts: tuple[Contrast, ...], heading: tup
     """A held experiment's line: each held arm against DPPO-Binary-KL and against PG-IS (two families, each
     corrected as :func:`family_note` says), and with ``evidence`` the strength each band held
     (:func:`held_strength_text`)."""
-    if (table.set_index("claim").loc[[c.claim for c in contrasts], "verdict"] == "not run").all():
+    if not_played(table, contrasts):
         return f"- **{heading[0]}** (`{contrasts[0].experiment}`, {heading[1]}): not played yet."
     against_dppo, against_pg_is = contrasts[:len(HELD_ARMS)], contrasts[len(HELD_ARMS):]
     verdicts = ["; ".join(field_result(table, label, contrast)
@@ -588,7 +592,7 @@ def placebo_cells_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> s
     heading = ("- **The mechanism's placebo in int4's own cells** (`placebo_cells`, the int4 copy, one step per "
                "rollout: random tokens of int4's two cells, Â < 0 where μ > π and Â > 0 where μ < π, at the rates "
                "its mask blocked each per μ bucket; its control blocks the other two cells at the same rates)")
-    if table.set_index("claim").loc[to_pg_is.claim, "verdict"] == "not run":
+    if not_played(table, (to_pg_is,)):
         return f"{heading}: not played yet."
     line = (f"{heading}. Primary ({family_note(table, PLACEBO_CELLS_CONTRASTS[:3])}): PG-IS against the placebo "
             f"(the mechanism predicts no difference) {claim_result(table, to_pg_is)}; the placebo against "
@@ -619,7 +623,7 @@ def halves_line(table: pd.DataFrame, evidence: ScaleEvidence | None) -> str:
         HALVES_CONTRASTS)
     heading = ("- **Takeaway 3 where the mask helps** (`halves`, staleness: four quarter-batch steps per rollout, an "
                "fp32 copy; DPPO-Binary-KL's mask with one half switched off)")
-    if table.set_index("claim").loc[negative_vs_pg_is.claim, "verdict"] == "not run":
+    if not_played(table, (negative_vs_pg_is,)):
         return f"{heading}: not played yet."
     line = (f"{heading}. Primary ({family_note(table, HALVES_CONTRASTS[:3])}): the A<0 half alone against PG-IS "
             f"{claim_result(table, negative_vs_pg_is)}; against the A>0 half alone "
